@@ -1,0 +1,34 @@
+"""vlmfast: run GRPO-trained vision-language checkpoints at cached speed, batched, with honest timings.
+
+Library API (imports are lazy so ``vlmfast --help`` stays instant)::
+
+    import vlmfast
+    loaded = vlmfast.load("out/checkpoint-300")          # cache forced on, left padding
+    report = vlmfast.infer(vlmfast.InferOptions(ckpt="out", images=["a.png"], prompt="Count the dots."))
+"""
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load": "checkpoint",
+    "Loaded": "checkpoint",
+    "Engine": "engine",
+    "GenerationSettings": "engine",
+    "SampleResult": "engine",
+    "parse_reasoning": "engine",
+    "Request": "inputs",
+    "infer": "runner",
+    "InferOptions": "runner",
+    "InferReport": "runner",
+    "VlmfastError": "errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'vlmfast' has no attribute {name!r}")

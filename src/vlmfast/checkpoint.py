@@ -1,0 +1,351 @@
+"""Find a checkpoint, see where its KV cache is switched off, pick device/dtype/attention, load it.
+
+The pure parts (path resolution, config inspection, runtime choice) work on paths and dicts and are
+tested without a model. See FIELD-NOTES: ``generate`` reads only ``generation_config.use_cache``,
+so the fix is to set it on the loaded model *and* pass ``use_cache=True`` to every generate call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CheckpointError, UsageError
+
+CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+TESTED_MODEL_TYPES = ("qwen2_5_vl",)
+IM_END = "<|im_end|>"
+
+DTYPE_ALIASES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+}
+ATTN_CHOICES = ("flash_attention_2", "sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What to hand to ``from_pretrained``: a local directory or a hub id, and how we got there."""
+
+    source: str
+    is_local: bool
+    note: str | None = None
+
+
+def has_weights(directory: Path) -> bool:
+    return any(any(directory.glob(pattern)) for pattern in WEIGHT_GLOBS)
+
+
+def resolve_checkpoint(spec: str) -> Resolved:
+    """A model directory, a trainer output directory holding ``checkpoint-N`` subdirectories (the
+    highest N that holds weights wins), or a hub id."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file() and has_weights(path):
+            return Resolved(str(path), True)
+        numbered = sorted(
+            ((int(m.group(1)), child) for child in path.iterdir() if child.is_dir() and (m := CHECKPOINT_DIR.match(child.name))),
+            reverse=True,
+        )
+        usable = [(n, d) for n, d in numbered if (d / "config.json").is_file() and has_weights(d)]
+        if usable:
+            n, chosen = usable[0]
+            skipped = [d.name for m, d in numbered if m > n]
+            note = f"using {chosen.name} (highest of {len(usable)} checkpoint-N dirs with weights in {path})"
+            if skipped:
+                note += f"; skipped {', '.join(skipped)}: no config.json or weights"
+            return Resolved(str(chosen), True, note)
+        if numbered:
+            raise CheckpointError(
+                f"{path}: none of its checkpoint-N dirs ({', '.join(d.name for _, d in numbered[:5])}) holds config.json and weights",
+                hint="point --ckpt at a directory with config.json and *.safetensors; merge FSDP/LoRA outputs first",
+            )
+        if (path / "config.json").is_file():
+            raise CheckpointError(
+                f"{path}: config.json but no weights (*.safetensors / *.bin)",
+                hint="the save may be incomplete, or weights are sharded per rank and need merging",
+            )
+        raise CheckpointError(
+            f"{path}: not a checkpoint (no config.json, no checkpoint-N subdirectories)",
+            hint="point --ckpt at the model directory (the one holding config.json)",
+        )
+    if path.exists():
+        raise CheckpointError(f"{path}: is a file, not a checkpoint directory", hint="point --ckpt at the directory")
+    if HUB_ID.match(spec) and not Path(spec.split("/")[0]).is_dir():
+        return Resolved(spec, False, "hub id")
+    raise CheckpointError(f"{spec}: no such directory", hint="check the path; hub ids look like org/name")
+
+
+def read_configs(resolved: Resolved) -> tuple[dict, dict | None]:
+    """Raw config.json and generation_config.json (None when absent), exactly as saved."""
+    if resolved.is_local:
+        base = Path(resolved.source)
+        paths = base / "config.json", base / "generation_config.json"
+    else:
+        from transformers.utils import cached_file
+
+        paths = (
+            Path(cached_file(resolved.source, "config.json")),
+            _optional(cached_file(resolved.source, "generation_config.json", _raise_exceptions_for_missing_entries=False)),
+        )
+    config = _read_json(paths[0])
+    generation = _read_json(paths[1]) if paths[1] is not None and paths[1].is_file() else None
+    return config, generation
+
+
+def _optional(p):
+    return Path(p) if p else None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc})", hint="the file must be valid UTF-8 JSON") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object", hint="the file is not a transformers config")
+    return data
+
+
+def cache_off_locations(config: dict, generation_config: dict | None) -> list[str]:
+    """Every place the saved checkpoint switches the KV cache off, as ``file: key`` strings."""
+    found = []
+    if config.get("use_cache") is False:
+        found.append("config.json: use_cache")
+    text = config.get("text_config")
+    if isinstance(text, dict) and text.get("use_cache") is False:
+        found.append("config.json: text_config.use_cache")
+    if generation_config is not None and generation_config.get("use_cache") is False:
+        found.append("generation_config.json: use_cache")
+    return found
+
+
+def saved_cache_enabled(config: dict, generation_config: dict | None) -> bool:
+    """Whether plain ``model.generate`` uses the cache for this checkpoint as saved: the generation
+    config decides when present; otherwise it is derived from config.json (top level, then text_config)."""
+    if generation_config is not None:
+        return generation_config.get("use_cache", True) is not False
+    if "use_cache" in config:
+        return config["use_cache"] is not False
+    text = config.get("text_config")
+    return not (isinstance(text, dict) and text.get("use_cache") is False)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: str
+    dtype: str
+    attn: str
+    notes: tuple[str, ...] = ()
+
+
+def choose_runtime(
+    device: str | None = None,
+    dtype: str | None = None,
+    attn: str | None = None,
+    *,
+    cuda_available: bool,
+    flash_attn_available: bool,
+    bf16_supported: bool = True,
+) -> Runtime:
+    """CUDA: bf16 + flash_attention_2 (sdpa, said aloud, when flash-attn is missing). CPU: float32 + sdpa.
+    Explicit choices win; impossible ones are errors, not silent downgrades."""
+    notes: list[str] = []
+    device = (device or "auto").lower()
+    if device == "auto":
+        device = "cuda" if cuda_available else "cpu"
+    if device.startswith("cuda") and not cuda_available:
+        raise UsageError(f"--device {device}: CUDA is not available here", hint="use --device cpu, or check the driver and torch build")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise UsageError(f"--device {device}: unsupported", hint="use auto, cpu, cuda or cuda:N")
+    on_cuda = device.startswith("cuda")
+
+    if dtype in (None, "auto"):
+        dtype = "float32" if not on_cuda else ("bfloat16" if bf16_supported else "float16")
+        if on_cuda and not bf16_supported:
+            notes.append("this GPU has no bf16; using float16")
+    elif dtype.lower() in DTYPE_ALIASES:
+        dtype = DTYPE_ALIASES[dtype.lower()]
+    else:
+        raise UsageError(f"--dtype {dtype}: unknown", hint="use auto, bfloat16, float16 or float32")
+
+    if attn in (None, "auto"):
+        if on_cuda and flash_attn_available and dtype != "float32":
+            attn = "flash_attention_2"
+        else:
+            attn = "sdpa"
+            if on_cuda and not flash_attn_available:
+                notes.append("flash-attn is not installed: using sdpa (install it with: pip install 'vlmfast[gpu]')")
+    elif attn not in ATTN_CHOICES:
+        raise UsageError(f"--attn {attn}: unknown", hint=f"use auto, {', '.join(ATTN_CHOICES)}")
+    elif attn == "flash_attention_2":
+        if not on_cuda:
+            raise UsageError("--attn flash_attention_2 needs a CUDA device", hint="use --attn sdpa on CPU")
+        if dtype == "float32":
+            raise UsageError("--attn flash_attention_2 works only in bfloat16/float16", hint="use --dtype bfloat16")
+        if not flash_attn_available:
+            raise UsageError("--attn flash_attention_2: flash-attn is not installed", hint="pip install 'vlmfast[gpu]', or use --attn sdpa")
+    return Runtime(device=device, dtype=dtype, attn=attn, notes=tuple(notes))
+
+
+def detect_runtime(device=None, dtype=None, attn=None) -> Runtime:
+    """:func:`choose_runtime` with the capabilities of this machine."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return choose_runtime(
+        device, dtype, attn,
+        cuda_available=cuda,
+        flash_attn_available=cuda and _imports("flash_attn"),
+        bf16_supported=cuda and torch.cuda.is_bf16_supported(),
+    )
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+        return True
+    except Exception:  # a broken CUDA extension raises all sorts of things on import
+        return False
+
+
+@dataclass
+class CacheReport:
+    found_off: list[str]  # where the saved checkpoint switches the cache off
+    saved_enabled: bool  # what plain generate would do with the checkpoint as saved
+    forced_on: bool  # vlmfast generates with the cache on (always True after load)
+
+    def as_dict(self) -> dict:
+        return {"found_off": self.found_off, "saved_enabled": self.saved_enabled, "forced_on": self.forced_on}
+
+
+@dataclass
+class Loaded:
+    """A model ready for :mod:`vlmfast.engine`, plus everything the report says about it."""
+
+    model: object
+    processor: object
+    source: str
+    runtime: Runtime
+    cache: CacheReport
+    eos_token_ids: list[int]
+    pad_token_id: int
+    suppress_token_ids: list[int]
+    load_s: float
+    model_type: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def load(
+    ckpt: str,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    attn: str | None = None,
+    trust_remote_code: bool = False,
+) -> Loaded:
+    """Load model + processor with the cache forced on and left padding. Raises CheckpointError /
+    UsageError with a hint for anything the user can fix."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    start = time.perf_counter()
+    resolved = resolve_checkpoint(ckpt)
+    runtime = detect_runtime(device, dtype, attn)
+    notes = [n for n in (resolved.note,) if n] + list(runtime.notes)
+    if trust_remote_code:
+        notes.append("trust_remote_code is on: the checkpoint's own Python code runs")
+
+    try:
+        processor = AutoProcessor.from_pretrained(resolved.source, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{resolved.source}: cannot load the processor ({type(exc).__name__}: {exc})",
+            hint="copy preprocessor_config.json, tokenizer and chat template files from the base model into the checkpoint",
+        ) from exc
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is None or not hasattr(processor, "image_processor"):
+        raise CheckpointError(
+            f"{resolved.source}: the processor has no tokenizer/image processor (got {type(processor).__name__})",
+            hint="preprocessor_config.json is probably missing: copy it from the base model",
+        )
+    tokenizer.padding_side = "left"  # right padding breaks batched generation (transformers#36100)
+    if getattr(processor, "chat_template", None) is None:
+        from .tiny import CHAT_TEMPLATE
+
+        processor.chat_template = CHAT_TEMPLATE
+        notes.append("the checkpoint has no chat template: using vlmfast's ChatML template")
+
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(
+            resolved.source,
+            dtype=getattr(torch, runtime.dtype),
+            attn_implementation=runtime.attn,
+            device_map={"": runtime.device} if runtime.device != "cpu" else None,
+            trust_remote_code=trust_remote_code,
+        )
+    except Exception as exc:
+        raise CheckpointError(
+            f"{resolved.source}: cannot load the model ({type(exc).__name__}: {exc})",
+            hint="check that the weights are complete and match config.json",
+        ) from exc
+    model.eval()
+
+    config, generation = read_configs(resolved)
+    cache = CacheReport(cache_off_locations(config, generation), saved_cache_enabled(config, generation), True)
+    if model.generation_config.use_cache is False and not cache.found_off:
+        cache.found_off.append("model.generation_config.use_cache (as loaded)")
+    model.generation_config.use_cache = True
+
+    eos, eos_note = eos_list(model.generation_config.eos_token_id, tokenizer)
+    if eos_note:
+        notes.append(eos_note)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.generation_config.pad_token_id
+    if pad is None:
+        pad = eos[0]
+    model_type = config.get("model_type", "")
+    if model_type not in TESTED_MODEL_TYPES:
+        notes.append(f"model_type {model_type!r} is not one vlmfast is tested on ({', '.join(TESTED_MODEL_TYPES)})")
+    return Loaded(
+        model=model,
+        processor=processor,
+        source=resolved.source,
+        runtime=runtime,
+        cache=cache,
+        eos_token_ids=eos,
+        pad_token_id=int(pad),
+        suppress_token_ids=vision_placeholder_ids(model.config),
+        load_s=time.perf_counter() - start,
+        model_type=model_type,
+        notes=notes,
+    )
+
+
+def eos_list(saved, tokenizer) -> tuple[list[int], str | None]:
+    """The checkpoint's EOS ids plus ``<|im_end|>``: merged checkpoints that lost it run away."""
+    ids = [saved] if isinstance(saved, int) else list(saved or [])
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    extra = [i for i in (im_end, tokenizer.eos_token_id) if isinstance(i, int) and i != tokenizer.unk_token_id and i not in ids]
+    note = f"EOS list {ids} lacks {IM_END}: stopping on {ids + extra}" if im_end in extra else None
+    return ids + extra, note
+
+
+def vision_placeholder_ids(config) -> list[int]:
+    """Image/video/vision start-end token ids: random or undertrained weights can emit them, which
+    makes generate fail ("Image features and image tokens do not match"), so they are suppressed."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    ids = []
+    for name in names:
+        value = getattr(config, name, None)
+        if value is None and hasattr(config, "get_text_config"):
+            value = getattr(config.get_text_config(), name, None)
+        if isinstance(value, int) and value not in ids:
+            ids.append(value)
+    return ids

@@ -1,0 +1,198 @@
+"""Typer commands: parse options → build the library's config → call the library → render.
+
+Heavy imports (torch, transformers) happen inside command bodies so ``vlmfast --help`` is instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import EXIT_INTERRUPTED, UsageError, VlmfastError
+
+EXIT_CODES_HELP = """Exit codes: 0 ok · 1 unexpected failure · 2 bad input, options or checkpoint (nothing written) ·
+3 bench --fail-if-slower tripped · 4 bench --fail-on-cache-off tripped · 130 interrupted (rerun to resume)."""
+
+app = typer.Typer(
+    name="vlmfast",
+    help="Fast, honest inference for GRPO-trained vision-language checkpoints (Qwen2.5-VL).",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+MODEL = "Model"
+INPUT = "Inputs"
+GEN = "Generation"
+OUTPUT = "Output"
+
+Ckpt = Annotated[str, typer.Option("--ckpt", help="Checkpoint dir, trainer output dir (highest checkpoint-N wins) or hub id.", rich_help_panel=MODEL)]
+Device = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | cuda:N", rich_help_panel=MODEL)]
+Dtype = Annotated[Optional[str], typer.Option(help="auto (CUDA bf16, CPU float32) | bfloat16 | float16 | float32", rich_help_panel=MODEL)]
+Attn = Annotated[Optional[str], typer.Option(help="auto (flash_attention_2 when installed, else sdpa) | flash_attention_2 | sdpa | eager", rich_help_panel=MODEL)]
+TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own Python code (off by default).", rich_help_panel=MODEL)]
+Images = Annotated[Optional[list[str]], typer.Option("--images", help="Image files, directories or globs (repeat or list after one flag).", rich_help_panel=INPUT)]
+Prompt = Annotated[Optional[str], typer.Option(help="Prompt applied to every image.", rich_help_panel=INPUT)]
+PromptFile = Annotated[Optional[str], typer.Option(help="File holding the prompt for every image.", rich_help_panel=INPUT)]
+Manifest = Annotated[Optional[str], typer.Option(help='JSONL, one request per line: {"id", "image"|"images", "prompt", "system"} or ms-swift {"messages", "images"}.', rich_help_panel=INPUT)]
+Template = Annotated[str, typer.Option(help="plain | r1 (append VLM-R1's think/answer instruction).", rich_help_panel=INPUT)]
+System = Annotated[Optional[str], typer.Option(help="System prompt.", rich_help_panel=INPUT)]
+MaxPixels = Annotated[Optional[int], typer.Option(help="Max pixels per image (default: the processor's, capped at 1280·28·28).", rich_help_panel=INPUT)]
+MinPixels = Annotated[Optional[int], typer.Option(help="Min pixels per image (default: the processor's).", rich_help_panel=INPUT)]
+SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Record an error row per bad input and run the rest (default: fail before loading).", rich_help_panel=INPUT)]
+BatchSize = Annotated[int, typer.Option(min=1, help="Samples per generate call (batches are formed by cost).", rich_help_panel=GEN)]
+MaxNew = Annotated[int, typer.Option(min=1, help="Cap on new tokens per sample.", rich_help_panel=GEN)]
+Temperature = Annotated[float, typer.Option(min=0.0, help="0 = greedy (default).", rich_help_panel=GEN)]
+TopP = Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling (with --temperature > 0).", rich_help_panel=GEN)]
+Seed = Annotated[Optional[int], typer.Option(help="Random seed (sampling).", rich_help_panel=GEN)]
+IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Always decode --max-new-tokens (benchmarks).", rich_help_panel=GEN)]
+Out = Annotated[Optional[str], typer.Option(help="JSONL results file (default: stdout). Rerunning skips ids already there.", rich_help_panel=OUTPUT)]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Redo ids already in --out.", rich_help_panel=OUTPUT)]
+Json = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout (needs --out).", rich_help_panel=OUTPUT)]
+
+
+def _version(value: bool):
+    if value:
+        from . import __version__
+
+        typer.echo(f"vlmfast {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")] = False):
+    """Fast, honest inference for GRPO-trained vision-language checkpoints (Qwen2.5-VL)."""
+
+
+def _guarded(fn):
+    """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 with a resume hint."""
+    from .report import render_error, stderr
+
+    try:
+        return fn()
+    except VlmfastError as exc:
+        render_error(exc)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        stderr.print("[yellow]interrupted:[/yellow] finished batches are saved; rerun the same command to resume.")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def infer(
+    ckpt: Ckpt,
+    images: Images = None,
+    prompt: Prompt = None,
+    prompt_file: PromptFile = None,
+    manifest: Manifest = None,
+    template: Template = "plain",
+    system: System = None,
+    max_pixels: MaxPixels = None,
+    min_pixels: MinPixels = None,
+    skip_bad: SkipBad = False,
+    batch_size: BatchSize = 8,
+    max_new_tokens: MaxNew = 1024,
+    temperature: Temperature = 0.0,
+    top_p: TopP = 1.0,
+    seed: Seed = None,
+    ignore_eos: IgnoreEos = False,
+    device: Device = None,
+    dtype: Dtype = None,
+    attn: Attn = None,
+    trust_remote_code: TrustRemote = False,
+    out: Out = None,
+    overwrite: Overwrite = False,
+    json_out: Json = False,
+):
+    """Generate for images + prompts with the KV cache forced on; JSONL results and a timing report."""
+
+    def run():
+        from .engine import GenerationSettings
+        from .report import ProgressBar, print_json, render_infer
+        from .runner import InferOptions, infer as run_infer
+
+        if json_out and out is None:
+            raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")
+        options = InferOptions(
+            ckpt=ckpt, images=images, prompt=prompt, prompt_file=prompt_file, manifest=manifest, template=template,
+            system=system, out=out, overwrite=overwrite, skip_bad=skip_bad, batch_size=batch_size,
+            generation=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                          seed=seed, ignore_eos=ignore_eos),
+            min_pixels=min_pixels, max_pixels=max_pixels, device=device, dtype=dtype, attn=attn,
+            trust_remote_code=trust_remote_code,
+        )
+        bar = ProgressBar()
+        try:
+            report = run_infer(options, progress=bar)
+        finally:
+            bar.stop()
+        render_infer(report)
+        if json_out:
+            print_json(report.as_dict())
+
+    _guarded(run)
+
+
+@app.command("make-checkpoint")
+def make_checkpoint(
+    out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],
+    preset: Annotated[str, typer.Option(help="tiny (tests) | demo (~6M params, cache-off cost visible on a CPU)")] = "tiny",
+    like: Annotated[str, typer.Option(help="grpo (use_cache false everywhere, as trainers save) | base")] = "grpo",
+    seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing directory.")] = False,
+):
+    """Build a tiny random-weight Qwen2.5-VL checkpoint offline (real model class and processor)."""
+
+    def run():
+        from .report import stderr
+        from .tiny import build_checkpoint
+
+        try:
+            path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite)
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="see vlmfast make-checkpoint --help") from None
+        stderr.print(f"checkpoint ({preset}, like {like}) in {path}")
+        typer.echo(str(path))
+
+    _guarded(run)
+
+
+@app.command("make-images")
+def make_images(
+    out: Annotated[Path, typer.Argument(help="Directory to write PNGs into.")],
+    n: Annotated[int, typer.Option(min=1, help="How many images.")] = 8,
+    seed: Annotated[int, typer.Option(help="Content seed.")] = 0,
+    size: Annotated[Optional[int], typer.Option(min=28, help="Square side in pixels (default: a mix of small sizes).")] = None,
+):
+    """Write deterministic sample images (for demos and benchmarks)."""
+
+    def run():
+        from .tiny import make_images as make
+
+        for path in make(out, n=n, seed=seed, sizes=[(size, size)] if size else None):
+            typer.echo(str(path))
+
+    _guarded(run)
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Optional[Path], typer.Option(help="Where to build the demo checkpoint and images (reused).")] = None,
+    max_new_tokens: MaxNew = 64,
+    batch_size: BatchSize = 8,
+):
+    """Build (or reuse) a GRPO-like demo checkpoint and images, then run infer on them — offline, CPU-friendly."""
+
+    def run():
+        from .demo import run_demo
+
+        run_demo(workdir, max_new_tokens=max_new_tokens, batch_size=batch_size)
+
+    _guarded(run)
+
+
+def main() -> None:
+    app()

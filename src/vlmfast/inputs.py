@@ -1,0 +1,303 @@
+"""Turn command-line inputs (files, directories, globs, prompt files, JSONL manifests) into
+validated :class:`Request` objects — before any model is loaded.
+
+Everything that can be wrong with an input is collected as a :class:`Problem` so the user sees
+the whole list at once instead of fixing one file per run.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InputError, UsageError
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+
+# VLM-R1's evaluation instruction (src/eval/test_rec_r1.py), appended to each question.
+R1_INSTRUCTION = (
+    "First output the thinking process in <think> </think> tags and then output the final answer "
+    "in <answer> </answer> tags."
+)
+TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION}
+
+# Manifest keys we understand; anything else is ignored (and reported once).
+MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages"})
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sample: images (paths as given), the final prompt text and an optional system prompt."""
+
+    id: str
+    images: tuple[str, ...]
+    prompt: str
+    system: str | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong with an input: ``where`` (a path or ``file:line``) and ``what``."""
+
+    where: str
+    what: str
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A request (or a manifest line that never became one) and everything wrong with it."""
+
+    id: str
+    problems: tuple[Problem, ...]
+    request: Request | None = None
+
+    @property
+    def error(self) -> str:
+        return "; ".join(str(p) for p in self.problems)
+
+
+@dataclass
+class Collected:
+    """The outcome of input collection: good requests, bad ones (with their problems), sizes."""
+
+    requests: list[Request]
+    bad: list[BadInput] = field(default_factory=list)
+    image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (width, height)
+    warnings: list[str] = field(default_factory=list)
+
+
+def apply_template(prompt: str, template: str) -> str:
+    if template not in TEMPLATES:
+        raise UsageError(f"unknown template {template!r}", hint=f"choose one of: {', '.join(TEMPLATES)}")
+    return TEMPLATES[template].format(prompt=prompt)
+
+
+def expand_images(args: list[str]) -> tuple[list[str], list[Problem]]:
+    """Files as given; directories → their image files (sorted, not recursive); globs → sorted matches.
+
+    Paths keep the spelling the user gave so ids stay recognisable.
+    """
+    paths: list[str] = []
+    problems: list[Problem] = []
+    for arg in args:
+        if glob.has_magic(arg):
+            matches = sorted(m for m in glob.glob(arg, recursive=True) if _is_image_name(m) and os.path.isfile(m))
+            if not matches:
+                problems.append(Problem(arg, "glob matched no image files"))
+            paths.extend(matches)
+        elif os.path.isdir(arg):
+            found = sorted(os.path.join(arg, n) for n in os.listdir(arg) if _is_image_name(n))
+            found = [p for p in found if os.path.isfile(p)]
+            if not found:
+                problems.append(Problem(arg, f"directory holds no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})"))
+            paths.extend(found)
+        else:
+            paths.append(arg)  # existence is checked with every other image in check_images
+    return paths, problems
+
+
+def _is_image_name(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("--prompt and --prompt-file both given", hint="use one of them")
+    if prompt_file is None:
+        return prompt
+    try:
+        text = Path(prompt_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read prompt file {prompt_file}: {exc}", hint="give a readable UTF-8 text file") from exc
+    if not text:
+        raise InputError(f"prompt file {prompt_file} is empty", hint="write the prompt into the file")
+    return text
+
+
+def read_manifest(path: str, default_prompt: str | None) -> tuple[list[Request], list[BadInput], list[str]]:
+    """Parse a JSONL manifest. Records are either ours — ``{"id", "image"|"images", "prompt", "system"}`` —
+    or ms-swift's — ``{"messages": [...], "images": [...]}``. Relative image paths resolve against the
+    manifest's directory first, then the working directory.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read manifest {path}: {exc}", hint="check the path and permissions") from exc
+    base = Path(path).parent
+    requests: list[Request] = []
+    bad: list[BadInput] = []
+    unknown: set[str] = set()
+    for lineno, line in enumerate(raw.splitlines(), start=1):
+        where = f"{path}:{lineno}"
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            bad.append(_bad_line(where, "line is not valid UTF-8"))
+            continue
+        except json.JSONDecodeError as exc:
+            bad.append(_bad_line(where, f"invalid JSON ({exc.msg} at column {exc.colno})"))
+            continue
+        if not isinstance(record, dict):
+            bad.append(_bad_line(where, "record is not a JSON object"))
+            continue
+        unknown.update(set(record) - MANIFEST_KEYS)
+        try:
+            requests.append(_record_to_request(record, where, base, default_prompt))
+        except ValueError as exc:
+            bad.append(_bad_line(where, str(exc), rid=str(record.get("id", where))))
+    warnings = [f"{path}: ignored unknown manifest fields: {', '.join(sorted(unknown))}"] if unknown else []
+    if not requests and not bad:
+        raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
+    return requests, bad, warnings
+
+
+def _bad_line(where: str, what: str, rid: str | None = None) -> BadInput:
+    return BadInput(id=rid or where, problems=(Problem(where, what),))
+
+
+def _record_to_request(record: dict, where: str, base: Path, default_prompt: str | None) -> Request:
+    system = record.get("system")
+    prompt = record.get("prompt")
+    if "messages" in record:  # ms-swift: the last user turn is the prompt; "<image>" marks are dropped
+        prompt, system = _from_messages(record["messages"], system)
+    if "image" in record and "images" in record:
+        raise ValueError('give "image" or "images", not both')
+    images = record.get("images", [record["image"]] if "image" in record else None)
+    if isinstance(images, str):
+        images = [images]
+    if not images or not all(isinstance(i, str) and i for i in images):
+        raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
+    prompt = prompt if prompt is not None else default_prompt
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError('no prompt: give "prompt" in the record, or --prompt / --prompt-file for all')
+    images = [_resolve_relative(i, base) for i in images]
+    rid = record.get("id", images[0])
+    if not isinstance(rid, (str, int)):
+        raise ValueError('"id" must be a string or an integer')
+    return Request(id=str(rid), images=tuple(images), prompt=prompt, system=system)
+
+
+def _from_messages(messages, system):
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('"messages" must be a non-empty list of {"role", "content"} objects')
+    user = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    if not user or not isinstance(user[-1].get("content"), str):
+        raise ValueError('"messages" has no user turn with text content')
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str):
+            system = m["content"]
+    return user[-1]["content"].replace("<image>", "").strip(), system
+
+
+def _resolve_relative(image: str, base: Path) -> str:
+    if os.path.isabs(image) or base == Path("."):
+        return image
+    candidate = base / image
+    return str(candidate) if candidate.exists() or not os.path.exists(image) else image
+
+
+def check_images(paths: list[str], max_image_pixels: int | None = None) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """Open every distinct image header (cheap; no full decode). Returns sizes and problems by path."""
+    from PIL import Image
+
+    sizes: dict[str, tuple[int, int]] = {}
+    problems: dict[str, str] = {}
+    for path in dict.fromkeys(paths):
+        if not os.path.exists(path):
+            problems[path] = "file not found"
+        elif not os.path.isfile(path):
+            problems[path] = "not a file"
+        elif not os.access(path, os.R_OK):
+            problems[path] = "not readable (permissions)"
+        elif os.path.getsize(path) == 0:
+            problems[path] = "empty file (0 bytes)"
+        else:
+            try:
+                with Image.open(path) as im:
+                    im.verify()
+                    sizes[path] = im.size
+            except Image.DecompressionBombError as exc:
+                problems[path] = f"image too large: {exc}"
+            except Exception as exc:  # PIL raises many types for corrupt data
+                problems[path] = f"not a readable image ({type(exc).__name__}: {exc})"
+            else:
+                w, h = sizes[path]
+                if max_image_pixels is not None and w * h > max_image_pixels:
+                    problems[path] = f"image has {w * h} pixels, over the limit of {max_image_pixels}"
+                    del sizes[path]
+    return sizes, problems
+
+
+def collect(
+    images: list[str] | None = None,
+    prompt: str | None = None,
+    prompt_file: str | None = None,
+    manifest: str | None = None,
+    template: str = "plain",
+    system: str | None = None,
+    max_image_pixels: int | None = None,
+) -> Collected:
+    """Build and validate every request. Problems are gathered, not raised: the caller decides
+    between failing on all of them at once (the default) and recording error rows (``--skip-bad``)."""
+    if not images and not manifest:
+        raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE.jsonl")
+    base_prompt = read_prompt(prompt, prompt_file)
+    requests: list[Request] = []
+    bad: list[BadInput] = []
+    warnings: list[str] = []
+    if images:
+        if base_prompt is None:
+            raise UsageError("no prompt for --images", hint='give --prompt "..." or --prompt-file FILE')
+        paths, problems = expand_images(images)
+        bad.extend(BadInput(id=p.where, problems=(p,)) for p in problems)
+        requests.extend(Request(id=p, images=(p,), prompt=base_prompt, system=system) for p in paths)
+    if manifest:
+        m_requests, m_bad, m_warnings = read_manifest(manifest, base_prompt)
+        requests.extend(Request(r.id, r.images, r.prompt, r.system or system) for r in m_requests)
+        bad.extend(m_bad)
+        warnings.extend(m_warnings)
+    if not requests and not bad:
+        raise InputError("no images found", hint="check the paths, directories and globs given to --images")
+
+    requests = [Request(r.id, r.images, apply_template(r.prompt, template), r.system) for r in requests]
+    seen: dict[str, int] = {}
+    for r in requests:
+        seen[r.id] = seen.get(r.id, 0) + 1
+    dupes = {rid for rid, n in seen.items() if n > 1}
+    if dupes:
+        shown = ", ".join(sorted(dupes)[:5])
+        raise InputError(
+            f"duplicate ids: {shown}{' …' if len(dupes) > 5 else ''}",
+            hint='ids must be unique (they key resume); give each manifest record its own "id"',
+        )
+
+    sizes, image_problems = check_images([p for r in requests for p in r.images], max_image_pixels)
+    good: list[Request] = []
+    for r in requests:
+        mine = tuple(Problem(p, image_problems[p]) for p in r.images if p in image_problems)
+        if mine:
+            bad.append(BadInput(id=r.id, problems=mine, request=r))
+        else:
+            good.append(r)
+    return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings)
+
+
+def raise_for_problems(collected: Collected) -> None:
+    """The default policy: any bad input fails the whole run before anything is loaded or written."""
+    if not collected.bad:
+        return
+    problems = list(dict.fromkeys(p for b in collected.bad for p in b.problems))  # an image shared by requests: once
+    listing = "\n".join(f"  - {p}" for p in problems[:50])
+    more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
+    raise InputError(
+        f"{len(problems)} bad input(s); nothing was run:\n{listing}{more}",
+        hint="fix or remove them, or pass --skip-bad to record an error row for each and run the rest",
+        problems=problems,
+    )

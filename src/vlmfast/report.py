@@ -1,0 +1,95 @@
+"""The only module that renders tables: Rich output on stderr, JSON on stdout, progress bars."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+stderr = Console(stderr=True, highlight=False)
+
+
+def print_json(data: dict) -> None:
+    """One JSON object on stdout: the machine-readable contract for CI scripts."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _fmt(value, unit: str = "", digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def render_infer(report) -> None:
+    """The KV-cache timing report of an ``infer`` run, on stderr."""
+    cache = report.cache
+    table = Table(title="vlmfast infer", show_header=False, title_justify="left", box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    off = ", ".join(cache["found_off"]) or "nowhere"
+    table.add_row("checkpoint", report.checkpoint)
+    table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
+    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · batch {report.batch_size} ({report.batches} batches)")
+    table.add_row("samples", f"{report.samples} run, {report.errors} errors, {report.skipped_existing} already done")
+    table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
+    table.add_row("new tokens", _fmt(report.new_tokens))
+    table.add_row("load", _fmt(report.load_s, " s"))
+    table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')})")
+    table.add_row("TTFT p50 / p90", f"{_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")
+    table.add_row("decode", _fmt(report.decode_ms_per_token, " ms/token"))
+    table.add_row("throughput", f"{_fmt(report.tokens_per_s, ' tokens/s', 1)} · {_fmt(report.samples_per_s, ' samples/s', 3)}")
+    table.add_row("peak memory", f"{_fmt(report.peak_mem_mib, ' MiB', 0)} ({report.peak_mem_kind})")
+    if report.out:
+        table.add_row("results", report.out)
+    stderr.print(table)
+    for note in report.notes:
+        stderr.print(f"[yellow]note:[/yellow] {note}")
+
+
+def render_error(error) -> None:
+    stderr.print(f"[bold red]error:[/bold red] {error.message}", markup=True, highlight=False)
+    if error.hint:
+        stderr.print(f"[bold]hint:[/bold] {error.hint}")
+
+
+def render_note(text: str) -> None:
+    stderr.print(f"[yellow]note:[/yellow] {text}")
+
+
+class ProgressBar:
+    """Samples and tokens/s on stderr — only when stderr is a terminal (CI logs stay clean)."""
+
+    def __init__(self, enabled: bool | None = None):
+        self.enabled = stderr.is_terminal if enabled is None else enabled
+        self._progress = None
+        self._task = None
+        self._tokens = 0
+
+    def start(self, total_samples: int) -> None:
+        if not self.enabled:
+            return
+        self._progress = Progress(
+            TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=stderr, transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("generate", total=total_samples, tps="")
+
+    def advance(self, samples: int, new_tokens: int) -> None:
+        if self._progress is None:
+            return
+        self._tokens += new_tokens
+        elapsed = self._progress.tasks[0].elapsed or 0
+        tps = f"{self._tokens / elapsed:,.1f} tokens/s" if elapsed > 0 else ""
+        self._progress.update(self._task, advance=samples, tps=tps)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
