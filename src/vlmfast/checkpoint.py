@@ -297,6 +297,12 @@ def load(
             hint="check that the weights are complete and match config.json",
         ) from exc
     model.eval()
+    vocab = getattr(model.config.get_text_config(), "vocab_size", None)
+    if vocab and len(tokenizer) < vocab // 2:
+        raise CheckpointError(
+            f"{resolved.source}: the tokenizer knows {len(tokenizer)} tokens but the model's vocabulary has {vocab}",
+            hint="tokenizer files (tokenizer.json, or vocab.json + merges.txt) are missing: copy them from the base model",
+        )
 
     config, generation = read_configs(resolved)
     cache = CacheReport(cache_off_locations(config, generation), saved_cache_enabled(config, generation), True)
@@ -332,7 +338,8 @@ def eos_list(saved, tokenizer) -> tuple[list[int], str | None]:
     """The checkpoint's EOS ids plus ``<|im_end|>``: merged checkpoints that lost it run away."""
     ids = [saved] if isinstance(saved, int) else list(saved or [])
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
-    extra = [i for i in (im_end, tokenizer.eos_token_id) if isinstance(i, int) and i != tokenizer.unk_token_id and i not in ids]
+    extra = [i for i in dict.fromkeys((im_end, tokenizer.eos_token_id))
+             if isinstance(i, int) and i != tokenizer.unk_token_id and i not in ids]
     note = f"EOS list {ids} lacks {IM_END}: stopping on {ids + extra}" if im_end in extra else None
     return ids + extra, note
 

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up both environments and run the test suite under transformers 5.x and 4.57.x.
+# Extra arguments go to pytest (e.g. bash scripts/test.sh -k inputs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --tf4 || exit 1
+status=0
+for venv in .venv .venv-tf4; do
+  echo "== tests with $($venv/bin/python -c 'import transformers; print("transformers", transformers.__version__)')" >&2
+  PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+done
+exit $status

@@ -1,0 +1,169 @@
+import shutil
+
+import pytest
+
+from conftest import edit_json
+from vlmfast.checkpoint import (
+    cache_off_locations, choose_runtime, eos_list, load, resolve_checkpoint, saved_cache_enabled,
+)
+from vlmfast.errors import CheckpointError, UsageError
+
+ALL_OFF = ["config.json: use_cache", "config.json: text_config.use_cache", "generation_config.json: use_cache"]
+
+
+def test_cache_off_locations_pure():
+    assert cache_off_locations({"use_cache": False, "text_config": {"use_cache": False}}, {"use_cache": False}) == ALL_OFF
+    assert cache_off_locations({"text_config": {"use_cache": False}}, {}) == ["config.json: text_config.use_cache"]
+    assert cache_off_locations({"use_cache": True}, None) == []
+
+
+def test_saved_cache_enabled_follows_transformers_resolution():
+    # generation_config.json decides when present; a missing key there means on
+    assert saved_cache_enabled({"use_cache": False}, {}) is True
+    assert saved_cache_enabled({"use_cache": True}, {"use_cache": False}) is False
+    # no generation_config.json: top level, then text_config
+    assert saved_cache_enabled({"use_cache": False, "text_config": {"use_cache": True}}, None) is False
+    assert saved_cache_enabled({"text_config": {"use_cache": False}}, None) is False
+    assert saved_cache_enabled({}, None) is True
+
+
+def _copy(ckpt, tmp_path, name="c"):
+    dst = tmp_path / name
+    shutil.copytree(ckpt, dst)
+    return dst
+
+
+def test_tiny_grpo_checkpoint_hides_cache_off_everywhere(grpo_ckpt, base_ckpt):
+    from vlmfast.checkpoint import Resolved, read_configs
+
+    assert cache_off_locations(*read_configs(Resolved(str(grpo_ckpt), True))) == ALL_OFF
+    assert cache_off_locations(*read_configs(Resolved(str(base_ckpt), True))) == []
+
+
+def _decoder_lengths(model, run):
+    """Sequence length of every language-model forward during ``run()``: with the KV cache each
+    decode step feeds 1 position; without it, the whole sequence again."""
+    lengths = []
+    decoder = model.model.language_model
+
+    def hook(module, args, kwargs):
+        x = kwargs.get("inputs_embeds")
+        if x is None:
+            x = kwargs.get("input_ids", args[0] if args else None)
+        lengths.append(x.shape[1])
+
+    handle = decoder.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        run()
+    finally:
+        handle.remove()
+    return lengths
+
+
+@pytest.mark.parametrize("where", ["top", "text_config", "generation_config", "generation_config_missing"])
+def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
+    from transformers import AutoModelForImageTextToText
+
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+
+    ckpt = _copy(base_ckpt, tmp_path)
+    if where == "top":
+        edit_json(ckpt / "config.json", lambda c: c.update(use_cache=False))
+    elif where == "text_config":
+        edit_json(ckpt / "config.json", lambda c: c["text_config"].update(use_cache=False))
+    elif where == "generation_config":
+        edit_json(ckpt / "generation_config.json", lambda c: c.update(use_cache=False))
+    else:  # no generation_config.json: transformers derives it from config.json
+        (ckpt / "generation_config.json").unlink()
+        edit_json(ckpt / "config.json", lambda c: (c.update(use_cache=False), c["text_config"].update(use_cache=False)))
+
+    engine = Engine(load(str(ckpt)), GenerationSettings(max_new_tokens=6, ignore_eos=True))
+    inputs = engine.preprocess([Request("a", (str(images[0]),), "Describe.")])
+    # What plain generate does with the checkpoint as saved — and our model of it must agree:
+    # generation_config.json decides when present (a top-level/text_config false alone is harmless).
+    plain = AutoModelForImageTextToText.from_pretrained(str(ckpt))
+    plain_lengths = _decoder_lengths(plain, lambda: plain.generate(**inputs, max_new_tokens=6, min_new_tokens=6))
+    recomputes = len(set(plain_lengths)) == 6 and plain_lengths == sorted(plain_lengths)
+    assert recomputes == (where in ("generation_config", "generation_config_missing"))
+    assert engine.loaded.cache.saved_enabled is not recomputes
+    expected = {"top": ["config.json: use_cache"], "text_config": ["config.json: text_config.use_cache"],
+                "generation_config": ["generation_config.json: use_cache"],
+                "generation_config_missing": ["config.json: use_cache", "config.json: text_config.use_cache"]}
+    assert engine.loaded.cache.found_off == expected[where]
+    # vlmfast: one prefill, then one position per step, whatever was saved.
+    assert engine.loaded.model.generation_config.use_cache is True and engine.loaded.cache.forced_on
+    lengths = _decoder_lengths(engine.loaded.model, lambda: engine.generate(inputs))
+    assert lengths[0] == inputs["input_ids"].shape[1] and lengths[1:] == [1] * 5
+
+
+def test_checkpoint_n_picks_highest_numeric_with_weights(grpo_ckpt, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for n in (9, 10, 100):
+        shutil.copytree(grpo_ckpt, out / f"checkpoint-{n}")
+    (out / "checkpoint-100" / "model.safetensors").unlink()  # an interrupted save: no weights
+    (out / "checkpoint-1000").mkdir()  # empty
+    r = resolve_checkpoint(str(out))
+    assert r.source == str(out / "checkpoint-10") and r.is_local
+    assert "checkpoint-10" in r.note and "skipped checkpoint-1000, checkpoint-100" in r.note
+
+
+def test_resolve_errors_and_hub_ids(tmp_path):
+    with pytest.raises(CheckpointError, match="no such directory"):
+        resolve_checkpoint(str(tmp_path / "nope"))
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        resolve_checkpoint(str(tmp_path))
+    (tmp_path / "checkpoint-5").mkdir()
+    with pytest.raises(CheckpointError, match="none of its checkpoint-N"):
+        resolve_checkpoint(str(tmp_path))
+    (tmp_path / "checkpoint-5").rmdir()
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no weights"):
+        resolve_checkpoint(str(tmp_path))
+    assert resolve_checkpoint("Qwen/Qwen2.5-VL-3B-Instruct").is_local is False
+
+
+def test_choose_runtime():
+    cpu = choose_runtime(cuda_available=False, flash_attn_available=False)
+    assert (cpu.device, cpu.dtype, cpu.attn) == ("cpu", "float32", "sdpa")
+    gpu = choose_runtime(cuda_available=True, flash_attn_available=True)
+    assert (gpu.device, gpu.dtype, gpu.attn, gpu.notes) == ("cuda", "bfloat16", "flash_attention_2", ())
+    fallback = choose_runtime(cuda_available=True, flash_attn_available=False)
+    assert fallback.attn == "sdpa" and "flash-attn is not installed" in fallback.notes[0]
+    assert choose_runtime(dtype="bf16", cuda_available=False, flash_attn_available=False).dtype == "bfloat16"
+    with pytest.raises(UsageError, match="needs a CUDA device"):
+        choose_runtime(attn="flash_attention_2", cuda_available=False, flash_attn_available=False)
+    with pytest.raises(UsageError, match="only in bfloat16"):
+        choose_runtime(attn="flash_attention_2", dtype="float32", cuda_available=True, flash_attn_available=True)
+    with pytest.raises(UsageError, match="CUDA is not available"):
+        choose_runtime(device="cuda", cuda_available=False, flash_attn_available=False)
+    with pytest.raises(UsageError, match="unknown"):
+        choose_runtime(dtype="int3", cuda_available=False, flash_attn_available=False)
+
+
+def test_eos_list_adds_im_end(loaded):
+    tok = loaded.processor.tokenizer
+    im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    assert loaded.eos_token_ids == [im_end, eot]
+    ids, note = eos_list(eot, tok)  # a merged checkpoint that lost <|im_end|>
+    assert ids == [eot, im_end] and "lacks <|im_end|>" in note
+    assert eos_list([im_end, eot], tok) == ([im_end, eot], None)
+
+
+def test_load_reports_what_it_found(loaded, grpo_ckpt):
+    assert loaded.cache.found_off == ALL_OFF and loaded.cache.forced_on
+    assert loaded.runtime.attn == "sdpa" and loaded.runtime.dtype == "float32"
+    assert loaded.processor.tokenizer.padding_side == "left"
+    cfg = loaded.model.config
+    assert loaded.suppress_token_ids == [cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id]
+
+
+def test_missing_processor_is_a_clear_error(grpo_ckpt, tmp_path):
+    ckpt = _copy(grpo_ckpt, tmp_path)
+    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
+        (ckpt / name).unlink(missing_ok=True)
+    # transformers 5 builds an 18-token tokenizer from what is left; 4.57 fails to load: both are caught
+    with pytest.raises(CheckpointError, match="cannot load the processor|the tokenizer knows") as err:
+        load(str(ckpt))
+    assert "base model" in err.value.hint

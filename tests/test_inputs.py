@@ -1,0 +1,103 @@
+import json
+import os
+
+import pytest
+
+from vlmfast.errors import InputError, UsageError
+from vlmfast.inputs import R1_INSTRUCTION, collect, expand_images, raise_for_problems
+
+
+def test_directory_and_glob_expand_sorted(images):
+    d = str(images[0].parent)
+    paths, problems = expand_images([d])
+    assert paths == [os.path.join(d, f"img_{i:03d}.png") for i in range(6)]
+    assert problems == []
+    globbed, _ = expand_images([os.path.join(d, "img_00[12].png")])
+    assert globbed == [os.path.join(d, "img_001.png"), os.path.join(d, "img_002.png")]
+
+
+def test_ids_default_to_path_as_given_and_prompt_applies_to_all(images):
+    c = collect(images=[str(images[1]), str(images[0])], prompt="Count.")
+    assert [r.id for r in c.requests] == [str(images[1]), str(images[0])]
+    assert all(r.prompt == "Count." and r.images == (r.id,) for r in c.requests)
+    assert c.image_sizes[str(images[1])] == (112, 84)
+
+
+def test_r1_template_appends_instruction(images):
+    c = collect(images=[str(images[0])], prompt="How many boxes?", template="r1")
+    assert c.requests[0].prompt == "How many boxes? " + R1_INSTRUCTION
+
+
+def test_prompt_file_and_system(images, tmp_path):
+    pf = tmp_path / "p.txt"
+    pf.write_text("Describe it.\n")
+    c = collect(images=[str(images[0])], prompt_file=str(pf), system="Be brief.")
+    assert (c.requests[0].prompt, c.requests[0].system) == ("Describe it.", "Be brief.")
+
+
+def test_manifest_ours_and_ms_swift(images, tmp_path):
+    d = images[0].parent
+    m = tmp_path / "m.jsonl"
+    rows = [
+        {"id": "a", "image": str(images[0]), "prompt": "one"},
+        {"id": 7, "images": [str(images[1]), str(images[2])], "prompt": "two", "system": "sys"},
+        {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "<image>What is this?"},
+                      {"role": "assistant", "content": "ignored"}], "images": [str(images[3])]},
+        {"image": os.path.relpath(images[4], tmp_path), "prompt": "relative to the manifest"},
+    ]
+    m.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    c = collect(manifest=str(m))
+    assert [r.id for r in c.requests] == ["a", "7", str(images[3]), str(tmp_path / os.path.relpath(images[4], tmp_path))]
+    assert c.requests[1].images == (str(images[1]), str(images[2])) and c.requests[1].system == "sys"
+    assert (c.requests[2].prompt, c.requests[2].system) == ("What is this?", "S")
+    assert c.bad == [] and d.exists()
+
+
+def test_every_bad_input_is_listed_at_once(images, tmp_path):
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    fake = tmp_path / "fake.jpg"
+    fake.write_text("this is not a jpeg")
+    truncated = tmp_path / "trunc.png"
+    truncated.write_bytes(images[0].read_bytes()[:40])
+    m = tmp_path / "m.jsonl"
+    m.write_bytes(b'{"id": "x", "image": "' + str(images[0]).encode() + b'", "prompt": "ok"}\n{not json\n\xff\xfe\n'
+                  b'{"id": "noimg", "prompt": "p"}\n[1, 2]\n')
+    c = collect(images=[str(tmp_path / "missing.png"), str(empty), str(fake), str(truncated), str(images[0])],
+                prompt="p", manifest=str(m))
+    assert [r.id for r in c.requests] == [str(images[0]), "x"]
+    whats = {b.id: b.error for b in c.bad}
+    assert "file not found" in whats[str(tmp_path / "missing.png")]
+    assert "empty file" in whats[str(empty)]
+    assert "not a readable image" in whats[str(fake)]
+    assert "not a readable image" in whats[str(truncated)]
+    assert "invalid JSON" in whats[f"{m}:2"]
+    assert "not valid UTF-8" in whats[f"{m}:3"]
+    assert "no image" in whats["noimg"]
+    assert "not a JSON object" in whats[f"{m}:5"]
+    with pytest.raises(InputError) as err:
+        raise_for_problems(c)
+    assert len(err.value.problems) == 8 and err.value.exit_code == 2
+    assert "--skip-bad" in err.value.hint
+
+
+def test_duplicate_ids_and_missing_prompt_and_nothing_found(images, tmp_path):
+    with pytest.raises(InputError, match="duplicate ids"):
+        collect(images=[str(images[0]), str(images[0])], prompt="p")
+    with pytest.raises(UsageError, match="no prompt"):
+        collect(images=[str(images[0])])
+    with pytest.raises(UsageError, match="no inputs"):
+        collect(prompt="p")
+    c = collect(images=[str(tmp_path)], prompt="p")  # an empty directory is a listed problem
+    assert c.requests == [] and "no image files" in c.bad[0].error
+    m = tmp_path / "empty.jsonl"
+    m.write_text("\n")
+    with pytest.raises(InputError, match="holds no records"):
+        collect(manifest=str(m))
+
+
+def test_unknown_manifest_fields_warn(images, tmp_path):
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "p", "label": 3}) + "\n")
+    c = collect(manifest=str(m))
+    assert c.warnings == [f"{m}: ignored unknown manifest fields: label"]
