@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from .errors import InputError
+
 
 def read_existing(path: Path) -> tuple[dict[str, dict], str | None]:
     """Rows already in ``path`` keyed by id, and a note if a torn last line was removed."""
@@ -36,7 +38,10 @@ def read_existing(path: Path) -> tuple[dict[str, dict], str | None]:
             if number >= len(lines) - 1:  # the last line: a write cut short — repair it
                 note = f"{path}: removed a torn last line ({len(line)} bytes) left by an interrupted run"
                 break
-            raise ValueError(f"{path}:{number}: not a vlmfast result row; refusing to append to it") from None
+            raise InputError(
+                f"{path}:{number}: not a vlmfast result row; refusing to append to this file",
+                hint="choose another --out file, or --overwrite to replace it",
+            ) from None
         rows[str(row["id"])] = row
         good_bytes += len(line) + 1
     if note:

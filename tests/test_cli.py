@@ -1,0 +1,101 @@
+"""The CLI end to end through the installed console script, as CI shell scripts call it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import read_jsonl
+
+VLMFAST = Path(sys.executable).parent / "vlmfast"
+
+
+def vlmfast(*args, cwd=None):
+    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([str(VLMFAST), *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_console_script_is_installed_and_help_lists_exit_codes():
+    assert VLMFAST.is_file(), "install the package (pip install -e .) so the vlmfast console script exists"
+    r = vlmfast("--help")
+    assert r.returncode == 0 and "infer" in r.stdout and "Exit codes" in r.stdout
+    v = subprocess.run([sys.executable, "-m", "vlmfast", "--version"], capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout.startswith("vlmfast ")
+
+
+def test_infer_json_report_and_jsonl_results(grpo_ckpt, images, tmp_path):
+    out = tmp_path / "res.jsonl"
+    d = images[0].parent
+    r = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", d, "--prompt", "Count the shapes.", "--template", "r1",
+                "--max-new-tokens", 12, "--batch-size", 4, "--out", out, "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)  # stdout holds exactly one JSON object
+    for key in ("samples", "new_tokens", "load_s", "preprocess_s", "generate_s", "ttft_ms_p50", "ttft_ms_p90",
+                "decode_ms_per_token", "tokens_per_s", "samples_per_s", "peak_mem_mib", "dtype", "attn",
+                "batch_size", "versions"):
+        assert key in report, key
+    assert report["samples"] == 6 and report["errors"] == 0 and report["batches"] == 2
+    assert report["cache"]["forced_on"] is True and len(report["cache"]["found_off"]) == 3
+    assert (report["dtype"], report["attn"], report["device"]) == ("float32", "sdpa", "cpu")
+    rows = read_jsonl(out)
+    assert [row["id"] for row in rows] == [str(d / f"img_{i:03d}.png") for i in range(6)]  # input order
+    assert set(rows[0]) == {"id", "images", "prompt", "text", "think", "answer", "finish_reason", "n_prompt_tokens",
+                            "n_image_tokens", "n_new_tokens", "error"}
+    assert all(row["error"] is None and 1 <= row["n_new_tokens"] <= 12 for row in rows)
+    assert rows[0]["prompt"].endswith("in <answer> </answer> tags.")
+    assert report["new_tokens"] == sum(row["n_new_tokens"] for row in rows)
+    assert "forced on" in r.stderr  # the human report went to stderr
+
+    # rerun: every id is already there, nothing is regenerated
+    again = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", d, "--prompt", "Count the shapes.", "--template", "r1",
+                    "--max-new-tokens", 12, "--out", out, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["skipped_existing"] == 6 and json.loads(again.stdout)["samples"] == 0
+    assert read_jsonl(out) == rows
+
+
+def test_bad_inputs_exit_2_and_write_nothing(grpo_ckpt, images, tmp_path):
+    out = tmp_path / "res.jsonl"
+    bad = tmp_path / "broken.png"
+    bad.write_text("not an image")
+    r = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", images[0], tmp_path / "gone.png", bad,
+                "--prompt", "p", "--out", out)
+    assert r.returncode == 2
+    assert "gone.png: file not found" in r.stderr and "broken.png: not a readable image" in r.stderr
+    assert "--skip-bad" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+
+    skip = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", images[0], tmp_path / "gone.png", bad,
+                   "--prompt", "p", "--out", out, "--skip-bad", "--max-new-tokens", 4)
+    assert skip.returncode == 0, skip.stderr
+    rows = {row["id"]: row for row in read_jsonl(out)}
+    assert rows[str(images[0])]["error"] is None and rows[str(images[0])]["n_new_tokens"] >= 1
+    assert "file not found" in rows[str(tmp_path / "gone.png")]["error"]
+    assert rows[str(bad)]["error"].startswith(f"{bad}: not a readable image") and rows[str(bad)]["text"] is None
+
+
+def test_usage_errors_are_clear(grpo_ckpt, images, tmp_path):
+    r = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--json")
+    assert r.returncode == 2 and "add --out" in r.stderr and r.stdout == ""
+    r = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--attn", "flash_attention_2")
+    assert r.returncode == 2 and "needs a CUDA device" in r.stderr
+    r = vlmfast("infer", "--ckpt", tmp_path / "nope", "--images", images[0], "--prompt", "p")
+    assert r.returncode == 2 and "no such directory" in r.stderr
+
+
+def test_make_checkpoint_and_results_to_stdout(tmp_path, images):
+    r = vlmfast("make-checkpoint", tmp_path / "b", "--like", "base")
+    assert r.returncode == 0, r.stderr
+    ckpt = Path(r.stdout.strip())
+    assert "use_cache" not in json.loads((ckpt / "generation_config.json").read_text())
+    r = vlmfast("infer", "--ckpt", ckpt, "--images", images[2], images[0], "--prompt", "p", "--max-new-tokens", 3)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["id"] for line in r.stdout.splitlines()] == [str(images[2]), str(images[0])]
+
+
+def test_images_takes_a_list_after_one_flag():
+    from vlmfast.cli import spread_multi_value
+
+    assert spread_multi_value(["infer", "--images", "a", "b", "--prompt", "p", "--images=c", "d"]) == [
+        "infer", "--images", "a", "--images", "b", "--prompt", "p", "--images=c", "--images", "d"]
