@@ -255,7 +255,9 @@ def load(
     UsageError with a hint for anything the user can fix."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # our own report is the interface; no per-file bars in CI logs
     start = time.perf_counter()
     resolved = resolve_checkpoint(ckpt)
     runtime = detect_runtime(device, dtype, attn)

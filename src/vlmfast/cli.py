@@ -136,6 +136,78 @@ def infer(
     _guarded(run)
 
 
+@app.command(epilog=EXIT_CODES_HELP)
+def bench(
+    ckpt: Ckpt,
+    compare_base: Annotated[Optional[str], typer.Option(help="Base model (dir or hub id) run on the same workload.", rich_help_panel=MODEL)] = None,
+    images: Images = None,
+    manifest: Manifest = None,
+    synthetic: Annotated[Optional[int], typer.Option(min=1, help="Generate N synthetic images as the workload.", rich_help_panel=INPUT)] = None,
+    synthetic_size: Annotated[int, typer.Option(min=28, help="Side of synthetic images in pixels.", rich_help_panel=INPUT)] = 224,
+    prompt: Prompt = None,
+    template: Template = "plain",
+    max_pixels: MaxPixels = None,
+    min_pixels: MinPixels = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Cap on new tokens per sample.", rich_help_panel=GEN)] = 128,
+    ignore_eos: IgnoreEos = False,
+    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes for ckpt (and base), e.g. 1,8.", rich_help_panel=GEN)] = "8",
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed runs per scenario.", rich_help_panel=GEN)] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per scenario (medians reported).", rich_help_panel=GEN)] = 3,
+    as_saved: Annotated[bool, typer.Option("--as-saved/--no-as-saved", help="Also run plain HF generate with the saved config (slow when the cache is off).", rich_help_panel=GEN)] = True,
+    device: Device = None,
+    dtype: Dtype = None,
+    attn: Attn = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report", help="Write report.md, report.json and plot.png here.", rich_help_panel=OUTPUT)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.", rich_help_panel=OUTPUT)] = False,
+    fail_if_slower: Annotated[Optional[float], typer.Option(min=1.0, help="Exit 3 when ckpt tokens/s < base tokens/s ÷ X.", rich_help_panel="Gates")] = None,
+    fail_on_cache_off: Annotated[bool, typer.Option("--fail-on-cache-off", help="Exit 4 when the saved config turns the cache off anywhere.", rich_help_panel="Gates")] = False,
+):
+    """The same workload on the checkpoint (vlmfast), as saved (plain generate) and on its base, side by side."""
+
+    def run():
+        from .bench import BenchOptions, gate, run_bench
+        from .engine import GenerationSettings
+        from .report import ProgressBar, print_json, render_bench, render_note, write_bench_dir
+
+        try:
+            sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
+        except ValueError:
+            sizes = ()
+        if not sizes or min(sizes) < 1:
+            raise UsageError(f"--batch-sizes {batch_sizes!r}: expected positive integers", hint="e.g. --batch-sizes 1,8")
+        if not (images or manifest or synthetic):
+            raise UsageError("no workload", hint="give --images, --manifest or --synthetic N")
+        if fail_if_slower is not None and not compare_base:
+            raise UsageError("--fail-if-slower compares with the base", hint="add --compare-base BASE")
+        options = BenchOptions(
+            ckpt=ckpt, compare_base=compare_base, images=images, manifest=manifest, synthetic=synthetic,
+            synthetic_size=synthetic_size, prompt=prompt, template=template,
+            generation=GenerationSettings(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos),
+            batch_sizes=sizes, warmup=warmup, repeats=repeats, as_saved=as_saved, device=device, dtype=dtype,
+            attn=attn, max_pixels=max_pixels, min_pixels=min_pixels,
+        )
+        bar = ProgressBar()
+        try:
+            report = run_bench(options, progress=bar, say=render_note if not bar.enabled else (lambda text: None))
+        finally:
+            bar.stop()
+        code, messages = gate(report, fail_if_slower, fail_on_cache_off)
+        report["gates"] = {"fail_if_slower": fail_if_slower, "fail_on_cache_off": fail_on_cache_off,
+                           "exit_code": code, "messages": messages}
+        render_bench(report, messages)
+        if report_dir is not None:
+            written, note = write_bench_dir(report, report_dir)
+            render_note("wrote " + ", ".join(written))
+            if note:
+                render_note(note)
+        if json_out:
+            print_json(report)
+        if code:
+            raise typer.Exit(code)
+
+    _guarded(run)
+
+
 @app.command("make-checkpoint")
 def make_checkpoint(
     out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],

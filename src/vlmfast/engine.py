@@ -69,7 +69,7 @@ class BatchTiming:
     decode_s: float  # first new token → last new token
     steps: int  # decode steps taken (new tokens per sequence, incl. the first)
     new_tokens: int  # tokens kept across the batch (up to each sequence's EOS)
-    step_times_s: tuple[float, ...] = ()  # per-step latency, only when recorded
+    step_times_s: tuple[float, ...] = ()  # latency of each decode step after the first token, when recorded
 
 
 THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
@@ -185,7 +185,8 @@ class Engine:
         results = [self._result(r, inputs, row, new[row]) for row, r in enumerate(batch)]
         first = clock.times[0] if clock.times else t2
         steps = len(new[0]) if new else 0
-        step_times = tuple(b - a for a, b in zip([t1] + clock.times[:-1], clock.times)) if self.record_steps else ()
+        # decode-step latencies: between consecutive tokens (the first token's wait is the TTFT)
+        step_times = tuple(b - a for a, b in zip(clock.times, clock.times[1:])) if self.record_steps else ()
         timing = BatchTiming(
             size=len(batch), preprocess_s=t1 - t0, ttft_s=first - t1, decode_s=t2 - first, steps=steps,
             new_tokens=sum(r.n_new_tokens for r in results), step_times_s=step_times,

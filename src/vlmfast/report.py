@@ -93,3 +93,78 @@ class ProgressBar:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+BENCH_COLUMNS = (
+    ("tokens/s", "tokens_per_s", 1), ("samples/s", "samples_per_s", 3), ("TTFT p50 ms", "ttft_ms_p50", 1),
+    ("TTFT p90 ms", "ttft_ms_p90", 1), ("decode ms/token", "decode_ms_per_token", 2),
+    ("mean new tokens", "mean_new_tokens", 1), ("mean think tokens", "mean_think_tokens", 1),
+    ("no <answer>", "no_answer_rate", 2), ("truncated", "truncation_rate", 2), ("peak MiB", "peak_mem_mib", 0),
+)
+
+
+def bench_table(report: dict) -> Table:
+    table = Table(title="vlmfast bench", title_justify="left")
+    table.add_column("metric", style="bold")
+    for s in report["scenarios"]:
+        table.add_column(f"{s['name']}\nbatch {s['batch_size']}", justify="right")
+    for label, key, digits in BENCH_COLUMNS:
+        table.add_row(label, *(_fmt(s[key], "", digits) if s[key] is not None else "–" for s in report["scenarios"]))
+    return table
+
+
+def render_bench(report: dict, gate_messages: list[str] = ()) -> None:
+    """The side-by-side table, ratios, fidelity and cache findings, on stderr."""
+    stderr.print(bench_table(report))
+    for name, values in report["ratios"].items():
+        shown = ", ".join(f"{k} {v:.2f}×" for k, v in values.items() if v is not None)
+        stderr.print(f"[bold]{name}[/bold]: {shown}")
+    for name, share in report["fidelity"].items():
+        shown = "–" if share is None else f"{share:.0%} of samples have identical greedy tokens"
+        stderr.print(f"[bold]fidelity {name}[/bold]: {shown}")
+    off = report["cache"]["found_off"]
+    stderr.print("[bold]checkpoint cache as saved[/bold]: " + ("off in " + ", ".join(off) if off else "on"))
+    for note in report["notes"]:
+        stderr.print(f"[yellow]note:[/yellow] {note}")
+    for message in gate_messages:
+        stderr.print(f"[bold red]gate:[/bold red] {message}")
+
+
+def bench_markdown(report: dict) -> str:
+    """report.md: the same figures as the table, for a PR comment or a results file."""
+    names = [f"{s['name']} (batch {s['batch_size']})" for s in report["scenarios"]]
+    lines = [f"# vlmfast bench: {report['checkpoint']}", ""]
+    w = report["workload"]
+    lines.append(f"{w['samples']} samples, max {w['max_new_tokens']} new tokens (ignore_eos={w['ignore_eos']}), "
+                 f"{w['warmup']} warm-up + {w['repeats']} timed runs per scenario; medians. "
+                 f"transformers {report['versions']['transformers']}, torch {report['versions']['torch']}.")
+    lines += ["", "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label, key, digits in BENCH_COLUMNS:
+        cells = ["–" if s[key] is None else f"{s[key]:.{digits}f}" for s in report["scenarios"]]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name, values in report["ratios"].items():
+        lines.append(f"- {name}: " + ", ".join(f"{k} {v:.2f}×" for k, v in values.items() if v is not None))
+    for name, share in report["fidelity"].items():
+        lines.append(f"- fidelity {name}: " + ("–" if share is None else f"{share:.0%} identical greedy tokens"))
+    off = report["cache"]["found_off"]
+    lines.append("- checkpoint cache as saved: " + ("off in " + ", ".join(off) if off else "on"))
+    return "\n".join(lines) + "\n"
+
+
+def write_bench_dir(report: dict, directory) -> tuple[list[str], str | None]:
+    """report.md, report.json and (with matplotlib) plot.png in ``directory``. Returns the paths
+    written and a note when the plot could not be made."""
+    from pathlib import Path
+
+    from .plot import plot_available, write_plot
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(bench_markdown(report), encoding="utf-8")
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    written = [str(out / "report.md"), str(out / "report.json")]
+    if not plot_available():
+        return written, "no plot: matplotlib is not installed (pip install 'vlmfast[plot]')"
+    written.append(str(write_plot(report, out / "plot.png")))
+    return written, None
