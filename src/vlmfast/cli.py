@@ -235,7 +235,7 @@ def make_checkpoint(
 @app.command("make-images")
 def make_images(
     out: Annotated[Path, typer.Argument(help="Directory to write PNGs into.")],
-    n: Annotated[int, typer.Option(min=1, help="How many images.")] = 8,
+    n: Annotated[int, typer.Option("-n", "--n", min=1, help="How many images.")] = 8,
     seed: Annotated[int, typer.Option(help="Content seed.")] = 0,
     size: Annotated[Optional[int], typer.Option(min=28, help="Square side in pixels (default: a mix of small sizes).")] = None,
 ):
