@@ -167,3 +167,20 @@ def test_missing_processor_is_a_clear_error(grpo_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="cannot load the processor|the tokenizer knows") as err:
         load(str(ckpt))
     assert "base model" in err.value.hint
+
+
+def test_missing_chat_template_falls_back_to_chatml_and_says_so(grpo_ckpt, images, tmp_path):
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+
+    ckpt = _copy(grpo_ckpt, tmp_path)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (ckpt / name).unlink(missing_ok=True)
+    for name in ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json"):
+        if (ckpt / name).exists():
+            edit_json(ckpt / name, lambda c: c.pop("chat_template", None))
+    loaded = load(str(ckpt))
+    assert any("no chat template" in n for n in loaded.notes)
+    results, _ = Engine(loaded, GenerationSettings(max_new_tokens=3)).generate_batch(
+        [Request("a", (str(images[0]),), "Describe.")])
+    assert results[0].n_image_tokens == 4 and results[0].n_new_tokens >= 1

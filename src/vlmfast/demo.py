@@ -23,7 +23,10 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     workdir = Path(workdir) if workdir else default_workdir()
     stderr.print(f"[bold]vlmfast demo[/bold] in {workdir}")
     with stderr.status("building the demo checkpoint (random weights, saved cache-off like a GRPO run)…"):
-        ckpt = build_checkpoint(workdir / "grpo-demo", preset="demo", like="grpo")
+        import transformers
+
+        # one directory per transformers major: checkpoints saved by 5.x do not load in 4.57
+        ckpt = build_checkpoint(workdir / f"grpo-demo-tf{transformers.__version__.split('.')[0]}", preset="demo", like="grpo")
         images = make_images(workdir / "images", n=8, sizes=DEMO_IMAGE_SIZES)
     out = workdir / "results.jsonl"
     stderr.print(

@@ -35,7 +35,7 @@ def render_infer(report) -> None:
     off = ", ".join(cache["found_off"]) or "nowhere"
     table.add_row("checkpoint", report.checkpoint)
     table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
-    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · batch {report.batch_size} ({report.batches} batch{"es" if report.batches != 1 else ""})")
+    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · batch {report.batch_size} ({report.batches} batch{'es' if report.batches != 1 else ''})")
     table.add_row("samples", f"{report.samples} run, {report.errors} errors, {report.skipped_existing} already done")
     table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
     table.add_row("new tokens", _fmt(report.new_tokens))

@@ -1,0 +1,359 @@
+"""Tiny random-weight Qwen2.5-VL checkpoints, built fully offline for tests and the demo.
+
+A real ``Qwen2_5_VLForConditionalGeneration`` with a locally trained byte-level BPE tokenizer, the stock
+Qwen2.5-VL processor and our own ChatML template; builds and loads with transformers 4.57 and 5.x.
+``like="grpo"`` saves ``use_cache: false`` where GRPO trainers leave it (config.json top level and
+``text_config``, generation_config.json); ``like="base"`` has none. torch/transformers/PIL are imported
+inside functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import random
+import shutil
+import tempfile
+
+# initializer_range: greedy decoding must not flip between batch/single or cache on/off. What
+# matters is the top-1/top-2 logit gap relative to float noise, and that ratio does NOT improve with
+# a larger init: noise grows faster than the logits (sharper attention). Measured over 8-10 seeds,
+# 4 images, 32-48 tokens, both transformers versions: these values keep the gap >= 50x the noise
+# (logit std ~0.8), while 0.2 on "demo" brought it down to 0.2x.
+PRESETS: dict[str, dict] = {
+    # Tests: ~0.25M params; builds in ~0.1-0.3 s once transformers is imported.
+    "tiny": {
+        "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "mrope_section": [2, 3, 3]},
+        "vision": {"hidden_size": 32, "intermediate_size": 64, "depth": 2, "num_heads": 2,
+                   "fullatt_block_indexes": [1]},
+        "initializer_range": 0.1,
+    },
+    # Demo: ~5.9M params, big enough that decoding without a KV cache is plainly slower on a CPU.
+    "demo": {
+        "text": {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "mrope_section": [8, 12, 12]},
+        "vision": {"hidden_size": 128, "intermediate_size": 512, "depth": 4, "num_heads": 4,
+                   "fullatt_block_indexes": [1, 3]},
+        "initializer_range": 0.05,
+    },
+}
+LIKES = ("grpo", "base")
+
+# Qwen's special tokens, in Qwen's order, so relative ids line up with the real vocabulary.
+_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+)
+_REASONING_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+# Qwen2's pre-tokenizer regex; transformers 5 rebuilds Qwen2Tokenizer with it, so we train with it too.
+_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+_STAMP = "vlmfast_tiny.json"
+_MIN_PIXELS, _MAX_PIXELS = 3136, 12845056  # Qwen2.5-VL's released preprocessor defaults
+_IMAGE_SIZES = [(56, 56), (112, 84), (84, 112), (112, 112)]  # (width, height)
+
+# Our own ChatML template: one block per turn; image/video parts become vision placeholders. Also the
+# loader's fallback for checkpoints that lost their template in a merge.
+CHAT_TEMPLATE = r"""{#- vlmfast tiny: ChatML turns, vision parts rendered as placeholder runs -#}
+{%- for turn in messages -%}
+{{- '<|im_start|>' + turn['role'] + '\n' -}}
+{%- if turn['content'] is string -%}
+{{- turn['content'] -}}
+{%- else -%}
+{%- for part in turn['content'] -%}
+{%- if part.get('type') in ('image', 'image_url') or 'image' in part -%}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif part.get('type') == 'video' or 'video' in part -%}
+{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+{%- elif 'text' in part -%}
+{{- part['text'] -}}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
+_CORPUS = """\
+Look at the image and describe what you see. The picture shows a red box on a blue table.
+Count the objects in the image. There are three circles and two squares, so the count is five.
+What color is the large shape? The large shape is green, and the small shape is yellow.
+First think about the question, then give the answer. Think step by step before you answer.
+The answer is a single number. The answer is a short phrase. The answer is one word.
+Describe the scene in one sentence. A cat sits near a window while the sun sets behind the hills.
+Find the bounding box of the dog. The box starts at the top left corner and ends at the bottom right.
+How many people are in the photo? I count four people standing in a row, so the answer is 4.
+Give the coordinates of the box as four numbers: left, top, right, bottom, measured in pixels.
+The question asks about the video. The video shows a car moving from left to right across the frame.
+Let me count: one, two, three, four, five, six, seven, eight, nine, ten. Numbers 0 to 9 are common.
+The reasoning should be brief. Long thinking without an answer is not useful to anyone.
+The user asks a question about an image, and the assistant looks at the image and answers it.
+Explain your answer. I looked at each part of the image and counted every object exactly once.
+Answer the question using the image. If you are not sure, say that you are not sure.
+Think first, answer second. Keep the thinking short and the answer exact.
+"""
+_COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
+_SHAPES = ("box", "circle", "square", "triangle", "line", "ellipse", "rectangle", "dot")
+_PLACES = ("at the top", "at the bottom", "on the left", "on the right", "in the center", "near the edge")
+
+
+def _corpus() -> str:
+    # Handwritten sentences plus systematic color/shape/count phrases, so the vocabulary learns
+    # whole words for what the tests and demo prompts say.
+    lines = [_CORPUS]
+    for i, color in enumerate(_COLORS):
+        for j, shape in enumerate(_SHAPES):
+            place = _PLACES[(i + j) % len(_PLACES)]
+            lines.append(f"The {color} {shape} is {place} of the image; count {i + j} of them.\n")
+    return "".join(lines)
+
+
+def _train_tokenizer():
+    """Train the byte-level BPE (deterministic: same corpus and settings give the same merges)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    # Same pipeline as Qwen2's tokenizer.json so both transformers versions tokenize identically.
+    tok = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
+                        fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus().splitlines(keepends=True), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _REASONING_TAGS])
+    return tok
+
+
+def _write_json(path: pathlib.Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _read_json(path: pathlib.Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _save_tokenizer_and_processor(d: pathlib.Path):
+    """Write tokenizer, processor and chat template files into ``d``; return the loaded tokenizer."""
+    from transformers import (AutoTokenizer, PreTrainedTokenizerFast, Qwen2_5_VLProcessor,
+                              Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+
+    backend = _train_tokenizer()
+    with tempfile.TemporaryDirectory() as scratch:
+        # Save a generic fast tokenizer, relabel it Qwen2Tokenizer and reload it, so the processor gets
+        # the class each transformers version expects (Qwen2TokenizerFast in 4.x, Qwen2Tokenizer in 5.x).
+        PreTrainedTokenizerFast(
+            tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+            additional_special_tokens=list(_SPECIAL_TOKENS[1:]), padding_side="left",
+            model_max_length=32768, clean_up_tokenization_spaces=False,
+        ).save_pretrained(scratch)
+        cfg_path = pathlib.Path(scratch) / "tokenizer_config.json"
+        cfg = _read_json(cfg_path)
+        # unk_token null as in Qwen's release (the Qwen2 classes would otherwise default it).
+        cfg.update(tokenizer_class="Qwen2Tokenizer", unk_token=None)
+        _write_json(cfg_path, cfg)
+        tokenizer = AutoTokenizer.from_pretrained(scratch)
+    tokenizer.chat_template = CHAT_TEMPLATE  # the tokenizer alone must also find the template
+    processor = Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=_MIN_PIXELS, max_pixels=_MAX_PIXELS),
+        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(str(d))
+    # transformers 5 records how the scratch copy was loaded; that is not a tokenizer setting.
+    cfg = _read_json(d / "tokenizer_config.json")
+    for key in ("is_local", "local_files_only"):
+        cfg.pop(key, None)
+    _write_json(d / "tokenizer_config.json", cfg)
+    # vocab.json/merges.txt as in released checkpoints (the slow tokenizer and other tools read them).
+    model = json.loads(backend.to_str())["model"]
+    _write_json(d / "vocab.json", model["vocab"])
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (d / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return tokenizer
+
+
+def _model_config(spec: dict, like: str, ids: dict, vocab_size: int):
+    from transformers import Qwen2_5_VLConfig
+
+    t, v = spec["text"], spec["vision"]
+    head_dim = t["hidden_size"] // t["num_attention_heads"]
+    if 2 * sum(t["mrope_section"]) != head_dim:
+        raise ValueError(f"mrope_section {t['mrope_section']} must sum to head_dim/2 = {head_dim // 2}")
+    eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
+    text = {
+        "vocab_size": vocab_size, "hidden_act": "silu", "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False,
+        "max_window_layers": t["num_hidden_layers"], "initializer_range": spec["initializer_range"],
+        "rope_scaling": {"type": "mrope", "mrope_section": list(t["mrope_section"])},
+        # GRPO trainers turn the cache off for gradient checkpointing and save it that way.
+        "use_cache": like != "grpo",
+        "bos_token_id": eot, "eos_token_id": im_end, "pad_token_id": eot,
+        **{k: t[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                             "num_attention_heads", "num_key_value_heads")},
+    }
+    vision = {
+        # patch 14, merge 2, temporal 2 as the real model: one image token per 28x28 pixel block.
+        "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "tokens_per_second": 2, "window_size": 112, "hidden_act": "silu",
+        "out_hidden_size": t["hidden_size"], "initializer_range": spec["initializer_range"],
+        **{k: (list(v[k]) if isinstance(v[k], list) else v[k]) for k in v},
+    }
+    return Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], bos_token_id=eot, eos_token_id=im_end,
+    )
+
+
+def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    tokenizer = _save_tokenizer_and_processor(d)
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in _SPECIAL_TOKENS}
+    config = _model_config(spec, like, ids, vocab_size=len(tokenizer))
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
+    model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # 5.x draws a "Writing model shards" bar; a library stays quiet
+    try:
+        model.save_pretrained(str(d))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+    # transformers decides on its own where use_cache lands (5.x drops the top-level key, and may add
+    # it to generation_config.json); rewrite both files so each `like` has exactly its layout.
+    cfg = _read_json(d / "config.json")
+    cfg["use_cache"] = like != "grpo"
+    cfg["text_config"]["use_cache"] = like != "grpo"
+    _write_json(d / "config.json", cfg)
+    gen = _read_json(d / "generation_config.json")
+    gen.pop("use_cache", None)
+    gen.update({"use_cache": False} if like == "grpo" else {})
+    gen.update(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot)
+    _write_json(d / "generation_config.json", gen)
+
+
+def _existing_checkpoint(out: pathlib.Path, want: dict) -> bool:
+    """True if ``out`` holds a complete build with the same arguments, False if it is missing or an
+    empty directory; ValueError if it holds anything else."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return False
+    try:
+        found = _read_json(out / _STAMP)
+    except (OSError, ValueError):
+        found = None
+    if found is None:
+        reason = "files that are not a vlmfast tiny checkpoint"
+    elif {k: found.get(k) for k in want} != want:
+        what = ", ".join(f"{k}={found.get(k)!r}" for k in ("preset", "like", "seed", "transformers_version"))
+        reason = f"a different tiny checkpoint ({what})"
+    elif found.get("files") and all((out / f).is_file() for f in found["files"]):
+        return True
+    else:
+        reason = "an incomplete tiny checkpoint"
+    raise ValueError(
+        f"{out} already holds {reason}; wanted preset={want['preset']!r}, like={want['like']!r}, "
+        f"seed={want['seed']!r} with transformers {want['transformers_version']}. "
+        "Pass overwrite=True to replace it, or choose another directory."
+    )
+
+
+def build_checkpoint(out_dir, preset: str = "tiny", like: str = "grpo", seed: int = 0,
+                     overwrite: bool = False) -> pathlib.Path:
+    """Build a tiny random-weight Qwen2.5-VL checkpoint in ``out_dir`` and return its path.
+
+    ``preset`` is a key of :data:`PRESETS`; ``like`` is ``"grpo"`` (saved with ``use_cache: false``
+    like GRPO trainers do) or ``"base"``. Same arguments in the same environment give byte-identical
+    files. An existing complete build with the same arguments (per its ``vlmfast_tiny.json`` stamp) is
+    returned as is; any other existing content raises ValueError unless ``overwrite`` is true.
+    The build happens in a sibling temporary directory and is moved into place when complete.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    if like not in LIKES:
+        raise ValueError(f"unknown like {like!r}; valid choices: {', '.join(LIKES)}")
+    import transformers
+
+    out = pathlib.Path(out_dir)
+    stamp = {"builder": "vlmfast.tiny", "format": 1, "like": like, "preset": preset, "seed": int(seed),
+             "transformers_version": transformers.__version__}
+    if not overwrite and _existing_checkpoint(out, stamp):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        _build_into(tmp, PRESETS[preset], like, int(seed))
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        _write_json(tmp / _STAMP, {**stamp, "files": files})  # written last: marks the build complete
+        # mkdtemp (and safetensors) make private entries; a checkpoint should look ordinary.
+        os.chmod(tmp, 0o755)
+        for f in files + [_STAMP]:
+            os.chmod(tmp / f, 0o644)
+        if not overwrite and _existing_checkpoint(out, stamp):  # a concurrent build finished first
+            shutil.rmtree(tmp)
+            return out
+        if out.is_dir():
+            shutil.rmtree(out)
+        elif out.exists():
+            out.unlink()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def make_images(out_dir, n: int = 8, seed: int = 0,
+                sizes: list[tuple[int, int]] | None = None) -> list[pathlib.Path]:
+    """Write ``n`` deterministic PNGs (``img_000.png``...) into ``out_dir`` and return their paths.
+
+    Each image is a two-color gradient with a few rectangles and ellipses. ``sizes`` is a list of
+    (width, height) cycled over the images; the default mixes sizes so that a batch has different
+    image-token counts (28x28 px = 1 image token).
+    """
+    from PIL import Image, ImageDraw
+
+    sizes = list(sizes) if sizes else list(_IMAGE_SIZES)
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        # String seeds hash with SHA-512, independent of PYTHONHASHSEED: stable across processes.
+        rng = random.Random(f"vlmfast-tiny-image:{seed}:{i}")
+        w, h = sizes[i % len(sizes)]
+
+        def color():
+            return tuple(rng.randrange(256) for _ in range(3))
+        mask = Image.linear_gradient("L")
+        if rng.random() < 0.5:
+            mask = mask.transpose(Image.Transpose.ROTATE_90)
+        img = Image.composite(Image.new("RGB", (w, h), color()), Image.new("RGB", (w, h), color()),
+                              mask.resize((w, h)))
+        draw = ImageDraw.Draw(img)
+        for _ in range(rng.randint(2, 4)):
+            x0, x1 = sorted(rng.randrange(w) for _ in range(2))
+            y0, y1 = sorted(rng.randrange(h) for _ in range(2))
+            shape = draw.rectangle if rng.random() < 0.5 else draw.ellipse
+            shape((x0, y0, x1 + 4, y1 + 4), fill=color(), outline=color())
+        path = out / f"img_{i:03d}.png"
+        img.save(path, format="PNG")
+        paths.append(path)
+    return paths
