@@ -99,3 +99,10 @@ def test_images_takes_a_list_after_one_flag():
 
     assert spread_multi_value(["infer", "--images", "a", "b", "--prompt", "p", "--images=c", "d"]) == [
         "infer", "--images", "a", "--images", "b", "--prompt", "p", "--images=c", "--images", "d"]
+
+
+def test_demo_runs_offline_and_reports_the_as_saved_comparison(tmp_path):
+    r = vlmfast("demo", "--workdir", tmp_path, "--max-new-tokens", 4)
+    assert r.returncode == 0, r.stderr
+    assert "forced on" in r.stderr and "identical greedy tokens for 8/8 samples" in r.stderr
+    assert len(read_jsonl(tmp_path / "results.jsonl")) == 8

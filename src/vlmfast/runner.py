@@ -152,6 +152,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
         writer.close()
     generate_s = time.perf_counter() - start
     writer.finalize(order)
+    results.sort(key=lambda r: position[r.id])  # batches ran by cost; callers get input order
     peak, peak_kind = peak_memory_mib(device)
     return summarize(
         options, loaded, engine, results, timings, generate_s=generate_s, skipped=skipped, notes=notes,

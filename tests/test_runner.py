@@ -1,0 +1,34 @@
+import json
+
+from conftest import read_jsonl
+from vlmfast.engine import GenerationSettings
+from vlmfast.runner import InferOptions, infer
+
+
+def _options(grpo_ckpt, images, out, **kw):
+    return InferOptions(ckpt=str(grpo_ckpt), images=[str(p) for p in images], prompt="Count.", out=str(out),
+                        batch_size=4, generation=GenerationSettings(max_new_tokens=8), **kw)
+
+
+def test_results_in_input_order_and_report_adds_up(loaded, grpo_ckpt, images, tmp_path):
+    shuffled = [images[i] for i in (3, 0, 5, 1, 4, 2)]
+    report = infer(_options(grpo_ckpt, shuffled, tmp_path / "r.jsonl"), loaded=loaded)
+    assert [r.id for r in report.results] == [str(p) for p in shuffled]
+    assert [row["id"] for row in read_jsonl(tmp_path / "r.jsonl")] == [str(p) for p in shuffled]
+    assert report.new_tokens == sum(r.n_new_tokens for r in report.results)
+    assert report.finish["eos"] + report.finish["length"] == report.samples == 6
+    assert report.batches == 2 and report.ttft_ms_p50 is not None and report.tokens_per_s > 0
+    assert json.loads(json.dumps(report.as_dict()))["cache"]["forced_on"] is True
+
+
+def test_resume_after_a_crash_completes_every_id_exactly_once(loaded, grpo_ckpt, images, tmp_path):
+    out = tmp_path / "r.jsonl"
+    full = infer(_options(grpo_ckpt, images, tmp_path / "full.jsonl"), loaded=loaded)
+    rows = read_jsonl(tmp_path / "full.jsonl")
+    # a run that died after two rows, mid-way through writing the third
+    out.write_text(json.dumps(rows[4]) + "\n" + json.dumps(rows[1]) + "\n" + json.dumps(rows[2])[:25])
+    resumed = infer(_options(grpo_ckpt, images, out), loaded=loaded)
+    assert resumed.skipped_existing == 2 and resumed.samples == 4
+    assert any("torn last line" in n for n in resumed.notes)
+    assert read_jsonl(out) == rows  # same rows, same order, nothing duplicated, nothing lost
+    assert {r.id: r.token_ids for r in resumed.results} == {r.id: r.token_ids for r in full.results if r.id not in (rows[4]["id"], rows[1]["id"])}
