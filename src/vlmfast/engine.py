@@ -8,7 +8,7 @@ Clocks synchronize the device before each read (see :mod:`vlmfast.timing`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .batching import image_tokens, plan_batches
@@ -245,5 +245,3 @@ def processor_pixel_limits(image_processor) -> tuple[int, int]:
     hi = get("longest_edge") or getattr(image_processor, "max_pixels", None) or 16384 * 28 * 28
     return int(lo), int(hi)
 
-
-ProgressCallback = Callable[[int, int], None]  # (samples done in this batch, new tokens)
