@@ -30,3 +30,11 @@ def test_smart_resize_matches_transformers(h, w):
 def test_image_tokens_one_per_28px_block():
     assert image_tokens(448, 448, min_pixels=3136, max_pixels=1280 * 28 * 28) == 256
     assert image_tokens(56, 56, min_pixels=3136, max_pixels=1280 * 28 * 28) == 4
+
+
+def test_max_tokens_bounds_padded_batch_size():
+    costs = [100, 10, 90, 20, 30, 500]
+    batches = plan_batches(costs, 8, max_tokens=200)
+    assert batches == [[5], [0, 2], [4, 3, 1]]  # 500 alone; 2×100; 3×30
+    assert all(len(b) * max(costs[i] for i in b) <= 200 for b in batches if len(b) > 1)
+    assert plan_batches(costs, 2, max_tokens=10_000) == plan_batches(costs, 2)

@@ -38,6 +38,7 @@ def test_infer_json_report_and_jsonl_results(grpo_ckpt, images, tmp_path):
     assert report["samples"] == 6 and report["errors"] == 0 and report["batches"] == 2
     assert report["cache"]["forced_on"] is True and len(report["cache"]["found_off"]) == 3
     assert (report["dtype"], report["attn"], report["device"]) == ("float32", "sdpa", "cpu")
+    assert report["decode_gb_per_s"] > 0 and report["bandwidth_pct_of_peak"] is None  # no datasheet peak for a CPU
     rows = read_jsonl(out)
     assert [row["id"] for row in rows] == [str(d / f"img_{i:03d}.png") for i in range(6)]  # input order
     assert set(rows[0]) == {"id", "images", "prompt", "text", "think", "answer", "finish_reason", "n_prompt_tokens",

@@ -4,11 +4,15 @@ import pytest
 
 from conftest import read_jsonl
 from vlmfast.errors import InputError
-from vlmfast.results import ResultsWriter, read_existing
+from vlmfast.results import ResultsWriter, finalize, part_path, prepare_out, read_existing
 
 
 def _row(i):
     return {"id": f"id{i}", "text": f"t{i}"}
+
+
+def _write(path, rows, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
 
 
 def test_writes_batches_then_finalizes_in_input_order(tmp_path):
@@ -17,32 +21,46 @@ def test_writes_batches_then_finalizes_in_input_order(tmp_path):
     w.write([_row(2), _row(0)], [2, 0])
     assert [r["id"] for r in read_jsonl(out)] == ["id2", "id0"]  # on disk as soon as the batch is done
     w.write([_row(1)], [1])
-    w.finalize(["id0", "id1", "id2"])
+    w.close()
+    finalize(out, ["id0", "id1", "id2"])
     assert [r["id"] for r in read_jsonl(out)] == ["id0", "id1", "id2"]
 
 
-def test_resume_knows_done_ids_and_overwrite_forgets_them(tmp_path):
+def test_overwrite_removes_results_and_leftover_parts(tmp_path):
     out = tmp_path / "r.jsonl"
-    out.write_text(json.dumps(_row(0)) + "\n" + json.dumps(_row(1)) + "\n")
-    assert set(ResultsWriter(out).done) == {"id0", "id1"}
-    assert ResultsWriter(out, overwrite=True).done == {} and not out.exists()
+    _write(out, [_row(0)])
+    _write(part_path(out, 1), [_row(1)])
+    assert prepare_out(out, overwrite=True) == []
+    assert not out.exists() and not part_path(out, 1).exists()
 
 
 def test_torn_last_line_is_repaired_and_reported(tmp_path):
     out = tmp_path / "r.jsonl"
-    out.write_text(json.dumps(_row(0)) + "\n" + '{"id": "id1", "te')
-    w = ResultsWriter(out)
-    assert set(w.done) == {"id0"} and "torn last line" in w.notes[0]
+    _write(out, [_row(0)], tail='{"id": "id1", "te')
+    notes = prepare_out(out, overwrite=False)
+    assert "torn last line" in notes[0]
     assert out.read_text() == json.dumps(_row(0)) + "\n"
-    w.write([_row(1)], [1])
-    assert [r["id"] for r in read_jsonl(out)] == ["id0", "id1"]
+    assert set(read_existing(out)[0]) == {"id0"}
+
+
+def test_parts_of_a_killed_parallel_run_are_recovered_once(tmp_path):
+    out = tmp_path / "r.jsonl"
+    _write(out, [_row(0)])
+    _write(part_path(out, 0), [_row(0), _row(1)])  # id0 already merged: not duplicated
+    _write(part_path(out, 1), [_row(2)], tail='{"id": "id3"')  # torn tail: not taken
+    notes = prepare_out(out, overwrite=False)
+    assert any("recovered 2 row(s)" in n for n in notes) and any("torn last line" in n for n in notes)
+    assert [r["id"] for r in read_jsonl(out)] == ["id0", "id1", "id2"]
+    assert not part_path(out, 0).exists() and not part_path(out, 1).exists()
+    finalize(out, ["id2", "id1", "id0"])
+    assert [r["id"] for r in read_jsonl(out)] == ["id2", "id1", "id0"]
 
 
 def test_refuses_to_append_to_a_foreign_file(tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text("hello\n" + json.dumps(_row(0)) + "\n")
     with pytest.raises(InputError, match="not a vlmfast result row"):
-        read_existing(out)
+        prepare_out(out, overwrite=False)
 
 
 def test_stdout_rows_come_out_in_input_order(capsys):

@@ -33,13 +33,26 @@ def smart_resize(height: int, width: int, *, factor: int, min_pixels: int, max_p
     return h_bar, w_bar
 
 
-def plan_batches(costs: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of at most ``batch_size``, most expensive first (so an
-    out-of-memory batch shows up at once, not at 90%). Ties keep input order: deterministic."""
+def plan_batches(costs: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices grouped into batches of at most ``batch_size`` — and, with ``max_tokens``, at most that
+    many padded prefill tokens (batch length × its widest request) — most expensive first, so an
+    out-of-memory batch shows up at once, not at 90%. Ties keep input order: deterministic. A request
+    wider than ``max_tokens`` on its own still gets a batch of one."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
-    return [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # sorted descending, so the batch's first request is its widest: padded size = len × that cost
+        if current and (len(current) == batch_size
+                        or (max_tokens is not None and (len(current) + 1) * costs[current[0]] > max_tokens)):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def padding_waste(costs: Sequence[int], batches: Sequence[Sequence[int]]) -> float:

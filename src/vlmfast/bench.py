@@ -70,11 +70,13 @@ def run_workload(engine: Engine, requests, image_sizes, batch_size: int) -> RunS
     ttft, step_ms, results = [], [], []
     decode_s, steps = 0.0, 0
     for _, batch_results, t in engine.run(requests, image_sizes, batch_size):
+        results.extend(batch_results)
+        if t is None:  # every request of the batch failed (error rows)
+            continue
         ttft.extend([t.ttft_s * 1000] * t.size)
         decode_s += t.decode_s
         steps += max(t.steps - 1, 0)
         step_ms.append([s * 1000 for s in t.step_times_s])
-        results.extend(batch_results)
     return RunStats(now(engine.loaded.model.device) - start, ttft, decode_s, steps, step_ms, results)
 
 

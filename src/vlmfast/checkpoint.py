@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ def resolve_checkpoint(spec: str) -> Resolved:
     """A model directory, a trainer output directory holding ``checkpoint-N`` subdirectories (the
     highest N that holds weights wins), or a hub id."""
     path = Path(spec).expanduser()
+    if path.is_dir() and not os.access(path, os.R_OK | os.X_OK):
+        raise CheckpointError(f"{path}: directory is not readable (permissions)", hint="check the owner and mode of the directory")
     if path.is_dir():
         if (path / "config.json").is_file() and has_weights(path):
             return Resolved(str(path), True)
@@ -250,6 +253,7 @@ def load(
     dtype: str | None = None,
     attn: str | None = None,
     trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> Loaded:
     """Load model + processor with the cache forced on and left padding. Raises CheckpointError /
     UsageError with a hint for anything the user can fix."""
@@ -260,6 +264,11 @@ def load(
     hf_logging.disable_progress_bar()  # our own report is the interface; no per-file bars in CI logs
     start = time.perf_counter()
     resolved = resolve_checkpoint(ckpt)
+    if resolved.is_local and not allow_pickle and not any(Path(resolved.source).glob("*.safetensors")):
+        raise CheckpointError(
+            f"{resolved.source}: weights are pickle files (*.bin), which can run arbitrary code when loaded",
+            hint="convert them to safetensors, or pass --allow-pickle if you trust where they came from",
+        )
     runtime = detect_runtime(device, dtype, attn)
     notes = [n for n in (resolved.note,) if n] + list(runtime.notes)
     if trust_remote_code:
@@ -292,6 +301,7 @@ def load(
             attn_implementation=runtime.attn,
             device_map={"": runtime.device} if runtime.device != "cpu" else None,
             trust_remote_code=trust_remote_code,
+            use_safetensors=None if allow_pickle else True,
         )
     except Exception as exc:
         raise CheckpointError(

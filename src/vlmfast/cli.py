@@ -34,6 +34,9 @@ Device = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | cuda:N"
 Dtype = Annotated[Optional[str], typer.Option(help="auto (CUDA bf16, CPU float32) | bfloat16 | float16 | float32", rich_help_panel=MODEL)]
 Attn = Annotated[Optional[str], typer.Option(help="auto (flash_attention_2 when installed, else sdpa) | flash_attention_2 | sdpa | eager", rich_help_panel=MODEL)]
 TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own Python code (off by default).", rich_help_panel=MODEL)]
+AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load pickle (*.bin) weights, which can run code (default: safetensors only).", rich_help_panel=MODEL)]
+MaxImagePixels = Annotated[int, typer.Option(min=1, help="Refuse images with more pixels than this (decompression bombs).", rich_help_panel="Inputs")]
+MaxBatchTokens = Annotated[Optional[int], typer.Option(min=1, help="Cap on padded prefill tokens per batch (batch length × widest prompt).", rich_help_panel="Generation")]
 Images = Annotated[Optional[list[str]], typer.Option("--images", help="Image files, directories or globs (repeat or list after one flag).", rich_help_panel=INPUT)]
 Prompt = Annotated[Optional[str], typer.Option(help="Prompt applied to every image.", rich_help_panel=INPUT)]
 PromptFile = Annotated[Optional[str], typer.Option(help="File holding the prompt for every image.", rich_help_panel=INPUT)]
@@ -44,6 +47,7 @@ MaxPixels = Annotated[Optional[int], typer.Option(help="Max pixels per image (de
 MinPixels = Annotated[Optional[int], typer.Option(help="Min pixels per image (default: the processor's).", rich_help_panel=INPUT)]
 SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Record an error row per bad input and run the rest (default: fail before loading).", rich_help_panel=INPUT)]
 BatchSize = Annotated[int, typer.Option(min=1, help="Samples per generate call (batches are formed by cost).", rich_help_panel=GEN)]
+AutoBatchSize = Annotated[str, typer.Option(help="Samples per generate call, or auto (CUDA: from free memory; CPU: 8). Batches are formed by cost.", rich_help_panel=GEN)]
 MaxNew = Annotated[int, typer.Option(min=1, help="Cap on new tokens per sample.", rich_help_panel=GEN)]
 Temperature = Annotated[float, typer.Option(min=0.0, help="0 = greedy (default).", rich_help_panel=GEN)]
 TopP = Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling (with --temperature > 0).", rich_help_panel=GEN)]
@@ -69,12 +73,14 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def _guarded(fn):
     """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 with a resume hint."""
+    from .parallel import is_main_process
     from .report import render_error, stderr
 
     try:
         return fn()
     except VlmfastError as exc:
-        render_error(exc)
+        if is_main_process():  # every process of a parallel run hits the same input error: say it once
+            render_error(exc)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted:[/yellow] finished batches are saved; rerun the same command to resume.")
@@ -93,7 +99,9 @@ def infer(
     max_pixels: MaxPixels = None,
     min_pixels: MinPixels = None,
     skip_bad: SkipBad = False,
-    batch_size: BatchSize = 8,
+    max_image_pixels: MaxImagePixels = 89_478_485,
+    batch_size: AutoBatchSize = "auto",
+    max_batch_tokens: MaxBatchTokens = None,
     max_new_tokens: MaxNew = 1024,
     temperature: Temperature = 0.0,
     top_p: TopP = 1.0,
@@ -103,6 +111,7 @@ def infer(
     dtype: Dtype = None,
     attn: Attn = None,
     trust_remote_code: TrustRemote = False,
+    allow_pickle: AllowPickle = False,
     out: Out = None,
     overwrite: Overwrite = False,
     json_out: Json = False,
@@ -111,24 +120,31 @@ def infer(
 
     def run():
         from .engine import GenerationSettings
+        from .parallel import is_main_process
         from .report import ProgressBar, print_json, render_infer
         from .runner import InferOptions, infer as run_infer
 
         if json_out and out is None:
             raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")
+        if batch_size != "auto" and not (batch_size.isdigit() and int(batch_size) >= 1):
+            raise UsageError(f"--batch-size {batch_size}: expected a positive integer or auto", hint="e.g. --batch-size 8")
         options = InferOptions(
             ckpt=ckpt, images=images, prompt=prompt, prompt_file=prompt_file, manifest=manifest, template=template,
-            system=system, out=out, overwrite=overwrite, skip_bad=skip_bad, batch_size=batch_size,
+            system=system, out=out, overwrite=overwrite, skip_bad=skip_bad,
+            batch_size=None if batch_size == "auto" else int(batch_size),
             generation=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                           seed=seed, ignore_eos=ignore_eos),
             min_pixels=min_pixels, max_pixels=max_pixels, device=device, dtype=dtype, attn=attn,
-            trust_remote_code=trust_remote_code,
+            trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, max_batch_tokens=max_batch_tokens,
+            max_image_pixels=max_image_pixels,
         )
-        bar = ProgressBar()
+        bar = ProgressBar(enabled=None if is_main_process() else False)
         try:
             report = run_infer(options, progress=bar)
         finally:
             bar.stop()
+        if not is_main_process():
+            return
         render_infer(report)
         if json_out:
             print_json(report.as_dict())
@@ -188,7 +204,7 @@ def bench(
         )
         bar = ProgressBar()
         try:
-            report = run_bench(options, progress=bar, say=render_note if not bar.enabled else (lambda text: None))
+            report = run_bench(options, progress=bar, say=render_note if not bar.live else (lambda text: None))
         finally:
             bar.stop()
         code, messages = gate(report, fail_if_slower, fail_on_cache_off)

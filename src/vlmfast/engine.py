@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .batching import image_tokens, plan_batches
 from .checkpoint import Loaded
+from .errors import InputError
 from .inputs import Request
 from .timing import now
 
@@ -124,6 +125,7 @@ class Engine:
         self.patch_size = int(getattr(ip, "patch_size", 14))
         self.merge_size = int(getattr(ip, "merge_size", 2))
         self.generate_kwargs = self._generate_kwargs()
+        self.oom_splits = 0  # batches halved after a CUDA out-of-memory error
 
     # -- planning ---------------------------------------------------------------------------
     def cost(self, request: Request, image_sizes: dict[str, tuple[int, int]]) -> int:
@@ -135,46 +137,113 @@ class Engine:
                                    patch_size=self.patch_size, merge_size=self.merge_size)
         return tokens
 
-    def plan(self, requests: Sequence[Request], image_sizes: dict, batch_size: int) -> list[list[int]]:
-        return plan_batches([self.cost(r, image_sizes) for r in requests], batch_size)
+    def plan(self, requests: Sequence[Request], image_sizes: dict, batch_size: int,
+             max_batch_tokens: int | None = None) -> list[list[int]]:
+        return plan_batches([self.cost(r, image_sizes) for r in requests], batch_size, max_batch_tokens)
+
+    def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
+        """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id."""
+        limit = getattr(self.loaded.model.config.get_text_config(), "max_position_embeddings", None)
+        if not limit:
+            return {}
+        tokenizer = self.loaded.processor.tokenizer
+        problems = {}
+        for r in requests:
+            n = len(tokenizer(self.chat_text(r), add_special_tokens=False)["input_ids"])
+            for path in r.images:  # the template holds one placeholder per image; the processor expands it
+                w, h = image_sizes.get(path, (448, 448))
+                n += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                                  patch_size=self.patch_size, merge_size=self.merge_size) - 1
+            if n >= limit:
+                problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {limit}"
+        return problems
 
     # -- running ----------------------------------------------------------------------------
-    def run(self, requests: Sequence[Request], image_sizes: dict, batch_size: int
-            ) -> Iterator[tuple[list[int], list[SampleResult], BatchTiming]]:
-        """Yield (input indices, results, timing) batch by batch, most expensive batch first."""
+    def run(self, requests: Sequence[Request], image_sizes: dict, batch_size: int, max_batch_tokens: int | None = None
+            ) -> Iterator[tuple[list[int], list[SampleResult], BatchTiming | None]]:
+        """Yield (input indices, results, timing) batch by batch, most expensive batch first.
+        ``timing`` is None for a batch that produced only error rows."""
         import torch
 
         if self.settings.seed is not None:
             torch.manual_seed(self.settings.seed)
-        for indices in self.plan(requests, image_sizes, batch_size):
-            results, timing = self.generate_batch([requests[i] for i in indices])
-            yield indices, results, timing
+        for indices in self.plan(requests, image_sizes, batch_size, max_batch_tokens):
+            yield from self._run_resilient(requests, indices)
 
-    def preprocess(self, batch: Sequence[Request]):
-        """Images opened and resized (Qwen's rule, our pixel limits), chat template applied, tensors built."""
+    def _run_resilient(self, requests: Sequence[Request], indices: list[int]):
+        """A CUDA out-of-memory error halves the batch and retries both halves; a sample that does not
+        fit even alone becomes an error row. Nothing is dropped, and the count lands in the report."""
+        try:
+            results, timing = self.generate_batch([requests[i] for i in indices])
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            free_device_cache()
+            if len(indices) == 1:
+                r = requests[indices[0]]
+                yield indices, [SampleResult(r.id, list(r.images), r.prompt, error=f"out of memory even alone ({exc})")], None
+                return
+            self.oom_splits += 1
+            half = len(indices) // 2
+            yield from self._run_resilient(requests, indices[:half])
+            yield from self._run_resilient(requests, indices[half:])
+            return
+        yield indices, results, timing
+
+    def chat_text(self, request: Request) -> str:
+        content = [{"type": "image", "image": p} for p in request.images] + [{"type": "text", "text": request.prompt}]
+        system = [{"role": "system", "content": request.system}] if request.system else []
+        return self.loaded.processor.apply_chat_template(
+            system + [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+
+    def load_images(self, batch: Sequence[Request]) -> tuple[dict[str, list], dict[str, str]]:
+        """Decode and resize every image (Qwen's rule, our pixel limits). A file that passed the
+        header check but fails to decode (truncated data) fails only its own request."""
         from qwen_vl_utils import fetch_image
 
-        processor = self.loaded.processor
-        texts, images = [], []
+        images: dict[str, list] = {}
+        failed: dict[str, str] = {}
         for r in batch:
-            content = [{"type": "image", "image": p} for p in r.images] + [{"type": "text", "text": r.prompt}]
-            messages = ([{"role": "system", "content": r.system}] if r.system else []) + [{"role": "user", "content": content}]
-            texts.append(processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-            for p in r.images:
-                images.append(fetch_image({"image": p, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
-                                          image_patch_size=self.patch_size))
-        inputs = processor(
-            text=texts, images=images or None, padding=True, return_tensors="pt",
-            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
-        )
-        return inputs.to(self.loaded.model.device)
+            loaded = []
+            for path in r.images:
+                try:
+                    loaded.append(fetch_image({"image": path, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
+                                              image_patch_size=self.patch_size))
+                except Exception as exc:  # PIL raises many types for corrupt data
+                    failed[r.id] = f"{path}: cannot decode image ({type(exc).__name__}: {exc})"
+                    break
+            else:
+                images[r.id] = loaded
+        return images, failed
 
-    def generate_batch(self, batch: Sequence[Request]) -> tuple[list[SampleResult], BatchTiming]:
-        device = self.loaded.model.device
-        t0 = now(device)
-        inputs = self.preprocess(batch)
+    def build_inputs(self, batch: Sequence[Request], images: dict[str, list]):
+        """Chat template + processor → padded tensors on the model's device."""
+        flat = [im for r in batch for im in images[r.id]]
+        inputs = self.loaded.processor(
+            text=[self.chat_text(r) for r in batch], images=flat or None, padding=True, return_tensors="pt",
+            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+        ).to(self.loaded.model.device)
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.loaded.model.dtype)
+        return inputs
+
+    def preprocess(self, batch: Sequence[Request]):
+        """Model inputs for ``batch``; raises InputError if an image cannot be decoded."""
+        images, failed = self.load_images(batch)
+        if failed:
+            raise InputError("; ".join(failed.values()), hint="remove or replace the broken images")
+        return self.build_inputs(batch, images)
+
+    def generate_batch(self, batch: Sequence[Request]) -> tuple[list[SampleResult], BatchTiming | None]:
+        """Results for ``batch`` in its order; requests whose images fail to decode get error rows."""
+        device = self.loaded.model.device
+        t0 = now(device)
+        images, failed = self.load_images(batch)
+        done = {r.id: SampleResult(r.id, list(r.images), r.prompt, error=failed[r.id]) for r in batch if r.id in failed}
+        ok = [r for r in batch if r.id not in failed]
+        if not ok:
+            return [done[r.id] for r in batch], None
+        inputs = self.build_inputs(ok, images)
         clock = _StepClock(device, self.record_steps)
         t1 = now(device)
         output = self.generate(inputs, clock)
@@ -182,16 +251,15 @@ class Engine:
 
         prompt_len = inputs["input_ids"].shape[1]
         new = output[:, prompt_len:].tolist()
-        results = [self._result(r, inputs, row, new[row]) for row, r in enumerate(batch)]
+        done.update({r.id: self._result(r, inputs, row, new[row]) for row, r in enumerate(ok)})
         first = clock.times[0] if clock.times else t2
-        steps = len(new[0]) if new else 0
         # decode-step latencies: between consecutive tokens (the first token's wait is the TTFT)
         step_times = tuple(b - a for a, b in zip(clock.times, clock.times[1:])) if self.record_steps else ()
         timing = BatchTiming(
-            size=len(batch), preprocess_s=t1 - t0, ttft_s=first - t1, decode_s=t2 - first, steps=steps,
-            new_tokens=sum(r.n_new_tokens for r in results), step_times_s=step_times,
+            size=len(ok), preprocess_s=t1 - t0, ttft_s=first - t1, decode_s=t2 - first, steps=len(new[0]),
+            new_tokens=sum(done[r.id].n_new_tokens for r in ok), step_times_s=step_times,
         )
-        return results, timing
+        return [done[r.id] for r in batch], timing
 
     def generate(self, inputs, clock=None):
         """``model.generate`` with the cache on — the one call every vlmfast path goes through."""
@@ -235,6 +303,19 @@ class Engine:
             n_image_tokens=int((inputs["input_ids"][row] == image_id).sum()),
             n_new_tokens=len(kept), token_ids=kept,
         )
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+def free_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def processor_pixel_limits(image_processor) -> tuple[int, int]:

@@ -15,6 +15,9 @@ from pathlib import Path
 
 from .errors import InputError, UsageError
 
+# Pillow's own decompression-bomb threshold (~89 Mpx); above it an image is refused, not decoded.
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
 # VLM-R1's evaluation instruction (src/eval/test_rec_r1.py), appended to each question.
@@ -203,10 +206,11 @@ def _resolve_relative(image: str, base: Path) -> str:
     return str(candidate) if candidate.exists() or not os.path.exists(image) else image
 
 
-def check_images(paths: list[str], max_image_pixels: int | None = None) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+def check_images(paths: list[str], max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
     """Open every distinct image header (cheap; no full decode). Returns sizes and problems by path."""
     from PIL import Image
 
+    Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees; Pillow refuses 2× this
     sizes: dict[str, tuple[int, int]] = {}
     problems: dict[str, str] = {}
     for path in dict.fromkeys(paths):
@@ -223,14 +227,14 @@ def check_images(paths: list[str], max_image_pixels: int | None = None) -> tuple
                 with Image.open(path) as im:
                     im.verify()
                     sizes[path] = im.size
-            except Image.DecompressionBombError as exc:
-                problems[path] = f"image too large: {exc}"
+            except Image.DecompressionBombError:
+                problems[path] = f"image too large (a decompression bomb?): over {max_image_pixels} pixels (--max-image-pixels)"
             except Exception as exc:  # PIL raises many types for corrupt data
                 problems[path] = f"not a readable image ({type(exc).__name__}: {exc})"
             else:
                 w, h = sizes[path]
                 if max_image_pixels is not None and w * h > max_image_pixels:
-                    problems[path] = f"image has {w * h} pixels, over the limit of {max_image_pixels}"
+                    problems[path] = f"image has {w * h} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
                     del sizes[path]
     return sizes, problems
 
@@ -242,7 +246,7 @@ def collect(
     manifest: str | None = None,
     template: str = "plain",
     system: str | None = None,
-    max_image_pixels: int | None = None,
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Collected:
     """Build and validate every request. Problems are gathered, not raised: the caller decides
     between failing on all of them at once (the default) and recording error rows (``--skip-bad``)."""

@@ -36,13 +36,22 @@ def render_infer(report) -> None:
     table.add_row("checkpoint", report.checkpoint)
     table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
     table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · batch {report.batch_size} ({report.batches} batch{'es' if report.batches != 1 else ''})")
+    if report.processes:
+        per = " · ".join(f"#{p['rank']} {p['device']}: {p['samples']} samples, {p['tokens_per_s']:,.1f} tokens/s"
+                         for p in report.processes)
+        table.add_row("processes", f"{len(report.processes)} ({per})")
     table.add_row("samples", f"{report.samples} run, {report.errors} errors, {report.skipped_existing} already done")
     table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
     table.add_row("new tokens", _fmt(report.new_tokens))
     table.add_row("load", _fmt(report.load_s, " s"))
     table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')})")
     table.add_row("TTFT p50 / p90", f"{_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")
-    table.add_row("decode", _fmt(report.decode_ms_per_token, " ms/token"))
+    decode = _fmt(report.decode_ms_per_token, " ms/token")
+    if report.decode_gb_per_s is not None:
+        decode += f" · {report.decode_gb_per_s:,.1f} GB/s read"
+        if report.bandwidth_pct_of_peak is not None:
+            decode += f" ({report.bandwidth_pct_of_peak:.0f}% of the device's {report.peak_gb_per_s:,.0f} GB/s)"
+    table.add_row("decode", decode)
     table.add_row("throughput", f"{_fmt(report.tokens_per_s, ' tokens/s', 1)} · {_fmt(report.samples_per_s, ' samples/s', 3)}")
     table.add_row("peak memory", f"{_fmt(report.peak_mem_mib, ' MiB', 0)} ({report.peak_mem_kind})")
     if report.out:
@@ -63,16 +72,24 @@ def render_note(text: str) -> None:
 
 
 class ProgressBar:
-    """Samples and tokens/s on stderr — only when stderr is a terminal (CI logs stay clean)."""
+    """Samples and tokens/s on stderr: a live bar on a terminal, one plain line per batch otherwise
+    (CI logs show progress without control characters)."""
 
     def __init__(self, enabled: bool | None = None):
-        self.enabled = stderr.is_terminal if enabled is None else enabled
+        self.enabled = True if enabled is None else enabled
+        self.live = self.enabled and stderr.is_terminal
         self._progress = None
         self._task = None
         self._tokens = 0
+        self._done = 0
+        self._total = 0
+        self._start = 0.0
 
     def start(self, total_samples: int) -> None:
-        if not self.enabled:
+        import time
+
+        self._total, self._start = total_samples, time.perf_counter()
+        if not self.live:
             return
         self._progress = Progress(
             TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
@@ -82,12 +99,16 @@ class ProgressBar:
         self._task = self._progress.add_task("generate", total=total_samples, tps="")
 
     def advance(self, samples: int, new_tokens: int) -> None:
-        if self._progress is None:
-            return
+        import time
+
         self._tokens += new_tokens
-        elapsed = self._progress.tasks[0].elapsed or 0
+        self._done += samples
+        elapsed = time.perf_counter() - self._start
         tps = f"{self._tokens / elapsed:,.1f} tokens/s" if elapsed > 0 else ""
-        self._progress.update(self._task, advance=samples, tps=tps)
+        if self._progress is not None:
+            self._progress.update(self._task, advance=samples, tps=tps)
+        elif self.enabled:
+            print(f"progress: {self._done}/{self._total} samples, {tps}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self._progress is not None:

@@ -1,29 +1,43 @@
 """JSONL results: written batch by batch (flushed + fsync'd), resumable, finally in input order.
 
-A run killed half-way keeps every finished batch. Rerunning with the same ``--out`` reads the ids
-already there and skips them; a torn last line (the writer died mid-line) is cut off and reported.
+A run killed at any moment keeps every finished batch. Rerunning with the same ``--out`` skips the
+ids already there; a torn last line (the writer died mid-line) is cut off and reported. With several
+processes each appends to its own part file next to ``--out``; the main process merges the parts.
 When the run completes, the file is rewritten atomically in input order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import InputError
 
 
-def read_existing(path: Path) -> tuple[dict[str, dict], str | None]:
-    """Rows already in ``path`` keyed by id, and a note if a torn last line was removed."""
+def part_path(out: Path, rank: int) -> Path:
+    """Where process ``rank`` appends its rows during a multi-process run."""
+    return out.with_name(f".{out.name}.part{rank}")
+
+
+def _parts(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(glob.escape(f".{out.name}.part") + "*"))
+
+
+def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], str | None]:
+    """Rows already in ``path`` keyed by id, and a note if a torn last line was found (and, with
+    ``repair``, cut off). Any other malformed line means the file is not ours: an InputError."""
     if not path.exists():
         return {}, None
     data = path.read_bytes()
     rows: dict[str, dict] = {}
-    note = None
     lines = data.split(b"\n")
     good_bytes = 0
     for number, line in enumerate(lines, start=1):
@@ -35,41 +49,84 @@ def read_existing(path: Path) -> tuple[dict[str, dict], str | None]:
             if not isinstance(row, dict) or "id" not in row:
                 raise ValueError("not a result row")
         except ValueError:
-            if number >= len(lines) - 1:  # the last line: a write cut short — repair it
-                note = f"{path}: removed a torn last line ({len(line)} bytes) left by an interrupted run"
-                break
+            if number >= len(lines) - 1:  # the last line: a write cut short
+                if repair:
+                    with open(path, "r+b") as f:
+                        f.truncate(min(good_bytes, len(data)))
+                return rows, f"{path}: removed a torn last line ({len(line)} bytes) left by an interrupted run"
             raise InputError(
                 f"{path}:{number}: not a vlmfast result row; refusing to append to this file",
                 hint="choose another --out file, or --overwrite to replace it",
             ) from None
         rows[str(row["id"])] = row
         good_bytes += len(line) + 1
-    if note:
-        with open(path, "r+b") as f:
-            f.truncate(min(good_bytes, len(data)))
-    return rows, note
+    return rows, None
+
+
+def prepare_out(out: Path, *, overwrite: bool) -> list[str]:
+    """Main process, before a run: start afresh (``overwrite``), or repair ``out`` and fold in part
+    files a killed multi-process run left behind. Returns what was done, to be said aloud."""
+    if overwrite:
+        for p in [out, *_parts(out)]:
+            p.unlink(missing_ok=True)
+        return []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _, note = read_existing(out)
+    merged, part_notes = merge_parts(out)
+    notes = ([note] if note else []) + part_notes
+    if merged:
+        notes.append(f"{out}: recovered {merged} row(s) from an interrupted multi-process run")
+    return notes
+
+
+def merge_parts(out: Path) -> tuple[int, list[str]]:
+    """Append the rows of every part file next to ``out`` that ``out`` lacks, then delete the parts."""
+    rows, _ = read_existing(out, repair=False)
+    merged, notes = 0, []
+    for part in _parts(out):
+        part_rows, note = read_existing(part, repair=False)  # a torn tail is simply not taken
+        notes += [note] if note else []
+        new = [r for rid, r in part_rows.items() if rid not in rows]
+        if new:
+            _append(out, new)
+            rows.update((str(r["id"]), r) for r in new)
+            merged += len(new)
+        part.unlink()
+    return merged, notes
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def sigint_deferred():
+    """Ctrl-C during a write lands after it: the batch is on disk whole, then KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
 
 
 class ResultsWriter:
     """Appends rows to a JSONL file one batch at a time; on stdout, emits rows in input order as
     soon as every earlier row is known (stdout cannot be rewritten at the end)."""
 
-    def __init__(self, path: str | os.PathLike | None, *, overwrite: bool = False):
+    def __init__(self, path: str | os.PathLike | None):
         self.path = Path(path) if path is not None else None
-        self.done: dict[str, dict] = {}
-        self.notes: list[str] = []
         self._file = None
         self._pending: dict[int, dict] = {}  # stdout only: position -> row, until its turn
         self._next = 0
-        if self.path is None:
-            return
-        if overwrite and self.path.exists():
-            self.path.unlink()
-        self.done, note = read_existing(self.path)
-        if note:
-            self.notes.append(note)
-        if self.path.parent and not self.path.parent.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, rows: Iterable[dict], positions: Iterable[int]) -> None:
         """One batch: every row, then flush and fsync, so a crash loses at most the batch in flight.
@@ -84,33 +141,39 @@ class ResultsWriter:
             sys.stdout.flush()
             return
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(text)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        with sigint_deferred():
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")
+            self._file.write(text)
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
 
-    def finalize(self, order: list[str]) -> None:
-        """Rewrite the file in input order (ids not in ``order`` — earlier runs — go last). Atomic."""
-        self.close()
-        if self.path is None or not self.path.exists():
-            return
-        rows, _ = read_existing(self.path)
-        rank = {rid: i for i, rid in enumerate(order)}
-        ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"])))
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+
+def finalize(out: Path, order: list[str]) -> None:
+    """Main process, after a run: merge the part files, then rewrite ``out`` in input order (ids
+    not in ``order`` — earlier runs — go last). Atomic: temp file + rename."""
+    merge_parts(out)
+    if not out.exists():
+        return
+    rows, _ = read_existing(out)
+    rank = {rid: i for i, rid in enumerate(order)}
+    ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"])))
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are an ordinary file
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import platform
 import time
+from pathlib import Path
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from . import __version__
 from .engine import BatchTiming, Engine, GenerationSettings, SampleResult
-from .inputs import collect, raise_for_problems
-from .results import ResultsWriter
+from .errors import UsageError
+from .inputs import DEFAULT_MAX_IMAGE_PIXELS, BadInput, Collected, Problem, collect, raise_for_problems
+from .parallel import Distributed
+from .results import ResultsWriter, finalize, part_path, prepare_out, read_existing
 from .timing import peak_memory_mib, percentile, reset_peak_memory
 
 
@@ -30,7 +34,7 @@ class InferOptions:
     out: str | None = None
     overwrite: bool = False
     skip_bad: bool = False
-    batch_size: int = 8
+    batch_size: int | None = None  # None: auto (from free GPU memory; CPU_BATCH_SIZE on a CPU)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     min_pixels: int | None = None
     max_pixels: int | None = None
@@ -38,7 +42,10 @@ class InferOptions:
     dtype: str | None = None
     attn: str | None = None
     trust_remote_code: bool = False
+    allow_pickle: bool = False
     record_steps: bool = False
+    max_batch_tokens: int | None = None
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
 
 
 class Progress(Protocol):
@@ -74,11 +81,16 @@ class InferReport:
     max_new_tokens: int
     finish: dict
     no_answer: int  # successful rows without an <answer>…</answer>
+    oom_splits: int  # batches halved after a CUDA out-of-memory error
     max_pixels: int | None
     max_pixels_capped: bool
+    decode_gb_per_s: float | None  # LM weights + KV cache read per decode step ÷ step time
+    peak_gb_per_s: float | None  # the device's datasheet peak (CUDA devices vlmfast knows)
+    bandwidth_pct_of_peak: float | None
     notes: list[str]
     versions: dict
     out: str | None
+    processes: list[dict] = field(default_factory=list)  # per-process figures of a multi-process run
     results: list[SampleResult] = field(default_factory=list, repr=False)
     batch_timings: list[BatchTiming] = field(default_factory=list, repr=False)
 
@@ -99,65 +111,136 @@ def versions() -> dict:
 
 def infer(options: InferOptions, progress: Progress | None = None, loaded=None) -> InferReport:
     """Run the whole ``infer`` flow. Raises :class:`~vlmfast.errors.VlmfastError` subclasses for
-    anything the user can fix; nothing is written when inputs are bad (unless ``skip_bad``)."""
+    anything the user can fix; nothing is written when inputs are bad (unless ``skip_bad``).
+
+    Launched with several processes (``accelerate launch``), each process runs its share and the
+    main process returns the combined report (the others return their own)."""
     from .checkpoint import load
 
+    dist = Distributed()
     collected = collect(
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
-        template=options.template, system=options.system,
+        template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
     )
     if not options.skip_bad:
         raise_for_problems(collected)
+    if dist.world > 1 and options.out is None:
+        raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
     notes = list(collected.warnings)
-    writer = ResultsWriter(options.out, overwrite=options.overwrite)
-    notes.extend(writer.notes)
+    out = Path(options.out) if options.out is not None else None
+    if out is not None and dist.is_main:
+        notes += prepare_out(out, overwrite=options.overwrite)
+    dist.barrier()  # every process reads the same, repaired file
+    done, _ = read_existing(out, repair=False) if out is not None else ({}, None)
     order = [r.id for r in collected.requests] + [b.id for b in collected.bad]
-    todo = [r for r in collected.requests if r.id not in writer.done]
-    bad = [b for b in collected.bad if b.id not in writer.done]
-    skipped = len(collected.requests) + len(collected.bad) - len(todo) - len(bad)
+    todo = [r for r in collected.requests if r.id not in done]
+    bad = [b for b in collected.bad if b.id not in done]
+    skipped = len(order) - len(todo) - len(bad)
     if skipped:
         notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
 
     if loaded is None:
-        loaded = load(options.ckpt, device=options.device, dtype=options.dtype, attn=options.attn,
-                      trust_remote_code=options.trust_remote_code)
+        loaded = load(options.ckpt, device=options.device or dist.device, dtype=options.dtype, attn=options.attn,
+                      trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle)
     notes.extend(loaded.notes)
     engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
                     record_steps=options.record_steps)
     if engine.max_pixels_capped:
         notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
+    too_long = engine.context_problems(todo, collected.image_sizes)  # same verdict on every process
+    if too_long:
+        long_bad = [BadInput(r.id, (Problem(r.id, too_long[r.id]),), r) for r in todo if r.id in too_long]
+        if not options.skip_bad:
+            raise_for_problems(Collected(requests=[], bad=long_bad))
+        todo = [r for r in todo if r.id not in too_long]
+        bad += long_bad
+
+    batch_size, batch_note = choose_batch_size(options.batch_size, loaded, engine, todo, collected.image_sizes)
+    options = dataclasses.replace(options, batch_size=batch_size)
+    notes += [batch_note] if batch_note else []
+    my_todo, my_bad = dist.split(todo), dist.split(bad)
+    writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out)
     device = loaded.runtime.device
     reset_peak_memory(device)
     position = {rid: i for i, rid in enumerate(order)}
     results: list[SampleResult] = []
     timings: list[BatchTiming] = []
     if progress:
-        progress.start(len(todo) + len(bad))
+        progress.start(len(my_todo) + len(my_bad))
     start = time.perf_counter()
     try:
-        if bad:
+        if my_bad:
             rows = [SampleResult(id=b.id, images=list(b.request.images) if b.request else [],
-                                 prompt=b.request.prompt if b.request else "", error=b.error) for b in bad]
+                                 prompt=b.request.prompt if b.request else "", error=b.error) for b in my_bad]
             writer.write([r.record() for r in rows], [position[r.id] for r in rows])
             results.extend(rows)
             if progress:
                 progress.advance(len(rows), 0)
-        for _, batch_results, timing in engine.run(todo, collected.image_sizes, options.batch_size):
+        for _, batch_results, timing in engine.run(my_todo, collected.image_sizes, options.batch_size,
+                                                   options.max_batch_tokens):
             writer.write([r.record() for r in batch_results], [position[r.id] for r in batch_results])
             results.extend(batch_results)
-            timings.append(timing)
+            if timing is not None:
+                timings.append(timing)
             if progress:
-                progress.advance(len(batch_results), timing.new_tokens)
+                progress.advance(len(batch_results), timing.new_tokens if timing else 0)
     finally:
         writer.close()
     generate_s = time.perf_counter() - start
-    writer.finalize(order)
-    results.sort(key=lambda r: position[r.id])  # batches ran by cost; callers get input order
-    peak, peak_kind = peak_memory_mib(device)
-    return summarize(
-        options, loaded, engine, results, timings, generate_s=generate_s, skipped=skipped, notes=notes,
-        peak=(peak, peak_kind),
+    mine = {"rank": dist.rank, "device": device, "results": results, "timings": timings, "generate_s": generate_s,
+            "peak": peak_memory_mib(device), "oom_splits": engine.oom_splits}
+    dist.barrier()
+    everyone = dist.gather(mine) if dist.world > 1 else [mine]
+    if dist.is_main and out is not None:
+        finalize(out, order)
+    if not dist.is_main:
+        everyone = [mine]
+    combined = sorted((r for p in everyone for r in p["results"]), key=lambda r: position[r.id])
+    report = summarize(
+        options, loaded, engine, combined, [t for p in everyone for t in p["timings"]],
+        generate_s=max(p["generate_s"] for p in everyone), skipped=skipped, notes=notes,
+        peak=max((p["peak"] for p in everyone), key=lambda x: x[0]),
     )
+    report.oom_splits = sum(p["oom_splits"] for p in everyone)
+    if report.oom_splits:
+        notes.append(f"out of memory: {report.oom_splits} batch(es) were halved and retried")
+    if dist.world > 1:
+        report.processes = [_process_figures(p) for p in everyone]
+    return report
+
+
+CPU_BATCH_SIZE = 8  # measured on 2 cores: batch 8 is 4× the per-sample loop (benchmarks/RESULTS.md)
+
+
+def choose_batch_size(requested, loaded, engine, requests, image_sizes) -> tuple[int, str | None]:
+    """``requested`` when given; otherwise the largest batch whose KV cache and activations fit the
+    GPU memory left after loading (CPU: a measured default)."""
+    if requested:
+        return requested, None
+    device = loaded.runtime.device
+    if not device.startswith("cuda"):
+        return CPU_BATCH_SIZE, f"batch size auto: {CPU_BATCH_SIZE} on a CPU"
+    import torch
+
+    from .capacity import auto_batch_size, shape_from_model
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    widest = max((engine.cost(r, image_sizes) for r in requests), default=0)
+    context = widest + engine.settings.max_new_tokens
+    shape = shape_from_model(loaded.model, loaded.runtime.dtype)
+    # vision tower activations for the widest sample: ~4 patches per image token, a dozen live tensors
+    vision_hidden = getattr(loaded.model.config.vision_config, "hidden_size", 1280)
+    vision = widest * 4 * vision_hidden * shape.dtype_bytes * 12
+    size = auto_batch_size(shape, free, context, vision_bytes_per_sample=vision)
+    return size, (f"batch size auto: {size} (free GPU memory {free / 2**30:.1f} GiB, contexts up to {context} tokens, "
+                  f"{shape.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token)")
+
+
+def _process_figures(p: dict) -> dict:
+    tokens = sum(r.n_new_tokens for r in p["results"] if r.error is None)
+    return {"rank": p["rank"], "device": p["device"], "samples": len(p["results"]), "new_tokens": tokens,
+            "generate_s": round(p["generate_s"], 4),
+            "tokens_per_s": round(tokens / p["generate_s"], 2) if p["generate_s"] > 0 else 0.0}
 
 
 def summarize(options, loaded, engine, results, timings, *, generate_s, skipped, notes, peak) -> InferReport:
@@ -166,6 +249,7 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
     ttft_ms = [t.ttft_s * 1000 for t in timings for _ in range(t.size)]  # each sample waits for its batch
     decode_steps = sum(max(t.steps - 1, 0) for t in timings)
     decode_s = sum(t.decode_s for t in timings)
+    decode_ms_per_token = decode_s * 1000 / decode_steps if decode_steps else None
     return InferReport(
         checkpoint=loaded.source,
         samples=len(results),
@@ -177,7 +261,7 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         generate_s=round(generate_s, 4),
         ttft_ms_p50=_round(percentile(ttft_ms, 50)),
         ttft_ms_p90=_round(percentile(ttft_ms, 90)),
-        decode_ms_per_token=_round(decode_s * 1000 / decode_steps) if decode_steps else None,
+        decode_ms_per_token=_round(decode_ms_per_token),
         tokens_per_s=round(new_tokens / generate_s, 2) if generate_s > 0 else 0.0,
         samples_per_s=round(len(ok) / generate_s, 3) if generate_s > 0 else 0.0,
         peak_mem_mib=round(peak[0], 1),
@@ -191,14 +275,34 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         max_new_tokens=options.generation.max_new_tokens,
         finish={"eos": sum(r.finish_reason == "eos" for r in ok), "length": sum(r.finish_reason == "length" for r in ok)},
         no_answer=sum(r.answer is None for r in ok),
+        oom_splits=engine.oom_splits,
         max_pixels=engine.max_pixels,
         max_pixels_capped=engine.max_pixels_capped,
+        **_bandwidth(loaded, ok, timings, decode_ms_per_token),
         notes=notes,
         versions=versions(),
         out=options.out,
         results=results,
         batch_timings=timings,
     )
+
+
+def _bandwidth(loaded, ok, timings, decode_ms_per_token) -> dict:
+    """Achieved decode bandwidth for the run's average batch and context (see :mod:`vlmfast.capacity`)."""
+    from .capacity import bandwidth_report, shape_from_model
+
+    if not ok or not timings or not decode_ms_per_token:
+        return {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}
+    device = loaded.runtime.device
+    name = None
+    if device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(device))
+    batch = sum(t.size for t in timings) / len(timings)
+    context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok)  # mid-decode on average
+    return bandwidth_report(shape_from_model(loaded.model, loaded.runtime.dtype), batch, context,
+                            decode_ms_per_token / 1000, name)
 
 
 def _round(value, digits=3):

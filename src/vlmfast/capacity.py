@@ -1,0 +1,116 @@
+"""How much fits and how close to the hardware: auto batch size and decode memory bandwidth.
+
+Decode is memory-bound: every step reads the language model's weights once plus each sequence's KV
+cache. Bytes moved per step ÷ step time is the achieved bandwidth; against the device's peak it says
+how much headroom is left (gpt-fast reports the same figure). Pure arithmetic on config numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# Peak HBM bandwidth in GB/s by device-name fragment (vendor datasheets); first match wins, so more
+# specific names come first. Unknown devices get no percentage rather than a guess.
+PEAK_BANDWIDTH_GBPS = (
+    ("H200", 4800.0),
+    ("H100 PCIe", 2000.0),
+    ("H100 NVL", 3900.0),
+    ("H100", 3350.0),  # SXM
+    ("H800", 3350.0),
+    ("A100-SXM4-80GB", 2039.0),
+    ("A100 80GB PCIe", 1935.0),
+    ("A100", 1555.0),  # 40GB
+    ("L40S", 864.0),
+    ("L40", 864.0),
+    ("A10G", 600.0),
+    ("A10", 600.0),
+    ("L4", 300.0),
+    ("RTX 4090", 1008.0),
+    ("RTX 3090", 936.0),
+    ("V100", 900.0),
+    ("T4", 320.0),
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What decode traffic depends on, read from a transformers config."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    lm_params: int  # language-model parameters (decoder + embeddings + head), read every step
+    dtype_bytes: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer, for one token of one sequence."""
+        return self.layers * self.kv_heads * self.head_dim * 2 * self.dtype_bytes
+
+    @property
+    def lm_weight_bytes(self) -> int:
+        return self.lm_params * self.dtype_bytes
+
+
+def shape_from_model(model, dtype: str) -> ModelShape:
+    """The decode-relevant shape of a loaded model: counts its language-model parameters (everything
+    but the vision tower, which runs once per image in prefill)."""
+    text = model.config.get_text_config()
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    total = sum(p.numel() for p in model.parameters())
+    vision = model.model.visual if hasattr(model, "model") and hasattr(model.model, "visual") else None
+    vision_params = sum(p.numel() for p in vision.parameters()) if vision is not None else 0
+    return ModelShape(
+        layers=text.num_hidden_layers, kv_heads=getattr(text, "num_key_value_heads", heads), head_dim=head_dim,
+        hidden_size=text.hidden_size, vocab_size=text.vocab_size, lm_params=total - vision_params,
+        dtype_bytes=DTYPE_BYTES[dtype],
+    )
+
+
+def decode_bytes_per_step(shape: ModelShape, batch: int, context_tokens: float) -> float:
+    """Bytes one decode step reads: the LM weights once, plus each sequence's KV cache so far."""
+    return shape.lm_weight_bytes + batch * context_tokens * shape.kv_bytes_per_token
+
+
+def peak_bandwidth_gbps(device_name: str) -> float | None:
+    for fragment, gbps in PEAK_BANDWIDTH_GBPS:
+        if fragment.lower() in device_name.lower():
+            return gbps
+    return None
+
+
+def bandwidth_report(shape: ModelShape, batch: int, context_tokens: float, step_s: float,
+                     device_name: str | None) -> dict:
+    """Achieved decode bandwidth (GB/s, 1e9 bytes) and its share of the device's peak."""
+    if step_s <= 0:
+        return {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}
+    achieved = decode_bytes_per_step(shape, batch, context_tokens) / step_s / 1e9
+    peak = peak_bandwidth_gbps(device_name) if device_name else None
+    return {
+        "decode_gb_per_s": round(achieved, 1),
+        "peak_gb_per_s": peak,
+        "bandwidth_pct_of_peak": round(100 * achieved / peak, 1) if peak else None,
+    }
+
+
+def auto_batch_size(
+    shape: ModelShape,
+    free_bytes: int,
+    context_tokens: int,
+    *,
+    vision_bytes_per_sample: int = 0,
+    headroom: float = 0.85,
+    max_batch: int = 64,
+) -> int:
+    """The largest batch whose KV cache (context × KV bytes per token), logits and vision
+    activations fit in ``headroom`` of the memory left after loading the weights. At least 1."""
+    logits = shape.vocab_size * 4 * 2  # float32 logits of the last position, plus a processed copy
+    per_sample = context_tokens * shape.kv_bytes_per_token + logits + vision_bytes_per_sample
+    if per_sample <= 0:
+        return max_batch
+    return max(1, min(max_batch, int(free_bytes * headroom // per_sample)))
