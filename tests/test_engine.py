@@ -108,3 +108,16 @@ def test_eos_stops_and_is_counted(loaded, images):
 )
 def test_parse_reasoning(text, expected):
     assert parse_reasoning(text) == expected
+
+
+def test_overlapped_preprocessing_gives_the_same_tokens(loaded, images):
+    reqs = _requests(images)
+    settings = GenerationSettings(max_new_tokens=12)
+    inline = Engine(loaded, settings, overlap=False)
+    overlapped = Engine(loaded, settings, overlap=True)
+    a = {r.id: r.token_ids for _, rs, _ in inline.run(reqs, {}, 2) for r in rs}
+    b = {}
+    for _, rs, timing in overlapped.run(reqs, {}, 2):
+        b.update({r.id: r.token_ids for r in rs})
+        assert 0 <= timing.preprocess_exposed_s <= timing.preprocess_s
+    assert a == b and len(a) == len(reqs)

@@ -102,6 +102,7 @@ def infer(
     max_image_pixels: MaxImagePixels = 89_478_485,
     batch_size: AutoBatchSize = "auto",
     max_batch_tokens: MaxBatchTokens = None,
+    overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Decode the next batch's images while this one generates.", rich_help_panel=GEN)] = True,
     max_new_tokens: MaxNew = 1024,
     temperature: Temperature = 0.0,
     top_p: TopP = 1.0,
@@ -136,7 +137,7 @@ def infer(
                                           seed=seed, ignore_eos=ignore_eos),
             min_pixels=min_pixels, max_pixels=max_pixels, device=device, dtype=dtype, attn=attn,
             trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, max_batch_tokens=max_batch_tokens,
-            max_image_pixels=max_image_pixels,
+            max_image_pixels=max_image_pixels, overlap=overlap,
         )
         bar = ProgressBar(enabled=None if is_main_process() else False)
         try:

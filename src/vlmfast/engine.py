@@ -8,7 +8,9 @@ Clocks synchronize the device before each read (see :mod:`vlmfast.timing`).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .batching import image_tokens, plan_batches
@@ -65,12 +67,13 @@ class SampleResult:
 @dataclass(frozen=True)
 class BatchTiming:
     size: int
-    preprocess_s: float
+    preprocess_s: float  # all preprocessing work for the batch (image decode/resize, template, processor)
     ttft_s: float  # generate() start → first new token (vision + prefill + first sampling step)
     decode_s: float  # first new token → last new token
     steps: int  # decode steps taken (new tokens per sequence, incl. the first)
     new_tokens: int  # tokens kept across the batch (up to each sequence's EOS)
     step_times_s: tuple[float, ...] = ()  # latency of each decode step after the first token, when recorded
+    preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
 
 
 THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
@@ -113,8 +116,9 @@ class Engine:
     """Runs requests through a :class:`~vlmfast.checkpoint.Loaded` model in cost-sorted batches."""
 
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
-                 max_pixels: int | None = None, record_steps: bool = False):
+                 max_pixels: int | None = None, record_steps: bool = False, overlap: bool = True):
         self.loaded = loaded
+        self.overlap = overlap
         self.settings = settings
         self.record_steps = record_steps
         ip = loaded.processor.image_processor
@@ -162,19 +166,39 @@ class Engine:
     def run(self, requests: Sequence[Request], image_sizes: dict, batch_size: int, max_batch_tokens: int | None = None
             ) -> Iterator[tuple[list[int], list[SampleResult], BatchTiming | None]]:
         """Yield (input indices, results, timing) batch by batch, most expensive batch first.
-        ``timing`` is None for a batch that produced only error rows."""
+        ``timing`` is None for a batch that produced only error rows.
+
+        With ``overlap`` (the default) a worker thread decodes and resizes the images of batch k+1
+        while batch k generates; the timing says how much preprocessing the model still waited for."""
         import torch
 
         if self.settings.seed is not None:
             torch.manual_seed(self.settings.seed)
-        for indices in self.plan(requests, image_sizes, batch_size, max_batch_tokens):
-            yield from self._run_resilient(requests, indices)
+        plan = self.plan(requests, image_sizes, batch_size, max_batch_tokens)
+        if not self.overlap:
+            for indices in plan:
+                yield from self._run_resilient(requests, indices)
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmfast-prefetch") as pool:
+            pending = pool.submit(self._timed_load, [requests[i] for i in plan[0]]) if plan else None
+            for k, indices in enumerate(plan):
+                waited = time.perf_counter()
+                images, failed, load_s = pending.result()
+                waited = time.perf_counter() - waited
+                if k + 1 < len(plan):
+                    pending = pool.submit(self._timed_load, [requests[i] for i in plan[k + 1]])
+                yield from self._run_resilient(requests, indices, (images, failed, load_s, waited))
 
-    def _run_resilient(self, requests: Sequence[Request], indices: list[int]):
+    def _timed_load(self, batch):
+        start = time.perf_counter()
+        images, failed = self.load_images(batch)
+        return images, failed, time.perf_counter() - start
+
+    def _run_resilient(self, requests: Sequence[Request], indices: list[int], preloaded=None):
         """A CUDA out-of-memory error halves the batch and retries both halves; a sample that does not
         fit even alone becomes an error row. Nothing is dropped, and the count lands in the report."""
         try:
-            results, timing = self.generate_batch([requests[i] for i in indices])
+            results, timing = self.generate_batch([requests[i] for i in indices], preloaded)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -185,8 +209,8 @@ class Engine:
                 return
             self.oom_splits += 1
             half = len(indices) // 2
-            yield from self._run_resilient(requests, indices[:half])
-            yield from self._run_resilient(requests, indices[half:])
+            for part in (indices[:half], indices[half:]):
+                yield from self._run_resilient(requests, part, _subset(preloaded, [requests[i].id for i in part]))
             return
         yield indices, results, timing
 
@@ -234,11 +258,17 @@ class Engine:
             raise InputError("; ".join(failed.values()), hint="remove or replace the broken images")
         return self.build_inputs(batch, images)
 
-    def generate_batch(self, batch: Sequence[Request]) -> tuple[list[SampleResult], BatchTiming | None]:
-        """Results for ``batch`` in its order; requests whose images fail to decode get error rows."""
+    def generate_batch(self, batch: Sequence[Request], preloaded=None) -> tuple[list[SampleResult], BatchTiming | None]:
+        """Results for ``batch`` in its order; requests whose images fail to decode get error rows.
+        ``preloaded``: (images, failed, load_s, waited_s) from the prefetch worker."""
         device = self.loaded.model.device
         t0 = now(device)
-        images, failed = self.load_images(batch)
+        if preloaded is None:
+            images, failed = self.load_images(batch)
+            hidden_s = 0.0
+        else:
+            images, failed, load_s, waited_s = preloaded
+            hidden_s = max(load_s - waited_s, 0.0)  # loading that ran while the previous batch generated
         done = {r.id: SampleResult(r.id, list(r.images), r.prompt, error=failed[r.id]) for r in batch if r.id in failed}
         ok = [r for r in batch if r.id not in failed]
         if not ok:
@@ -256,8 +286,8 @@ class Engine:
         # decode-step latencies: between consecutive tokens (the first token's wait is the TTFT)
         step_times = tuple(b - a for a, b in zip(clock.times, clock.times[1:])) if self.record_steps else ()
         timing = BatchTiming(
-            size=len(ok), preprocess_s=t1 - t0, ttft_s=first - t1, decode_s=t2 - first, steps=len(new[0]),
-            new_tokens=sum(done[r.id].n_new_tokens for r in ok), step_times_s=step_times,
+            size=len(ok), preprocess_s=t1 - t0 + hidden_s, ttft_s=first - t1, decode_s=t2 - first, steps=len(new[0]),
+            new_tokens=sum(done[r.id].n_new_tokens for r in ok), step_times_s=step_times, preprocess_exposed_s=t1 - t0,
         )
         return [done[r.id] for r in batch], timing
 
@@ -303,6 +333,14 @@ class Engine:
             n_image_tokens=int((inputs["input_ids"][row] == image_id).sum()),
             n_new_tokens=len(kept), token_ids=kept,
         )
+
+
+def _subset(preloaded, ids: list[str]):
+    """The prefetched images of some of a batch's requests (after an out-of-memory split)."""
+    if preloaded is None:
+        return None
+    images, failed, _, _ = preloaded
+    return ({i: images[i] for i in ids if i in images}, {i: failed[i] for i in ids if i in failed}, 0.0, 0.0)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -46,6 +46,7 @@ class InferOptions:
     record_steps: bool = False
     max_batch_tokens: int | None = None
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+    overlap: bool = True  # decode the next batch's images while this one generates
 
 
 class Progress(Protocol):
@@ -63,7 +64,8 @@ class InferReport:
     skipped_existing: int  # ids already in --out from an earlier run
     new_tokens: int
     load_s: float
-    preprocess_s: float
+    preprocess_s: float  # all preprocessing work
+    preprocess_exposed_s: float  # the part generation waited for (the rest overlapped decoding)
     generate_s: float  # wall time after loading: preprocess + prefill + decode + writing
     ttft_ms_p50: float | None
     ttft_ms_p90: float | None
@@ -144,7 +146,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
                       trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle)
     notes.extend(loaded.notes)
     engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                    record_steps=options.record_steps)
+                    record_steps=options.record_steps, overlap=options.overlap)
     if engine.max_pixels_capped:
         notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
     too_long = engine.context_problems(todo, collected.image_sizes)  # same verdict on every process
@@ -258,6 +260,7 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         new_tokens=new_tokens,
         load_s=round(loaded.load_s, 4),
         preprocess_s=round(sum(t.preprocess_s for t in timings), 4),
+        preprocess_exposed_s=round(sum(t.preprocess_exposed_s or 0.0 for t in timings), 4),
         generate_s=round(generate_s, 4),
         ttft_ms_p50=_round(percentile(ttft_ms, 50)),
         ttft_ms_p90=_round(percentile(ttft_ms, 90)),
