@@ -20,7 +20,7 @@ def _infer(ckpt, images, out, launcher=()):
 
 
 def test_two_process_accelerate_run_equals_one_process_run(grpo_ckpt, images, tmp_path):
-    accelerate = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no"]
     one = _infer(grpo_ckpt, images[0].parent, tmp_path / "one.jsonl")
     two = _infer(grpo_ckpt, images[0].parent, tmp_path / "two.jsonl", launcher=accelerate)

@@ -18,7 +18,9 @@ import gc
 import statistics
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from .capacity import run_bandwidth
 from .engine import Engine, GenerationSettings, SampleResult
 from .timing import now, peak_memory_mib, percentile, reset_peak_memory
 
@@ -109,7 +111,9 @@ def saved_generation_config(loaded):
 
     from .checkpoint import Resolved, read_configs
 
-    config, generation = read_configs(Resolved(loaded.source, True))
+    # an adapter dir has no config of its own: what plain generate honours is its base's
+    source = loaded.base_source or loaded.source
+    config, generation = read_configs(Resolved(source, Path(source).is_dir()))
     if generation is not None:
         return GenerationConfig.from_dict(copy.deepcopy(generation))
     return GenerationConfig.from_model_config(loaded.model.config)
@@ -227,7 +231,12 @@ def run_bench(options: BenchOptions, progress=None, say=lambda text: None) -> di
             progress.advance(1, runs[-1].new_tokens)
         tokens[(name, batch_size)] = runs[-1].results
         peak = peak_memory_mib(engine.loaded.runtime.device)
-        scenarios.append(scenario_summary(name, batch_size, runs, engine.loaded.processor.tokenizer, peak))
+        summary = scenario_summary(name, batch_size, runs, engine.loaded.processor.tokenizer, peak)
+        ok = [r for r in runs[-1].results if r.error is None]
+        context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok) if ok else 0
+        summary.update(run_bandwidth(engine.loaded, min(batch_size, len(ok) or 1), context,
+                                     summary["decode_ms_per_token"]))
+        scenarios.append(summary)
 
     total = options.repeats * (len(options.batch_sizes) * (2 if options.compare_base else 1) + options.as_saved)
     progress.start(total)

@@ -114,3 +114,16 @@ def auto_batch_size(
     if per_sample <= 0:
         return max_batch
     return max(1, min(max_batch, int(free_bytes * headroom // per_sample)))
+
+
+def run_bandwidth(loaded, mean_batch: float, mean_context: float, step_ms: float | None) -> dict:
+    """:func:`bandwidth_report` for a loaded model on its device (the peak only for CUDA devices)."""
+    if not step_ms:
+        return bandwidth_report(shape_from_model(loaded.model, loaded.runtime.dtype), 1, 0, 0, None)
+    name = None
+    if loaded.runtime.device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(loaded.runtime.device))
+    return bandwidth_report(shape_from_model(loaded.model, loaded.runtime.dtype), mean_batch, mean_context,
+                            step_ms / 1000, name)

@@ -18,6 +18,9 @@ from pathlib import Path
 from .errors import CheckpointError, UsageError
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+GLOBAL_STEP_DIR = re.compile(r"^global_step_(\d+)$")  # EasyR1 / verl
+SWIFT_RUN_DIR = re.compile(r"^v(\d+)-")  # ms-swift: output/v0-20250101-120000/checkpoint-N
+FSDP_SHARDS = "model_world_size_*_rank_*.pt"  # EasyR1 per-rank model shards, beside huggingface/
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 TESTED_MODEL_TYPES = ("qwen2_5_vl",)
@@ -33,51 +36,148 @@ ATTN_CHOICES = ("flash_attention_2", "sdpa", "eager")
 
 @dataclass(frozen=True)
 class Resolved:
-    """What to hand to ``from_pretrained``: a local directory or a hub id, and how we got there."""
+    """What to hand to ``from_pretrained``: a local directory or a hub id, and how we got there.
+    ``kind`` is ``"adapter"`` for a LoRA adapter dir (only with ``resolve_checkpoint(adapters=True)``)."""
 
     source: str
     is_local: bool
     note: str | None = None
+    kind: str = "model"
 
 
 def has_weights(directory: Path) -> bool:
-    return any(any(directory.glob(pattern)) for pattern in WEIGHT_GLOBS)
+    """Full-model weights (a LoRA ``adapter_model.*`` alone does not count)."""
+    return any(not p.name.startswith("adapter_model") for pattern in WEIGHT_GLOBS for p in directory.glob(pattern))
 
 
-def resolve_checkpoint(spec: str) -> Resolved:
-    """A model directory, a trainer output directory holding ``checkpoint-N`` subdirectories (the
-    highest N that holds weights wins), or a hub id."""
+@dataclass(frozen=True)
+class Located:
+    """Where a trainer output layout keeps its model. ``kind``: ``model`` (config + weights),
+    ``adapter`` (LoRA adapter dir), ``fsdp`` (EasyR1 ``huggingface/`` dir whose weights are still the
+    per-rank ``shards`` beside it) or ``incomplete`` (config.json, no weights)."""
+
+    path: Path
+    kind: str
+    note: str | None = None
+    shards: tuple[Path, ...] = ()
+
+
+def locate_checkpoint(path: Path) -> Located:
+    """Walk a local directory down to the model it holds, loading nothing: a model dir; a LoRA adapter
+    dir; ``checkpoint-N`` (HF Trainer, VLM-R1: highest N with weights); EasyR1
+    ``global_step_N/actor/huggingface``; ms-swift ``vX-*/checkpoint-N`` (highest version with weights).
+    Raises CheckpointError when nothing there looks like a checkpoint."""
+    from .lora import is_adapter_dir
+
+    if (path / "config.json").is_file() and has_weights(path):
+        return Located(path, "model")
+    if is_adapter_dir(path):
+        return Located(path, "adapter")
+    for sub in ("huggingface", "actor/huggingface"):  # EasyR1 actor/ and global_step_N/
+        if (path / sub / "config.json").is_file():
+            return _nested(path / sub, f"using {sub}")
+    for pattern, label in ((CHECKPOINT_DIR, "checkpoint-N"), (GLOBAL_STEP_DIR, "global_step_N")):
+        if numbered := _numbered(path, pattern):
+            return _highest(path, numbered, label)
+    if runs := _numbered(path, SWIFT_RUN_DIR):
+        for _, run in runs:
+            try:
+                found = locate_checkpoint(run)
+            except CheckpointError:
+                continue
+            if found.kind in ("model", "adapter"):
+                where = found.path.relative_to(path).as_posix()
+                return Located(found.path, found.kind, f"using {where} (latest ms-swift run with weights, highest checkpoint-N)")
+        raise CheckpointError(
+            f"{path}: none of its ms-swift runs ({', '.join(r.name for _, r in runs[:5])}) holds a checkpoint-N with weights",
+            hint="point --ckpt at a vX-*/checkpoint-N directory that holds weights or a LoRA adapter",
+        )
+    if (path / "config.json").is_file():
+        shards = tuple(sorted(path.parent.glob(FSDP_SHARDS))) if path.name == "huggingface" else ()
+        return Located(path, "fsdp" if shards else "incomplete", shards=shards)
+    raise CheckpointError(
+        f"{path}: not a checkpoint (no config.json, no checkpoint-N subdirectories)",
+        hint="point --ckpt at the model directory (the one holding config.json)",
+    )
+
+
+def _numbered(path: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
+    """Subdirectories whose name matches ``pattern`` (group 1 a number), highest number first."""
+    return sorted(
+        ((int(m.group(1)), child) for child in path.iterdir() if child.is_dir() and (m := pattern.match(child.name))),
+        key=lambda item: (item[0], item[1].name), reverse=True,
+    )
+
+
+def _nested(child: Path, note: str) -> Located:
+    found = locate_checkpoint(child)
+    return Located(found.path, found.kind, note, found.shards)
+
+
+def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Located:
+    located = []
+    for n, child in numbered:
+        try:
+            located.append((n, child, locate_checkpoint(child)))
+        except CheckpointError:
+            pass
+    usable = [(n, d, found) for n, d, found in located if found.kind in ("model", "adapter")]
+    if usable:
+        n, chosen, found = usable[0]
+        merged = chosen.with_name(chosen.name + "-merged")  # ms-swift export --merge_lora writes it beside
+        if found.kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
+            found = Located(merged, "model")
+        where = found.path.relative_to(path).as_posix()
+        note = f"using {where} (highest of {len(usable)} {label} dirs with weights in {path})"
+        skipped = [d.name for m, d in numbered if m > n]
+        if skipped:
+            note += f"; skipped {', '.join(skipped)}: no config.json or weights"
+        return Located(found.path, found.kind, note, found.shards)
+    unmerged = [found for _, _, found in located if found.kind == "fsdp"]
+    if unmerged:  # EasyR1 before model_merger.py: say so rather than "no weights"
+        found = unmerged[0]
+        return Located(found.path, "fsdp", f"using {found.path.relative_to(path).as_posix()} (highest {label})", found.shards)
+    raise CheckpointError(
+        f"{path}: none of its {label} dirs ({', '.join(d.name for _, d in numbered[:5])}) holds config.json and weights",
+        hint="point --ckpt at a directory with config.json and *.safetensors; merge FSDP/LoRA outputs first",
+    )
+
+
+def fsdp_merge_hint(located: Located) -> str:
+    """How to turn EasyR1's per-rank FSDP shards into a loadable checkpoint."""
+    actor = located.path.parent
+    return (f"merge the shards with EasyR1: python3 scripts/model_merger.py --local_dir {actor} "
+            f"(it writes the weights into {located.path}), then point --ckpt at {located.path}")
+
+
+def resolve_checkpoint(spec: str, *, adapters: bool = False) -> Resolved:
+    """A model directory, a trainer output directory (``checkpoint-N``: the highest N that holds
+    weights wins; EasyR1 ``global_step_N/actor/huggingface``; ms-swift ``vX-*/checkpoint-N``), or a
+    hub id. A LoRA adapter dir resolves (``kind="adapter"``) only with ``adapters=True``; otherwise,
+    like unmerged FSDP shards, it is a CheckpointError whose hint says what to do."""
     path = Path(spec).expanduser()
     if path.is_dir() and not os.access(path, os.R_OK | os.X_OK):
         raise CheckpointError(f"{path}: directory is not readable (permissions)", hint="check the owner and mode of the directory")
     if path.is_dir():
-        if (path / "config.json").is_file() and has_weights(path):
-            return Resolved(str(path), True)
-        numbered = sorted(
-            ((int(m.group(1)), child) for child in path.iterdir() if child.is_dir() and (m := CHECKPOINT_DIR.match(child.name))),
-            reverse=True,
-        )
-        usable = [(n, d) for n, d in numbered if (d / "config.json").is_file() and has_weights(d)]
-        if usable:
-            n, chosen = usable[0]
-            skipped = [d.name for m, d in numbered if m > n]
-            note = f"using {chosen.name} (highest of {len(usable)} checkpoint-N dirs with weights in {path})"
-            if skipped:
-                note += f"; skipped {', '.join(skipped)}: no config.json or weights"
-            return Resolved(str(chosen), True, note)
-        if numbered:
+        found = locate_checkpoint(path)
+        if found.kind == "model" or (found.kind == "adapter" and adapters):
+            return Resolved(str(found.path), True, found.note, found.kind)
+        if found.kind == "adapter":
+            from .lora import adapter_base_or_none
+
             raise CheckpointError(
-                f"{path}: none of its checkpoint-N dirs ({', '.join(d.name for _, d in numbered[:5])}) holds config.json and weights",
-                hint="point --ckpt at a directory with config.json and *.safetensors; merge FSDP/LoRA outputs first",
+                f"{found.path}: a LoRA adapter (base: {adapter_base_or_none(found.path) or 'not named'}), not a full model",
+                hint=f"load it on its base model (infer --base BASE), or merge it: vlmfast fix {found.path} --merge-lora OUT",
             )
-        if (path / "config.json").is_file():
+        if found.kind == "fsdp":
             raise CheckpointError(
-                f"{path}: config.json but no weights (*.safetensors / *.bin)",
-                hint="the save may be incomplete, or weights are sharded per rank and need merging",
+                f"{found.path.parent}: {len(found.shards)} FSDP shards ({found.shards[0].name}, ...) not merged; "
+                f"{found.path} has config.json but no weights",
+                hint=fsdp_merge_hint(found),
             )
         raise CheckpointError(
-            f"{path}: not a checkpoint (no config.json, no checkpoint-N subdirectories)",
-            hint="point --ckpt at the model directory (the one holding config.json)",
+            f"{found.path}: config.json but no weights (*.safetensors / *.bin)",
+            hint="the save may be incomplete, or weights are sharded per rank and need merging",
         )
     if path.exists():
         raise CheckpointError(f"{path}: is a file, not a checkpoint directory", hint="point --ckpt at the directory")
@@ -244,6 +344,7 @@ class Loaded:
     load_s: float
     model_type: str = ""
     notes: list[str] = field(default_factory=list)
+    base_source: str | None = None  # LoRA adapter loads: the base (its config.json lives there, not in source)
 
 
 def load(
@@ -254,16 +355,29 @@ def load(
     attn: str | None = None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
+    base: str | None = None,
+    merge: bool = False,
 ) -> Loaded:
-    """Load model + processor with the cache forced on and left padding. Raises CheckpointError /
-    UsageError with a hint for anything the user can fix."""
+    """Load model + processor with the cache forced on and left padding. A LoRA adapter dir loads its
+    base (``base``, else the one adapter_config.json names) plus the adapter, merged when ``merge``.
+    Raises CheckpointError / UsageError with a hint for anything the user can fix."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own report is the interface; no per-file bars in CI logs
     start = time.perf_counter()
-    resolved = resolve_checkpoint(ckpt)
+    resolved = resolve_checkpoint(ckpt, adapters=True)
+    if resolved.kind == "adapter":
+        from .lora import load_with_adapter
+
+        loaded = load_with_adapter(resolved.source, base=base, merge=merge, device=device, dtype=dtype, attn=attn,
+                                   trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        loaded.notes[:0] = [resolved.note] if resolved.note else []
+        loaded.load_s = time.perf_counter() - start
+        return loaded
+    if base is not None or merge:
+        raise UsageError("--base and --merge apply to LoRA adapter checkpoints", hint=f"{resolved.source} is a full model")
     if resolved.is_local and not allow_pickle and not any(Path(resolved.source).glob("*.safetensors")):
         raise CheckpointError(
             f"{resolved.source}: weights are pickle files (*.bin), which can run arbitrary code when loaded",

@@ -34,6 +34,8 @@ Device = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | cuda:N"
 Dtype = Annotated[Optional[str], typer.Option(help="auto (CUDA bf16, CPU float32) | bfloat16 | float16 | float32", rich_help_panel=MODEL)]
 Attn = Annotated[Optional[str], typer.Option(help="auto (flash_attention_2 when installed, else sdpa) | flash_attention_2 | sdpa | eager", rich_help_panel=MODEL)]
 TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own Python code (off by default).", rich_help_panel=MODEL)]
+Base = Annotated[Optional[str], typer.Option("--base", help="LoRA adapter checkpoints: the base model (default: the one adapter_config.json names).", rich_help_panel=MODEL)]
+Merge = Annotated[bool, typer.Option("--merge", help="LoRA adapter checkpoints: merge the adapter into the weights before generating.", rich_help_panel=MODEL)]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load pickle (*.bin) weights, which can run code (default: safetensors only).", rich_help_panel=MODEL)]
 MaxImagePixels = Annotated[int, typer.Option(min=1, help="Refuse images with more pixels than this (decompression bombs).", rich_help_panel="Inputs")]
 MaxBatchTokens = Annotated[Optional[int], typer.Option(min=1, help="Cap on padded prefill tokens per batch (batch length × widest prompt).", rich_help_panel="Generation")]
@@ -56,6 +58,7 @@ IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Always decode --m
 Out = Annotated[Optional[str], typer.Option(help="JSONL results file (default: stdout). Rerunning skips ids already there.", rich_help_panel=OUTPUT)]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Redo ids already in --out.", rich_help_panel=OUTPUT)]
 Json = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout (needs --out).", rich_help_panel=OUTPUT)]
+JsonFindings = Annotated[bool, typer.Option("--json", help="Print the findings as one JSON object on stdout.", rich_help_panel=OUTPUT)]
 
 
 def _version(value: bool):
@@ -113,6 +116,8 @@ def infer(
     attn: Attn = None,
     trust_remote_code: TrustRemote = False,
     allow_pickle: AllowPickle = False,
+    base: Base = None,
+    merge: Merge = False,
     out: Out = None,
     overwrite: Overwrite = False,
     json_out: Json = False,
@@ -137,7 +142,7 @@ def infer(
                                           seed=seed, ignore_eos=ignore_eos),
             min_pixels=min_pixels, max_pixels=max_pixels, device=device, dtype=dtype, attn=attn,
             trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, max_batch_tokens=max_batch_tokens,
-            max_image_pixels=max_image_pixels, overlap=overlap,
+            max_image_pixels=max_image_pixels, overlap=overlap, base=base, merge=merge,
         )
         bar = ProgressBar(enabled=None if is_main_process() else False)
         try:
@@ -221,6 +226,66 @@ def bench(
             print_json(report)
         if code:
             raise typer.Exit(code)
+
+    _guarded(run)
+
+
+@app.command(epilog="Exit codes: 0 ok (or findings without --strict) · 1 error-level findings with --strict · 2 bad checkpoint path.")
+def doctor(
+    ckpt: Annotated[str, typer.Argument(help="Checkpoint dir or trainer output dir.")],
+    base: Annotated[Optional[str], typer.Option(help="Base model dir to compare EOS list, vocabulary and files with.")] = None,
+    json_out: JsonFindings = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on any error-level finding (for CI).")] = False,
+):
+    """Diagnose a trained checkpoint: cache off, lost EOS or processor files, unmerged shards, LoRA, unsafe weights."""
+
+    def run():
+        from .doctor import diagnose, findings_as_dicts, locate, strict_exit_code
+        from .report import print_json, render_findings
+
+        findings = diagnose(ckpt, base=base)
+        if json_out:
+            print_json({"checkpoint": str(locate(ckpt).path), "base": base, "findings": findings_as_dicts(findings)})
+        render_findings(str(locate(ckpt).path), findings)
+        if strict and (code := strict_exit_code(findings)):
+            raise typer.Exit(code)
+
+    _guarded(run)
+
+
+@app.command(epilog="Exit codes: 0 fixed, or nothing to fix · 2 bad path, read-only dir or hub id (nothing written).")
+def fix(
+    ckpt: Annotated[str, typer.Argument(help="Checkpoint dir to repair in place (backups: *.orig).")],
+    processor_from: Annotated[Optional[str], typer.Option(help="Base model dir to copy missing processor, tokenizer and chat-template files (and the EOS list) from.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the unified diff; write nothing.")] = False,
+    merge_lora: Annotated[Optional[Path], typer.Option(help="CKPT is a LoRA adapter: write a merged full checkpoint to this dir.")] = None,
+):
+    """Repair a checkpoint's configs (cache on, EOS list) and missing files, atomically with backups; or merge a LoRA adapter."""
+
+    def run():
+        from .fix import apply_fix, merge_lora as merge, plan_fix
+        from .report import render_note, stderr
+
+        if merge_lora is not None:
+            if dry_run:
+                raise UsageError("--dry-run does not apply to --merge-lora", hint="drop one of them")
+            result = merge(ckpt, merge_lora, base=processor_from)
+            stderr.print(f"merged {ckpt} into {result.out_dir} (base {result.base})")
+            typer.echo(str(result.out_dir))
+            return
+        plan = plan_fix(ckpt, processor_from=processor_from)
+        if plan.empty:
+            render_note(f"{ckpt}: nothing to fix")
+            return
+        result = apply_fix(plan, dry_run=dry_run)
+        if dry_run:
+            typer.echo(result.diff, nl=False)
+            render_note("dry run: nothing was written")
+            return
+        for change in plan.changes():
+            stderr.print(f"fixed: {change}")
+        for backup in result.backups:
+            stderr.print(f"backup: {backup}")
 
     _guarded(run)
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # notes and hints: one line each, greppable in logs
 
 
 def print_json(data: dict) -> None:
@@ -121,6 +121,7 @@ BENCH_COLUMNS = (
     ("tokens/s", "tokens_per_s", 1), ("samples/s", "samples_per_s", 3), ("TTFT p50 ms", "ttft_ms_p50", 1),
     ("TTFT p90 ms", "ttft_ms_p90", 1), ("decode ms/token", "decode_ms_per_token", 2),
     ("mean new tokens", "mean_new_tokens", 1), ("mean think tokens", "mean_think_tokens", 1),
+    ("decode GB/s", "decode_gb_per_s", 1), ("% of peak bandwidth", "bandwidth_pct_of_peak", 1),
     ("no <answer>", "no_answer_rate", 2), ("truncated", "truncation_rate", 2), ("peak MiB", "peak_mem_mib", 0),
 )
 
@@ -190,3 +191,23 @@ def write_bench_dir(report: dict, directory) -> tuple[list[str], str | None]:
         return written, "no plot: matplotlib is not installed (pip install 'vlmfast[plot]')"
     written.append(str(write_plot(report, out / "plot.png")))
     return written, None
+
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def render_findings(checkpoint: str, findings) -> None:
+    """``vlmfast doctor``'s findings on stderr, one block each with the exact fix (a list rather than a
+    table: fixes are long commands, and CI logs are 80 columns wide)."""
+    if not findings:
+        stderr.print(f"[green]{checkpoint}: no findings[/green]")
+        return
+    stderr.print(f"[bold]vlmfast doctor[/bold]: {checkpoint}")
+    for f in findings:
+        style = SEVERITY_STYLE.get(f.severity, "")
+        stderr.print(f"[{style}]{f.severity.upper():7}[/] [bold]{f.code}[/bold]  {f.location}")
+        stderr.print(f"        {f.message}", highlight=False)
+        if f.fix:
+            stderr.print(f"        [bold]fix:[/bold] {f.fix}", highlight=False)
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_STYLE}
+    stderr.print(", ".join(f"{n} {s}" for s, n in counts.items() if n))

@@ -43,6 +43,8 @@ class InferOptions:
     attn: str | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    base: str | None = None  # LoRA adapter checkpoints: the base model (default: adapter_config.json's)
+    merge: bool = False  # LoRA: merge the adapter into the weights before generating
     record_steps: bool = False
     max_batch_tokens: int | None = None
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
@@ -143,7 +145,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
 
     if loaded is None:
         loaded = load(options.ckpt, device=options.device or dist.device, dtype=options.dtype, attn=options.attn,
-                      trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle)
+                      trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
+                      base=options.base, merge=options.merge)
     notes.extend(loaded.notes)
     engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
                     record_steps=options.record_steps, overlap=options.overlap)
@@ -291,21 +294,14 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
 
 
 def _bandwidth(loaded, ok, timings, decode_ms_per_token) -> dict:
-    """Achieved decode bandwidth for the run's average batch and context (see :mod:`vlmfast.capacity`)."""
-    from .capacity import bandwidth_report, shape_from_model
+    """Achieved decode bandwidth at the run's mean batch and mid-decode context (:mod:`vlmfast.capacity`)."""
+    from .capacity import run_bandwidth
 
-    if not ok or not timings or not decode_ms_per_token:
-        return {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}
-    device = loaded.runtime.device
-    name = None
-    if device.startswith("cuda"):
-        import torch
-
-        name = torch.cuda.get_device_name(torch.device(device))
+    if not ok or not timings:
+        return run_bandwidth(loaded, 1, 0, None)
     batch = sum(t.size for t in timings) / len(timings)
-    context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok)  # mid-decode on average
-    return bandwidth_report(shape_from_model(loaded.model, loaded.runtime.dtype), batch, context,
-                            decode_ms_per_token / 1000, name)
+    context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok)
+    return run_bandwidth(loaded, batch, context, decode_ms_per_token)
 
 
 def _round(value, digits=3):

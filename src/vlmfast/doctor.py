@@ -1,0 +1,413 @@
+"""Checkpoint findings: what a trainer left in a checkpoint that makes inference slow, wrong or unsafe.
+
+:func:`diagnose` reads files only (JSON configs, safetensors headers; no tensors, no model) and returns
+:class:`Finding` objects, each with a stable ``code`` and the exact ``fix``. Trainer output dirs are
+walked like ``--ckpt`` is (:func:`vlmfast.checkpoint.locate_checkpoint`). Local directories only.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .checkpoint import HUB_ID, IM_END, Located, cache_off_locations, fsdp_merge_hint, locate_checkpoint
+from .errors import CheckpointError
+
+SEVERITIES = ("error", "warning", "info")
+CODES = (  # every finding code diagnose can return; stable: scripts and docs depend on them
+    "resolved", "cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
+    "tokenizer-missing", "chat-template-missing", "unknown-class", "fsdp-unmerged", "weights-missing",
+    "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
+    "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
+    "trainer-state", "swift-args",
+)
+FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
+PROCESSOR_CONFIGS = ("preprocessor_config.json", "processor_config.json")
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+# Classes transformers renamed or never had, and what the checkpoint should say instead.
+RENAMED = {"Qwen2_5_VLImageProcessor": "Qwen2VLImageProcessor"}
+# HF Trainer pickles these next to the weights; they are not weights and never loaded for inference.
+NOT_WEIGHTS = ("training_args.bin",)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or fact) about a checkpoint. ``code`` is stable (tests, CI and docs use it);
+    ``location`` is ``"file: key"``, a file name (relative to the diagnosed dir) or a path."""
+
+    severity: str  # "error" | "warning" | "info"
+    code: str
+    location: str
+    message: str
+    fix: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def findings_as_dicts(findings: list[Finding]) -> list[dict]:
+    """JSON-ready findings, in order."""
+    return [f.as_dict() for f in findings]
+
+
+def strict_exit_code(findings: list[Finding]) -> int:
+    """1 if any finding is an error (``doctor --strict``), else 0."""
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def locate(spec) -> Located:
+    """The local directory :func:`diagnose` looks at; hub ids and missing paths are CheckpointErrors."""
+    path = Path(str(spec)).expanduser()
+    if path.is_dir():
+        return locate_checkpoint(path)
+    if not path.exists() and HUB_ID.match(str(spec)):
+        raise CheckpointError(
+            f"{spec}: doctor reads local directories, not hub ids",
+            hint=f"download it first (huggingface-cli download {spec} --local-dir DIR), then run doctor on DIR",
+        )
+    raise CheckpointError(f"{spec}: no such directory", hint="point doctor at the checkpoint directory")
+
+
+def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> list[Finding]:
+    """Every finding for the checkpoint at ``ckpt`` (a local model, trainer output or adapter dir),
+    errors first. ``base`` (a local dir) adds comparisons: EOS list, vocabulary, tied embeddings,
+    float32 vs a 16-bit base. Float32 storage is otherwise reported from ``float32_min_bytes`` on."""
+    target = locate(ckpt)
+    base_dir = _base_dir(base) if base is not None else None
+    d = target.path
+    found: list[Finding] = []
+    if target.note:
+        found.append(Finding("info", "resolved", str(d), target.note, ""))
+    if target.kind == "adapter":
+        found += _adapter(d, base)
+        found += _trainer_leftovers(d)
+        return _ordered(found)
+    config = _json(d / "config.json")
+    generation = _json(d / "generation_config.json") if (d / "generation_config.json").is_file() else None
+    base_cfg = _json(base_dir / "config.json") if base_dir else None
+    found += _cache(d, config, generation)
+    found += _eos(d, config, generation, base_dir, base_cfg)
+    found += _files(d, base_dir)
+    found += _classes(d)
+    found += _weights(target, base_dir, float32_min_bytes)
+    found += _remote_code(d)
+    found += _vocab(d, config, base_dir, base_cfg)
+    found += _trainer_leftovers(d)
+    return _ordered(found)
+
+
+def _ordered(found: list[Finding]) -> list[Finding]:
+    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))  # stable: check order within a severity
+
+
+def _base_dir(base) -> Path:
+    located = locate(base)
+    if located.kind == "adapter":
+        raise CheckpointError(f"{located.path}: --base is a LoRA adapter", hint="pass the full base model")
+    return located.path
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing", hint="point doctor at the directory holding config.json") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc})", hint="the file must be valid UTF-8 JSON") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object", hint="the file is not a transformers config")
+    return data
+
+
+def _maybe_json(path: Path) -> dict:
+    try:
+        return _json(path) if path.is_file() else {}
+    except CheckpointError:
+        return {}
+
+
+def _fix_cmd(d: Path, base: Path | None = None) -> str:
+    cmd = f"vlmfast fix {shlex.quote(str(d))}"
+    return cmd + (f" --processor-from {shlex.quote(str(base))}" if base else "")
+
+
+# -- checks ------------------------------------------------------------------------------------
+def _cache(d: Path, config: dict, generation: dict | None) -> list[Finding]:
+    # generate reads generation_config.json when it exists; config.json decides only without it.
+    decisive = "generation_config.json" if generation is not None else "config.json"
+    out = []
+    for where in cache_off_locations(config, generation):
+        if where.startswith(decisive):
+            sev, why = "error", "plain model.generate recomputes the whole sequence at every step (5-15x slower)"
+        else:
+            sev, why = "warning", "generate reads generation_config.json, but other loaders and servers read this"
+        out.append(Finding(sev, "cache-off", where, f"use_cache is false: {why}", f"{_fix_cmd(d)} (sets it to true)"))
+    return out
+
+
+def token_id(d: Path, token: str) -> int | None:
+    """A special token's id from the tokenizer files (no tokenizer is loaded)."""
+    for entry in _maybe_json(d / "tokenizer.json").get("added_tokens", []):
+        if isinstance(entry, dict) and entry.get("content") == token:
+            return entry.get("id")
+    for key, entry in _maybe_json(d / "tokenizer_config.json").get("added_tokens_decoder", {}).items():
+        if isinstance(entry, dict) and entry.get("content") == token and key.isdigit():
+            return int(key)
+    value = _maybe_json(d / "added_tokens.json").get(token)
+    return value if isinstance(value, int) else None
+
+
+def saved_eos(config: dict, generation: dict | None) -> tuple[list[int], str]:
+    """The EOS ids plain generate stops on, and where they come from (``file: key``)."""
+    for where, data in (("generation_config.json: eos_token_id", generation),
+                        ("config.json: eos_token_id", config),
+                        ("config.json: text_config.eos_token_id", config.get("text_config"))):
+        if isinstance(data, dict) and data.get("eos_token_id") is not None:
+            value = data["eos_token_id"]
+            return ([value] if isinstance(value, int) else list(value)), where
+    return [], "generation_config.json: eos_token_id"
+
+
+def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
+    eos, where = saved_eos(config, generation)
+    im_end = token_id(d, IM_END)
+    if im_end is None and base_dir is not None:
+        im_end = token_id(base_dir, IM_END)
+    base_eos = saved_eos(base_cfg, _maybe_json(base_dir / "generation_config.json") or None)[0] if base_dir else None
+    fix = _fix_cmd(d, base_dir)
+    if im_end is not None and im_end not in eos:
+        wanted = f"the base's {base_eos}" if base_eos else f"{[im_end] + eos}"
+        return [Finding("error", "eos-missing-im-end", where,
+                        f"EOS list {eos} lacks {IM_END} (id {im_end}): chat replies never stop and run to the token cap",
+                        f"{fix} (sets it to {wanted})")]
+    if base_eos and set(eos) != set(base_eos):
+        return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",
+                        f"{fix} (takes the base's list)")]
+    return []
+
+
+def has_chat_template(d: Path) -> bool:
+    if any((d / f).is_file() for f in TEMPLATE_FILES):
+        return True
+    return any(_maybe_json(d / f).get("chat_template") for f in ("tokenizer_config.json", *PROCESSOR_CONFIGS))
+
+
+def has_processor_config(d: Path) -> bool:
+    # transformers 4.x writes preprocessor_config.json; 5.x nests the image processor in processor_config.json.
+    return (d / "preprocessor_config.json").is_file() or "image_processor" in _maybe_json(d / "processor_config.json")
+
+
+def _files(d: Path, base_dir: Path | None) -> list[Finding]:
+    out, fix = [], _fix_cmd(d, base_dir or Path("BASE"))
+    if not has_processor_config(d):
+        out.append(Finding("error", "processor-missing", "preprocessor_config.json",
+                           "no image processor config (preprocessor_config.json / processor_config.json): the processor cannot load",
+                           f"{fix} (copies it from the base model)"))
+    missing = [f for f in ("tokenizer_config.json",) if not (d / f).is_file()]
+    if not (d / "tokenizer.json").is_file() and not ((d / "vocab.json").is_file() and (d / "merges.txt").is_file()):
+        missing.append("tokenizer.json (or vocab.json + merges.txt)")
+    if missing:
+        out.append(Finding("error", "tokenizer-missing", missing[0], f"tokenizer files missing: {', '.join(missing)}",
+                           f"{fix} (copies them from the base model)"))
+    if not has_chat_template(d):
+        out.append(Finding("warning", "chat-template-missing", "chat_template.jinja",
+                           "no chat template: tools other than vlmfast (which falls back to ChatML) cannot build prompts",
+                           f"{fix} (copies it from the base model)"))
+    return out
+
+
+def _class_keys(d: Path):
+    """(file, key, class name) for every processor/tokenizer class a file names, unless it ships
+    remote code for it (auto_map)."""
+    for name in ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                 "tokenizer_config.json"):
+        data = _maybe_json(d / name)
+        if "auto_map" in data:
+            continue
+        for key in ("image_processor_type", "video_processor_type", "processor_class", "tokenizer_class"):
+            if isinstance(data.get(key), str):
+                yield name, key, data[key]
+        for sub, key in (("image_processor", "image_processor_type"), ("video_processor", "video_processor_type")):
+            if isinstance(data.get(sub), dict) and isinstance(data[sub].get(key), str):
+                yield name, f"{sub}.{key}", data[sub][key]
+
+
+def known_class(name: str) -> bool:
+    """Whether the installed transformers exports a class of that name (deprecated aliases count)."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # 5.x logs a deprecation warning for old aliases: not ours to show
+    try:
+        return getattr(transformers, name, None) is not None
+    except Exception:  # a lazy import can fail on a missing optional dependency
+        return False
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _classes(d: Path) -> list[Finding]:
+    import transformers
+
+    out = []
+    for file, key, name in _class_keys(d):
+        if known_class(name):
+            continue
+        saved = _maybe_json(d / "config.json").get("transformers_version", "unknown")
+        instead = f"set {key} to {RENAMED[name]!r}" if name in RENAMED else "copy the file from the base model"
+        out.append(Finding("error", "unknown-class", f"{file}: {key}",
+                           f"{name!r} is not a class of the installed transformers {transformers.__version__} "
+                           f"(the checkpoint was saved with {saved})",
+                           f"{instead}, or install the transformers version it was saved with"))
+    return out
+
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file: tensor name → dtype, shape, data_offsets. Reads no tensors."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size < 2**27:
+            raise ValueError(f"implausible header size {size}")
+        return json.loads(f.read(size))
+
+
+def tensor_index(d: Path) -> dict[str, tuple[str, list[int], int]]:
+    """name → (dtype, shape, bytes) over the dir's full-model safetensors files."""
+    index = {}
+    for file in sorted(d.glob("*.safetensors")):
+        if file.name.startswith("adapter_model"):
+            continue
+        for name, meta in safetensors_header(file).items():
+            if name != "__metadata__":
+                index[name] = (meta["dtype"], meta["shape"], meta["data_offsets"][1] - meta["data_offsets"][0])
+    return index
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> list[Finding]:
+    d, out = target.path, []
+    if target.kind == "fsdp":
+        out.append(Finding("error", "fsdp-unmerged", str(d.parent),
+                           f"{len(target.shards)} FSDP shards ({target.shards[0].name}, ...) are not merged: {d} has no weights",
+                           fsdp_merge_hint(target)))
+    elif target.kind == "incomplete":
+        out.append(Finding("error", "weights-missing", str(d), "config.json but no weights (*.safetensors / *.bin)",
+                           "the save is incomplete: save again, or point at a checkpoint-N that holds weights"))
+    pickles = [p.name for p in sorted(d.glob("*.bin")) if p.name not in NOT_WEIGHTS]
+    if pickles and not any(d.glob("*.safetensors")):
+        out.append(Finding("warning", "pickle-weights", pickles[0],
+                           f"weights are pickle files ({', '.join(pickles[:3])}): loading them runs torch.load, which can execute code",
+                           "convert to safetensors: load once and save_pretrained(DIR, safe_serialization=True); "
+                           "or, if you trust their source, pass --allow-pickle"))
+    try:
+        index = tensor_index(d)
+        base_index = tensor_index(base_dir) if base_dir else {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return out + [Finding("error", "weights-unreadable", str(d), f"a safetensors header cannot be read ({exc})",
+                              "the file is truncated or corrupt: copy or save it again")]
+    total = sum(n for _, _, n in index.values())
+    f32 = sum(n for dtype, _, n in index.values() if dtype == "F32")
+    base_half = bool(base_index) and all(dtype != "F32" for dtype, _, _ in base_index.values())
+    if f32 > total / 2 and (f32 >= float32_min_bytes or base_half):
+        why = "the base is stored in 16-bit" if base_half else "twice the disk and load time of bfloat16"
+        out.append(Finding("warning", "float32-weights", "*.safetensors",
+                           f"weights stored in float32: {_mib(total)} on disk, {_mib(total - f32 // 2)} in bfloat16 ({why})",
+                           "load with --dtype bfloat16 (default on CUDA), or save a bfloat16 copy: "
+                           "model.to(torch.bfloat16).save_pretrained(DIR)"))
+    return out
+
+
+def _remote_code(d: Path) -> list[Finding]:
+    out = []
+    for name in ("config.json", "tokenizer_config.json", *PROCESSOR_CONFIGS):
+        auto_map = _maybe_json(d / name).get("auto_map")
+        if auto_map:
+            py = sorted(p.name for p in d.glob("*.py"))
+            out.append(Finding("warning", "remote-code", f"{name}: auto_map",
+                               f"auto_map names the checkpoint's own Python code ({', '.join(py) or 'files not here'}): "
+                               "it runs only with --trust-remote-code",
+                               "read the .py files before passing --trust-remote-code; Qwen2.5-VL needs no remote code: "
+                               "delete auto_map to use transformers' own classes"))
+    return out
+
+
+def _text(config: dict, key: str):
+    text = config.get("text_config")
+    return config.get(key, text.get(key) if isinstance(text, dict) else None)
+
+
+def _embed_rows(index: dict) -> tuple[str, int] | None:
+    for name, (_, shape, _) in index.items():
+        if name.endswith("embed_tokens.weight") and "visual" not in name:
+            return name, shape[0]
+    return None
+
+
+def _vocab(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) -> list[Finding]:
+    out = []
+    vocab = _text(config, "vocab_size")
+    try:
+        index, base_index = tensor_index(d), (tensor_index(base_dir) if base_dir else {})
+    except (OSError, ValueError, KeyError, TypeError):
+        index, base_index = {}, {}  # reported by _weights
+    embed = _embed_rows(index)
+    if embed and vocab and embed[1] != vocab:
+        out.append(Finding("error", "vocab-mismatch", "config.json: vocab_size",
+                           f"vocab_size {vocab} but {embed[0]} has {embed[1]} rows: the model will not load",
+                           "set vocab_size to the embedding's row count, or re-save the model"))
+    if base_cfg is None:
+        return out
+    base_vocab, base_embed = _text(base_cfg, "vocab_size"), _embed_rows(base_index)
+    mine, theirs = (embed[1] if embed else vocab), (base_embed[1] if base_embed else base_vocab)
+    if mine and theirs and mine != theirs:
+        out.append(Finding("warning", "vocab-differs-from-base", "config.json: vocab_size",
+                           f"embedding/vocabulary size {mine} differs from the base's {theirs}: tokens were added or "
+                           "the wrong base is compared", "check the tokenizer files match these weights (compare added_tokens)"))
+    tie, base_tie = _text(config, "tie_word_embeddings"), _text(base_cfg, "tie_word_embeddings")
+    head, base_head = "lm_head.weight" in index, "lm_head.weight" in base_index
+    if (tie is not None and base_tie is not None and tie != base_tie) or (index and base_index and head != base_head):
+        out.append(Finding("warning", "tie-embeddings-differs-from-base", "config.json: tie_word_embeddings",
+                           f"tie_word_embeddings {tie} (lm_head saved: {head}) but the base has {base_tie} "
+                           f"(lm_head saved: {base_head}): the output layer may be the wrong matrix",
+                           "set tie_word_embeddings as in the base's config.json"))
+    return out
+
+
+def _adapter(d: Path, base) -> list[Finding]:
+    from .lora import adapter_base_or_none, adapter_config
+
+    cfg = adapter_config(d)
+    named = adapter_base_or_none(d)
+    use = str(base) if base is not None else named
+    out = [Finding("warning", "lora-adapter", str(d),
+                   f"a LoRA adapter (r={cfg.get('r')}, {cfg.get('peft_type', 'LORA')}), not a full model; base: {named or 'not named'}",
+                   f"run it on its base: vlmfast infer --ckpt {shlex.quote(str(d))} --base {shlex.quote(use or 'BASE')}; "
+                   f"or merge it: vlmfast fix {shlex.quote(str(d))} --merge-lora OUT")]
+    if base is None and (named is None or (not Path(named).expanduser().exists() and not HUB_ID.match(named))):
+        out.append(Finding("error", "lora-base-missing", f"{d.name}/adapter_config.json: base_model_name_or_path",
+                           f"the adapter's base {named!r} is not here", "pass the base model: --base BASE"))
+    return out
+
+
+def _trainer_leftovers(d: Path) -> list[Finding]:
+    out = []
+    state = _maybe_json(d / "trainer_state.json")
+    if state:
+        last = next((e for e in reversed(state.get("log_history") or []) if isinstance(e, dict)), {})
+        logged = ", ".join(f"{k} {last[k]}" for k in ("reward", "loss") if k in last)
+        best = state.get("best_model_checkpoint")
+        out.append(Finding("info", "trainer-state", "trainer_state.json",
+                           f"saved at global_step {state.get('global_step')} of {state.get('max_steps')}"
+                           + (f"; last logged: {logged}" if logged else "") + (f"; best checkpoint: {best}" if best else ""),
+                           ""))
+    args = _maybe_json(d / "args.json")
+    if args:
+        what = ", ".join(f"{k} {args[k]!r}" for k in ("train_type", "rlhf_type", "model") if k in args)
+        out.append(Finding("info", "swift-args", "args.json", f"ms-swift run: {what}", ""))
+    return out

@@ -1,0 +1,323 @@
+"""Fix a checkpoint on disk: the cache switched back on, ``<|im_end|>`` back in the EOS list, missing
+processor/tokenizer/chat-template files copied from the base; and merge a LoRA adapter into a full model.
+
+:func:`plan_fix` only reads and returns a :class:`FixPlan` (file edits with old/new text, files to
+copy); :func:`apply_fix` writes it: each file atomically (temp file in the same dir, then
+``os.replace``), after keeping the original as ``NAME.orig`` (never overwritten, so repeated fixes keep
+the first original). A fixed checkpoint plans nothing: fixing twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import HUB_ID, IM_END, resolve_checkpoint
+from .doctor import PROCESSOR_CONFIGS, TEMPLATE_FILES, has_chat_template, has_processor_config, locate, saved_eos, token_id
+from .errors import CheckpointError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json")
+PROCESSOR_GROUP = (*PROCESSOR_CONFIGS, "video_preprocessor_config.json")
+
+
+class FixError(CheckpointError):
+    """A fix that cannot be applied: a hub id, an adapter, a read-only or changed checkpoint."""
+
+
+@dataclass(frozen=True)
+class FileEdit:
+    """Rewrite (or create, when ``old`` is None) one text file."""
+
+    path: Path
+    old: str | None
+    new: str
+    changes: tuple[str, ...]  # what changes, one "file: key old -> new" line each
+
+
+@dataclass(frozen=True)
+class FileCopy:
+    src: Path
+    dst: Path
+
+
+@dataclass
+class FixPlan:
+    """What :func:`apply_fix` would do to ``target``; empty when there is nothing to fix."""
+
+    target: Path
+    edits: list[FileEdit] = field(default_factory=list)
+    copies: list[FileCopy] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.edits and not self.copies
+
+    def changes(self) -> list[str]:
+        """One line per change, for a human."""
+        return [c for e in self.edits for c in e.changes] + [f"copy {c.src} -> {c.dst.name}" for c in self.copies]
+
+    def diff(self) -> str:
+        """Unified diff of every edit, then one line per copied file."""
+        parts = []
+        for e in self.edits:
+            name = e.path.name
+            parts += difflib.unified_diff((e.old or "").splitlines(keepends=True), e.new.splitlines(keepends=True),
+                                          "/dev/null" if e.old is None else f"a/{name}", f"b/{name}")
+        parts += [f"# copy {c.src} -> {c.dst}\n" for c in self.copies]
+        return "".join(parts)
+
+
+@dataclass
+class FixResult:
+    plan: FixPlan
+    dry_run: bool
+    diff: str
+    written: list[Path] = field(default_factory=list)
+    backups: list[Path] = field(default_factory=list)
+    copied: list[Path] = field(default_factory=list)
+
+
+def _local_dir(spec, what: str) -> Path:
+    path = Path(str(spec)).expanduser()
+    if not path.exists() and HUB_ID.match(str(spec)):
+        raise FixError(f"{spec}: {what} must be a local directory, not a hub id",
+                       hint=f"download it first (huggingface-cli download {spec} --local-dir DIR) and pass DIR")
+    located = locate(path)
+    if located.kind == "adapter":
+        raise FixError(f"{located.path}: a LoRA adapter, not a model to fix in place",
+                       hint=f"merge it into a full checkpoint: vlmfast fix {located.path} --merge-lora OUT")
+    return located.path
+
+
+def plan_fix(ckpt, processor_from=None) -> FixPlan:
+    """Plan the fixes for a local checkpoint (trainer output dirs resolve as in doctor). Reads only.
+
+    config.json: ``use_cache`` false → true (top level, ``text_config``); generation_config.json:
+    ``use_cache`` false → true, and the EOS list gains ``<|im_end|>`` when it lacks it (the base's list
+    when ``processor_from`` is given). ``processor_from`` (the base model dir) also supplies processor,
+    tokenizer and chat-template files the checkpoint lacks.
+    """
+    d = _local_dir(ckpt, "the checkpoint")
+    base = _local_dir(processor_from, "--processor-from") if processor_from is not None else None
+    plan = FixPlan(d)
+    if base is not None:
+        plan.copies, created = _missing_files(d, base)
+        plan.edits += created
+    try:
+        config_text = (d / "config.json").read_text(encoding="utf-8")
+        config = json.loads(config_text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FixError(f"{d / 'config.json'}: cannot read ({exc})", hint="restore it from config.json.orig or the base model") from exc
+    edit = _cache_edit(d / "config.json", config_text, config)
+    if edit:
+        plan.edits.append(edit)
+    plan.edits += _generation_edits(d, config, base, plan.copies)
+    return plan
+
+
+def _missing_files(d: Path, base: Path) -> tuple[list[FileCopy], list[FileEdit]]:
+    copies = []
+    if not has_processor_config(d):
+        copies += [FileCopy(base / f, d / f) for f in PROCESSOR_GROUP if (base / f).is_file() and not (d / f).exists()]
+    copies += [FileCopy(base / f, d / f) for f in TOKENIZER_FILES if (base / f).is_file() and not (d / f).exists()]
+    edits = []
+    if not has_chat_template(d):
+        files = [FileCopy(base / f, d / f) for f in TEMPLATE_FILES if (base / f).is_file()]
+        template = json.loads((base / "tokenizer_config.json").read_text()).get("chat_template") \
+            if not files and (base / "tokenizer_config.json").is_file() else None
+        copies += files
+        if isinstance(template, str):  # old bases keep it in tokenizer_config.json: give it its own file
+            edits.append(FileEdit(d / "chat_template.jinja", None, template, ("chat_template.jinja: from the base's tokenizer_config.json",)))
+    return copies, edits
+
+
+def _cache_edit(path: Path, text: str, config: dict) -> FileEdit | None:
+    changes = []
+    if config.get("use_cache") is False:
+        config["use_cache"] = True
+        changes.append(f"{path.name}: use_cache false -> true")
+    sub = config.get("text_config")
+    if isinstance(sub, dict) and sub.get("use_cache") is False:
+        sub["use_cache"] = True
+        changes.append(f"{path.name}: text_config.use_cache false -> true")
+    return FileEdit(path, text, dump_like(text, config), tuple(changes)) if changes else None
+
+
+def _generation_edits(d: Path, config: dict, base: Path | None, copies: list[FileCopy]) -> list[FileEdit]:
+    path = d / "generation_config.json"
+    text = path.read_text(encoding="utf-8") if path.is_file() else None
+    gen = json.loads(text) if text is not None else None
+    im_end = token_id(d, IM_END)
+    if im_end is None and base is not None:  # tokenizer files missing here: the base's say it
+        im_end = token_id(base, IM_END)
+    base_eos = None
+    if base is not None:
+        base_gen = base / "generation_config.json"
+        base_eos = saved_eos(json.loads((base / "config.json").read_text()),
+                             json.loads(base_gen.read_text()) if base_gen.is_file() else None)[0] or None
+    eos, _ = saved_eos(config, gen)
+    if base_eos:
+        target = base_eos + ([im_end] if im_end is not None and im_end not in base_eos else [])
+    else:
+        target = ([im_end] if im_end is not None and im_end not in eos else []) + eos  # Qwen's order: <|im_end|> first
+    wanted = target if set(target) != set(eos) else None  # order does not matter to stopping: no churn
+    if gen is None:
+        if wanted is None:
+            return []
+        if base is not None and (base / "generation_config.json").is_file() and wanted == base_eos:
+            copies.append(FileCopy(base / "generation_config.json", path))
+            return []
+        gen = {k: config[k] for k in ("bos_token_id", "pad_token_id") if config.get(k) is not None}
+    changes = []
+    if gen.get("use_cache") is False:
+        gen["use_cache"] = True
+        changes.append("generation_config.json: use_cache false -> true")
+    if wanted is not None:
+        changes.append(f"generation_config.json: eos_token_id {gen.get('eos_token_id')} -> {wanted}")
+        gen["eos_token_id"] = wanted
+    if not changes:
+        return []
+    return [FileEdit(path, text, dump_like(text, gen), tuple(changes))]
+
+
+def dump_like(original: str | None, data: dict) -> str:
+    """JSON text for ``data`` in the original's style: its indent, key order, escaping and final newline."""
+    indent = 2
+    if original:
+        for line in original.splitlines()[1:]:
+            stripped = line.lstrip(" ")
+            if stripped and len(line) > len(stripped):
+                indent = len(line) - len(stripped)
+                break
+    text = json.dumps(data, indent=indent, ensure_ascii=original is not None and "\\u" in original)
+    return text + ("\n" if original is None or original.endswith("\n") else "")
+
+
+def apply_fix(plan: FixPlan, dry_run: bool = False, *, backup: bool = True) -> FixResult:
+    """Write ``plan`` (nothing when ``dry_run``: the result's ``diff`` says what would change). Keeps
+    ``NAME.orig`` of each edited file unless one exists or ``backup`` is false. FixError when the
+    directory is read-only or a file changed since the plan was made."""
+    result = FixResult(plan, dry_run, plan.diff())
+    if dry_run or plan.empty:
+        return result
+    _check_writable(plan)
+    try:
+        for c in plan.copies:
+            _atomic_write(c.dst, c.src.read_bytes(), mode=0o644)
+            result.copied.append(c.dst)
+        for e in plan.edits:
+            if e.old is not None and backup:
+                orig = e.path.with_name(e.path.name + ".orig")
+                if not orig.exists():  # the first original survives repeated fixes
+                    _atomic_write(orig, e.path.read_bytes(), mode=e.path.stat().st_mode & 0o777)
+                    result.backups.append(orig)
+            mode = e.path.stat().st_mode & 0o777 if e.path.exists() else 0o644
+            _atomic_write(e.path, e.new.encode("utf-8"), mode=mode)
+            result.written.append(e.path)
+    except OSError as exc:
+        raise FixError(f"{plan.target}: cannot write ({exc})", hint=_copy_hint(plan.target)) from exc
+    return result
+
+
+def _copy_hint(d: Path) -> str:
+    return f"copy the checkpoint somewhere writable and fix the copy: cp -r {d} {d}-fixed && vlmfast fix {d}-fixed"
+
+
+def _check_writable(plan: FixPlan) -> None:
+    # os.access, not a trial write: nothing is written unless everything can be (root ignores modes,
+    # and then the OSError path in apply_fix reports a read-only filesystem).
+    blocked = [p for p in [plan.target] + [e.path for e in plan.edits if e.old is not None]
+               if not os.access(p, os.W_OK)]
+    if blocked:
+        raise FixError(f"{plan.target}: read-only ({', '.join(p.name for p in blocked)} not writable)",
+                       hint=_copy_hint(plan.target))
+    for e in plan.edits:
+        now = e.path.read_text(encoding="utf-8") if e.path.exists() else None
+        if now != e.old:
+            raise FixError(f"{e.path}: changed since the fix was planned", hint="run vlmfast fix again")
+    for c in plan.copies:
+        if c.dst.exists():
+            raise FixError(f"{c.dst}: appeared since the fix was planned", hint="run vlmfast fix again")
+
+
+def _atomic_write(path: Path, data: bytes, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- LoRA merge --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MergeResult:
+    out_dir: Path
+    base: str  # the base the adapter was merged into
+    fixed: tuple[str, ...]  # what the fix pass changed in the merged copy (the base's own problems)
+
+
+def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
+    """Merge a LoRA adapter into its base and write a full checkpoint to ``out_dir`` (new or empty):
+    weights (merged in float32, saved in the base's dtype), config, the base's generation config and
+    processor/tokenizer/chat-template files, then the :func:`plan_fix` fixes. ``base`` defaults to
+    the adapter's ``base_model_name_or_path``; a local dir or a hub id (cached)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from transformers.utils import cached_file
+    from transformers.utils import logging as hf_logging
+
+    from .lora import is_adapter_dir, load_adapter_model, resolve_base
+
+    adapter_dir, out = Path(adapter_dir), Path(out_dir)
+    if not is_adapter_dir(adapter_dir):
+        raise FixError(f"{adapter_dir}: not a LoRA adapter dir (no adapter_config.json)", hint="point at the adapter dir")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FixError(f"{out}: exists and is not empty", hint="choose a new output directory")
+    resolved = resolve_checkpoint(resolve_base(adapter_dir, base))
+    base_dir = Path(resolved.source) if resolved.is_local else None
+
+    def base_file(name: str) -> Path | None:
+        if base_dir is not None:
+            return base_dir / name if (base_dir / name).is_file() else None
+        found = cached_file(resolved.source, name, _raise_exceptions_for_missing_entries=False)
+        return Path(found) if found else None
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.merging-", dir=out.parent))
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(resolved.source, dtype=torch.float32)
+        saved_dtype = json.loads(base_file("config.json").read_text())
+        saved_dtype = saved_dtype.get("dtype") or saved_dtype.get("torch_dtype") or "float32"
+        model = load_adapter_model(model, adapter_dir, merge=True)  # merged in float32: no bf16 rounding of B·A
+        model.to(getattr(torch, saved_dtype)).save_pretrained(str(tmp))
+        for name in ("generation_config.json", *PROCESSOR_GROUP, *TOKENIZER_FILES, *TEMPLATE_FILES):
+            src = base_file(name)
+            if src is not None:
+                shutil.copyfile(src, tmp / name)
+        fixed = apply_fix(plan_fix(tmp, processor_from=base_dir), backup=False).plan.changes()
+        for p in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make private entries
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        if out.is_dir():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return MergeResult(out, resolved.source, tuple(c.replace(str(tmp), str(out)) for c in fixed))

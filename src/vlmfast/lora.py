@@ -1,0 +1,137 @@
+"""LoRA adapter directories (ms-swift, PEFT): recognise them, name their base, load them with peft.
+
+An adapter dir holds ``adapter_config.json`` + ``adapter_model.safetensors``; its base is named in
+``base_model_name_or_path`` (a hub id, or the path the trainer loaded it from). peft is imported inside
+functions so that recognising an adapter costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from .errors import CheckpointError
+
+ADAPTER_CONFIG = "adapter_config.json"
+# What makes an adapter dir's own processor usable instead of the base's.
+_PROCESSOR_CONFIGS = ("preprocessor_config.json", "processor_config.json")
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
+
+
+def is_adapter_dir(path) -> bool:
+    """True if ``path`` is a directory holding a PEFT ``adapter_config.json``."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_config(path) -> dict:
+    """The adapter's ``adapter_config.json`` as a dict (CheckpointError when unreadable)."""
+    file = Path(path) / ADAPTER_CONFIG
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: cannot read ({exc})", hint="the file must be valid UTF-8 JSON") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object", hint="the file is not a PEFT adapter config")
+    return data
+
+
+def adapter_base_or_none(path) -> str | None:
+    """``base_model_name_or_path`` from adapter_config.json, or None when absent or unreadable."""
+    try:
+        base = adapter_config(path).get("base_model_name_or_path")
+    except CheckpointError:
+        return None
+    return base if isinstance(base, str) and base else None
+
+
+def adapter_base(path) -> str:
+    """The base model the adapter was trained on, as adapter_config.json names it."""
+    base = adapter_base_or_none(path)
+    if base is None:
+        raise CheckpointError(
+            f"{path}: {ADAPTER_CONFIG} does not name its base model (base_model_name_or_path)",
+            hint="pass the base model explicitly (--base BASE)",
+        )
+    return base
+
+
+def resolve_base(adapter_dir, base: str | None = None) -> str:
+    """``base`` when given, else the adapter's named base; CheckpointError when the named base is a
+    local path that is not here (trainers record the path they loaded it from)."""
+    from .checkpoint import HUB_ID
+
+    spec = base or adapter_base(adapter_dir)
+    if base is None and not Path(spec).expanduser().exists() and not HUB_ID.match(spec):
+        raise CheckpointError(
+            f"{adapter_dir}: its base {spec!r} (from {ADAPTER_CONFIG}) does not exist here",
+            hint="pass the base model explicitly (--base BASE): a local copy or a hub id",
+        )
+    return spec
+
+
+def load_adapter_model(base_model, adapter_dir, merge: bool):
+    """Apply the adapter in ``adapter_dir`` to an already loaded ``base_model`` with peft.
+
+    ``merge=True`` folds the LoRA weights into the base weights (``merge_and_unload``: plain model,
+    fastest decode). ``merge=False`` keeps the LoRA layers; we return peft's injected base model rather
+    than the ``PeftModel`` wrapper, so ``generate`` is the model's own (peft's causal-LM wrapper
+    re-prepares inputs and knows nothing of pixel_values). Both mutate ``base_model``.
+    """
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise CheckpointError("loading a LoRA adapter needs peft", hint="pip install peft") from exc
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # 5.x: peft calls a deprecated checkpointing alias
+            wrapped = PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=False)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{adapter_dir}: cannot apply the adapter ({type(exc).__name__}: {exc})",
+            hint="check that --base is the model the adapter was trained on (adapter_config.json names it)",
+        ) from exc
+    with warnings.catch_warnings():
+        # peft re-checks tying on merge and, finding separate lm_head/embedding tensors (never tied in
+        # memory), records tie_word_embeddings=False: that is the truth, not news for the user.
+        warnings.filterwarnings("ignore", message="Input and output embeddings are no longer tied")
+        model = wrapped.merge_and_unload() if merge else wrapped.get_base_model()
+    model.eval()
+    return model
+
+
+def has_own_processor(adapter_dir) -> bool:
+    """Whether the adapter dir carries a processor (config + tokenizer) to use instead of the base's."""
+    d = Path(adapter_dir)
+    return any((d / f).is_file() for f in _PROCESSOR_CONFIGS) and any((d / f).is_file() for f in _TOKENIZER_FILES)
+
+
+def load_with_adapter(adapter_dir, base: str | None = None, merge: bool = False, **load_kwargs):
+    """Load the base with :func:`vlmfast.checkpoint.load` (cache forced on, left padding, EOS list),
+    then apply the adapter. The processor is the adapter dir's own when it has one, else the base's.
+    ``load_kwargs`` go to ``checkpoint.load`` (device, dtype, attn, trust_remote_code). Returns a
+    :class:`~vlmfast.checkpoint.Loaded` whose ``source`` is the adapter dir and ``base_source`` the base."""
+    from .checkpoint import load, resolve_checkpoint
+
+    adapter_dir = Path(adapter_dir)
+    spec = resolve_base(adapter_dir, base)
+    resolve_checkpoint(spec)  # a base that is itself an adapter (or unmerged) fails here, with its hint
+    loaded = load(spec, **load_kwargs)
+    loaded.base_source = loaded.source
+    loaded.model = load_adapter_model(loaded.model, adapter_dir, merge)
+    loaded.model.generation_config.use_cache = True  # merge_and_unload keeps it; say it anyway
+    how = "merged into the weights" if merge else "unmerged (LoRA layers kept)"
+    loaded.notes.append(f"LoRA adapter {adapter_dir} on base {loaded.source}, {how}")
+    if has_own_processor(adapter_dir):
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(str(adapter_dir), trust_remote_code=load_kwargs.get("trust_remote_code", False))
+        processor.tokenizer.padding_side = "left"  # as checkpoint.load: batched generation needs it
+        if getattr(processor, "chat_template", None) is None:
+            processor.chat_template = loaded.processor.chat_template
+        loaded.processor = processor
+        loaded.notes.append("processor from the adapter dir")
+    else:
+        loaded.notes.append("processor from the base (the adapter dir has none)")
+    loaded.source = str(adapter_dir)
+    return loaded

@@ -1,0 +1,256 @@
+"""vlmfast.doctor: each finding fires on a checkpoint that has the problem, and never on a clean base."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import edit_json
+from vlmfast.doctor import CODES, diagnose, findings_as_dicts, strict_exit_code
+from vlmfast.errors import CheckpointError
+from vlmfast.layouts import LAYOUTS, build_layout
+
+
+@pytest.fixture(scope="session")
+def layouts(tmp_path_factory):
+    root = tmp_path_factory.getbasetemp() / "layouts"  # shared with the other modules: built once
+    return {like: build_layout(root / like, like) for like in LAYOUTS}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _rewrite_weights(d: Path, fn) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(d / "model.safetensors"))
+    fn(state)
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _image_processor_json(d: Path) -> tuple[Path, callable]:
+    """Where this transformers version keeps image_processor_type (4.x: preprocessor_config.json,
+    5.x: nested in processor_config.json), and a setter."""
+    if (d / "preprocessor_config.json").is_file():
+        return d / "preprocessor_config.json", lambda c, v: c.update(image_processor_type=v)
+    return d / "processor_config.json", lambda c, v: c["image_processor"].update(image_processor_type=v)
+
+
+# Each case: (build the problem in tmp from the clean fixtures) -> (ckpt, diagnose kwargs),
+# then the expected (severity, location) of every finding with that code.
+def _cache_off(ctx):
+    return ctx.grpo, {}
+
+
+def _eos_missing(ctx):
+    return ctx.layouts["easyr1"].root, {}
+
+
+def _eos_differs(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")
+    ids = json.loads((d / "generation_config.json").read_text())["eos_token_id"]
+    edit_json(d / "generation_config.json", lambda c: c.update(eos_token_id=[ids[0]]))  # <|im_end|> kept, <|endoftext|> gone
+    return d, {"base": ctx.base}
+
+
+def _delete(*names):
+    def make(ctx):
+        d = _copy(ctx.base, ctx.tmp / "c")
+        for name in names:
+            (d / name).unlink(missing_ok=True)
+        return d, {}
+    return make
+
+
+def _no_template(ctx):
+    d, _ = _delete("chat_template.jinja", "chat_template.json")(ctx)
+    for name in ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json"):
+        if (d / name).exists():
+            edit_json(d / name, lambda c: c.pop("chat_template", None))
+    return d, {}
+
+
+def _unknown_class(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")
+    path, set_type = _image_processor_json(d)
+    edit_json(path, lambda c: set_type(c, "Qwen2_5_VLImageProcessor"))  # a name transformers never had
+    edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="Qwen2TokenizerV0"))
+    return d, {}
+
+
+def _float32(ctx):
+    return ctx.base, {"float32_min_bytes": 0}
+
+
+def _float32_vs_bf16_base(ctx):
+    import torch
+
+    half = _copy(ctx.base, ctx.tmp / "bf16")
+    _rewrite_weights(half, lambda s: s.update({k: v.to(torch.bfloat16) for k, v in s.items()}))
+    return ctx.base, {"base": half}
+
+
+def _pickle(ctx):
+    import torch
+    from safetensors.torch import load_file
+
+    d = _copy(ctx.base, ctx.tmp / "c")
+    torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    return d, {}
+
+
+def _auto_map(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")
+    edit_json(d / "config.json", lambda c: c.update(auto_map={"AutoModel": "modeling_evil.EvilModel"}))
+    (d / "modeling_evil.py").write_text("import os\n")
+    return d, {}
+
+
+def _vocab_mismatch(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")
+    edit_json(d / "config.json", lambda c: c["text_config"].update(vocab_size=c["text_config"]["vocab_size"] + 8))
+    return d, {}
+
+
+def _vocab_differs(ctx):
+    import torch
+
+    d = _copy(ctx.base, ctx.tmp / "c")  # two tokens added during training, consistently
+    _rewrite_weights(d, lambda s: s.update({k: torch.cat([s[k], torch.zeros(2, s[k].shape[1])])
+                                            for k in ("model.embed_tokens.weight", "lm_head.weight")}))
+    edit_json(d / "config.json", lambda c: c["text_config"].update(vocab_size=c["text_config"]["vocab_size"] + 2))
+    return d, {"base": ctx.base}
+
+
+def _tied(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")  # saved tied: no lm_head tensor, tie_word_embeddings true
+    _rewrite_weights(d, lambda s: s.pop("lm_head.weight"))
+    edit_json(d / "config.json", lambda c: (c.update(tie_word_embeddings=True), c["text_config"].update(tie_word_embeddings=True)))
+    return d, {"base": ctx.base}
+
+
+def _lora_base_missing(ctx):
+    d = _copy(ctx.layouts["swift-lora"].model_dir, ctx.tmp / "adapter")
+    edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path="/nowhere/Qwen2.5-VL-3B-Instruct"))
+    return d, {}
+
+
+def _unreadable(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")
+    (d / "model.safetensors").write_bytes(b"\xff" * 16)
+    return d, {}
+
+
+CASES = {
+    "cache-off": (_cache_off, [("error", "generation_config.json: use_cache"), ("warning", "config.json: use_cache"),
+                               ("warning", "config.json: text_config.use_cache")]),
+    "eos-missing-im-end": (_eos_missing, [("error", "generation_config.json: eos_token_id")]),
+    "eos-differs-from-base": (_eos_differs, [("warning", "generation_config.json: eos_token_id")]),
+    "processor-missing": (_delete("preprocessor_config.json", "processor_config.json"), [("error", "preprocessor_config.json")]),
+    "tokenizer-missing": (_delete("tokenizer.json", "vocab.json", "merges.txt"), [("error", "tokenizer.json (or vocab.json + merges.txt)")]),
+    "chat-template-missing": (_no_template, [("warning", "chat_template.jinja")]),
+    "unknown-class": (_unknown_class, None),  # locations differ by version: checked below
+    "float32-weights": (_float32, [("warning", "*.safetensors")]),
+    "float32-weights-vs-base": (_float32_vs_bf16_base, [("warning", "*.safetensors")]),
+    "fsdp-unmerged": (_eos_missing, None),
+    "weights-missing": (_delete("model.safetensors"), None),
+    "pickle-weights": (_pickle, [("warning", "pytorch_model.bin")]),
+    "weights-unreadable": (_unreadable, None),
+    "remote-code": (_auto_map, [("warning", "config.json: auto_map")]),
+    "vocab-mismatch": (_vocab_mismatch, [("error", "config.json: vocab_size")]),
+    "vocab-differs-from-base": (_vocab_differs, [("warning", "config.json: vocab_size")]),
+    "tie-embeddings-differs-from-base": (_tied, [("warning", "config.json: tie_word_embeddings")]),
+    "lora-adapter": (lambda ctx: (ctx.layouts["swift-lora"].root, {}), None),
+    "lora-base-missing": (_lora_base_missing, [("error", "adapter/adapter_config.json: base_model_name_or_path")]),
+    "trainer-state": (lambda ctx: (ctx.layouts["vlmr1"].root, {}), [("info", "trainer_state.json")]),
+    "swift-args": (lambda ctx: (ctx.layouts["swift"].root, {}), [("info", "args.json")]),
+    "resolved": (lambda ctx: (ctx.layouts["vlmr1"].root, {}), None),
+}
+
+
+class _Ctx:
+    def __init__(self, base, grpo, layouts, tmp):
+        self.base, self.grpo, self.layouts, self.tmp = base, grpo, layouts, tmp
+
+
+def test_every_code_has_a_case():
+    assert {case.removesuffix("-vs-base") for case in CASES} == set(CODES)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_finding_fires_on_its_fixture(case, base_ckpt, grpo_ckpt, layouts, tmp_path):
+    make, expected = CASES[case]
+    code = case.removesuffix("-vs-base")
+    ckpt, kwargs = make(_Ctx(base_ckpt, grpo_ckpt, layouts, tmp_path))
+    found = [f for f in diagnose(ckpt, **kwargs) if f.code == code]
+    assert found, f"{code} did not fire"
+    if expected is not None:
+        assert [(f.severity, f.location) for f in found] == expected
+    for f in found:
+        assert f.message and (f.fix or f.severity == "info")
+
+
+def test_clean_base_has_no_findings(base_ckpt, layouts):
+    assert diagnose(base_ckpt) == []
+    assert diagnose(base_ckpt, base=base_ckpt) == []
+    assert diagnose(layouts["base"].root, base=base_ckpt) == []
+    assert strict_exit_code([]) == 0
+
+
+def test_fixes_name_the_exact_command(grpo_ckpt, layouts, base_ckpt, tmp_path):
+    cache = [f for f in diagnose(grpo_ckpt) if f.code == "cache-off"]
+    assert all(f.fix == f"vlmfast fix {grpo_ckpt} (sets it to true)" for f in cache)
+    easy = {f.code: f for f in diagnose(layouts["easyr1"].root, base=base_ckpt)}
+    actor = layouts["easyr1"].actor
+    assert f"python3 scripts/model_merger.py --local_dir {actor}" in easy["fsdp-unmerged"].fix
+    assert str(actor / "huggingface") in easy["fsdp-unmerged"].fix
+    assert easy["eos-missing-im-end"].fix.startswith(f"vlmfast fix {actor / 'huggingface'} --processor-from {base_ckpt}")
+    assert "lacks <|im_end|>" in easy["eos-missing-im-end"].message
+    unknown = diagnose(_unknown_class(_Ctx(base_ckpt, None, None, tmp_path))[0])
+    fixes = {f.location.split(": ")[1]: f.fix for f in unknown if f.code == "unknown-class"}
+    assert set(fixes) >= {"tokenizer_class"} and any("'Qwen2VLImageProcessor'" in fx for fx in fixes.values())
+    lora = next(f for f in diagnose(layouts["swift-lora"].root) if f.code == "lora-adapter")
+    assert f"--base {layouts['swift-lora'].base}" in lora.fix and "--merge-lora" in lora.fix
+
+
+def test_float32_is_quiet_below_the_threshold_and_reports_sizes(base_ckpt):
+    assert not [f for f in diagnose(base_ckpt) if f.code == "float32-weights"]
+    (f,) = [f for f in diagnose(base_ckpt, float32_min_bytes=0) if f.code == "float32-weights"]
+    size = (base_ckpt / "model.safetensors").stat().st_size
+    assert f"{size / 2**20:.1f} MiB on disk" in f.message or f"{(size - 1) / 2**20:.1f} MiB" in f.message
+    assert "in bfloat16" in f.message
+
+
+def test_training_args_bin_is_not_pickle_weights(layouts):
+    assert not [f for f in diagnose(layouts["vlmr1"].root) if f.code == "pickle-weights"]
+
+
+def test_cache_off_in_config_json_is_an_error_without_generation_config(base_ckpt, tmp_path):
+    d = _copy(base_ckpt, tmp_path / "c")
+    (d / "generation_config.json").unlink()
+    edit_json(d / "config.json", lambda c: c["text_config"].update(use_cache=False))
+    assert [(f.severity, f.location) for f in diagnose(d) if f.code == "cache-off"] == [("error", "config.json: text_config.use_cache")]
+
+
+def test_strict_exit_code_and_dicts(grpo_ckpt, layouts):
+    findings = diagnose(grpo_ckpt)
+    assert strict_exit_code(findings) == 1
+    assert strict_exit_code(diagnose(layouts["swift-lora"].root)) == 0  # warning + info only
+    rows = json.loads(json.dumps(findings_as_dicts(findings)))
+    assert rows[0] == {"severity": "error", "code": "cache-off", "location": "generation_config.json: use_cache",
+                       "message": findings[0].message, "fix": findings[0].fix}
+    assert [f.severity for f in findings] == sorted((f.severity for f in findings), key=["error", "warning", "info"].index)
+
+
+def test_hub_ids_and_missing_paths_are_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="not hub ids") as err:
+        diagnose("Qwen/Qwen2.5-VL-3B-Instruct")
+    assert "huggingface-cli download" in err.value.hint
+    with pytest.raises(CheckpointError, match="no such directory"):
+        diagnose(tmp_path / "nope")

@@ -1,0 +1,206 @@
+"""vlmfast.fix: fix → doctor is clean, idempotent, backups keep the original bytes, dry-run writes
+nothing, refusals are clear; merge_lora writes a checkpoint doctor passes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import edit_json
+from vlmfast.doctor import diagnose
+from vlmfast.fix import FixError, apply_fix, dump_like, merge_lora, plan_fix
+from vlmfast.layouts import LAYOUTS, build_layout
+
+FIXED_BY_FIX = {"cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
+                "tokenizer-missing", "chat-template-missing"}
+
+
+@pytest.fixture(scope="session")
+def layouts(tmp_path_factory):
+    root = tmp_path_factory.getbasetemp() / "layouts"  # shared with the other modules: built once
+    return {like: build_layout(root / like, like) for like in LAYOUTS}
+
+
+def _digests(d: Path) -> dict[str, str]:
+    return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _broken(base: Path, dst: Path) -> Path:
+    """A merged-looking GRPO checkpoint: cache off everywhere, <|im_end|> lost, processor, tokenizer
+    and chat template files missing (LlamaFactory#5749, EasyR1 PR#11007)."""
+    shutil.copytree(base, dst)
+    for name in ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                 "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.jinja",
+                 "special_tokens_map.json", "added_tokens.json"):
+        (dst / name).unlink(missing_ok=True)
+    edit_json(dst / "config.json", lambda c: (c.update(use_cache=False), c["text_config"].update(use_cache=False)))
+    edit_json(dst / "generation_config.json", lambda c: c.update(use_cache=False, eos_token_id=c["pad_token_id"]))
+    return dst
+
+
+def test_fix_makes_doctor_clean_and_the_model_loads(base_ckpt, images, tmp_path):
+    from vlmfast.checkpoint import load
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+
+    d = _broken(base_ckpt, tmp_path / "c")
+    # without tokenizer files <|im_end|>'s id is known only from the base
+    assert "eos-missing-im-end" not in {f.code for f in diagnose(d)}
+    assert FIXED_BY_FIX - {"eos-differs-from-base"} <= {f.code for f in diagnose(d, base=base_ckpt)}
+    result = apply_fix(plan_fix(d, processor_from=base_ckpt))
+    assert result.copied and result.written
+    assert diagnose(d, base=base_ckpt) == []
+    gen = json.loads((d / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == json.loads((base_ckpt / "generation_config.json").read_text())["eos_token_id"]
+    loaded = load(str(d))
+    assert loaded.cache.found_off == [] and not any("lacks" in n for n in loaded.notes)
+    results, _ = Engine(loaded, GenerationSettings(max_new_tokens=4)).generate_batch([Request("a", (str(images[0]),), "Hi.")])
+    assert results[0].n_new_tokens >= 1
+
+
+@pytest.mark.parametrize("like", ["vlmr1", "easyr1", "swift"])
+def test_fix_on_trainer_layouts_clears_cache_and_eos(layouts, like, tmp_path):
+    root = tmp_path / like
+    shutil.copytree(layouts[like].root, root)
+    apply_fix(plan_fix(root))  # no base: <|im_end|>'s id comes from the tokenizer files
+    left = {f.code for f in diagnose(root)}
+    assert not left & FIXED_BY_FIX
+    if like == "easyr1":
+        model_dir = root / "global_step_4" / "actor" / "huggingface"
+        assert json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"][0] != \
+            json.loads((model_dir / "generation_config.json.orig").read_text())["eos_token_id"]
+        assert left == {"fsdp-unmerged", "resolved"}  # fix does not merge shards; doctor still says how
+
+
+def test_fix_twice_changes_nothing(layouts, base_ckpt, tmp_path):
+    root = tmp_path / "easyr1"
+    shutil.copytree(layouts["easyr1"].root, root)
+    apply_fix(plan_fix(root, processor_from=base_ckpt))
+    after_first = _digests(root)
+    second = plan_fix(root, processor_from=base_ckpt)
+    assert second.empty and second.diff() == "" and second.changes() == []
+    result = apply_fix(second)
+    assert not (result.written or result.backups or result.copied)
+    assert _digests(root) == after_first
+
+
+def test_backups_keep_the_original_bytes_across_repeated_fixes(grpo_ckpt, tmp_path):
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    original = {n: (d / n).read_bytes() for n in ("config.json", "generation_config.json")}
+    result = apply_fix(plan_fix(d))
+    assert sorted(p.name for p in result.backups) == ["config.json.orig", "generation_config.json.orig"]
+    for name, data in original.items():
+        assert (d / f"{name}.orig").read_bytes() == data
+    # The cache gets switched off again (another save), and fixed again: .orig still holds the first original.
+    edit_json(d / "generation_config.json", lambda c: c.update(use_cache=False))
+    again = apply_fix(plan_fix(d))
+    assert again.written and not again.backups
+    assert (d / "generation_config.json.orig").read_bytes() == original["generation_config.json"]
+    for name in original:  # restoring is a copy back
+        shutil.copyfile(d / f"{name}.orig", d / name)
+    assert {f.location for f in diagnose(d) if f.code == "cache-off"} == {
+        "config.json: use_cache", "config.json: text_config.use_cache", "generation_config.json: use_cache"}
+
+
+def test_dry_run_writes_nothing_and_shows_the_diff(base_ckpt, tmp_path):
+    d = _broken(base_ckpt, tmp_path / "c")
+    before = _digests(d)
+    result = apply_fix(plan_fix(d, processor_from=base_ckpt), dry_run=True)
+    assert _digests(d) == before and result.dry_run and not result.written
+    assert '-  "use_cache": false' in result.diff and '+  "use_cache": true' in result.diff
+    assert "eos_token_id" in result.diff and "--- a/config.json" in result.diff
+    assert f"# copy {base_ckpt / 'tokenizer.json'} -> {d / 'tokenizer.json'}" in result.diff
+
+
+def test_edits_keep_formatting_and_key_order():
+    original = '{\n    "b": 1,\n    "use_cache": false,\n    "a": {\n        "x": "\\u00e9"\n    }\n}'
+    data = json.loads(original)
+    data["use_cache"] = True
+    assert dump_like(original, data) == original.replace("false", "true")  # no trailing newline added
+    assert dump_like(None, {"k": 1}) == '{\n  "k": 1\n}\n'
+
+
+def test_generation_config_is_created_when_eos_needs_it(base_ckpt, tmp_path):
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    (d / "generation_config.json").unlink()
+    pad = json.loads((base_ckpt / "generation_config.json").read_text())["pad_token_id"]
+    edit_json(d / "config.json", lambda c: c.update(eos_token_id=pad))
+    plan = plan_fix(d)
+    assert [e.old for e in plan.edits] == [None] and "--- /dev/null" in plan.diff()
+    apply_fix(plan)
+    assert json.loads((d / "generation_config.json").read_text())["eos_token_id"][1] == pad
+    assert not [f for f in diagnose(d) if f.code.startswith("eos")]
+    (d / "generation_config.json").unlink()  # with a base: the base's file is copied instead
+    plan = plan_fix(d, processor_from=base_ckpt)
+    assert [c.dst.name for c in plan.copies] == ["generation_config.json"] and not plan.edits
+
+
+def test_read_only_dir_is_refused_before_writing(grpo_ckpt, tmp_path, monkeypatch):
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    before = _digests(d)
+    plan = plan_fix(d)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if mode == os.W_OK and Path(p) == d else real_access(p, mode))
+    with pytest.raises(FixError, match="read-only") as err:
+        apply_fix(plan)
+    assert "cp -r" in err.value.hint and err.value.exit_code == 2
+    assert _digests(d) == before
+    assert apply_fix(plan, dry_run=True).diff  # a dry run needs no write access
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file modes; the os.access refusal is tested above")
+def test_read_only_dir_by_mode(grpo_ckpt, tmp_path):
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    os.chmod(d, 0o555)
+    try:
+        with pytest.raises(FixError, match="read-only"):
+            apply_fix(plan_fix(d))
+    finally:
+        os.chmod(d, 0o755)
+
+
+def test_changed_since_planned_is_refused(grpo_ckpt, tmp_path):
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    plan = plan_fix(d)
+    edit_json(d / "config.json", lambda c: c.update(note="edited meanwhile"))
+    with pytest.raises(FixError, match="changed since"):
+        apply_fix(plan)
+
+
+def test_hub_ids_and_adapters_are_refused(layouts):
+    with pytest.raises(FixError, match="not a hub id") as err:
+        plan_fix("Qwen/Qwen2.5-VL-3B-Instruct")
+    assert "huggingface-cli download" in err.value.hint
+    with pytest.raises(FixError, match="LoRA adapter") as err:
+        plan_fix(layouts["swift-lora"].root)
+    assert "--merge-lora" in err.value.hint
+
+
+def test_merge_lora_writes_a_checkpoint_doctor_passes(layouts, tmp_path):
+    info = layouts["swift-lora"]
+    out = tmp_path / "merged"
+    result = merge_lora(info.model_dir, out)
+    assert result.out_dir == out and result.base == str(info.base)
+    assert diagnose(out, base=info.base) == []
+    assert not list(tmp_path.glob(".merged.merging-*"))
+    for name in ("tokenizer.json", "chat_template.jinja", "generation_config.json"):
+        assert (out / name).read_bytes() == (info.base / name).read_bytes()
+    with pytest.raises(FixError, match="not empty"):
+        merge_lora(info.model_dir, out)
+
+
+def test_a_base_without_im_end_still_gets_it_and_fixing_settles(base_ckpt, grpo_ckpt, tmp_path):
+    base = shutil.copytree(base_ckpt, tmp_path / "base")
+    eos = json.loads((base / "generation_config.json").read_text())["eos_token_id"]  # [<|im_end|>, <|endoftext|>]
+    edit_json(base / "generation_config.json", lambda c: c.update(eos_token_id=eos[1]))
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    edit_json(d / "generation_config.json", lambda c: c.update(eos_token_id=eos[1]))
+    apply_fix(plan_fix(d, processor_from=base))
+    assert json.loads((d / "generation_config.json").read_text())["eos_token_id"] == [eos[1], eos[0]]
+    assert plan_fix(d, processor_from=base).empty and plan_fix(d).empty

@@ -1,0 +1,97 @@
+"""vlmfast.lora: adapter dirs, their base, and that unmerged, merged and merge_lora-written models
+decode the same greedy tokens."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import edit_json
+from vlmfast.errors import CheckpointError
+from vlmfast.lora import adapter_base, is_adapter_dir, load_with_adapter, resolve_base
+from vlmfast.layouts import LAYOUTS, build_layout
+
+
+@pytest.fixture(scope="session")
+def layouts(tmp_path_factory):
+    root = tmp_path_factory.getbasetemp() / "layouts"  # shared with the other modules: built once
+    return {like: build_layout(root / like, like) for like in LAYOUTS}
+
+
+@pytest.fixture(scope="module")
+def lora(layouts):
+    return layouts["swift-lora"]
+
+
+def _tokens(loaded, images, n=8):
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=n, ignore_eos=True))
+    return [engine.generate_batch([Request(str(i), (str(img),), "Describe the image.")])[0][0].token_ids
+            for i, img in enumerate(images)]
+
+
+def test_adapter_dir_and_its_base(lora, base_ckpt, tmp_path):
+    assert is_adapter_dir(lora.model_dir) and not is_adapter_dir(lora.base) and not is_adapter_dir(tmp_path / "nope")
+    assert adapter_base(lora.model_dir) == str(lora.base)
+    assert resolve_base(lora.model_dir) == str(lora.base)
+    assert resolve_base(lora.model_dir, base=str(base_ckpt)) == str(base_ckpt)  # --base wins
+    d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
+    edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path="/gone/base"))
+    with pytest.raises(CheckpointError, match="does not exist here") as err:
+        resolve_base(d)
+    assert "--base" in err.value.hint
+    assert resolve_base(d, base=str(lora.base)) == str(lora.base)
+    edit_json(d / "adapter_config.json", lambda c: c.pop("base_model_name_or_path"))
+    with pytest.raises(CheckpointError, match="does not name its base"):
+        adapter_base(d)
+    with pytest.raises(CheckpointError, match="a LoRA adapter"):  # --base must be a full model
+        load_with_adapter(lora.model_dir, base=str(lora.model_dir))
+
+
+def test_unmerged_merged_and_merge_lora_give_identical_greedy_tokens(lora, images, tmp_path):
+    import torch
+
+    from vlmfast.checkpoint import load
+    from vlmfast.fix import merge_lora
+
+    some = images[:3]
+    unmerged = load_with_adapter(lora.model_dir, merge=False)
+    merged = load_with_adapter(lora.model_dir, merge=True)
+    written = load(str(merge_lora(lora.model_dir, tmp_path / "merged").out_dir))
+    base = load(str(lora.base))
+    assert any("unmerged" in n for n in unmerged.notes) and any("merged into" in n for n in merged.notes)
+    assert (unmerged.source, unmerged.base_source, base.base_source) == (str(lora.model_dir), str(lora.base), None)
+    # LoRA layers are in the unmerged model only; the merged weights differ from the base's.
+    assert any("lora_A" in name for name, _ in unmerged.model.named_parameters())
+    assert not any("lora_" in name for name, _ in merged.model.named_parameters())
+    q = "model.language_model.layers.0.self_attn.q_proj.weight"
+    weights = {name: dict(m.model.named_parameters())[q] for name, m in (("merged", merged), ("written", written), ("base", base))}
+    assert torch.equal(weights["merged"], weights["written"]) and not torch.allclose(weights["merged"], weights["base"])
+
+    tokens = _tokens(unmerged, some)
+    assert all(len(t) == 8 for t in tokens)
+    assert _tokens(merged, some) == tokens
+    assert _tokens(written, some) == tokens
+    assert _tokens(base, some) != tokens  # the adapter changes what is generated
+
+
+def test_adapter_dir_with_its_own_processor_uses_it(lora, tmp_path):
+    d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
+    for f in lora.base.iterdir():
+        if f.name.startswith(("preprocessor", "processor", "video_preprocessor", "tokenizer", "vocab", "merges",
+                              "chat_template", "special_tokens", "added_tokens")):
+            shutil.copyfile(f, d / f.name)
+    loaded = load_with_adapter(d)
+    assert any("processor from the adapter dir" in n for n in loaded.notes)
+    assert loaded.processor.tokenizer.padding_side == "left"
+
+
+def test_an_adapter_for_another_model_is_a_clear_error(lora, tmp_path):
+    d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
+    edit_json(d / "adapter_config.json", lambda c: c.update(target_modules=r".*\.no_such_proj"))
+    with pytest.raises(CheckpointError, match="cannot apply the adapter") as err:
+        load_with_adapter(d)
+    assert "--base" in err.value.hint
