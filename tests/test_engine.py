@@ -121,3 +121,19 @@ def test_overlapped_preprocessing_gives_the_same_tokens(loaded, images):
         b.update({r.id: r.token_ids for r in rs})
         assert 0 <= timing.preprocess_exposed_s <= timing.preprocess_s
     assert a == b and len(a) == len(reqs)
+
+
+def test_static_cache_and_compile_give_the_same_tokens(loaded, images):
+    """--compile: a static KV cache, bucketed prompt lengths and torch.compile of the decode step —
+    the tokens must not change. Compiling on a CPU takes ~20 s, once per shape: one small batch."""
+    reqs = _requests(images[:2])
+    settings = GenerationSettings(max_new_tokens=6, ignore_eos=True)
+    eager = Engine(loaded, settings, overlap=False)
+    compiled = Engine(loaded, settings, overlap=False, compile=True)
+    inputs = compiled.preprocess(reqs)
+    assert inputs["input_ids"].shape[1] % 64 == 0  # bucketed length
+    seconds, did_compile = compiled.warm_up(reqs)
+    assert did_compile and seconds > 0
+    a = {r.id: r.token_ids for _, rs, _ in eager.run(reqs, {}, 2) for r in rs}
+    b = {r.id: r.token_ids for _, rs, _ in compiled.run(reqs, {}, 2) for r in rs}
+    assert a == b and all(len(t) == 6 for t in a.values())

@@ -106,6 +106,7 @@ def infer(
     batch_size: AutoBatchSize = "auto",
     max_batch_tokens: MaxBatchTokens = None,
     overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Decode the next batch's images while this one generates.", rich_help_panel=GEN)] = True,
+    compile_: Annotated[bool, typer.Option("--compile", help="Static KV cache + torch.compile of the decode step (compile time reported apart).", rich_help_panel=GEN)] = False,
     max_new_tokens: MaxNew = 1024,
     temperature: Temperature = 0.0,
     top_p: TopP = 1.0,
@@ -142,7 +143,7 @@ def infer(
                                           seed=seed, ignore_eos=ignore_eos),
             min_pixels=min_pixels, max_pixels=max_pixels, device=device, dtype=dtype, attn=attn,
             trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, max_batch_tokens=max_batch_tokens,
-            max_image_pixels=max_image_pixels, overlap=overlap, base=base, merge=merge,
+            max_image_pixels=max_image_pixels, overlap=overlap, base=base, merge=merge, compile=compile_,
         )
         bar = ProgressBar(enabled=None if is_main_process() else False)
         try:

@@ -20,6 +20,7 @@ from .inputs import Request
 from .timing import now
 
 DEFAULT_MAX_PIXELS_CAP = 1280 * 28 * 28  # the real default (16384·28·28) OOMs on large images
+COMPILE_LENGTH_BUCKET = 64  # --compile: prompt lengths padded to a multiple of this
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,11 @@ class Engine:
     """Runs requests through a :class:`~vlmfast.checkpoint.Loaded` model in cost-sorted batches."""
 
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
-                 max_pixels: int | None = None, record_steps: bool = False, overlap: bool = True):
+                 max_pixels: int | None = None, record_steps: bool = False, overlap: bool = True,
+                 compile: bool = False):
         self.loaded = loaded
         self.overlap = overlap
+        self.compile = compile
         self.settings = settings
         self.record_steps = record_steps
         ip = loaded.processor.image_processor
@@ -214,6 +217,16 @@ class Engine:
             return
         yield indices, results, timing
 
+    def warm_up(self, requests: Sequence[Request]) -> tuple[float, bool]:
+        """Compile before the clock starts: one untimed generate on the first batch's exact shapes
+        (the static cache is sized prompt + max_new_tokens, so the full length is needed).
+        Returns (seconds, whether generate really compiled the forward)."""
+        start = time.perf_counter()
+        inputs = self.preprocess(list(requests))
+        self.generate(inputs)
+        compiled = getattr(self.loaded.model, "_compiled_call", None) is not None
+        return time.perf_counter() - start, compiled
+
     def chat_text(self, request: Request) -> str:
         content = [{"type": "image", "image": p} for p in request.images] + [{"type": "text", "text": request.prompt}]
         system = [{"role": "system", "content": request.system}] if request.system else []
@@ -243,9 +256,11 @@ class Engine:
     def build_inputs(self, batch: Sequence[Request], images: dict[str, list]):
         """Chat template + processor → padded tensors on the model's device."""
         flat = [im for r in batch for im in images[r.id]]
+        # compiled graphs are specialised on shapes: bucket prompt lengths to cut recompiles
+        bucket = {"pad_to_multiple_of": COMPILE_LENGTH_BUCKET} if self.compile else {}
         inputs = self.loaded.processor(
             text=[self.chat_text(r) for r in batch], images=flat or None, padding=True, return_tensors="pt",
-            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}, **bucket,
         ).to(self.loaded.model.device)
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.loaded.model.dtype)
@@ -312,6 +327,8 @@ class Engine:
             eos_token_id=None if s.ignore_eos else list(loaded.eos_token_ids),
             suppress_tokens=list(loaded.suppress_token_ids) or None,
         )
+        if self.compile:
+            kwargs.update(cache_implementation="static", compile_config=compile_config(loaded.runtime.device))
         if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
@@ -341,6 +358,17 @@ def _subset(preloaded, ids: list[str]):
         return None
     images, failed, _, _ = preloaded
     return ({i: images[i] for i in ids if i in images}, {i: failed[i] for i in ids if i in failed}, 0.0, 0.0)
+
+
+def compile_config(device: str):
+    """torch.compile settings for generate's static-cache decode step. transformers compiles on CUDA by
+    itself; elsewhere it must be told (``_compile_all_devices``, the switch its own tests use)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=False, dynamic=False)
+    if not device.startswith("cuda"):
+        config._compile_all_devices = True
+    return config
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

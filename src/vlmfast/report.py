@@ -43,7 +43,7 @@ def render_infer(report) -> None:
     table.add_row("samples", f"{report.samples} run, {report.errors} errors, {report.skipped_existing} already done")
     table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
     table.add_row("new tokens", _fmt(report.new_tokens))
-    table.add_row("load", _fmt(report.load_s, " s"))
+    table.add_row("load", _fmt(report.load_s, " s") + (f"  (compile + warm-up {report.compile_s:.1f} s, apart)" if report.compile_s else ""))
     table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')}, "
                   f"{_fmt(report.preprocess_exposed_s, ' s')} of it not overlapped)")
     table.add_row("TTFT p50 / p90", f"{_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")

@@ -49,6 +49,7 @@ class InferOptions:
     max_batch_tokens: int | None = None
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
     overlap: bool = True  # decode the next batch's images while this one generates
+    compile: bool = False  # static KV cache + torch.compile of the decode step
 
 
 class Progress(Protocol):
@@ -66,6 +67,7 @@ class InferReport:
     skipped_existing: int  # ids already in --out from an earlier run
     new_tokens: int
     load_s: float
+    compile_s: float | None  # --compile: compilation + warm-up, before the clock of generate_s
     preprocess_s: float  # all preprocessing work
     preprocess_exposed_s: float  # the part generation waited for (the rest overlapped decoding)
     generate_s: float  # wall time after loading: preprocess + prefill + decode + writing
@@ -149,7 +151,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
                       base=options.base, merge=options.merge)
     notes.extend(loaded.notes)
     engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                    record_steps=options.record_steps, overlap=options.overlap)
+                    record_steps=options.record_steps, overlap=options.overlap, compile=options.compile)
     if engine.max_pixels_capped:
         notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
     too_long = engine.context_problems(todo, collected.image_sizes)  # same verdict on every process
@@ -164,6 +166,12 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
     options = dataclasses.replace(options, batch_size=batch_size)
     notes += [batch_note] if batch_note else []
     my_todo, my_bad = dist.split(todo), dist.split(bad)
+    compile_s = None
+    if options.compile and my_todo:
+        first = engine.plan(my_todo, collected.image_sizes, batch_size, options.max_batch_tokens)[0]
+        compile_s, compiled = engine.warm_up([my_todo[i] for i in first])
+        notes.append(f"compile + warm-up: {compile_s:.1f} s, not counted in generate_s" if compiled else
+                     "--compile: this transformers/model combination did not compile; ran eager with a static cache")
     writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out)
     device = loaded.runtime.device
     reset_peak_memory(device)
@@ -207,6 +215,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
         peak=max((p["peak"] for p in everyone), key=lambda x: x[0]),
     )
     report.oom_splits = sum(p["oom_splits"] for p in everyone)
+    report.compile_s = None if compile_s is None else round(compile_s, 3)
     if report.oom_splits:
         notes.append(f"out of memory: {report.oom_splits} batch(es) were halved and retried")
     if dist.world > 1:
@@ -262,6 +271,7 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         skipped_existing=skipped,
         new_tokens=new_tokens,
         load_s=round(loaded.load_s, 4),
+        compile_s=None,
         preprocess_s=round(sum(t.preprocess_s for t in timings), 4),
         preprocess_exposed_s=round(sum(t.preprocess_exposed_s or 0.0 for t in timings), 4),
         generate_s=round(generate_s, 4),
