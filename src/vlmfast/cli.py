@@ -105,7 +105,7 @@ def infer(
     max_image_pixels: MaxImagePixels = 89_478_485,
     batch_size: AutoBatchSize = "auto",
     max_batch_tokens: MaxBatchTokens = None,
-    overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Decode the next batch's images while this one generates.", rich_help_panel=GEN)] = True,
+    overlap: Annotated[Optional[bool], typer.Option("--overlap/--no-overlap", help="Prepare the next batch while this one generates (default: on CUDA; on a CPU it competes for the cores).", rich_help_panel=GEN)] = None,
     compile_: Annotated[bool, typer.Option("--compile", help="Static KV cache + torch.compile of the decode step (compile time reported apart).", rich_help_panel=GEN)] = False,
     max_new_tokens: MaxNew = 1024,
     temperature: Temperature = 0.0,
@@ -176,6 +176,7 @@ def bench(
     batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes for ckpt (and base), e.g. 1,8.", rich_help_panel=GEN)] = "8",
     warmup: Annotated[int, typer.Option(min=0, help="Untimed runs per scenario.", rich_help_panel=GEN)] = 1,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per scenario (medians reported).", rich_help_panel=GEN)] = 3,
+    compile_: Annotated[bool, typer.Option("--compile", help="ckpt and base: static KV cache + torch.compile (compiled in the warm-up runs).", rich_help_panel=GEN)] = False,
     as_saved: Annotated[bool, typer.Option("--as-saved/--no-as-saved", help="Also run plain HF generate with the saved config (slow when the cache is off).", rich_help_panel=GEN)] = True,
     device: Device = None,
     dtype: Dtype = None,
@@ -207,7 +208,7 @@ def bench(
             synthetic_size=synthetic_size, prompt=prompt, template=template,
             generation=GenerationSettings(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos),
             batch_sizes=sizes, warmup=warmup, repeats=repeats, as_saved=as_saved, device=device, dtype=dtype,
-            attn=attn, max_pixels=max_pixels, min_pixels=min_pixels,
+            attn=attn, max_pixels=max_pixels, min_pixels=min_pixels, compile=compile_,
         )
         bar = ProgressBar()
         try:

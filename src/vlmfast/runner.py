@@ -48,7 +48,7 @@ class InferOptions:
     record_steps: bool = False
     max_batch_tokens: int | None = None
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
-    overlap: bool = True  # decode the next batch's images while this one generates
+    overlap: bool | None = None  # prepare the next batch while this one generates (None: on CUDA only)
     compile: bool = False  # static KV cache + torch.compile of the decode step
 
 
