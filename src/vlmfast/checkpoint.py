@@ -198,8 +198,8 @@ def read_configs(resolved: Resolved) -> tuple[dict, dict | None]:
             Path(cached_file(resolved.source, "config.json")),
             _optional(cached_file(resolved.source, "generation_config.json", _raise_exceptions_for_missing_entries=False)),
         )
-    config = _read_json(paths[0])
-    generation = _read_json(paths[1]) if paths[1] is not None and paths[1].is_file() else None
+    config = read_json_object(paths[0])
+    generation = read_json_object(paths[1]) if paths[1] is not None and paths[1].is_file() else None
     return config, generation
 
 
@@ -207,13 +207,14 @@ def _optional(p):
     return Path(p) if p else None
 
 
-def _read_json(path: Path) -> dict:
+def read_json_object(path: Path, what: str = "a transformers config") -> dict:
+    """A JSON object from ``path``, or a CheckpointError saying what is wrong with the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: cannot read ({exc})", hint="the file must be valid UTF-8 JSON") from exc
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object", hint="the file is not a transformers config")
+        raise CheckpointError(f"{path}: expected a JSON object", hint=f"the file is not {what}")
     return data
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from .checkpoint import HUB_ID, IM_END, resolve_checkpoint
 from .doctor import PROCESSOR_CONFIGS, TEMPLATE_FILES, has_chat_template, has_processor_config, locate, saved_eos, token_id
 from .errors import CheckpointError
+from .files import atomic_write, publish_directory
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json")
@@ -209,16 +210,16 @@ def apply_fix(plan: FixPlan, dry_run: bool = False, *, backup: bool = True) -> F
     _check_writable(plan)
     try:
         for c in plan.copies:
-            _atomic_write(c.dst, c.src.read_bytes(), mode=0o644)
+            atomic_write(c.dst, c.src.read_bytes(), mode=0o644)
             result.copied.append(c.dst)
         for e in plan.edits:
             if e.old is not None and backup:
                 orig = e.path.with_name(e.path.name + ".orig")
                 if not orig.exists():  # the first original survives repeated fixes
-                    _atomic_write(orig, e.path.read_bytes(), mode=e.path.stat().st_mode & 0o777)
+                    atomic_write(orig, e.path.read_bytes(), mode=e.path.stat().st_mode & 0o777)
                     result.backups.append(orig)
             mode = e.path.stat().st_mode & 0o777 if e.path.exists() else 0o644
-            _atomic_write(e.path, e.new.encode("utf-8"), mode=mode)
+            atomic_write(e.path, e.new.encode("utf-8"), mode=mode)
             result.written.append(e.path)
     except OSError as exc:
         raise FixError(f"{plan.target}: cannot write ({exc})", hint=_copy_hint(plan.target)) from exc
@@ -244,20 +245,6 @@ def _check_writable(plan: FixPlan) -> None:
     for c in plan.copies:
         if c.dst.exists():
             raise FixError(f"{c.dst}: appeared since the fix was planned", hint="run vlmfast fix again")
-
-
-def _atomic_write(path: Path, data: bytes, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # -- LoRA merge --------------------------------------------------------------------------------
@@ -309,11 +296,7 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
             if src is not None:
                 shutil.copyfile(src, tmp / name)
         fixed = apply_fix(plan_fix(tmp, processor_from=base_dir), backup=False).plan.changes()
-        for p in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make private entries
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        if out.is_dir():
-            out.rmdir()
-        os.replace(tmp, out)
+        publish_directory(tmp, out)  # ``out`` is absent or empty (checked above)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

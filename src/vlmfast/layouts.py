@@ -6,13 +6,13 @@ Deterministic: ms-swift's run dir name is fixed.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
 
+from .files import publish_directory
 from .tiny import PRESETS, _STAMP, _build_into, _existing_checkpoint, _read_json, _write_json, build_checkpoint
 
 LAYOUTS = ("vlmr1", "easyr1", "swift", "swift-lora", "base")
@@ -87,13 +87,7 @@ def build_layout(out_dir, like: str, preset: str = "tiny", seed: int = 0, overwr
             shutil.rmtree(model)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         _write_json(tmp / _STAMP, {**stamp, "files": files})
-        for p in [tmp, *tmp.rglob("*")]:
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        if out.is_dir():
-            shutil.rmtree(out)
-        elif out.exists():
-            out.unlink()
-        os.replace(tmp, out)
+        publish_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

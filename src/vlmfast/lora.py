@@ -7,7 +7,6 @@ functions so that recognising an adapter costs nothing.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -26,14 +25,9 @@ def is_adapter_dir(path) -> bool:
 
 def adapter_config(path) -> dict:
     """The adapter's ``adapter_config.json`` as a dict (CheckpointError when unreadable)."""
-    file = Path(path) / ADAPTER_CONFIG
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{file}: cannot read ({exc})", hint="the file must be valid UTF-8 JSON") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file}: expected a JSON object", hint="the file is not a PEFT adapter config")
-    return data
+    from .checkpoint import read_json_object  # lazy: checkpoint imports this module lazily too
+
+    return read_json_object(Path(path) / ADAPTER_CONFIG, "a PEFT adapter config")
 
 
 def adapter_base_or_none(path) -> str | None:

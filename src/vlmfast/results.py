@@ -14,12 +14,12 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import InputError
+from .files import atomic_write
 
 
 def part_path(out: Path, rank: int) -> Path:
@@ -163,17 +163,4 @@ def finalize(out: Path, order: list[str]) -> None:
     rows, _ = read_existing(out)
     rank = {rid: i for i, rid in enumerate(order)}
     ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"])))
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are an ordinary file
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8"))

@@ -10,11 +10,12 @@ inside functions so that importing this module stays cheap.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import random
 import shutil
 import tempfile
+
+from .files import publish_directory
 
 # initializer_range: greedy decoding must not flip between batch/single or cache on/off. What
 # matters is the top-1/top-2 logit gap relative to float noise, and that ratio does NOT improve with
@@ -303,18 +304,10 @@ def build_checkpoint(out_dir, preset: str = "tiny", like: str = "grpo", seed: in
         _build_into(tmp, PRESETS[preset], like, int(seed))
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         _write_json(tmp / _STAMP, {**stamp, "files": files})  # written last: marks the build complete
-        # mkdtemp (and safetensors) make private entries; a checkpoint should look ordinary.
-        os.chmod(tmp, 0o755)
-        for f in files + [_STAMP]:
-            os.chmod(tmp / f, 0o644)
         if not overwrite and _existing_checkpoint(out, stamp):  # a concurrent build finished first
             shutil.rmtree(tmp)
             return out
-        if out.is_dir():
-            shutil.rmtree(out)
-        elif out.exists():
-            out.unlink()
-        os.replace(tmp, out)
+        publish_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,0 +1,41 @@
+"""Writing files so a crash never leaves half of one: atomic replace, and publishing a built directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to a temp file beside ``path``, fsync it, then rename it over ``path``: readers
+    see the old file or the new one, never a torn one. ``mode`` defaults to 0666 less the umask
+    (mkstemp alone would leave 0600)."""
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def publish_directory(tmp: Path, out: Path) -> None:
+    """Move a finished build into place, replacing whatever is at ``out``, with ordinary modes
+    (mkdtemp and safetensors create private entries; a checkpoint should look like any other)."""
+    for p in [tmp, *tmp.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    if out.is_dir():
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
+    os.replace(tmp, out)
