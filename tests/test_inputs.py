@@ -101,3 +101,11 @@ def test_unknown_manifest_fields_warn(images, tmp_path):
     m.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "p", "label": 3}) + "\n")
     c = collect(manifest=str(m))
     assert c.warnings == [f"{m}: ignored unknown manifest fields: label"]
+
+
+def test_a_bad_record_and_a_good_one_cannot_share_an_id(images, tmp_path):
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"id": "q1", "prompt": "no image"}) + "\n"
+                 + json.dumps({"id": "q1", "image": str(images[0]), "prompt": "p"}) + "\n")
+    with pytest.raises(InputError, match="duplicate ids: q1"):
+        collect(manifest=str(m))

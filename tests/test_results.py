@@ -8,7 +8,7 @@ from vlmfast.results import ResultsWriter, finalize, part_path, prepare_out, rea
 
 
 def _row(i):
-    return {"id": f"id{i}", "text": f"t{i}"}
+    return {"id": f"id{i}", "text": f"t{i}", "finish_reason": "eos", "error": None}
 
 
 def _write(path, rows, tail=""):
@@ -56,11 +56,24 @@ def test_parts_of_a_killed_parallel_run_are_recovered_once(tmp_path):
     assert [r["id"] for r in read_jsonl(out)] == ["id2", "id1", "id0"]
 
 
-def test_refuses_to_append_to_a_foreign_file(tmp_path):
+@pytest.mark.parametrize("text", [
+    "hello\n" + json.dumps(_row(0)) + "\n",  # garbage first
+    json.dumps(_row(0)) + "\nnot json but complete\n",  # a complete last line is not a torn write
+    '{"id": "q1", "image": "a.png", "prompt": "p"}\n',  # a manifest given as --out by mistake
+])
+def test_refuses_to_touch_a_foreign_file(tmp_path, text):
     out = tmp_path / "r.jsonl"
-    out.write_text("hello\n" + json.dumps(_row(0)) + "\n")
+    out.write_text(text)
     with pytest.raises(InputError, match="not a vlmfast result row"):
         prepare_out(out, overwrite=False)
+    assert out.read_text() == text  # not a byte changed
+
+
+def test_overwrite_into_a_new_directory(tmp_path):
+    out = tmp_path / "new" / "dir" / "r.jsonl"
+    assert prepare_out(out, overwrite=True) == []
+    ResultsWriter(out).write([_row(0)], [0])
+    assert read_jsonl(out) == [_row(0)]
 
 
 def test_stdout_rows_come_out_in_input_order(capsys):

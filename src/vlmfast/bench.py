@@ -124,10 +124,10 @@ def saved_generation_config(loaded):
 def scenario_summary(name: str, batch_size: int, runs: list[RunStats], tokenizer=None, peak=None) -> dict:
     """Figures for one scenario from its recorded runs. Pure apart from counting think tokens."""
     tps = [r.new_tokens / r.wall_s for r in runs if r.wall_s > 0]
-    sps = [len(r.results) / r.wall_s for r in runs if r.wall_s > 0]
+    sps = [sum(x.error is None for x in r.results) / r.wall_s for r in runs if r.wall_s > 0]
     per_token = [r.decode_s * 1000 / r.decode_steps for r in runs if r.decode_steps]
     ttft = [t for r in runs for t in r.ttft_ms]
-    last = runs[-1].results if runs else []
+    last = [r for r in runs[-1].results if r.error is None] if runs else []  # error rows are not samples
     thinks = [r.think for r in last if r.think is not None]
     think_len = [len(tokenizer.encode(t, add_special_tokens=False)) if tokenizer else len(t.split()) for t in thinks]
     n = len(last) or 1
@@ -198,6 +198,14 @@ def gate(report: dict, fail_if_slower: float | None, fail_on_cache_off: bool) ->
     return code, messages
 
 
+def apply_gates(report: dict, fail_if_slower: float | None, fail_on_cache_off: bool) -> int:
+    """Evaluate the CI gates, record them in ``report["gates"]`` and return the exit code."""
+    code, messages = gate(report, fail_if_slower, fail_on_cache_off)
+    report["gates"] = {"fail_if_slower": fail_if_slower, "fail_on_cache_off": fail_on_cache_off,
+                       "exit_code": code, "messages": messages}
+    return code
+
+
 def _r(value, digits=3):
     return None if value is None else round(value, digits)
 
@@ -212,11 +220,16 @@ class _Noop:
 
 def run_bench(options: BenchOptions, progress=None, say=lambda text: None) -> dict:
     """Run every scenario and return the report dict (the ``--json`` schema)."""
+    progress = progress or _Noop()
+    with tempfile.TemporaryDirectory(prefix="vlmfast-synthetic-") as scratch:  # synthetic images live as long as the run
+        return _run_bench(options, progress, say, scratch)
+
+
+def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     from .checkpoint import load
     from .runner import versions
 
-    progress = progress or _Noop()
-    requests, sizes = _workload(options)
+    requests, sizes = _workload(options, scratch)
     settings = options.generation
     engine_kwargs = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, record_steps=True)
     fast = dict(engine_kwargs, compile=options.compile)
@@ -310,14 +323,14 @@ def _free_memory() -> None:
         pass
 
 
-def _workload(options: BenchOptions):
+def _workload(options: BenchOptions, scratch: str):
     from .inputs import collect, raise_for_problems
 
     images = list(options.images or [])
     if options.synthetic:
         from .tiny import make_images
 
-        folder = tempfile.mkdtemp(prefix="vlmfast-synthetic-")
+        folder = scratch
         size = options.synthetic_size
         images += [str(p) for p in make_images(folder, n=options.synthetic, sizes=[(size, size)])]
     collected = collect(images=images or None, prompt=options.prompt or "Describe this image.",

@@ -14,6 +14,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Peak HBM bandwidth in GB/s by device-name fragment (vendor datasheets); first match wins, so more
 # specific names come first. Unknown devices get no percentage rather than a guess.
 PEAK_BANDWIDTH_GBPS = (
+    ("GH200", 4000.0),  # before "H200", which it contains (96 GB HBM3 variant; the 144 GB one has 4900)
     ("H200", 4800.0),
     ("H100 PCIe", 2000.0),
     ("H100 NVL", 3900.0),
@@ -43,7 +44,7 @@ class ModelShape:
     head_dim: int
     hidden_size: int
     vocab_size: int
-    lm_params: int  # language-model parameters (decoder + embeddings + head), read every step
+    lm_params: int  # language-model parameters read every step (decoder + LM head; not the vision tower)
     dtype_bytes: int
 
     @property
@@ -57,14 +58,18 @@ class ModelShape:
 
 
 def shape_from_model(model, dtype: str) -> ModelShape:
-    """The decode-relevant shape of a loaded model: counts its language-model parameters (everything
-    but the vision tower, which runs once per image in prefill)."""
+    """The decode-relevant shape of a loaded model: the parameters a decode step streams — everything
+    but the vision tower (it runs once per image, in prefill) and an untied input embedding table."""
     text = model.config.get_text_config()
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     total = sum(p.numel() for p in model.parameters())
     vision = model.model.visual if hasattr(model, "model") and hasattr(model.model, "visual") else None
     vision_params = sum(p.numel() for p in vision.parameters()) if vision is not None else 0
+    # an untied input embedding table is only gathered (batch rows per step), not streamed whole
+    embed = model.get_input_embeddings()
+    if embed is not None and embed.weight is not model.get_output_embeddings().weight:
+        vision_params += embed.weight.numel()
     return ModelShape(
         layers=text.num_hidden_layers, kv_heads=getattr(text, "num_key_value_heads", heads), head_dim=head_dim,
         hidden_size=text.hidden_size, vocab_size=text.vocab_size, lm_params=total - vision_params,

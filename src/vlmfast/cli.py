@@ -189,7 +189,7 @@ def bench(
     """The same workload on the checkpoint (vlmfast), as saved (plain generate) and on its base, side by side."""
 
     def run():
-        from .bench import BenchOptions, gate, run_bench
+        from .bench import BenchOptions, apply_gates, run_bench
         from .engine import GenerationSettings
         from .report import ProgressBar, print_json, render_bench, render_note, write_bench_dir
 
@@ -215,10 +215,8 @@ def bench(
             report = run_bench(options, progress=bar, say=render_note if not bar.live else (lambda text: None))
         finally:
             bar.stop()
-        code, messages = gate(report, fail_if_slower, fail_on_cache_off)
-        report["gates"] = {"fail_if_slower": fail_if_slower, "fail_on_cache_off": fail_on_cache_off,
-                           "exit_code": code, "messages": messages}
-        render_bench(report, messages)
+        code = apply_gates(report, fail_if_slower, fail_on_cache_off)
+        render_bench(report, report["gates"]["messages"])
         if report_dir is not None:
             written, note = write_bench_dir(report, report_dir)
             render_note("wrote " + ", ".join(written))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .batching import image_tokens, plan_batches
 from .checkpoint import Loaded
-from .errors import InputError
+from .errors import InputError, UsageError
 from .inputs import Request
 from .timing import now
 
@@ -131,6 +131,9 @@ class Engine:
         self.min_pixels = min_pixels if min_pixels is not None else own_min
         self.max_pixels = max_pixels if max_pixels is not None else min(own_max, DEFAULT_MAX_PIXELS_CAP)
         self.max_pixels_capped = max_pixels is None and own_max > DEFAULT_MAX_PIXELS_CAP
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise UsageError(f"pixel limits min {self.min_pixels} / max {self.max_pixels}: need 0 < min <= max",
+                             hint="e.g. --min-pixels 3136 --max-pixels 1003520")
         self.patch_size = int(getattr(ip, "patch_size", 14))
         self.merge_size = int(getattr(ip, "merge_size", 2))
         self.generate_kwargs = self._generate_kwargs()
@@ -230,8 +233,18 @@ class Engine:
         (the static cache is sized prompt + max_new_tokens, so the full length is needed).
         Returns (seconds, whether generate really compiled the forward)."""
         start = time.perf_counter()
-        inputs = self.preprocess(list(requests))
-        self.generate(inputs)
+        images, failed = self.load_images(requests)
+        ok = [r for r in requests if r.id not in failed]  # broken images become error rows later, not here
+        for batch in (ok, ok[:1]):  # out of memory at full size: compile on one sample instead
+            if not batch:
+                break
+            try:
+                self.generate(self.build_inputs(batch, images))
+                break
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                free_device_cache()
         compiled = getattr(self.loaded.model, "_compiled_call", None) is not None
         return time.perf_counter() - start, compiled
 
@@ -289,10 +302,9 @@ class Engine:
         inputs = None
         if preloaded is None:
             images, failed = self.load_images(batch)
-            hidden_s = 0.0
-        else:
-            images, failed, load_s, waited_s, inputs = preloaded
-            hidden_s = max(load_s - waited_s, 0.0)  # work that ran while the previous batch generated
+            worker_s = waited_s = 0.0
+        else:  # the worker's time, and how long this thread waited for it (the exposed part)
+            images, failed, worker_s, waited_s, inputs = preloaded
         done = {r.id: SampleResult(r.id, list(r.images), r.prompt, error=failed[r.id]) for r in batch if r.id in failed}
         ok = [r for r in batch if r.id not in failed]
         if not ok:
@@ -311,8 +323,10 @@ class Engine:
         # decode-step latencies: between consecutive tokens (the first token's wait is the TTFT)
         step_times = tuple(b - a for a, b in zip(clock.times, clock.times[1:])) if self.record_steps else ()
         timing = BatchTiming(
-            size=len(ok), preprocess_s=t1 - t0 + hidden_s, ttft_s=first - t1, decode_s=t2 - first, steps=len(new[0]),
-            new_tokens=sum(done[r.id].n_new_tokens for r in ok), step_times_s=step_times, preprocess_exposed_s=t1 - t0,
+            # waiting can outlast the worker's own time (it started late): count the longer of the two
+            size=len(ok), preprocess_s=t1 - t0 + max(worker_s, waited_s), ttft_s=first - t1, decode_s=t2 - first, steps=len(new[0]),
+            new_tokens=sum(done[r.id].n_new_tokens for r in ok), step_times_s=step_times,
+            preprocess_exposed_s=t1 - t0 + waited_s,
         )
         return [done[r.id] for r in batch], timing
 

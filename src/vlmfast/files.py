@@ -29,13 +29,16 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         raise
 
 
-def publish_directory(tmp: Path, out: Path) -> None:
-    """Move a finished build into place, replacing whatever is at ``out``, with ordinary modes
-    (mkdtemp and safetensors create private entries; a checkpoint should look like any other)."""
+def publish_directory(tmp: Path, out: Path, *, replace: bool = True) -> None:
+    """Move a finished build into place with ordinary modes (mkdtemp and safetensors create private
+    entries; a checkpoint should look like any other). ``replace=False`` only takes the place of an
+    empty directory and fails (OSError) rather than delete anything found there."""
     for p in [tmp, *tmp.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
     if out.is_dir():
-        shutil.rmtree(out)
+        shutil.rmtree(out) if replace else out.rmdir()
     elif out.exists():
+        if not replace:
+            raise FileExistsError(f"{out} appeared while building")
         out.unlink()
     os.replace(tmp, out)

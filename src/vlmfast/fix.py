@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import HUB_ID, IM_END, resolve_checkpoint
+from .checkpoint import HUB_ID, IM_END, read_json_object, resolve_checkpoint
 from .doctor import PROCESSOR_CONFIGS, TEMPLATE_FILES, has_chat_template, has_processor_config, locate, saved_eos, token_id
 from .errors import CheckpointError
 from .files import atomic_write, publish_directory
@@ -110,16 +110,21 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     if base is not None:
         plan.copies, created = _missing_files(d, base)
         plan.edits += created
-    try:
-        config_text = (d / "config.json").read_text(encoding="utf-8")
-        config = json.loads(config_text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FixError(f"{d / 'config.json'}: cannot read ({exc})", hint="restore it from config.json.orig or the base model") from exc
+    config = _read(d / "config.json")
+    config_text = (d / "config.json").read_text(encoding="utf-8")
     edit = _cache_edit(d / "config.json", config_text, config)
     if edit:
         plan.edits.append(edit)
     plan.edits += _generation_edits(d, config, base, plan.copies)
     return plan
+
+
+def _read(path: Path) -> dict:
+    """A config file as a dict; anything unreadable is a FixError naming the file, never a traceback."""
+    try:
+        return read_json_object(path)
+    except CheckpointError as exc:
+        raise FixError(exc.message, hint=f"restore it from {path.name}.orig or from the base model") from None
 
 
 def _missing_files(d: Path, base: Path) -> tuple[list[FileCopy], list[FileEdit]]:
@@ -130,7 +135,7 @@ def _missing_files(d: Path, base: Path) -> tuple[list[FileCopy], list[FileEdit]]
     edits = []
     if not has_chat_template(d):
         files = [FileCopy(base / f, d / f) for f in TEMPLATE_FILES if (base / f).is_file()]
-        template = json.loads((base / "tokenizer_config.json").read_text()).get("chat_template") \
+        template = _read(base / "tokenizer_config.json").get("chat_template") \
             if not files and (base / "tokenizer_config.json").is_file() else None
         copies += files
         if isinstance(template, str):  # old bases keep it in tokenizer_config.json: give it its own file
@@ -153,15 +158,14 @@ def _cache_edit(path: Path, text: str, config: dict) -> FileEdit | None:
 def _generation_edits(d: Path, config: dict, base: Path | None, copies: list[FileCopy]) -> list[FileEdit]:
     path = d / "generation_config.json"
     text = path.read_text(encoding="utf-8") if path.is_file() else None
-    gen = json.loads(text) if text is not None else None
+    gen = _read(path) if text is not None else None
     im_end = token_id(d, IM_END)
     if im_end is None and base is not None:  # tokenizer files missing here: the base's say it
         im_end = token_id(base, IM_END)
     base_eos = None
     if base is not None:
         base_gen = base / "generation_config.json"
-        base_eos = saved_eos(json.loads((base / "config.json").read_text()),
-                             json.loads(base_gen.read_text()) if base_gen.is_file() else None)[0] or None
+        base_eos = saved_eos(_read(base / "config.json"), _read(base_gen) if base_gen.is_file() else None)[0] or None
     eos, _ = saved_eos(config, gen)
     if base_eos:
         target = base_eos + ([im_end] if im_end is not None and im_end not in base_eos else [])
@@ -286,8 +290,12 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.merging-", dir=out.parent))
     try:
-        model = AutoModelForImageTextToText.from_pretrained(resolved.source, dtype=torch.float32)
-        saved_dtype = json.loads(base_file("config.json").read_text())
+        try:  # safetensors only, as everywhere in vlmfast
+            model = AutoModelForImageTextToText.from_pretrained(resolved.source, dtype=torch.float32, use_safetensors=True)
+        except Exception as exc:
+            raise FixError(f"{resolved.source}: cannot load the base model ({type(exc).__name__}: {exc})",
+                           hint="check the base path (adapter_config.json or --processor-from) and its weights") from exc
+        saved_dtype = _read(base_file("config.json"))
         saved_dtype = saved_dtype.get("dtype") or saved_dtype.get("torch_dtype") or "float32"
         model = load_adapter_model(model, adapter_dir, merge=True)  # merged in float32: no bf16 rounding of B·A
         model.to(getattr(torch, saved_dtype)).save_pretrained(str(tmp))
@@ -296,7 +304,7 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
             if src is not None:
                 shutil.copyfile(src, tmp / name)
         fixed = apply_fix(plan_fix(tmp, processor_from=base_dir), backup=False).plan.changes()
-        publish_directory(tmp, out)  # ``out`` is absent or empty (checked above)
+        publish_directory(tmp, out, replace=False)  # never delete what appeared in OUT meanwhile
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

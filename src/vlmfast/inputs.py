@@ -272,8 +272,8 @@ def collect(
 
     requests = [Request(r.id, r.images, apply_template(r.prompt, template), r.system) for r in requests]
     seen: dict[str, int] = {}
-    for r in requests:
-        seen[r.id] = seen.get(r.id, 0) + 1
+    for rid in [r.id for r in requests] + [b.id for b in bad]:  # bad rows take an id (and a row) too
+        seen[rid] = seen.get(rid, 0) + 1
     dupes = {rid for rid, n in seen.items() if n > 1}
     if dupes:
         shown = ", ".join(sorted(dupes)[:5])

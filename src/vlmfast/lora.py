@@ -119,7 +119,11 @@ def load_with_adapter(adapter_dir, base: str | None = None, merge: bool = False,
     if has_own_processor(adapter_dir):
         from transformers import AutoProcessor
 
-        processor = AutoProcessor.from_pretrained(str(adapter_dir), trust_remote_code=load_kwargs.get("trust_remote_code", False))
+        try:
+            processor = AutoProcessor.from_pretrained(str(adapter_dir), trust_remote_code=load_kwargs.get("trust_remote_code", False))
+        except Exception as exc:
+            raise CheckpointError(f"{adapter_dir}: cannot load the adapter's processor ({type(exc).__name__}: {exc})",
+                                  hint="remove the broken processor files from the adapter dir to use the base's") from exc
         processor.tokenizer.padding_side = "left"  # as checkpoint.load: batched generation needs it
         if getattr(processor, "chat_template", None) is None:
             processor.chat_template = loaded.processor.chat_template

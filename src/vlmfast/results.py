@@ -22,6 +22,9 @@ from .errors import InputError
 from .files import atomic_write
 
 
+ROW_KEYS = ("id", "text", "finish_reason", "error")  # every row vlmfast writes has these; a manifest does not
+
+
 def part_path(out: Path, rank: int) -> Path:
     """Where process ``rank`` appends its rows during a multi-process run."""
     return out.with_name(f".{out.name}.part{rank}")
@@ -46,10 +49,10 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
             continue
         try:
             row = json.loads(line)
-            if not isinstance(row, dict) or "id" not in row:
+            if not isinstance(row, dict) or not all(k in row for k in ROW_KEYS):
                 raise ValueError("not a result row")
         except ValueError:
-            if number >= len(lines) - 1:  # the last line: a write cut short
+            if number == len(lines):  # no newline after it: a write cut short
                 if repair:
                     with open(path, "r+b") as f:
                         f.truncate(min(good_bytes, len(data)))
@@ -66,11 +69,11 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
 def prepare_out(out: Path, *, overwrite: bool) -> list[str]:
     """Main process, before a run: start afresh (``overwrite``), or repair ``out`` and fold in part
     files a killed multi-process run left behind. Returns what was done, to be said aloud."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     if overwrite:
         for p in [out, *_parts(out)]:
             p.unlink(missing_ok=True)
         return []
-    out.parent.mkdir(parents=True, exist_ok=True)
     _, note = read_existing(out)
     merged, part_notes = merge_parts(out)
     notes = ([note] if note else []) + part_notes

@@ -145,8 +145,12 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
     if skipped:
         notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
 
+    device = options.device
+    if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
+        notes.append(f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})")
+        device = None
     if loaded is None:
-        loaded = load(options.ckpt, device=options.device or dist.device, dtype=options.dtype, attn=options.attn,
+        loaded = load(options.ckpt, device=device or dist.device, dtype=options.dtype, attn=options.attn,
                       trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
                       base=options.base, merge=options.merge)
     notes.extend(loaded.notes)
