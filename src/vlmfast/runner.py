@@ -134,6 +134,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
         raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
     notes = list(collected.warnings)
     out = Path(options.out) if options.out is not None else None
+    if out is not None and not options.overwrite:
+        read_existing(out, repair=False)  # a file that is not ours fails every process alike, not just the main one
     if out is not None and dist.is_main:
         notes += prepare_out(out, overwrite=options.overwrite)
     dist.barrier()  # every process reads the same, repaired file
