@@ -97,7 +97,7 @@ def bandwidth_report(shape: ModelShape, batch: int, context_tokens: float, step_
     achieved = decode_bytes_per_step(shape, batch, context_tokens) / step_s / 1e9
     peak = peak_bandwidth_gbps(device_name) if device_name else None
     return {
-        "decode_gb_per_s": round(achieved, 1),
+        "decode_gb_per_s": round(achieved, 3),  # small models move little: keep the digits
         "peak_gb_per_s": peak,
         "bandwidth_pct_of_peak": round(100 * achieved / peak, 1) if peak else None,
     }
