@@ -32,3 +32,25 @@ def test_resume_after_a_crash_completes_every_id_exactly_once(loaded, grpo_ckpt,
     assert any("torn last line" in n for n in resumed.notes)
     assert read_jsonl(out) == rows  # same rows, same order, nothing duplicated, nothing lost
     assert {r.id: r.token_ids for r in resumed.results} == {r.id: r.token_ids for r in full.results if r.id not in (rows[4]["id"], rows[1]["id"])}
+
+
+def test_retry_errors_redoes_only_error_rows_and_keeps_one_row_per_id(loaded, grpo_ckpt, images, tmp_path):
+    import shutil
+
+    broken = tmp_path / "late.png"
+    broken.write_text("arrives later")
+    paths = [str(images[0]), str(broken)]
+    out = tmp_path / "r.jsonl"
+    opts = dict(ckpt=str(grpo_ckpt), images=paths, prompt="Count.", out=str(out), skip_bad=True,
+                generation=GenerationSettings(max_new_tokens=4))
+    first = infer(InferOptions(**opts), loaded=loaded)
+    assert first.errors == 1 and "not a readable image" in read_jsonl(out)[1]["error"]
+    good_row = read_jsonl(out)[0]
+    shutil.copyfile(images[1], broken)  # the user fixes the file
+    again = infer(InferOptions(**opts), loaded=loaded)
+    assert again.samples == 0 and read_jsonl(out)[1]["error"] is not None  # plain resume keeps the error row
+    retried = infer(InferOptions(**opts, retry_errors=True), loaded=loaded)
+    rows = read_jsonl(out)
+    assert retried.samples == 1 and retried.skipped_existing == 1
+    assert [r["id"] for r in rows] == paths and rows[1]["error"] is None and rows[1]["n_new_tokens"] >= 1
+    assert rows[0] == good_row  # the good row was not redone

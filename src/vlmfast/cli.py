@@ -57,6 +57,7 @@ Seed = Annotated[Optional[int], typer.Option(help="Random seed (sampling).", ric
 IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Always decode --max-new-tokens (benchmarks).", rich_help_panel=GEN)]
 Out = Annotated[Optional[str], typer.Option(help="JSONL results file (default: stdout). Rerunning skips ids already there.", rich_help_panel=OUTPUT)]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Redo ids already in --out.", rich_help_panel=OUTPUT)]
+RetryErrors = Annotated[bool, typer.Option("--retry-errors", help="Resume, and redo the ids whose earlier row is an error row.", rich_help_panel=OUTPUT)]
 Json = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout (needs --out).", rich_help_panel=OUTPUT)]
 JsonFindings = Annotated[bool, typer.Option("--json", help="Print the findings as one JSON object on stdout.", rich_help_panel=OUTPUT)]
 
@@ -121,6 +122,7 @@ def infer(
     merge: Merge = False,
     out: Out = None,
     overwrite: Overwrite = False,
+    retry_errors: RetryErrors = False,
     json_out: Json = False,
 ):
     """Generate for images + prompts with the KV cache forced on; JSONL results and a timing report."""
@@ -137,7 +139,7 @@ def infer(
             raise UsageError(f"--batch-size {batch_size}: expected a positive integer or auto", hint="e.g. --batch-size 8")
         options = InferOptions(
             ckpt=ckpt, images=images, prompt=prompt, prompt_file=prompt_file, manifest=manifest, template=template,
-            system=system, out=out, overwrite=overwrite, skip_bad=skip_bad,
+            system=system, out=out, overwrite=overwrite, retry_errors=retry_errors, skip_bad=skip_bad,
             batch_size=None if batch_size == "auto" else int(batch_size),
             generation=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                           seed=seed, ignore_eos=ignore_eos),

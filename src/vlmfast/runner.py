@@ -33,6 +33,7 @@ class InferOptions:
     system: str | None = None
     out: str | None = None
     overwrite: bool = False
+    retry_errors: bool = False  # resume: redo ids whose earlier row is an error row
     skip_bad: bool = False
     batch_size: int | None = None  # None: auto (from free GPU memory; CPU_BATCH_SIZE on a CPU)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
@@ -140,6 +141,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
         notes += prepare_out(out, overwrite=options.overwrite)
     dist.barrier()  # every process reads the same, repaired file
     done, _ = read_existing(out, repair=False) if out is not None else ({}, None)
+    if options.retry_errors:  # error rows are redone; the new row replaces the old one when the file is finalized
+        done = {rid: row for rid, row in done.items() if row.get("error") is None}
     order = [r.id for r in collected.requests] + [b.id for b in collected.bad]
     todo = [r for r in collected.requests if r.id not in done]
     bad = [b for b in collected.bad if b.id not in done]
