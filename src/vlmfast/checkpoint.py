@@ -343,7 +343,6 @@ class Loaded:
     pad_token_id: int
     suppress_token_ids: list[int]
     load_s: float
-    model_type: str = ""
     notes: list[str] = field(default_factory=list)
     base_source: str | None = None  # LoRA adapter loads: the base (its config.json lives there, not in source)
 
@@ -456,7 +455,6 @@ def load(
         pad_token_id=int(pad),
         suppress_token_ids=vision_placeholder_ids(model.config),
         load_s=time.perf_counter() - start,
-        model_type=model_type,
         notes=notes,
     )
 

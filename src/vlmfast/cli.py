@@ -245,10 +245,11 @@ def doctor(
         from .doctor import diagnose, findings_as_dicts, locate, strict_exit_code
         from .report import print_json, render_findings
 
+        where = str(locate(ckpt).path)
         findings = diagnose(ckpt, base=base)
         if json_out:
-            print_json({"checkpoint": str(locate(ckpt).path), "base": base, "findings": findings_as_dicts(findings)})
-        render_findings(str(locate(ckpt).path), findings)
+            print_json({"checkpoint": where, "base": base, "findings": findings_as_dicts(findings)})
+        render_findings(where, findings)
         if strict and (code := strict_exit_code(findings)):
             raise typer.Exit(code)
 

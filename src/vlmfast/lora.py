@@ -14,7 +14,6 @@ from .errors import CheckpointError
 
 ADAPTER_CONFIG = "adapter_config.json"
 # What makes an adapter dir's own processor usable instead of the base's.
-_PROCESSOR_CONFIGS = ("preprocessor_config.json", "processor_config.json")
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
 
@@ -96,8 +95,10 @@ def load_adapter_model(base_model, adapter_dir, merge: bool):
 
 def has_own_processor(adapter_dir) -> bool:
     """Whether the adapter dir carries a processor (config + tokenizer) to use instead of the base's."""
+    from .doctor import has_processor_config
+
     d = Path(adapter_dir)
-    return any((d / f).is_file() for f in _PROCESSOR_CONFIGS) and any((d / f).is_file() for f in _TOKENIZER_FILES)
+    return has_processor_config(d) and any((d / f).is_file() for f in _TOKENIZER_FILES)
 
 
 def load_with_adapter(adapter_dir, base: str | None = None, merge: bool = False, **load_kwargs):

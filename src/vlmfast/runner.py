@@ -46,7 +46,6 @@ class InferOptions:
     allow_pickle: bool = False
     base: str | None = None  # LoRA adapter checkpoints: the base model (default: adapter_config.json's)
     merge: bool = False  # LoRA: merge the adapter into the weights before generating
-    record_steps: bool = False
     max_batch_tokens: int | None = None
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
     overlap: bool | None = None  # prepare the next batch while this one generates (None: on CUDA only)
@@ -160,7 +159,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
                       base=options.base, merge=options.merge)
     notes.extend(loaded.notes)
     engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                    record_steps=options.record_steps, overlap=options.overlap, compile=options.compile)
+                    overlap=options.overlap, compile=options.compile)
     if engine.max_pixels_capped:
         notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
     too_long = engine.context_problems(todo, collected.image_sizes)  # same verdict on every process
@@ -222,11 +221,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
         options, loaded, engine, combined, [t for p in everyone for t in p["timings"]],
         generate_s=max(p["generate_s"] for p in everyone), skipped=skipped, notes=notes,
         peak=max((p["peak"] for p in everyone), key=lambda x: x[0]),
+        oom_splits=sum(p["oom_splits"] for p in everyone), compile_s=compile_s,
     )
-    report.oom_splits = sum(p["oom_splits"] for p in everyone)
-    report.compile_s = None if compile_s is None else round(compile_s, 3)
-    if report.oom_splits:
-        notes.append(f"out of memory: {report.oom_splits} batch(es) were halved and retried")
     if dist.world > 1:
         report.processes = [_process_figures(p) for p in everyone]
     return report
@@ -266,8 +262,11 @@ def _process_figures(p: dict) -> dict:
             "tokens_per_s": round(tokens / p["generate_s"], 2) if p["generate_s"] > 0 else 0.0}
 
 
-def summarize(options, loaded, engine, results, timings, *, generate_s, skipped, notes, peak) -> InferReport:
+def summarize(options, loaded, engine, results, timings, *, generate_s, skipped, notes, peak, oom_splits=0,
+              compile_s=None) -> InferReport:
     ok = [r for r in results if r.error is None]
+    if oom_splits:
+        notes = notes + [f"out of memory: {oom_splits} batch(es) were halved and retried"]
     new_tokens = sum(r.n_new_tokens for r in ok)
     ttft_ms = [t.ttft_s * 1000 for t in timings for _ in range(t.size)]  # each sample waits for its batch
     decode_steps = sum(max(t.steps - 1, 0) for t in timings)
@@ -280,7 +279,7 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         skipped_existing=skipped,
         new_tokens=new_tokens,
         load_s=round(loaded.load_s, 4),
-        compile_s=None,
+        compile_s=None if compile_s is None else round(compile_s, 3),
         preprocess_s=round(sum(t.preprocess_s for t in timings), 4),
         preprocess_exposed_s=round(sum(t.preprocess_exposed_s or 0.0 for t in timings), 4),
         generate_s=round(generate_s, 4),
@@ -300,7 +299,7 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         max_new_tokens=options.generation.max_new_tokens,
         finish={"eos": sum(r.finish_reason == "eos" for r in ok), "length": sum(r.finish_reason == "length" for r in ok)},
         no_answer=sum(r.answer is None for r in ok),
-        oom_splits=engine.oom_splits,
+        oom_splits=oom_splits,
         max_pixels=engine.max_pixels,
         max_pixels_capped=engine.max_pixels_capped,
         **_bandwidth(loaded, ok, timings, decode_ms_per_token),
