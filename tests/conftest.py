@@ -1,11 +1,46 @@
-"""Shared fixtures: one tiny GRPO-like and one base-like checkpoint per session, sample images."""
+"""Shared fixtures and helpers: one tiny GRPO-like and one base-like checkpoint per session, sample
+images, trainer layouts, and two ways to drive the CLI."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+VLMFAST = Path(sys.executable).parent / "vlmfast"
+
+
+def vlmfast(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """The installed console script in a subprocess, as CI shell scripts call it: for what only a
+    process proves (exit codes with signals, stdout kept clean, what gets imported, the launcher)."""
+    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([str(VLMFAST), *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout)
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args) -> CliResult:
+    """The same Typer app called in this process (no interpreter start-up, torch imported once).
+    An exception the CLI did not turn into an exit code is re-raised: a traceback is a failure."""
+    from typer.testing import CliRunner
+
+    from vlmfast.cli import app, spread_multi_value
+
+    result = CliRunner().invoke(app, spread_multi_value([str(a) for a in args]), env={"COLUMNS": "200"})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return CliResult(result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +66,20 @@ def images(tmp_path_factory) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def loaded(grpo_ckpt):
-    """The GRPO-like checkpoint loaded by vlmfast (cache forced on). Read-only for tests."""
+    """The GRPO-like checkpoint loaded by vlmfast (cache forced on), on the CPU in float32 whatever
+    the machine has: tests compare tokens exactly. Read-only for tests."""
     from vlmfast.checkpoint import load
 
-    return load(str(grpo_ckpt))
+    return load(str(grpo_ckpt), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def layouts(tmp_path_factory):
+    """Every trainer output layout around tiny checkpoints, built once per session."""
+    from layouts import LAYOUTS, build_layout
+
+    root = tmp_path_factory.getbasetemp() / "layouts"
+    return {like: build_layout(root / like, like) for like in LAYOUTS}
 
 
 def read_jsonl(path: Path) -> list[dict]:

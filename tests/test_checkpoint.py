@@ -3,9 +3,8 @@ import shutil
 import pytest
 
 from conftest import edit_json
-from vlmfast.checkpoint import (
-    cache_off_locations, choose_runtime, eos_list, load, resolve_checkpoint, saved_cache_enabled,
-)
+from vlmfast.checkpoint import choose_runtime, eos_list, load
+from vlmfast.ckpt_files import cache_off_locations, read_configs, saved_cache_enabled
 from vlmfast.errors import CheckpointError, UsageError
 
 ALL_OFF = ["config.json: use_cache", "config.json: text_config.use_cache", "generation_config.json: use_cache"]
@@ -34,10 +33,8 @@ def _copy(ckpt, tmp_path, name="c"):
 
 
 def test_tiny_grpo_checkpoint_hides_cache_off_everywhere(grpo_ckpt, base_ckpt):
-    from vlmfast.checkpoint import Resolved, read_configs
-
-    assert cache_off_locations(*read_configs(Resolved(str(grpo_ckpt), True))) == ALL_OFF
-    assert cache_off_locations(*read_configs(Resolved(str(base_ckpt), True))) == []
+    assert cache_off_locations(*read_configs(grpo_ckpt)) == ALL_OFF
+    assert cache_off_locations(*read_configs(base_ckpt)) == []
 
 
 def _decoder_lengths(model, run):
@@ -95,33 +92,6 @@ def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
     assert engine.loaded.model.generation_config.use_cache is True and engine.loaded.cache.forced_on
     lengths = _decoder_lengths(engine.loaded.model, lambda: engine.generate(inputs))
     assert lengths[0] == inputs["input_ids"].shape[1] and lengths[1:] == [1] * 5
-
-
-def test_checkpoint_n_picks_highest_numeric_with_weights(grpo_ckpt, tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    for n in (9, 10, 100):
-        shutil.copytree(grpo_ckpt, out / f"checkpoint-{n}")
-    (out / "checkpoint-100" / "model.safetensors").unlink()  # an interrupted save: no weights
-    (out / "checkpoint-1000").mkdir()  # empty
-    r = resolve_checkpoint(str(out))
-    assert r.source == str(out / "checkpoint-10") and r.is_local
-    assert "checkpoint-10" in r.note and "skipped checkpoint-1000, checkpoint-100" in r.note
-
-
-def test_resolve_errors_and_hub_ids(tmp_path):
-    with pytest.raises(CheckpointError, match="no such directory"):
-        resolve_checkpoint(str(tmp_path / "nope"))
-    with pytest.raises(CheckpointError, match="not a checkpoint"):
-        resolve_checkpoint(str(tmp_path))
-    (tmp_path / "checkpoint-5").mkdir()
-    with pytest.raises(CheckpointError, match="none of its checkpoint-N"):
-        resolve_checkpoint(str(tmp_path))
-    (tmp_path / "checkpoint-5").rmdir()
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(CheckpointError, match="no weights"):
-        resolve_checkpoint(str(tmp_path))
-    assert resolve_checkpoint("Qwen/Qwen2.5-VL-3B-Instruct").is_local is False
 
 
 def test_choose_runtime():

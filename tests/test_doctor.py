@@ -11,13 +11,6 @@ import pytest
 from conftest import edit_json
 from vlmfast.doctor import CODES, diagnose, findings_as_dicts, strict_exit_code
 from vlmfast.errors import CheckpointError
-from vlmfast.layouts import LAYOUTS, build_layout
-
-
-@pytest.fixture(scope="session")
-def layouts(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "layouts"  # shared with the other modules: built once
-    return {like: build_layout(root / like, like) for like in LAYOUTS}
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -249,7 +242,7 @@ def test_strict_exit_code_and_dicts(grpo_ckpt, layouts):
 
 
 def test_hub_ids_and_missing_paths_are_clear_errors(tmp_path):
-    with pytest.raises(CheckpointError, match="not hub ids") as err:
+    with pytest.raises(CheckpointError, match="reads local directories only") as err:
         diagnose("Qwen/Qwen2.5-VL-3B-Instruct")
     assert "huggingface-cli download" in err.value.hint
     with pytest.raises(CheckpointError, match="no such directory"):

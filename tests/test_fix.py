@@ -13,17 +13,11 @@ import pytest
 
 from conftest import edit_json
 from vlmfast.doctor import diagnose
+from vlmfast.errors import CheckpointError
 from vlmfast.fix import FixError, apply_fix, dump_like, merge_lora, plan_fix
-from vlmfast.layouts import LAYOUTS, build_layout
 
 FIXED_BY_FIX = {"cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
                 "tokenizer-missing", "chat-template-missing"}
-
-
-@pytest.fixture(scope="session")
-def layouts(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "layouts"  # shared with the other modules: built once
-    return {like: build_layout(root / like, like) for like in LAYOUTS}
 
 
 def _digests(d: Path) -> dict[str, str]:
@@ -174,10 +168,10 @@ def test_changed_since_planned_is_refused(grpo_ckpt, tmp_path):
 
 
 def test_hub_ids_and_adapters_are_refused(layouts):
-    with pytest.raises(FixError, match="not a hub id") as err:
+    with pytest.raises(CheckpointError, match="reads local directories only") as err:
         plan_fix("Qwen/Qwen2.5-VL-3B-Instruct")
     assert "huggingface-cli download" in err.value.hint
-    with pytest.raises(FixError, match="LoRA adapter") as err:
+    with pytest.raises(CheckpointError, match="LoRA adapter") as err:
         plan_fix(layouts["swift-lora"].root)
     assert "--merge-lora" in err.value.hint
 

@@ -9,18 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from vlmfast.checkpoint import load, locate_checkpoint, resolve_checkpoint
+from layouts import LAYOUTS, build_layout, merge_fsdp_shards
+from vlmfast.checkpoint import load
 from vlmfast.errors import CheckpointError
-from vlmfast.layouts import LAYOUTS, build_layout, merge_fsdp_shards
+from vlmfast.locate import locate, require
 from vlmfast.tiny import build_checkpoint
-
-
-@pytest.fixture(scope="session")
-def layouts(tmp_path_factory):
-    # Same path in every test module: build_layout reuses a complete build (its stamp), so each
-    # layout is built once per session.
-    root = tmp_path_factory.getbasetemp() / "layouts"
-    return {like: build_layout(root / like, like) for like in LAYOUTS}
 
 
 def _digests(d: Path) -> dict[str, str]:
@@ -53,7 +46,7 @@ def test_each_layout_has_its_trainer_files(layouts):
 @pytest.mark.parametrize("like", LAYOUTS)
 def test_layout_locates_where_documented(layouts, like):
     info = layouts[like]
-    found = locate_checkpoint(info.root)
+    found = locate(info.root)
     assert found.path == info.model_dir
     assert found.kind == {"easyr1": "fsdp", "swift-lora": "adapter"}.get(like, "model")
     assert (found.note is None) == (like == "base")
@@ -101,7 +94,7 @@ def test_highest_step_with_weights_wins_across_layouts(layouts, tmp_path):
     root = tmp_path / "easyr1"
     shutil.copytree(layouts["easyr1"].root, root)
     merge_fsdp_shards(root / "global_step_2" / "actor")  # only the older step is merged
-    r = resolve_checkpoint(str(root))
+    r = require(locate(str(root)), "model")
     assert r.source == str(root / "global_step_2" / "actor" / "huggingface")
     assert "skipped global_step_4" in r.note
 
@@ -109,9 +102,9 @@ def test_highest_step_with_weights_wins_across_layouts(layouts, tmp_path):
 def test_swift_lora_needs_its_base_and_runs_with_it(layouts, images):
     info = layouts["swift-lora"]
     with pytest.raises(CheckpointError, match="LoRA adapter") as err:
-        resolve_checkpoint(str(info.root))  # callers that cannot take an adapter are told what to do
+        require(locate(str(info.root)), "model")  # callers that cannot take an adapter are told what to do
     assert "--merge-lora" in err.value.hint and str(info.base) in err.value.message
-    resolved = resolve_checkpoint(str(info.root), adapters=True)
+    resolved = require(locate(str(info.root)), "model", "adapter")
     assert (resolved.kind, resolved.source) == ("adapter", str(info.model_dir))
     loaded = load(str(info.root))  # the loader takes the base named in adapter_config.json
     assert (loaded.source, loaded.base_source) == (str(info.model_dir), str(info.base))
@@ -126,6 +119,6 @@ def test_swift_merged_lora_beside_the_adapter_wins(layouts, tmp_path):
     shutil.copytree(layouts["swift-lora"].root, root)
     adapter = root / "v0-20250101-000000" / "checkpoint-4"
     merge_lora(adapter, adapter.with_name("checkpoint-4-merged"))  # what `swift export --merge_lora` writes
-    r = resolve_checkpoint(str(root))
+    r = locate(str(root))
     assert (r.kind, r.source) == ("model", str(adapter.with_name("checkpoint-4-merged")))
     assert "checkpoint-4-merged" in r.note

@@ -8,15 +8,10 @@ import shutil
 import pytest
 
 from conftest import edit_json
+from vlmfast.checkpoint import load
+from vlmfast.ckpt_files import is_adapter_dir
 from vlmfast.errors import CheckpointError
-from vlmfast.lora import adapter_base, is_adapter_dir, load_with_adapter, resolve_base
-from vlmfast.layouts import LAYOUTS, build_layout
-
-
-@pytest.fixture(scope="session")
-def layouts(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "layouts"  # shared with the other modules: built once
-    return {like: build_layout(root / like, like) for like in LAYOUTS}
+from vlmfast.lora import adapter_base, resolve_base
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +43,17 @@ def test_adapter_dir_and_its_base(lora, base_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="does not name its base"):
         adapter_base(d)
     with pytest.raises(CheckpointError, match="a LoRA adapter"):  # --base must be a full model
-        load_with_adapter(lora.model_dir, base=str(lora.model_dir))
+        load(str(lora.model_dir), base=str(lora.model_dir))
 
 
 def test_unmerged_merged_and_merge_lora_give_identical_greedy_tokens(lora, images, tmp_path):
     import torch
 
-    from vlmfast.checkpoint import load
     from vlmfast.fix import merge_lora
 
     some = images[:3]
-    unmerged = load_with_adapter(lora.model_dir, merge=False)
-    merged = load_with_adapter(lora.model_dir, merge=True)
+    unmerged = load(str(lora.model_dir), merge=False)
+    merged = load(str(lora.model_dir), merge=True)
     written = load(str(merge_lora(lora.model_dir, tmp_path / "merged").out_dir))
     base = load(str(lora.base))
     assert any("unmerged" in n for n in unmerged.notes) and any("merged into" in n for n in merged.notes)
@@ -84,7 +78,7 @@ def test_adapter_dir_with_its_own_processor_uses_it(lora, tmp_path):
         if f.name.startswith(("preprocessor", "processor", "video_preprocessor", "tokenizer", "vocab", "merges",
                               "chat_template", "special_tokens", "added_tokens")):
             shutil.copyfile(f, d / f.name)
-    loaded = load_with_adapter(d)
+    loaded = load(str(d))
     assert any("processor from the adapter dir" in n for n in loaded.notes)
     assert loaded.processor.tokenizer.padding_side == "left"
 
@@ -93,5 +87,5 @@ def test_an_adapter_for_another_model_is_a_clear_error(lora, tmp_path):
     d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
     edit_json(d / "adapter_config.json", lambda c: c.update(target_modules=r".*\.no_such_proj"))
     with pytest.raises(CheckpointError, match="cannot apply the adapter") as err:
-        load_with_adapter(d)
+        load(str(d))
     assert "--base" in err.value.hint

@@ -5,15 +5,7 @@ import json
 import pytest
 
 from conftest import read_jsonl
-from test_cli import vlmfast
-
-
-@pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    from vlmfast.layouts import LAYOUTS, build_layout
-
-    root = tmp_path_factory.mktemp("layouts")
-    return {like: build_layout(root / like, like) for like in LAYOUTS}
+from conftest import vlmfast
 
 
 def _doctor(path, *extra):
@@ -43,7 +35,7 @@ def test_full_weight_trainer_outputs(layouts, images, tmp_path, like):
 
 
 def test_easyr1_unmerged_shards_then_merged(layouts, images, tmp_path):
-    from vlmfast.layouts import merge_fsdp_shards
+    from layouts import merge_fsdp_shards
 
     info = layouts["easyr1"]
     code, errors = _doctor(info.root)

@@ -2,18 +2,21 @@
 
 :func:`diagnose` reads files only (JSON configs, safetensors headers; no tensors, no model) and returns
 :class:`Finding` objects, each with a stable ``code`` and the exact ``fix``. Trainer output dirs are
-walked like ``--ckpt`` is (:func:`vlmfast.checkpoint.locate_checkpoint`). Local directories only.
+found as ``--ckpt`` is (:func:`vlmfast.locate.locate`). Local directories only. Config-level checks import
+neither torch nor transformers, so doctor answers in well under a second.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .checkpoint import HUB_ID, IM_END, Located, cache_off_locations, fsdp_merge_hint, locate_checkpoint
-from .errors import CheckpointError
+from .ckpt_files import (
+    IM_END, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, has_chat_template,
+    has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting, token_id,
+)
+from .locate import HUB_ID, Located, fsdp_merge_hint, locate, require
 
 SEVERITIES = ("error", "warning", "info")
 CODES = (  # every finding code diagnose can return; stable: scripts and docs depend on them
@@ -24,10 +27,14 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "trainer-state", "swift-args",
 )
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
-PROCESSOR_CONFIGS = ("preprocessor_config.json", "processor_config.json")
-TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 # Classes transformers renamed or never had, and what the checkpoint should say instead.
 RENAMED = {"Qwen2_5_VLImageProcessor": "Qwen2VLImageProcessor"}
+# Exported by every transformers vlmfast supports (4.57 and 5.x; the Fast names as aliases in 5.x):
+# checking these needs no import of transformers, which costs seconds (on 4.57 it imports torch).
+ALWAYS_KNOWN = frozenset({
+    "Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2_5_VLProcessor", "Qwen2VLProcessor",
+    "Qwen2Tokenizer", "Qwen2TokenizerFast", "Qwen2VLVideoProcessor",
+})
 # HF Trainer pickles these next to the weights; they are not weights and never loaded for inference.
 NOT_WEIGHTS = ("training_args.bin",)
 
@@ -57,24 +64,11 @@ def strict_exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 
-def locate(spec) -> Located:
-    """The local directory :func:`diagnose` looks at; hub ids and missing paths are CheckpointErrors."""
-    path = Path(str(spec)).expanduser()
-    if path.is_dir():
-        return locate_checkpoint(path)
-    if not path.exists() and HUB_ID.match(str(spec)):
-        raise CheckpointError(
-            f"{spec}: doctor reads local directories, not hub ids",
-            hint=f"download it first (huggingface-cli download {spec} --local-dir DIR), then run doctor on DIR",
-        )
-    raise CheckpointError(f"{spec}: no such directory", hint="point doctor at the checkpoint directory")
-
-
 def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> list[Finding]:
     """Every finding for the checkpoint at ``ckpt`` (a local model, trainer output or adapter dir),
     errors first. ``base`` (a local dir) adds comparisons: EOS list, vocabulary, tied embeddings,
     float32 vs a 16-bit base. Float32 storage is otherwise reported from ``float32_min_bytes`` on."""
-    target = locate(ckpt)
+    target = locate(ckpt)  # hub ids and missing paths: CheckpointError with a hint
     base_dir = _base_dir(base) if base is not None else None
     d = target.path
     found: list[Finding] = []
@@ -84,9 +78,9 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> 
         found += _adapter(d, base)
         found += _trainer_leftovers(d)
         return _ordered(found)
-    config = _json(d / "config.json")
-    generation = _json(d / "generation_config.json") if (d / "generation_config.json").is_file() else None
-    base_cfg = _json(base_dir / "config.json") if base_dir else None
+    config = read_json_object(d / "config.json")
+    generation = read_json_object(d / "generation_config.json") if (d / "generation_config.json").is_file() else None
+    base_cfg = read_json_object(base_dir / "config.json") if base_dir else None
     found += _cache(d, config, generation)
     found += _eos(d, config, generation, base_dir, base_cfg)
     found += _files(d, base_dir)
@@ -103,29 +97,7 @@ def _ordered(found: list[Finding]) -> list[Finding]:
 
 
 def _base_dir(base) -> Path:
-    located = locate(base)
-    if located.kind == "adapter":
-        raise CheckpointError(f"{located.path}: --base is a LoRA adapter", hint="pass the full base model")
-    return located.path
-
-
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path}: missing", hint="point doctor at the directory holding config.json") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc})", hint="the file must be valid UTF-8 JSON") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object", hint="the file is not a transformers config")
-    return data
-
-
-def _maybe_json(path: Path) -> dict:
-    try:
-        return _json(path) if path.is_file() else {}
-    except CheckpointError:
-        return {}
+    return require(locate(base), "model", "fsdp", "incomplete").path  # a base to compare with, not an adapter
 
 
 def _fix_cmd(d: Path, base: Path | None = None) -> str:
@@ -147,35 +119,12 @@ def _cache(d: Path, config: dict, generation: dict | None) -> list[Finding]:
     return out
 
 
-def token_id(d: Path, token: str) -> int | None:
-    """A special token's id from the tokenizer files (no tokenizer is loaded)."""
-    for entry in _maybe_json(d / "tokenizer.json").get("added_tokens", []):
-        if isinstance(entry, dict) and entry.get("content") == token:
-            return entry.get("id")
-    for key, entry in _maybe_json(d / "tokenizer_config.json").get("added_tokens_decoder", {}).items():
-        if isinstance(entry, dict) and entry.get("content") == token and key.isdigit():
-            return int(key)
-    value = _maybe_json(d / "added_tokens.json").get(token)
-    return value if isinstance(value, int) else None
-
-
-def saved_eos(config: dict, generation: dict | None) -> tuple[list[int], str]:
-    """The EOS ids plain generate stops on, and where they come from (``file: key``)."""
-    for where, data in (("generation_config.json: eos_token_id", generation),
-                        ("config.json: eos_token_id", config),
-                        ("config.json: text_config.eos_token_id", config.get("text_config"))):
-        if isinstance(data, dict) and data.get("eos_token_id") is not None:
-            value = data["eos_token_id"]
-            return ([value] if isinstance(value, int) else list(value)), where
-    return [], "generation_config.json: eos_token_id"
-
-
 def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
     eos, where = saved_eos(config, generation)
     im_end = token_id(d, IM_END)
     if im_end is None and base_dir is not None:
         im_end = token_id(base_dir, IM_END)
-    base_eos = saved_eos(base_cfg, _maybe_json(base_dir / "generation_config.json") or None)[0] if base_dir else None
+    base_eos = saved_eos(base_cfg, maybe_json(base_dir / "generation_config.json") or None)[0] if base_dir else None
     fix = _fix_cmd(d, base_dir)
     if im_end is not None and im_end not in eos:
         wanted = f"the base's {base_eos}" if base_eos else f"{[im_end] + eos}"
@@ -186,17 +135,6 @@ def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
         return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",
                         f"{fix} (takes the base's list)")]
     return []
-
-
-def has_chat_template(d: Path) -> bool:
-    if any((d / f).is_file() for f in TEMPLATE_FILES):
-        return True
-    return any(_maybe_json(d / f).get("chat_template") for f in ("tokenizer_config.json", *PROCESSOR_CONFIGS))
-
-
-def has_processor_config(d: Path) -> bool:
-    # transformers 4.x writes preprocessor_config.json; 5.x nests the image processor in processor_config.json.
-    return (d / "preprocessor_config.json").is_file() or "image_processor" in _maybe_json(d / "processor_config.json")
 
 
 def _files(d: Path, base_dir: Path | None) -> list[Finding]:
@@ -223,7 +161,7 @@ def _class_keys(d: Path):
     remote code for it (auto_map)."""
     for name in ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
                  "tokenizer_config.json"):
-        data = _maybe_json(d / name)
+        data = maybe_json(d / name)
         if "auto_map" in data:
             continue
         for key in ("image_processor_type", "video_processor_type", "processor_class", "tokenizer_class"):
@@ -235,7 +173,10 @@ def _class_keys(d: Path):
 
 
 def known_class(name: str) -> bool:
-    """Whether the installed transformers exports a class of that name (deprecated aliases count)."""
+    """Whether the installed transformers exports a class of that name (deprecated aliases count).
+    Names every supported version exports answer without importing transformers."""
+    if name in ALWAYS_KNOWN:
+        return True
     import transformers
     from transformers.utils import logging as hf_logging
 
@@ -250,40 +191,19 @@ def known_class(name: str) -> bool:
 
 
 def _classes(d: Path) -> list[Finding]:
-    import transformers
-
     out = []
     for file, key, name in _class_keys(d):
         if known_class(name):
             continue
-        saved = _maybe_json(d / "config.json").get("transformers_version", "unknown")
+        import transformers  # known_class imported it already
+
+        saved = maybe_json(d / "config.json").get("transformers_version", "unknown")
         instead = f"set {key} to {RENAMED[name]!r}" if name in RENAMED else "copy the file from the base model"
         out.append(Finding("error", "unknown-class", f"{file}: {key}",
                            f"{name!r} is not a class of the installed transformers {transformers.__version__} "
                            f"(the checkpoint was saved with {saved})",
                            f"{instead}, or install the transformers version it was saved with"))
     return out
-
-
-def safetensors_header(path: Path) -> dict:
-    """The JSON header of a safetensors file: tensor name → dtype, shape, data_offsets. Reads no tensors."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        if not 0 < size < 2**27:
-            raise ValueError(f"implausible header size {size}")
-        return json.loads(f.read(size))
-
-
-def tensor_index(d: Path) -> dict[str, tuple[str, list[int], int]]:
-    """name → (dtype, shape, bytes) over the dir's full-model safetensors files."""
-    index = {}
-    for file in sorted(d.glob("*.safetensors")):
-        if file.name.startswith("adapter_model"):
-            continue
-        for name, meta in safetensors_header(file).items():
-            if name != "__metadata__":
-                index[name] = (meta["dtype"], meta["shape"], meta["data_offsets"][1] - meta["data_offsets"][0])
-    return index
 
 
 def _mib(n: int) -> str:
@@ -326,7 +246,7 @@ def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> 
 def _remote_code(d: Path) -> list[Finding]:
     out = []
     for name in ("config.json", "tokenizer_config.json", *PROCESSOR_CONFIGS):
-        auto_map = _maybe_json(d / name).get("auto_map")
+        auto_map = maybe_json(d / name).get("auto_map")
         if auto_map:
             py = sorted(p.name for p in d.glob("*.py"))
             out.append(Finding("warning", "remote-code", f"{name}: auto_map",
@@ -335,11 +255,6 @@ def _remote_code(d: Path) -> list[Finding]:
                                "read the .py files before passing --trust-remote-code; Qwen2.5-VL needs no remote code: "
                                "delete auto_map to use transformers' own classes"))
     return out
-
-
-def _text(config: dict, key: str):
-    text = config.get("text_config")
-    return config.get(key, text.get(key) if isinstance(text, dict) else None)
 
 
 def _embed_rows(index: dict) -> tuple[str, int] | None:
@@ -351,7 +266,7 @@ def _embed_rows(index: dict) -> tuple[str, int] | None:
 
 def _vocab(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) -> list[Finding]:
     out = []
-    vocab = _text(config, "vocab_size")
+    vocab = text_setting(config, "vocab_size")
     try:
         index, base_index = tensor_index(d), (tensor_index(base_dir) if base_dir else {})
     except (OSError, ValueError, KeyError, TypeError):
@@ -363,13 +278,13 @@ def _vocab(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) 
                            "set vocab_size to the embedding's row count, or re-save the model"))
     if base_cfg is None:
         return out
-    base_vocab, base_embed = _text(base_cfg, "vocab_size"), _embed_rows(base_index)
+    base_vocab, base_embed = text_setting(base_cfg, "vocab_size"), _embed_rows(base_index)
     mine, theirs = (embed[1] if embed else vocab), (base_embed[1] if base_embed else base_vocab)
     if mine and theirs and mine != theirs:
         out.append(Finding("warning", "vocab-differs-from-base", "config.json: vocab_size",
                            f"embedding/vocabulary size {mine} differs from the base's {theirs}: tokens were added or "
                            "the wrong base is compared", "check the tokenizer files match these weights (compare added_tokens)"))
-    tie, base_tie = _text(config, "tie_word_embeddings"), _text(base_cfg, "tie_word_embeddings")
+    tie, base_tie = text_setting(config, "tie_word_embeddings"), text_setting(base_cfg, "tie_word_embeddings")
     head, base_head = "lm_head.weight" in index, "lm_head.weight" in base_index
     if (tie is not None and base_tie is not None and tie != base_tie) or (index and base_index and head != base_head):
         out.append(Finding("warning", "tie-embeddings-differs-from-base", "config.json: tie_word_embeddings",
@@ -380,8 +295,6 @@ def _vocab(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) 
 
 
 def _adapter(d: Path, base) -> list[Finding]:
-    from .lora import adapter_base_or_none, adapter_config
-
     cfg = adapter_config(d)
     named = adapter_base_or_none(d)
     use = str(base) if base is not None else named
@@ -397,7 +310,7 @@ def _adapter(d: Path, base) -> list[Finding]:
 
 def _trainer_leftovers(d: Path) -> list[Finding]:
     out = []
-    state = _maybe_json(d / "trainer_state.json")
+    state = maybe_json(d / "trainer_state.json")
     if state:
         last = next((e for e in reversed(state.get("log_history") or []) if isinstance(e, dict)), {})
         logged = ", ".join(f"{k} {last[k]}" for k in ("reward", "loss") if k in last)
@@ -406,7 +319,7 @@ def _trainer_leftovers(d: Path) -> list[Finding]:
                            f"saved at global_step {state.get('global_step')} of {state.get('max_steps')}"
                            + (f"; last logged: {logged}" if logged else "") + (f"; best checkpoint: {best}" if best else ""),
                            ""))
-    args = _maybe_json(d / "args.json")
+    args = maybe_json(d / "args.json")
     if args:
         what = ", ".join(f"{k} {args[k]!r}" for k in ("train_type", "rlhf_type", "model") if k in args)
         out.append(Finding("info", "swift-args", "args.json", f"ms-swift run: {what}", ""))

@@ -17,14 +17,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import HUB_ID, IM_END, read_json_object, resolve_checkpoint
-from .doctor import PROCESSOR_CONFIGS, TEMPLATE_FILES, has_chat_template, has_processor_config, locate, saved_eos, token_id
+from .ckpt_files import (
+    IM_END, PROCESSOR_GROUP, TEMPLATE_FILES, TOKENIZER_FILES, has_chat_template, has_processor_config,
+    is_adapter_dir, read_json_object, saved_eos, token_id,
+)
 from .errors import CheckpointError
 from .files import atomic_write, publish_directory
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                   "special_tokens_map.json", "added_tokens.json")
-PROCESSOR_GROUP = (*PROCESSOR_CONFIGS, "video_preprocessor_config.json")
+from .locate import locate, require
 
 
 class FixError(CheckpointError):
@@ -84,16 +83,9 @@ class FixResult:
     copied: list[Path] = field(default_factory=list)
 
 
-def _local_dir(spec, what: str) -> Path:
-    path = Path(str(spec)).expanduser()
-    if not path.exists() and HUB_ID.match(str(spec)):
-        raise FixError(f"{spec}: {what} must be a local directory, not a hub id",
-                       hint=f"download it first (huggingface-cli download {spec} --local-dir DIR) and pass DIR")
-    located = locate(path)
-    if located.kind == "adapter":
-        raise FixError(f"{located.path}: a LoRA adapter, not a model to fix in place",
-                       hint=f"merge it into a full checkpoint: vlmfast fix {located.path} --merge-lora OUT")
-    return located.path
+def _local_dir(spec) -> Path:
+    """The directory to fix: a local model (or its config-only save), never a hub id or an adapter."""
+    return require(locate(spec), "model", "fsdp", "incomplete").path
 
 
 def plan_fix(ckpt, processor_from=None) -> FixPlan:
@@ -104,8 +96,8 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     when ``processor_from`` is given). ``processor_from`` (the base model dir) also supplies processor,
     tokenizer and chat-template files the checkpoint lacks.
     """
-    d = _local_dir(ckpt, "the checkpoint")
-    base = _local_dir(processor_from, "--processor-from") if processor_from is not None else None
+    d = _local_dir(ckpt)
+    base = _local_dir(processor_from) if processor_from is not None else None
     plan = FixPlan(d)
     if base is not None:
         plan.copies, created = _missing_files(d, base)
@@ -269,21 +261,21 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     from transformers.utils import cached_file
     from transformers.utils import logging as hf_logging
 
-    from .lora import is_adapter_dir, load_adapter_model, resolve_base
+    from .lora import load_adapter_model, resolve_base
 
     adapter_dir, out = Path(adapter_dir), Path(out_dir)
     if not is_adapter_dir(adapter_dir):
         raise FixError(f"{adapter_dir}: not a LoRA adapter dir (no adapter_config.json)", hint="point at the adapter dir")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FixError(f"{out}: exists and is not empty", hint="choose a new output directory")
-    resolved = resolve_checkpoint(resolve_base(adapter_dir, base))
-    base_dir = Path(resolved.source) if resolved.is_local else None
+    found = require(locate(resolve_base(adapter_dir, base), hub=True), "model", "hub")
+    base_dir = found.path
 
     def base_file(name: str) -> Path | None:
         if base_dir is not None:
             return base_dir / name if (base_dir / name).is_file() else None
-        found = cached_file(resolved.source, name, _raise_exceptions_for_missing_entries=False)
-        return Path(found) if found else None
+        cached = cached_file(found.source, name, _raise_exceptions_for_missing_entries=False)
+        return Path(cached) if cached else None
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -291,9 +283,9 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.merging-", dir=out.parent))
     try:
         try:  # safetensors only, as everywhere in vlmfast
-            model = AutoModelForImageTextToText.from_pretrained(resolved.source, dtype=torch.float32, use_safetensors=True)
+            model = AutoModelForImageTextToText.from_pretrained(found.source, dtype=torch.float32, use_safetensors=True)
         except Exception as exc:
-            raise FixError(f"{resolved.source}: cannot load the base model ({type(exc).__name__}: {exc})",
+            raise FixError(f"{found.source}: cannot load the base model ({type(exc).__name__}: {exc})",
                            hint="check the base path (adapter_config.json or --processor-from) and its weights") from exc
         saved_dtype = _read(base_file("config.json"))
         saved_dtype = saved_dtype.get("dtype") or saved_dtype.get("torch_dtype") or "float32"
@@ -311,4 +303,4 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    return MergeResult(out, resolved.source, tuple(c.replace(str(tmp), str(out)) for c in fixed))
+    return MergeResult(out, found.source, tuple(c.replace(str(tmp), str(out)) for c in fixed))

@@ -2,7 +2,8 @@
 
 An adapter dir holds ``adapter_config.json`` + ``adapter_model.safetensors``; its base is named in
 ``base_model_name_or_path`` (a hub id, or the path the trainer loaded it from). peft is imported inside
-functions so that recognising an adapter costs nothing.
+functions so that recognising an adapter costs nothing. The loader (:mod:`vlmfast.checkpoint`) and the
+merger (:mod:`vlmfast.fix`) use these pieces; this module loads no model itself.
 """
 
 from __future__ import annotations
@@ -10,32 +11,12 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from .ckpt_files import ADAPTER_CONFIG, adapter_base_or_none, has_processor_config
 from .errors import CheckpointError
+from .locate import HUB_ID
 
-ADAPTER_CONFIG = "adapter_config.json"
 # What makes an adapter dir's own processor usable instead of the base's.
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
-
-
-def is_adapter_dir(path) -> bool:
-    """True if ``path`` is a directory holding a PEFT ``adapter_config.json``."""
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def adapter_config(path) -> dict:
-    """The adapter's ``adapter_config.json`` as a dict (CheckpointError when unreadable)."""
-    from .checkpoint import read_json_object  # lazy: checkpoint imports this module lazily too
-
-    return read_json_object(Path(path) / ADAPTER_CONFIG, "a PEFT adapter config")
-
-
-def adapter_base_or_none(path) -> str | None:
-    """``base_model_name_or_path`` from adapter_config.json, or None when absent or unreadable."""
-    try:
-        base = adapter_config(path).get("base_model_name_or_path")
-    except CheckpointError:
-        return None
-    return base if isinstance(base, str) and base else None
 
 
 def adapter_base(path) -> str:
@@ -52,8 +33,6 @@ def adapter_base(path) -> str:
 def resolve_base(adapter_dir, base: str | None = None) -> str:
     """``base`` when given, else the adapter's named base; CheckpointError when the named base is a
     local path that is not here (trainers record the path they loaded it from)."""
-    from .checkpoint import HUB_ID
-
     spec = base or adapter_base(adapter_dir)
     if base is None and not Path(spec).expanduser().exists() and not HUB_ID.match(spec):
         raise CheckpointError(
@@ -95,42 +74,5 @@ def load_adapter_model(base_model, adapter_dir, merge: bool):
 
 def has_own_processor(adapter_dir) -> bool:
     """Whether the adapter dir carries a processor (config + tokenizer) to use instead of the base's."""
-    from .doctor import has_processor_config
-
     d = Path(adapter_dir)
     return has_processor_config(d) and any((d / f).is_file() for f in _TOKENIZER_FILES)
-
-
-def load_with_adapter(adapter_dir, base: str | None = None, merge: bool = False, **load_kwargs):
-    """Load the base with :func:`vlmfast.checkpoint.load` (cache forced on, left padding, EOS list),
-    then apply the adapter. The processor is the adapter dir's own when it has one, else the base's.
-    ``load_kwargs`` go to ``checkpoint.load`` (device, dtype, attn, trust_remote_code). Returns a
-    :class:`~vlmfast.checkpoint.Loaded` whose ``source`` is the adapter dir and ``base_source`` the base."""
-    from .checkpoint import load, resolve_checkpoint
-
-    adapter_dir = Path(adapter_dir)
-    spec = resolve_base(adapter_dir, base)
-    resolve_checkpoint(spec)  # a base that is itself an adapter (or unmerged) fails here, with its hint
-    loaded = load(spec, **load_kwargs)
-    loaded.base_source = loaded.source
-    loaded.model = load_adapter_model(loaded.model, adapter_dir, merge)
-    loaded.model.generation_config.use_cache = True  # merge_and_unload keeps it; say it anyway
-    how = "merged into the weights" if merge else "unmerged (LoRA layers kept)"
-    loaded.notes.append(f"LoRA adapter {adapter_dir} on base {loaded.source}, {how}")
-    if has_own_processor(adapter_dir):
-        from transformers import AutoProcessor
-
-        try:
-            processor = AutoProcessor.from_pretrained(str(adapter_dir), trust_remote_code=load_kwargs.get("trust_remote_code", False))
-        except Exception as exc:
-            raise CheckpointError(f"{adapter_dir}: cannot load the adapter's processor ({type(exc).__name__}: {exc})",
-                                  hint="remove the broken processor files from the adapter dir to use the base's") from exc
-        processor.tokenizer.padding_side = "left"  # as checkpoint.load: batched generation needs it
-        if getattr(processor, "chat_template", None) is None:
-            processor.chat_template = loaded.processor.chat_template
-        loaded.processor = processor
-        loaded.notes.append("processor from the adapter dir")
-    else:
-        loaded.notes.append("processor from the base (the adapter dir has none)")
-    loaded.source = str(adapter_dir)
-    return loaded

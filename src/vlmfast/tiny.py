@@ -15,6 +15,7 @@ import random
 import shutil
 import tempfile
 
+from .ckpt_files import CHAT_TEMPLATE
 from .files import publish_directory
 
 # initializer_range: greedy decoding must not flip between batch/single or cache on/off. What
@@ -57,31 +58,6 @@ _PRETOKENIZE_REGEX = (
 _STAMP = "vlmfast_tiny.json"
 _MIN_PIXELS, _MAX_PIXELS = 3136, 12845056  # Qwen2.5-VL's released preprocessor defaults
 _IMAGE_SIZES = [(56, 56), (112, 84), (84, 112), (112, 112)]  # (width, height)
-
-# Our own ChatML template: one block per turn; image/video parts become vision placeholders. Also the
-# loader's fallback for checkpoints that lost their template in a merge.
-CHAT_TEMPLATE = r"""{#- vlmfast tiny: ChatML turns, vision parts rendered as placeholder runs -#}
-{%- for turn in messages -%}
-{{- '<|im_start|>' + turn['role'] + '\n' -}}
-{%- if turn['content'] is string -%}
-{{- turn['content'] -}}
-{%- else -%}
-{%- for part in turn['content'] -%}
-{%- if part.get('type') in ('image', 'image_url') or 'image' in part -%}
-{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
-{%- elif part.get('type') == 'video' or 'video' in part -%}
-{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
-{%- elif 'text' in part -%}
-{{- part['text'] -}}
-{%- endif -%}
-{%- endfor -%}
-{%- endif -%}
-{{- '<|im_end|>\n' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-{{- '<|im_start|>assistant\n' -}}
-{%- endif -%}
-"""
 
 _CORPUS = """\
 Look at the image and describe what you see. The picture shows a red box on a blue table.

@@ -1,5 +1,5 @@
-"""Trainer output layouts around a tiny checkpoint: what users point ``--ckpt`` at after an RL run
-(FIELD-NOTES, "Trainer output layouts") — VLM-R1 ``checkpoint-N``, EasyR1 ``global_step_N/actor`` with
+"""Test helper: trainer output layouts around a tiny checkpoint, what users point ``--ckpt`` at after
+an RL run — VLM-R1 ``checkpoint-N``, EasyR1 ``global_step_N/actor`` with
 FSDP shards, ms-swift ``vX-…/checkpoint-N`` (full or LoRA) — for doctor/fix/resolution tests and demos.
 Deterministic: ms-swift's run dir name is fixed.
 """
@@ -12,8 +12,8 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 
-from .files import publish_directory
-from .tiny import PRESETS, _STAMP, _build_into, _existing_checkpoint, _read_json, _write_json, build_checkpoint
+from vlmfast.files import publish_directory
+from vlmfast.tiny import PRESETS, _STAMP, _build_into, _existing_checkpoint, _read_json, _write_json, build_checkpoint
 
 LAYOUTS = ("vlmr1", "easyr1", "swift", "swift-lora", "base")
 _SWIFT_RUN = "v0-20250101-000000"

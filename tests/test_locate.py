@@ -1,0 +1,120 @@
+"""vlmfast.locate: one way to find a checkpoint, and errors that come fast and say what to do."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from vlmfast.errors import CheckpointError
+from vlmfast.locate import locate, require
+
+
+def test_checkpoint_n_picks_highest_numeric_with_weights(grpo_ckpt, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for n in (9, 10, 100):
+        shutil.copytree(grpo_ckpt, out / f"checkpoint-{n}")
+    (out / "checkpoint-100" / "model.safetensors").unlink()  # an interrupted save: no weights
+    (out / "checkpoint-1000").mkdir()  # empty
+    found = require(locate(str(out)), "model")
+    assert found.source == str(out / "checkpoint-10") and found.is_local
+    assert "checkpoint-10" in found.note and "skipped checkpoint-1000, checkpoint-100" in found.note
+
+
+def test_locate_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no such directory"):
+        locate(str(tmp_path / "nope"))
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        locate(str(tmp_path))
+    (tmp_path / "checkpoint-5").mkdir()
+    with pytest.raises(CheckpointError, match="none of its checkpoint-N"):
+        locate(str(tmp_path))
+    (tmp_path / "checkpoint-5").rmdir()
+    (tmp_path / "config.json").write_text("{}")
+    assert locate(str(tmp_path)).kind == "incomplete"
+    with pytest.raises(CheckpointError, match="no weights"):
+        require(locate(str(tmp_path)), "model")
+    with pytest.raises(CheckpointError, match="reads local directories only") as err:
+        locate("Qwen/Qwen2.5-VL-3B-Instruct")  # hub ids only where a command can load from the hub
+    assert "huggingface-cli download Qwen/Qwen2.5-VL-3B-Instruct" in err.value.hint
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """A hub that knows no model: answers every request the way the real one answers a missing repo."""
+
+    requests: list[str] = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        type(self).requests.append(self.path)
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("X-Error-Message", "Repository not found")
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "Repository not found"}')
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def _probe(env: dict) -> subprocess.CompletedProcess:
+    """locate() in a fresh interpreter: the hub endpoint is read when huggingface_hub is imported."""
+    code = ("from vlmfast.locate import locate\n"
+            "from vlmfast.errors import CheckpointError\n"
+            "try:\n    print(locate('nobody/no-such-model', hub=True))\n"
+            "except CheckpointError as e:\n    print('ERROR', e.message, '|', e.hint)\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**clean, "HF_HOME": env.pop("HF_HOME"), **env})
+
+
+def test_a_missing_hub_repo_is_told_apart_from_no_network(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        missing = _probe({"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"})
+    finally:
+        server.shutdown()
+    assert "ERROR nobody/no-such-model: no such model on the hub" in missing.stdout, missing.stderr
+    assert "hf auth login" in missing.stdout
+    assert [r for r in _Hub.requests if "no-such-model" in r] == ["/api/models/nobody/no-such-model"]  # no retries
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused, as with no network
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = _probe({"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    assert f"ERROR nobody/no-such-model: cannot reach the hub at http://127.0.0.1:{port}" in dead.stdout, dead.stderr
+    assert "HTTPS_PROXY" in dead.stdout and "no such model" not in dead.stdout
+
+    offline = _probe({"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    assert "ERROR nobody/no-such-model: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set" in offline.stdout
+
+
+def test_path_errors_and_doctor_import_neither_torch_nor_transformers(grpo_ckpt, tmp_path):
+    """A wrong --ckpt is reported before the heavy imports, and doctor's config checks need none."""
+    code = ("import sys\nfrom vlmfast.cli import main\n"
+            "sys.argv = ['vlmfast'] + sys.argv[1:]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    image = tmp_path / "i.png"
+    image.write_bytes(b"")  # never opened: the checkpoint is checked first
+    for args, said in (
+        (["infer", "--ckpt", tmp_path / "nope", "--images", image, "--prompt", "p"], "no such directory"),
+        (["infer", "--ckpt", empty, "--images", image, "--prompt", "p"], "not a checkpoint"),
+        (["doctor", grpo_ckpt], "cache-off"),
+    ):
+        r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "COLUMNS": "200"})
+        assert said in r.stderr, r.stderr
+        assert r.stderr.strip().endswith(("exit 2 False False", "exit 0 False False")), r.stderr
