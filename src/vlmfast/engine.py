@@ -1,26 +1,33 @@
-"""Batched generation with the KV cache on, and honest per-phase timing.
+"""Batched generation for one batch at a time, phase by phase, with honest clocks:
 
-Phases per batch: ``preprocess`` (open + resize images, chat template, processor) → ``prefill``
-(vision tower + prompt, ending at the first new token: TTFT) → ``decode`` (the remaining tokens).
-Clocks synchronize the device before each read (see :mod:`vlmfast.timing`).
+- ``prepare``  images decoded and resized (Qwen's rule, our pixel limits), chat template, processor:
+               padded tensors on the device.
+- ``prefill``  vision tower + prompt through the HF model, the first new token chosen on the device.
+               Its end is the time to first token (TTFT).
+- ``decode``   the step loop of :mod:`vlmfast.decode` over the language model's own modules; on CUDA
+               replayed from a CUDA graph per (batch, cache length) shape.
+- ``results``  token ids → text, think/answer, finish reason, token counts.
+
+``decoder="hf"`` runs plain ``model.generate`` instead of prefill + decode: the reference the loop is
+tested against (identical greedy tokens in float32) and the fallback for models the loop does not know.
+Which requests share a batch, prefetching and out-of-memory halving are :mod:`vlmfast.scheduler`'s.
+Clocks synchronize the device before every read (:mod:`vlmfast.timing`).
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .batching import image_tokens, plan_batches
+from .batching import image_tokens
 from .checkpoint import Loaded
 from .errors import InputError, UsageError
 from .inputs import Request
 from .timing import now
 
 DEFAULT_MAX_PIXELS_CAP = 1280 * 28 * 28  # the real default (16384·28·28) OOMs on large images
-COMPILE_LENGTH_BUCKET = 64  # --compile: prompt lengths padded to a multiple of this
+DECODERS = ("vlmfast", "hf")
 
 
 @dataclass(frozen=True)
@@ -53,28 +60,55 @@ class SampleResult:
     n_image_tokens: int = 0
     n_new_tokens: int = 0
     error: str | None = None
+    image_sizes: list[list[int]] | None = None  # [width, height] of each image as given
+    model_image_sizes: list[list[int]] | None = None  # [width, height] the model saw (after resizing)
     token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
+    extra: dict = field(default_factory=dict, repr=False)  # more row fields (scores), written after the rest
 
     RECORD_FIELDS = (
         "id", "images", "prompt", "text", "think", "answer", "finish_reason",
-        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error",
+        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes",
     )
 
     def record(self) -> dict:
         """The JSONL row (token ids stay in memory)."""
-        return {name: getattr(self, name) for name in self.RECORD_FIELDS}
+        return {**{name: getattr(self, name) for name in self.RECORD_FIELDS}, **self.extra}
 
 
 @dataclass(frozen=True)
 class BatchTiming:
     size: int
     preprocess_s: float  # all preprocessing work for the batch (image decode/resize, template, processor)
-    ttft_s: float  # generate() start → first new token (vision + prefill + first sampling step)
+    ttft_s: float  # prefill: vision tower + prompt + choosing the first token
     decode_s: float  # first new token → last new token
     steps: int  # decode steps taken (new tokens per sequence, incl. the first)
     new_tokens: int  # tokens kept across the batch (up to each sequence's EOS)
     step_times_s: tuple[float, ...] = ()  # latency of each decode step after the first token, when recorded
     preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
+    vision_s: float | None = None  # the vision tower's share of the prefill
+    syncs: int = 0  # device read-backs during decode
+
+
+@dataclass
+class Prepared:
+    """A batch ready for the model: the requests that will run, their tensors, and the ones that
+    failed to decode (by id, with the reason)."""
+
+    requests: list[Request]
+    inputs: object | None
+    failed: dict[str, str]
+    model_sizes: dict[str, list[list[int]]]  # id → [width, height] per image after resizing
+
+
+@dataclass
+class Prefilled:
+    """What prefill hands to decode."""
+
+    first: object  # (rows,) the first new token of every row
+    next_position: object  # (3, rows, 1) rotary position of that token
+    key_valid: object  # (rows, prompt length) bool: False on left padding
+    cache: object  # the HF cache holding the prompt's keys and values
+    prompt_len: int
 
 
 THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
@@ -96,35 +130,29 @@ def parse_reasoning(text: str) -> tuple[str | None, str | None]:
     return think, answer
 
 
-class _StepClock:
-    """A logits processor that reads the clock when logits for a new token are ready.
-
-    The first call marks the first token (TTFT). Later calls are recorded only when asked for, since
-    each one synchronizes the device."""
-
-    def __init__(self, device, every_step: bool):
-        self.device = device
-        self.every_step = every_step
-        self.times: list[float] = []
-
-    def __call__(self, input_ids, scores):
-        if self.every_step or not self.times:
-            self.times.append(now(self.device))
-        return scores
-
-
 class Engine:
-    """Runs requests through a :class:`~vlmfast.checkpoint.Loaded` model in cost-sorted batches."""
+    """Runs one batch of requests through a :class:`~vlmfast.checkpoint.Loaded` model."""
 
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
-                 max_pixels: int | None = None, record_steps: bool = False, overlap: bool | None = None,
-                 compile: bool = False):
+                 max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
+                 cuda_graphs: bool | None = None, compile: bool = False, sync_every: int | None = None,
+                 compile_cache=None):
+        if decoder not in DECODERS:
+            raise UsageError(f"--decoder {decoder}: unknown", hint=f"use one of: {', '.join(DECODERS)}")
+        if decoder == "hf" and (compile or cuda_graphs):
+            raise UsageError("--compile and --cuda-graphs apply to vlmfast's decoder; --decoder hf is plain generate",
+                             hint="drop --decoder hf, or drop --compile / --cuda-graphs")
         self.loaded = loaded
-        self.on_cuda = loaded.runtime.device.startswith("cuda")
-        # None = auto: overlap on a GPU; on a 2-core CPU it measured no faster (threads share the cores)
-        self.overlap = self.on_cuda if overlap is None else overlap
-        self.compile = compile
         self.settings = settings
+        self.device = loaded.runtime.device
+        self.on_cuda = self.device.startswith("cuda")
+        self.decoder_name = decoder
+        self.cuda_graphs = (self.on_cuda and decoder == "vlmfast") if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and not self.on_cuda:
+            raise UsageError("--cuda-graphs needs a CUDA device", hint="drop --cuda-graphs on a CPU")
+        self.compile = compile
+        self.compile_cache = compile_cache
+        self.sync_every = sync_every or (_cuda_sync_every() if self.on_cuda else 1)
         self.record_steps = record_steps
         ip = loaded.processor.image_processor
         own_min, own_max = processor_pixel_limits(ip)
@@ -136,123 +164,61 @@ class Engine:
                              hint="e.g. --min-pixels 3136 --max-pixels 1003520")
         self.patch_size = int(getattr(ip, "patch_size", 14))
         self.merge_size = int(getattr(ip, "merge_size", 2))
-        self.generate_kwargs = self._generate_kwargs()
-        self.oom_splits = 0  # batches halved after a CUDA out-of-memory error
+        self.compile_s = 0.0  # compilation and CUDA-graph capture, kept out of the decode clock
+        self._text = self._bias = self._generator = self._pool = None
+        self._vision_s: float | None = None
+        self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → StaticDecode
+        self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
 
-    # -- planning ---------------------------------------------------------------------------
-    def cost(self, request: Request, image_sizes: dict[str, tuple[int, int]]) -> int:
-        """Prefill tokens this request will take (image tokens estimated from the header size)."""
-        tokens = len(request.prompt) // 3 + 16  # rough prompt + template tokens; only used for ordering
-        for path in request.images:
-            w, h = image_sizes.get(path, (448, 448))
-            tokens += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                   patch_size=self.patch_size, merge_size=self.merge_size)
-        return tokens
+    # -- the whole path of one batch -------------------------------------------------------------
+    def generate_batch(self, batch: Sequence[Request], preloaded=None) -> tuple[list[SampleResult], BatchTiming | None]:
+        """Results for ``batch`` in its order; requests whose images fail to decode get error rows.
+        ``preloaded``: (images, failed, worker_s, waited_s, inputs or None) from a prefetch worker."""
+        t0 = now(self.device)
+        prepared = self.prepare(batch, preloaded)
+        t1 = now(self.device)
+        errors = {rid: SampleResult(rid, list(r.images), r.prompt, error=prepared.failed[rid])
+                  for r in batch if (rid := r.id) in prepared.failed}
+        if not prepared.requests:
+            return [errors[r.id] for r in batch], None
+        steps_at: list[float] = []
+        compiled_before = self.compile_s
+        if self.decoder_name == "hf":
+            tokens, ttft_s, t2, steps, syncs = self._generate_hf(prepared.inputs, steps_at, t1)
+        else:
+            prefilled = self.prefill(prepared)
+            t2 = now(self.device)
+            ttft_s = t2 - t1
+            decoded = self.decode(prefilled, steps_at)
+            tokens, steps, syncs = decoded.tokens, decoded.steps, decoded.syncs
+        t3 = now(self.device)
+        t2 += self.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
+        done = dict(errors)
+        done.update({r.id: self.result(r, prepared, row, tokens[row]) for row, r in enumerate(prepared.requests)})
+        worker_s, waited_s = (preloaded[2], preloaded[3]) if preloaded else (0.0, 0.0)
+        marks = [t2, *steps_at]
+        timing = BatchTiming(
+            # waiting can outlast the worker's own time (it started late): count the longer of the two
+            size=len(prepared.requests), preprocess_s=t1 - t0 + max(worker_s, waited_s), ttft_s=ttft_s,
+            decode_s=max(t3 - t2, 0.0), steps=steps, new_tokens=sum(done[r.id].n_new_tokens for r in prepared.requests),
+            step_times_s=tuple(b - a for a, b in zip(marks, marks[1:])) if self.record_steps else (),
+            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=self._vision_s, syncs=syncs,
+        )
+        return [done[r.id] for r in batch], timing
 
-    def plan(self, requests: Sequence[Request], image_sizes: dict, batch_size: int,
-             max_batch_tokens: int | None = None) -> list[list[int]]:
-        return plan_batches([self.cost(r, image_sizes) for r in requests], batch_size, max_batch_tokens)
-
-    def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
-        """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id."""
-        limit = getattr(self.loaded.model.config.get_text_config(), "max_position_embeddings", None)
-        if not limit:
-            return {}
-        tokenizer = self.loaded.processor.tokenizer
-        problems = {}
-        for r in requests:
-            n = len(tokenizer(self.chat_text(r), add_special_tokens=False)["input_ids"])
-            for path in r.images:  # the template holds one placeholder per image; the processor expands it
-                w, h = image_sizes.get(path, (448, 448))
-                n += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                  patch_size=self.patch_size, merge_size=self.merge_size) - 1
-            if n >= limit:
-                problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {limit}"
-        return problems
-
-    # -- running ----------------------------------------------------------------------------
-    def run(self, requests: Sequence[Request], image_sizes: dict, batch_size: int, max_batch_tokens: int | None = None
-            ) -> Iterator[tuple[list[int], list[SampleResult], BatchTiming | None]]:
-        """Yield (input indices, results, timing) batch by batch, most expensive batch first.
-        ``timing`` is None for a batch that produced only error rows.
-
-        With ``overlap`` (default on CUDA) a worker thread prepares batch k+1 — images decoded and
-        resized, and on a GPU the processor's tensors too — while batch k generates; the timing says how
-        much preprocessing the model still waited for."""
-        import torch
-
-        if self.settings.seed is not None:
-            torch.manual_seed(self.settings.seed)
-        plan = self.plan(requests, image_sizes, batch_size, max_batch_tokens)
-        if not self.overlap:
-            for indices in plan:
-                yield from self._run_resilient(requests, indices)
-            return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmfast-prefetch") as pool:
-            pending = pool.submit(self._timed_load, [requests[i] for i in plan[0]]) if plan else None
-            for k, indices in enumerate(plan):
-                waited = time.perf_counter()
-                images, failed, load_s, inputs = pending.result()
-                waited = time.perf_counter() - waited
-                if k + 1 < len(plan):
-                    pending = pool.submit(self._timed_load, [requests[i] for i in plan[k + 1]])
-                yield from self._run_resilient(requests, indices, (images, failed, load_s, waited, inputs))
-
-    def _timed_load(self, batch):
-        """The prefetch worker's job: decode images and build the model inputs for ``batch``."""
-        start = time.perf_counter()
-        images, failed = self.load_images(batch)
+    # -- phase 1: prepare ------------------------------------------------------------------------
+    def prepare(self, batch: Sequence[Request], preloaded=None) -> Prepared:
+        """Decoded images and model inputs for the requests of ``batch`` whose images decode."""
+        if preloaded is None:
+            images, failed = self.load_images(batch)
+            inputs = None
+        else:
+            images, failed, _, _, inputs = preloaded
         ok = [r for r in batch if r.id not in failed]
-        # The processor runs torch ops: on a GPU the main thread only waits, so building tensors here
-        # is free; on a CPU it fights decode for the same cores (measured: decode 2.6× slower).
-        inputs = self.build_inputs(ok, images) if ok and self.on_cuda else None
-        return images, failed, time.perf_counter() - start, inputs
-
-    def _run_resilient(self, requests: Sequence[Request], indices: list[int], preloaded=None):
-        """A CUDA out-of-memory error halves the batch and retries both halves; a sample that does not
-        fit even alone becomes an error row. Nothing is dropped, and the count lands in the report."""
-        try:
-            results, timing = self.generate_batch([requests[i] for i in indices], preloaded)
-        except Exception as exc:
-            if not is_out_of_memory(exc):
-                raise
-            free_device_cache()
-            if len(indices) == 1:
-                r = requests[indices[0]]
-                yield indices, [SampleResult(r.id, list(r.images), r.prompt, error=f"out of memory even alone ({exc})")], None
-                return
-            self.oom_splits += 1
-            half = len(indices) // 2
-            for part in (indices[:half], indices[half:]):
-                yield from self._run_resilient(requests, part, _subset(preloaded, [requests[i].id for i in part]))
-            return
-        yield indices, results, timing
-
-    def warm_up(self, requests: Sequence[Request]) -> tuple[float, bool]:
-        """Compile before the clock starts: one untimed generate on the first batch's exact shapes
-        (the static cache is sized prompt + max_new_tokens, so the full length is needed).
-        Returns (seconds, whether generate really compiled the forward)."""
-        start = time.perf_counter()
-        images, failed = self.load_images(requests)
-        ok = [r for r in requests if r.id not in failed]  # broken images become error rows later, not here
-        for batch in (ok, ok[:1]):  # out of memory at full size: compile on one sample instead
-            if not batch:
-                break
-            try:
-                self.generate(self.build_inputs(batch, images))
-                break
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-                free_device_cache()
-        compiled = getattr(self.loaded.model, "_compiled_call", None) is not None
-        return time.perf_counter() - start, compiled
-
-    def chat_text(self, request: Request) -> str:
-        content = [{"type": "image", "image": p} for p in request.images] + [{"type": "text", "text": request.prompt}]
-        system = [{"role": "system", "content": request.system}] if request.system else []
-        return self.loaded.processor.apply_chat_template(
-            system + [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+        if ok and inputs is None:
+            inputs = self.build_inputs(ok, images)
+        sizes = {r.id: [list(im.size) for im in images[r.id]] for r in ok}
+        return Prepared(ok, inputs, failed, sizes)
 
     def load_images(self, batch: Sequence[Request]) -> tuple[dict[str, list], dict[str, str]]:
         """Decode and resize every image (Qwen's rule, our pixel limits). A file that passed the
@@ -274,14 +240,18 @@ class Engine:
                 images[r.id] = loaded
         return images, failed
 
+    def chat_text(self, request: Request) -> str:
+        content = [{"type": "image", "image": p} for p in request.images] + [{"type": "text", "text": request.prompt}]
+        system = [{"role": "system", "content": request.system}] if request.system else []
+        return self.loaded.processor.apply_chat_template(
+            system + [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+
     def build_inputs(self, batch: Sequence[Request], images: dict[str, list]):
-        """Chat template + processor → padded tensors on the model's device."""
+        """Chat template + processor → left-padded tensors on the model's device."""
         flat = [im for r in batch for im in images[r.id]]
-        # compiled graphs are specialised on shapes: bucket prompt lengths to cut recompiles
-        bucket = {"pad_to_multiple_of": COMPILE_LENGTH_BUCKET} if self.compile else {}
         inputs = self.loaded.processor(
             text=[self.chat_text(r) for r in batch], images=flat or None, padding=True, return_tensors="pt",
-            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}, **bucket,
+            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
         ).to(self.loaded.model.device)
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.loaded.model.dtype)
@@ -294,78 +264,109 @@ class Engine:
             raise InputError("; ".join(failed.values()), hint="remove or replace the broken images")
         return self.build_inputs(batch, images)
 
-    def generate_batch(self, batch: Sequence[Request], preloaded=None) -> tuple[list[SampleResult], BatchTiming | None]:
-        """Results for ``batch`` in its order; requests whose images fail to decode get error rows.
-        ``preloaded``: (images, failed, load_s, waited_s, inputs or None) from the prefetch worker."""
-        device = self.loaded.model.device
-        t0 = now(device)
-        inputs = None
-        if preloaded is None:
-            images, failed = self.load_images(batch)
-            worker_s = waited_s = 0.0
-        else:  # the worker's time, and how long this thread waited for it (the exposed part)
-            images, failed, worker_s, waited_s, inputs = preloaded
-        done = {r.id: SampleResult(r.id, list(r.images), r.prompt, error=failed[r.id]) for r in batch if r.id in failed}
-        ok = [r for r in batch if r.id not in failed]
-        if not ok:
-            return [done[r.id] for r in batch], None
-        if inputs is None:
-            inputs = self.build_inputs(ok, images)
-        clock = _StepClock(device, self.record_steps)
-        t1 = now(device)
-        output = self.generate(inputs, clock)
-        t2 = now(device)
-
-        prompt_len = inputs["input_ids"].shape[1]
-        new = output[:, prompt_len:].tolist()
-        done.update({r.id: self._result(r, inputs, row, new[row]) for row, r in enumerate(ok)})
-        first = clock.times[0] if clock.times else t2
-        # decode-step latencies: between consecutive tokens (the first token's wait is the TTFT)
-        step_times = tuple(b - a for a, b in zip(clock.times, clock.times[1:])) if self.record_steps else ()
-        timing = BatchTiming(
-            # waiting can outlast the worker's own time (it started late): count the longer of the two
-            size=len(ok), preprocess_s=t1 - t0 + max(worker_s, waited_s), ttft_s=first - t1, decode_s=t2 - first, steps=len(new[0]),
-            new_tokens=sum(done[r.id].n_new_tokens for r in ok), step_times_s=step_times,
-            preprocess_exposed_s=t1 - t0 + waited_s,
-        )
-        return [done[r.id] for r in batch], timing
-
-    def generate(self, inputs, clock=None):
-        """``model.generate`` with the cache on — the one call every vlmfast path goes through."""
+    # -- phase 2: prefill ------------------------------------------------------------------------
+    def prefill(self, prepared: Prepared) -> Prefilled:
+        """The prompt (vision tower included) through the HF model with its own cache; the first token
+        chosen on the device. Rotary positions come from the model's ``get_rope_index`` and are passed
+        in, so decode continues them exactly as ``generate`` does (last prompt position + 1 + step)."""
         import torch
-        from transformers import LogitsProcessorList
 
-        kwargs = dict(self.generate_kwargs)
-        if clock is not None:
-            kwargs["logits_processor"] = LogitsProcessorList([clock])
+        from .decode import rope_positions, select
+
+        model, inputs = self.loaded.model, prepared.inputs
+        with torch.inference_mode(), self._vision_clock():
+            positions = rope_positions(model, inputs)
+            out = model(**inputs, position_ids=positions, use_cache=True, logits_to_keep=1)
+            first = select(out.logits[:, -1, :].float(), self._suppress(), temperature=self.settings.temperature,
+                           top_p=self.settings.top_p, generator=self._sampler())
+        return Prefilled(first, positions[:, :, -1:] + 1, inputs["attention_mask"].bool(), out.past_key_values,
+                         inputs["input_ids"].shape[1])
+
+    # -- phase 3: decode -------------------------------------------------------------------------
+    def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
+        """Every remaining token of every row (see :func:`vlmfast.decode.run_loop`). Static shapes
+        (CUDA graphs, ``torch.compile``) when enabled, the exact eager loop otherwise."""
+        import torch
+
+        from .decode import DecodeLoop, run_loop
+
+        from .decode import batch_bucket, length_bucket
+
+        s = self.settings
+        rows, length = prefilled.first.shape[0], prefilled.prompt_len + s.max_new_tokens
+        self.last_shape = (batch_bucket(rows) if self.cuda_graphs else rows, length_bucket(length))
         with torch.inference_mode():
-            return self.loaded.model.generate(**inputs, **kwargs)
+            if self.cuda_graphs or self.compile:
+                loop = self._static_loop(rows, length)
+                loop.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
+                          prefill_cache=prefilled.cache, prompt_len=prefilled.prompt_len)
+            else:
+                cache = self._decoder().new_cache(rows, length)
+                cache.fill(prefilled.cache, rows, prefilled.prompt_len)
+                key_valid = torch.ones(rows, length, dtype=torch.bool, device=prefilled.first.device)
+                key_valid[:, :prefilled.prompt_len] = prefilled.key_valid
+                loop = DecodeLoop(self._decoder(), cache, first=prefilled.first, next_position=prefilled.next_position,
+                                  key_valid=key_valid, padded=not bool(prefilled.key_valid.all()),
+                                  max_new=s.max_new_tokens, eos_ids=self._eos(), pad_id=self.loaded.pad_token_id,
+                                  bias=self._suppress(), temperature=s.temperature, top_p=s.top_p,
+                                  generator=self._sampler())
+            prefilled.cache = None  # the prompt's keys now live in the static cache
+            clock = (lambda t: steps_at.append(now(self.device))) if self.record_steps and steps_at is not None else None
+            return run_loop(loop, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
 
-    def _generate_kwargs(self) -> dict:
-        """Arguments over the checkpoint's generation config (repetition penalty etc. kept): the cache
-        on, our stop list, suppressed vision placeholders, the decoding mode asked for."""
-        s, loaded = self.settings, self.loaded
-        kwargs = dict(
-            use_cache=True, max_new_tokens=s.max_new_tokens, min_new_tokens=None, max_length=None,
-            pad_token_id=loaded.pad_token_id,
-            eos_token_id=None if s.ignore_eos else list(loaded.eos_token_ids),
-            suppress_tokens=list(loaded.suppress_token_ids) or None,
-        )
-        if self.compile:
-            kwargs.update(cache_implementation="static", compile_config=compile_config(loaded.runtime.device))
-        if s.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None)
-        return kwargs
+    def _static_loop(self, rows: int, length: int):
+        """The StaticDecode for this shape, built (and captured / compiled) on first use; the time
+        that takes goes to ``compile_s``, not to the decode clock."""
+        from .decode import StaticDecode
 
-    def _result(self, request: Request, inputs, row: int, new_ids: list[int]) -> SampleResult:
+        shape = self.last_shape
+        if shape in self._static:
+            return self._static[shape]
+        start = now(self.device)
+        if len(self._static) >= 3:  # each shape holds a KV cache: keep the newest few
+            self._static.pop(next(iter(self._static)))
+        s = self.settings
+        loop = StaticDecode(self._decoder(), shape[0], shape[1], s.max_new_tokens, eos_ids=self._eos(),
+                            pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
+                            top_p=s.top_p, generator=self._sampler(), compile_fn=self._compile_fn())
+        # capturing runs the step (and compiles it); a compiled step on a CPU compiles at its first call
+        build = (lambda: loop.capture(pool=self._graph_pool())) if self.cuda_graphs else loop.forward
+        if self.compile and self.compile_cache is not None:
+            self.compile_cache.measure(self.shape_key(shape), build)
+        elif self.cuda_graphs or self.compile:
+            build()
+        self._static[shape] = loop
+        self.compile_s += now(self.device) - start
+        return loop
+
+    def forget_shapes(self) -> None:
+        """Drop the built decode steps (after switching ``compile`` on: later batches rebuild them)."""
+        self._static.clear()
+
+    def shape_key(self, shape: tuple[int, int]) -> str:
+        """The compile-cache key of a decode shape (batch, cache length) on this model and device."""
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(self.device)) if self.on_cuda else "cpu"
+        return self.compile_cache.key(self.loaded.model, self.loaded.runtime.dtype, shape[0], shape[1], name)
+
+    def _compile_fn(self):
+        if not self.compile:
+            return None
+        import torch
+
+        if self.compile_cache is not None:
+            self.compile_cache.activate()  # before inductor first looks for its cache directory
+        return lambda fn: torch.compile(fn, dynamic=False, fullgraph=False)
+
+    # -- phase 4: results ------------------------------------------------------------------------
+    def result(self, request: Request, prepared: Prepared, row: int, new_ids: list[int]) -> SampleResult:
         eos = set() if self.settings.ignore_eos else set(self.loaded.eos_token_ids)
         end = next((i + 1 for i, t in enumerate(new_ids) if t in eos), None)
         kept = new_ids if end is None else new_ids[:end]
-        tokenizer = self.loaded.processor.tokenizer
-        text = tokenizer.decode(kept, skip_special_tokens=True)
+        text = self.loaded.processor.tokenizer.decode(kept, skip_special_tokens=True)
         think, answer = parse_reasoning(text)
+        inputs = prepared.inputs
         image_id = self.loaded.model.config.image_token_id
         return SampleResult(
             id=request.id, images=list(request.images), prompt=request.prompt, text=text, think=think, answer=answer,
@@ -373,27 +374,158 @@ class Engine:
             n_prompt_tokens=int(inputs["attention_mask"][row].sum()),
             n_image_tokens=int((inputs["input_ids"][row] == image_id).sum()),
             n_new_tokens=len(kept), token_ids=kept,
+            image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
+            model_image_sizes=prepared.model_sizes.get(request.id),
         )
 
+    # -- the reference path: plain generate ------------------------------------------------------
+    def generate(self, inputs, clock=None):
+        """``model.generate`` with the cache on: vlmfast's settings over the checkpoint's generation
+        config (repetition penalty etc. kept), our stop list, suppressed vision placeholders."""
+        import torch
+        from transformers import LogitsProcessorList
 
-def _subset(preloaded, ids: list[str]):
-    """The prefetched images of some of a batch's requests (after an out-of-memory split)."""
-    if preloaded is None:
-        return None
-    images, failed = preloaded[0], preloaded[1]
-    # the batch's prebuilt tensors do not fit a half: rebuilt from the decoded images
-    return ({i: images[i] for i in ids if i in images}, {i: failed[i] for i in ids if i in failed}, 0.0, 0.0, None)
+        kwargs = self.generate_kwargs()
+        if clock is not None:
+            kwargs["logits_processor"] = LogitsProcessorList([clock])
+        with torch.inference_mode():
+            return self.loaded.model.generate(**inputs, **kwargs)
+
+    def generate_kwargs(self) -> dict:
+        s, loaded = self.settings, self.loaded
+        kwargs = dict(
+            use_cache=True, max_new_tokens=s.max_new_tokens, min_new_tokens=None, max_length=None,
+            pad_token_id=loaded.pad_token_id, eos_token_id=self._eos() or None,
+            suppress_tokens=list(loaded.suppress_token_ids) or None,
+        )
+        if s.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None)
+        return kwargs
+
+    def _generate_hf(self, inputs, steps_at, t1):
+        """``generate`` timed from inside: a logits processor reads the clock as each token's logits
+        are ready (the only window into generate's loop)."""
+        clock = _StepClock(self.device, self.record_steps)
+        output = self.generate(inputs, clock)
+        end = now(self.device)
+        prompt_len = inputs["input_ids"].shape[1]
+        first = clock.times[0] if clock.times else end
+        steps_at.extend(clock.times[1:])
+        return output[:, prompt_len:].tolist(), first - t1, first, output.shape[1] - prompt_len, 0
+
+    # -- pieces ----------------------------------------------------------------------------------
+    def _eos(self) -> list[int]:
+        return [] if self.settings.ignore_eos else list(self.loaded.eos_token_ids)
+
+    def _decoder(self):
+        if self._text is None:
+            from .decode import TextDecoder
+
+            self._text = TextDecoder(self.loaded.model)
+        return self._text
+
+    def _suppress(self):
+        if self._bias is None:
+            from .decode import suppress_bias
+
+            self._bias = suppress_bias(self._decoder().vocab, self.loaded.suppress_token_ids, self.loaded.model.device)
+        return self._bias
+
+    def _sampler(self):
+        """One generator per engine, seeded once: a seeded run draws the same tokens every time."""
+        if self.settings.greedy:
+            return None
+        if self._generator is None:
+            import torch
+
+            self._generator = torch.Generator(device=self.loaded.model.device)
+            if self.settings.seed is not None:
+                self._generator.manual_seed(self.settings.seed)
+            else:
+                self._generator.seed()
+        return self._generator
+
+    def _graph_pool(self):
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every captured shape
+        return self._pool
+
+    def _vision_clock(self):
+        """Times the vision tower inside prefill (device-synchronized hooks) into ``_vision_s``."""
+        import contextlib
+
+        visual = getattr(getattr(self.loaded.model, "model", None), "visual", None)
+        self._vision_s = None
+        if visual is None:
+            return contextlib.nullcontext()
+        marks: list[float] = []
+
+        def mark(*_):
+            marks.append(now(self.device))
+
+        @contextlib.contextmanager
+        def clocked():
+            handles = [visual.register_forward_pre_hook(mark), visual.register_forward_hook(mark)]
+            try:
+                yield
+            finally:
+                for h in handles:
+                    h.remove()
+                if len(marks) >= 2:
+                    self._vision_s = marks[-1] - marks[0]
+        return clocked()
+
+    # -- planning helpers (used by the scheduler and the runner) ---------------------------------
+    def cost(self, request: Request, image_sizes: dict[str, tuple[int, int]]) -> int:
+        """Prefill tokens this request will take (image tokens estimated from the header size)."""
+        tokens = len(request.prompt) // 3 + 16  # rough prompt + template tokens; only used for ordering
+        for path in request.images:
+            w, h = image_sizes.get(path, (448, 448))
+            tokens += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                                   patch_size=self.patch_size, merge_size=self.merge_size)
+        return tokens
+
+    def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
+        """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id."""
+        limit = getattr(self.loaded.model.config.get_text_config(), "max_position_embeddings", None)
+        if not limit:
+            return {}
+        tokenizer = self.loaded.processor.tokenizer
+        problems = {}
+        for r in requests:
+            n = len(tokenizer(self.chat_text(r), add_special_tokens=False)["input_ids"])
+            for path in r.images:  # the template holds one placeholder per image; the processor expands it
+                w, h = image_sizes.get(path, (448, 448))
+                n += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                                  patch_size=self.patch_size, merge_size=self.merge_size) - 1
+            if n >= limit:
+                problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {limit}"
+        return problems
 
 
-def compile_config(device: str):
-    """torch.compile settings for generate's static-cache decode step. transformers compiles on CUDA by
-    itself; elsewhere it must be told (``_compile_all_devices``, the switch its own tests use)."""
-    from transformers import CompileConfig
+class _StepClock:
+    """A logits processor that reads the clock when logits for a new token are ready (``--decoder hf``).
+    The first call marks the first token (TTFT); later calls only when asked, since each synchronizes."""
 
-    config = CompileConfig(fullgraph=False, dynamic=False)
-    if not device.startswith("cuda"):
-        config._compile_all_devices = True
-    return config
+    def __init__(self, device, every_step: bool):
+        self.device = device
+        self.every_step = every_step
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        if self.every_step or not self.times:
+            self.times.append(now(self.device))
+        return scores
+
+
+def _cuda_sync_every() -> int:
+    from .decode import CUDA_SYNC_EVERY
+
+    return CUDA_SYNC_EVERY
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -416,4 +548,3 @@ def processor_pixel_limits(image_processor) -> tuple[int, int]:
     lo = get("shortest_edge") or getattr(image_processor, "min_pixels", None) or 56 * 56
     hi = get("longest_edge") or getattr(image_processor, "max_pixels", None) or 16384 * 28 * 28
     return int(lo), int(hi)
-

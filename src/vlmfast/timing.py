@@ -61,3 +61,40 @@ def peak_memory_mib(device) -> tuple[float, str]:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.
     return (rss / 2**20 if sys.platform == "darwin" else rss / 1024), "process_peak_rss"
+
+
+def summarize_timings(timings) -> dict:
+    """Phase figures from per-batch timings (anything with ``size``, ``ttft_s``, ``decode_s``, ``steps``,
+    ``vision_s``, ``syncs``): TTFT percentiles per sample (each sample waits for its whole batch), decode
+    time per step after the first token (= per token of one sequence), prefill and vision totals."""
+    ttft_ms = [t.ttft_s * 1000 for t in timings for _ in range(t.size)]
+    steps = sum(max(t.steps - 1, 0) for t in timings)
+    decode_s = sum(t.decode_s for t in timings)
+    vision = [t.vision_s for t in timings if t.vision_s is not None]
+    return {
+        "ttft_ms_p50": _round(percentile(ttft_ms, 50)),
+        "ttft_ms_p90": _round(percentile(ttft_ms, 90)),
+        "decode_ms_per_token": _round(decode_s * 1000 / steps) if steps else None,
+        "prefill_s": _round(sum(t.ttft_s for t in timings), 4),
+        "vision_s": _round(sum(vision), 4) if vision else None,
+        "decode_s": _round(decode_s, 4),
+        "decode_steps": steps,
+        "device_syncs": sum(t.syncs for t in timings),
+    }
+
+
+def versions() -> dict:
+    """What measured the figures: vlmfast, torch, transformers and Python versions."""
+    import platform
+
+    import torch
+    import transformers
+
+    from . import __version__
+
+    return {"vlmfast": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def _round(value, digits=3):
+    return None if value is None else round(value, digits)

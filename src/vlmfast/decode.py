@@ -1,0 +1,293 @@
+"""The decode loop: one token for every row per step, over the HF model's own modules.
+
+``model.generate`` spends most of a small model's decode step on host work (mask building, kwargs
+plumbing, logits processors, a host sync per token). Here a step is only the language model's layers
+(the same modules, the same numerics) on a preallocated KV cache, selection on the device, and EOS
+tracked on the device and read back every ``sync_every`` steps.
+
+Two ways to run the step:
+- eager (any device): the cache is sliced to the filled length, so attention sees exactly the keys HF's
+  dynamic cache would, and greedy tokens equal ``generate``'s;
+- static (CUDA graphs, ``torch.compile``): fixed shapes — the full cache length with a mask, positions
+  and write index as device tensors — captured once per (batch, cache length) and replayed per token.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+CUDA_SYNC_EVERY = 8  # CUDA: one read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
+
+
+class StaticKV:
+    """Keys and values of every layer, preallocated for ``max_len`` positions of ``batch`` rows.
+
+    The attention modules call ``update(key, value, layer_idx[, cache_kwargs])`` — the only cache
+    method a decoder layer uses on transformers 4.57 and 5.x. Eager mode writes at the host-side
+    ``length`` and returns the filled slice; static mode (``index`` set) writes at a device-side index
+    and returns the whole buffer, to be masked."""
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        shape = (batch, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.batch, self.max_len = batch, max_len
+        self.length = 0
+        self.index: torch.Tensor | None = None
+
+    def fill(self, prefill_cache, rows: int, length: int) -> None:
+        """Copy a prefill's HF cache (``rows`` × ``length`` positions) into the first rows."""
+        for i, layer in enumerate(prefill_cache.layers):
+            self.keys[i][:rows, :, :length].copy_(layer.keys)
+            self.values[i][:rows, :, :length].copy_(layer.values)
+        self.length = length
+
+    def update(self, key, value, layer_idx: int, cache_kwargs=None):
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        if self.index is not None:
+            k.index_copy_(2, self.index, key)
+            v.index_copy_(2, self.index, value)
+            return k, v
+        end = self.length + key.shape[2]
+        k[:, :, self.length:end] = key
+        v[:, :, self.length:end] = value
+        return k[:, :, :end], v[:, :, :end]
+
+
+class TextDecoder:
+    """The language model of a Qwen2.5-VL model called layer by layer for new tokens: embedding,
+    3-D rotary positions, the decoder layers with a caller-made mask, final norm, LM head."""
+
+    def __init__(self, model):
+        text = model.model.language_model
+        self.embed, self.rotary, self.layers, self.norm = text.embed_tokens, text.rotary_emb, text.layers, text.norm
+        self.lm_head = model.lm_head
+        config = model.config.get_text_config()
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.vocab = config.vocab_size
+
+    def new_cache(self, batch: int, max_len: int) -> StaticKV:
+        weight = self.lm_head.weight
+        return StaticKV(len(self.layers), batch, self.kv_heads, max_len, self.head_dim, weight.dtype, weight.device)
+
+    def __call__(self, tokens, positions, mask, cache: StaticKV):
+        """Logits (batch, vocab, float32) of the next token after ``tokens`` (batch, 1) at ``positions``
+        (3, batch, 1); ``mask`` (batch, 1, 1, keys) bool or None (no padding: every key is seen)."""
+        hidden = self.embed(tokens)
+        rotary = self.rotary(hidden, positions)
+        for layer in self.layers:
+            out = layer(hidden, attention_mask=mask, position_embeddings=rotary, past_key_values=cache, use_cache=True)
+            hidden = out[0] if isinstance(out, tuple) else out  # 4.57 layers return a tuple
+        return self.lm_head(self.norm(hidden)[:, -1, :]).float()
+
+
+def rope_positions(model, inputs):
+    """Qwen2.5-VL's 3-D rotary positions of the prompt (3, batch, length), from the model's own
+    ``get_rope_index`` (its signature differs across transformers versions)."""
+    accepted = inspect.signature(model.model.get_rope_index).parameters
+    extra = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "attention_mask", "mm_token_type_ids",
+                                    "second_per_grid_ts") if k in accepted and k in inputs}
+    positions, _ = model.model.get_rope_index(inputs["input_ids"], **extra)
+    return positions
+
+
+def suppress_bias(vocab: int, token_ids, device) -> torch.Tensor:
+    """Added to the logits: -inf on tokens never to emit (vision placeholders), 0 elsewhere."""
+    bias = torch.zeros(vocab, device=device)
+    if token_ids:
+        bias[list(token_ids)] = float("-inf")
+    return bias
+
+
+def select(logits, bias, *, temperature: float, top_p: float, generator=None):
+    """The next token of every row: argmax when ``temperature`` is 0; otherwise temperature, then
+    nucleus (top-p) filtering as transformers does it, then a draw from ``generator``."""
+    scores = logits + bias
+    if temperature == 0:
+        return scores.argmax(-1)
+    scores = scores / temperature
+    if top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=False)
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[..., -1:] = False  # the most likely token always stays
+        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
+
+
+@dataclass
+class Decoded:
+    tokens: list[list[int]]  # per row: every generated token (pad after the row's EOS), first token included
+    steps: int  # tokens produced per row, the first one (from prefill) included
+    syncs: int  # device read-backs during the loop
+
+
+class DecodeLoop:
+    """Everything one batch's decode needs on the device: the cache, last tokens, positions, which
+    rows are still running, and the output buffer. ``step()`` produces one more token per row."""
+
+    def __init__(self, decoder: TextDecoder, cache: StaticKV, *, first, next_position, key_valid, padded: bool,
+                 max_new: int, eos_ids, pad_id: int, bias, temperature: float, top_p: float, generator=None):
+        rows = first.shape[0]
+        self.decoder, self.cache, self.padded = decoder, cache, padded
+        self.rows, self.max_new = rows, max_new
+        self.bias, self.temperature, self.top_p, self.generator = bias, temperature, top_p, generator
+        device = first.device
+        self.eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+        self.pad = torch.tensor(pad_id, dtype=torch.long, device=device)
+        self.tokens = first.view(rows, 1).clone()
+        self.next_position = next_position  # (3, rows, 1): where the first generated token sits
+        self.key_valid = key_valid  # (rows, cache length): prompt padding False, the rest True
+        self.out = torch.full((rows, max_new), pad_id, dtype=torch.long, device=device)
+        self.out[:, 0] = first
+        self.running = ~torch.isin(first, self.eos) if len(self.eos) else torch.ones(rows, dtype=torch.bool, device=device)
+        self.t = 1  # tokens produced so far per row
+
+    def step(self) -> None:
+        """Feed the last token, select the next, record it (pad for finished rows)."""
+        cache = self.cache
+        positions = self.next_position + (self.t - 1)
+        mask = self.key_valid[:, None, None, :cache.length + 1] if self.padded else None
+        logits = self.decoder(self.tokens, positions, mask, cache)
+        cache.length += 1
+        self.advance(select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator))
+
+    def advance(self, chosen) -> None:
+        chosen = torch.where(self.running, chosen, self.pad)
+        self.out[:, self.t] = chosen
+        self.tokens.copy_(chosen.view(-1, 1))
+        if len(self.eos):
+            self.running &= ~torch.isin(chosen, self.eos)
+        self.t += 1
+
+    def any_running(self) -> bool:
+        return bool(self.running.any())  # the read-back: a host sync on an accelerator
+
+
+def run_loop(loop, *, stop_on_eos: bool, sync_every: int, on_step=None) -> Decoded:
+    """Step until ``max_new`` tokens, or — checked every ``sync_every`` steps — every row has ended.
+    ``on_step(t)`` is called after each step (per-step clocks; it may synchronize)."""
+    syncs = 0
+    while loop.t < loop.max_new:
+        if stop_on_eos and loop.t % sync_every == 0:
+            syncs += 1
+            if not loop.any_running():
+                break
+        loop.step()
+        if on_step is not None:
+            on_step(loop.t)
+    steps = loop.t
+    return Decoded(loop.out[:loop.rows, :steps].tolist(), steps, syncs)
+
+
+# -- static shapes: CUDA graphs and torch.compile --------------------------------------------------
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+LENGTH_BUCKET = 256  # cache lengths are rounded up to a multiple of this, so batches share a captured graph
+
+
+def batch_bucket(rows: int) -> int:
+    """The captured batch size that serves ``rows`` (spare rows are padding, their output ignored)."""
+    return next((b for b in BATCH_BUCKETS if b >= rows), rows)
+
+
+def length_bucket(length: int) -> int:
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+class StaticDecode:
+    """The decode state of one (batch, cache length) shape in fixed device buffers, reused by every
+    batch of that shape: positions, the cache write index and the output column are device tensors,
+    so a step never needs the host. ``capture()`` records the step in a CUDA graph; ``forward`` may be
+    a ``torch.compile``d version of :meth:`forward_static`."""
+
+    def __init__(self, decoder: TextDecoder, batch: int, max_len: int, max_new: int, *, eos_ids, pad_id: int, bias,
+                 temperature: float, top_p: float, generator=None, compile_fn=None):
+        device = bias.device
+        self.decoder, self.batch, self.max_len, self.max_new = decoder, batch, max_len, max_new
+        self.bias, self.temperature, self.top_p, self.generator = bias, temperature, top_p, generator
+        self.cache = decoder.new_cache(batch, max_len)
+        self.cache.index = torch.zeros(1, dtype=torch.long, device=device)
+        long = dict(dtype=torch.long, device=device)
+        self.eos = torch.tensor(list(eos_ids), **long)
+        self.pad = torch.tensor(pad_id, **long)
+        self.tokens = torch.full((batch, 1), pad_id, **long)
+        self.next_position = torch.zeros(3, batch, 1, **long)
+        self.offset = torch.zeros(1, **long)  # tokens produced so far, minus one
+        self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
+        self.keys = torch.arange(max_len, device=device)
+        self.out = torch.full((batch, max_new), pad_id, **long)
+        self.running = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.logits = None
+        self.forward = compile_fn(self.forward_static) if compile_fn else self.forward_static
+        self.graph = None
+        self.rows = self.t = 0
+
+    def forward_static(self):
+        mask = (self.key_valid & (self.keys <= self.cache.index))[:, None, None, :]
+        return self.decoder(self.tokens, self.next_position + self.offset, mask, self.cache)
+
+    def _select_and_record(self, logits) -> None:
+        chosen = select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator)
+        chosen = torch.where(self.running, chosen, self.pad)
+        self.out.index_copy_(1, self.offset + 1, chosen[:, None])
+        self.tokens.copy_(chosen[:, None])
+        if len(self.eos):
+            self.running &= ~torch.isin(chosen, self.eos)
+        self.offset += 1
+        self.cache.index += 1
+
+    def _graph_body(self) -> None:
+        """What the CUDA graph holds: the forward, and for greedy decoding the selection too (sampling
+        draws outside the graph, from the run's own generator)."""
+        self.logits = self.forward()
+        if self.temperature == 0:
+            self._select_and_record(self.logits)
+
+    def capture(self, pool=None, warmup: int = 2) -> None:
+        """Record one step in a CUDA graph (after warm-up runs on a side stream, as capture requires).
+        The warm-up steps write garbage into the buffers; :meth:`load` resets every one of them."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self._graph_body()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self._graph_body()
+
+    def load(self, *, first, next_position, key_valid, prefill_cache, prompt_len: int) -> None:
+        """Take a new batch: its prefill cache, first tokens, positions and padding. Rows beyond the
+        batch are spare: not running, attending to everything (no empty softmax)."""
+        rows = first.shape[0]
+        self.rows, self.t = rows, 1
+        self.cache.fill(prefill_cache, rows, prompt_len)
+        self.cache.index.fill_(prompt_len)
+        self.offset.zero_()
+        self.tokens.fill_(int(self.pad))
+        self.tokens[:rows, 0] = first
+        self.next_position.zero_()
+        self.next_position[:, :rows] = next_position
+        self.key_valid.fill_(True)
+        self.key_valid[:rows, :key_valid.shape[1]] = key_valid
+        self.out.fill_(int(self.pad))
+        self.out[:rows, 0] = first
+        self.running.fill_(False)
+        self.running[:rows] = ~torch.isin(first, self.eos) if len(self.eos) else True
+
+    def step(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            if self.temperature != 0:
+                self._select_and_record(self.logits)
+        else:
+            self._graph_body()
+            if self.temperature != 0:
+                self._select_and_record(self.logits)
+        self.t += 1
+
+    def any_running(self) -> bool:
+        return bool(self.running.any())
