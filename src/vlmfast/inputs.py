@@ -7,6 +7,7 @@ the whole list at once instead of fixing one file per run.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError, UsageError
+from .scoring import SCORERS, truth_text
 
 # Pillow's own decompression-bomb threshold (~89 Mpx); above it an image is refused, not decoded.
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
@@ -28,17 +30,21 @@ R1_INSTRUCTION = (
 TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION}
 
 # Manifest keys we understand; anything else is ignored (and reported once).
-MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages"})
+MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages", "solution", "answer", "scorer"})
 
 
 @dataclass(frozen=True)
 class Request:
-    """One sample: images (paths as given), the final prompt text and an optional system prompt."""
+    """One sample: images (paths as given), the final prompt text and an optional system prompt; the
+    ground truth and scorer when the manifest gives them; each image's (width, height) once checked."""
 
     id: str
     images: tuple[str, ...]
     prompt: str
     system: str | None = None
+    truth: object = None
+    scorer: str | None = None
+    image_sizes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class Collected:
     bad: list[BadInput] = field(default_factory=list)
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (width, height)
     warnings: list[str] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)  # every id, good or bad, in input order
 
 
 def apply_template(prompt: str, template: str) -> str:
@@ -122,18 +129,18 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     return text
 
 
-def read_manifest(path: str, default_prompt: str | None) -> tuple[list[Request], list[BadInput], list[str]]:
-    """Parse a JSONL manifest. Records are either ours — ``{"id", "image"|"images", "prompt", "system"}`` —
-    or ms-swift's — ``{"messages": [...], "images": [...]}``. Relative image paths resolve against the
-    manifest's directory first, then the working directory.
+def read_manifest(path: str, default_prompt: str | None) -> tuple[list[Request | BadInput], list[str]]:
+    """Parse a JSONL manifest into requests and bad lines, in file order. Records are either ours —
+    ``{"id", "image"|"images", "prompt", "system", "solution"|"answer", "scorer"}`` — or ms-swift's —
+    ``{"messages": [...], "images": [...]}``. Relative image paths resolve against the manifest's
+    directory first, then the working directory.
     """
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read manifest {path}: {exc}", hint="check the path and permissions") from exc
     base = Path(path).parent
-    requests: list[Request] = []
-    bad: list[BadInput] = []
+    items: list[Request | BadInput] = []
     unknown: set[str] = set()
     for lineno, line in enumerate(raw.splitlines(), start=1):
         where = f"{path}:{lineno}"
@@ -142,23 +149,23 @@ def read_manifest(path: str, default_prompt: str | None) -> tuple[list[Request],
         try:
             record = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError:
-            bad.append(_bad_line(where, "line is not valid UTF-8"))
+            items.append(_bad_line(where, "line is not valid UTF-8"))
             continue
         except json.JSONDecodeError as exc:
-            bad.append(_bad_line(where, f"invalid JSON ({exc.msg} at column {exc.colno})"))
+            items.append(_bad_line(where, f"invalid JSON ({exc.msg} at column {exc.colno})"))
             continue
         if not isinstance(record, dict):
-            bad.append(_bad_line(where, "record is not a JSON object"))
+            items.append(_bad_line(where, "record is not a JSON object"))
             continue
         unknown.update(set(record) - MANIFEST_KEYS)
         try:
-            requests.append(_record_to_request(record, where, base, default_prompt))
+            items.append(_record_to_request(record, where, base, default_prompt))
         except ValueError as exc:
-            bad.append(_bad_line(where, str(exc), rid=str(record.get("id", where))))
+            items.append(_bad_line(where, str(exc), rid=str(record.get("id", where))))
     warnings = [f"{path}: ignored unknown manifest fields: {', '.join(sorted(unknown))}"] if unknown else []
-    if not requests and not bad:
+    if not items:
         raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
-    return requests, bad, warnings
+    return items, warnings
 
 
 def _bad_line(where: str, what: str, rid: str | None = None) -> BadInput:
@@ -168,35 +175,57 @@ def _bad_line(where: str, what: str, rid: str | None = None) -> BadInput:
 def _record_to_request(record: dict, where: str, base: Path, default_prompt: str | None) -> Request:
     system = record.get("system")
     prompt = record.get("prompt")
+    truth = record.get("solution", record.get("answer"))
     if "messages" in record:  # ms-swift: the last user turn is the prompt; "<image>" marks are dropped
-        prompt, system = _from_messages(record["messages"], system)
+        prompt, system, reply = parse_messages(record["messages"], system)
+        truth = reply if truth is None else truth
     if "image" in record and "images" in record:
         raise ValueError('give "image" or "images", not both')
     images = record.get("images", [record["image"]] if "image" in record else None)
-    if isinstance(images, str):
+    if isinstance(images, (str, dict)):
         images = [images]
+    if isinstance(images, list):  # ms-swift also writes {"path": ...}
+        images = [i.get("path") if isinstance(i, dict) else i for i in images]
     if not images or not all(isinstance(i, str) and i for i in images):
         raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
     prompt = prompt if prompt is not None else default_prompt
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError('no prompt: give "prompt" in the record, or --prompt / --prompt-file for all')
+    scorer = record.get("scorer")
+    if scorer is not None and scorer not in SCORERS:
+        raise ValueError(f"unknown scorer {scorer!r}: use one of {', '.join(SCORERS)}")
     images = [_resolve_relative(i, base) for i in images]
     rid = record.get("id", images[0])
-    if not isinstance(rid, (str, int)):
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise ValueError('"id" must be a string or an integer')
-    return Request(id=str(rid), images=tuple(images), prompt=prompt, system=system)
+    return Request(id=str(rid), images=tuple(images), prompt=prompt, system=system, truth=truth_text(truth),
+                   scorer=scorer)
 
 
-def _from_messages(messages, system):
+def parse_messages(messages, system=None):
+    """(prompt, system, reference reply) of an ms-swift ``messages`` list: the last user turn is the
+    prompt, a system turn the system prompt, the assistant turn after it the reference answer."""
     if not isinstance(messages, list) or not messages:
         raise ValueError('"messages" must be a non-empty list of {"role", "content"} objects')
-    user = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    if not user or not isinstance(user[-1].get("content"), str):
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    if not users or not (question := content_text(messages[users[-1]].get("content"))):
         raise ValueError('"messages" has no user turn with text content')
     for m in messages:
         if isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str):
             system = m["content"]
-    return user[-1]["content"].replace("<image>", "").strip(), system
+    replies = [m for m in messages[users[-1] + 1:] if isinstance(m, dict) and m.get("role") == "assistant"]
+    reply = (content_text(replies[-1].get("content")) or None) if replies else None
+    return question.replace("<image>", "").strip(), system, reply
+
+
+def content_text(content) -> str:
+    """The text of a chat turn's content: a string, or OpenAI-style parts (text parts joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content
+                       if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text"))
+    return ""
 
 
 def _resolve_relative(image: str, base: Path) -> str:
@@ -253,27 +282,25 @@ def collect(
     if not images and not manifest:
         raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE.jsonl")
     base_prompt = read_prompt(prompt, prompt_file)
-    requests: list[Request] = []
-    bad: list[BadInput] = []
+    entries: list[Request | BadInput] = []  # in input order, good and bad alike
     warnings: list[str] = []
     if images:
         if base_prompt is None:
             raise UsageError("no prompt for --images", hint='give --prompt "..." or --prompt-file FILE')
-        paths, problems = expand_images(images)
-        bad.extend(BadInput(id=p.where, problems=(p,)) for p in problems)
-        requests.extend(Request(id=p, images=(p,), prompt=base_prompt, system=system) for p in paths)
+        for arg in images:
+            paths, problems = expand_images([arg])
+            entries += [BadInput(id=p.where, problems=(p,)) for p in problems]
+            entries += [Request(id=p, images=(p,), prompt=base_prompt, system=system) for p in paths]
     if manifest:
-        m_requests, m_bad, m_warnings = read_manifest(manifest, base_prompt)
-        requests.extend(Request(r.id, r.images, r.prompt, r.system or system) for r in m_requests)
-        bad.extend(m_bad)
+        items, m_warnings = read_manifest(manifest, base_prompt)
+        entries += [dataclasses.replace(e, system=e.system or system) if isinstance(e, Request) else e for e in items]
         warnings.extend(m_warnings)
-    if not requests and not bad:
+    if not entries:
         raise InputError("no images found", hint="check the paths, directories and globs given to --images")
 
-    requests = [Request(r.id, r.images, apply_template(r.prompt, template), r.system) for r in requests]
     seen: dict[str, int] = {}
-    for rid in [r.id for r in requests] + [b.id for b in bad]:  # bad rows take an id (and a row) too
-        seen[rid] = seen.get(rid, 0) + 1
+    for e in entries:  # bad rows take an id (and a row) too
+        seen[e.id] = seen.get(e.id, 0) + 1
     dupes = {rid for rid, n in seen.items() if n > 1}
     if dupes:
         shown = ", ".join(sorted(dupes)[:5])
@@ -282,15 +309,18 @@ def collect(
             hint='ids must be unique (they key resume); give each manifest record its own "id"',
         )
 
+    requests = [e for e in entries if isinstance(e, Request)]
     sizes, image_problems = check_images([p for r in requests for p in r.images], max_image_pixels)
     good: list[Request] = []
+    bad: list[BadInput] = [e for e in entries if isinstance(e, BadInput)]
     for r in requests:
+        r = dataclasses.replace(r, prompt=apply_template(r.prompt, template))
         mine = tuple(Problem(p, image_problems[p]) for p in r.images if p in image_problems)
         if mine:
             bad.append(BadInput(id=r.id, problems=mine, request=r))
         else:
-            good.append(r)
-    return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings)
+            good.append(dataclasses.replace(r, image_sizes=tuple(sizes[p] for p in r.images)))
+    return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings, order=[e.id for e in entries])
 
 
 def raise_for_problems(collected: Collected) -> None:

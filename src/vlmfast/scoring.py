@@ -1,0 +1,423 @@
+"""Score answers against ground truth, check the GRPO output format, and compare two runs.
+
+Pure functions on strings and dicts (standard library only) so ``vlmfast score`` runs without a
+model. Scorers are picked by name; ``auto`` picks one from the shape of the ground truth.
+Malformed answers score 0 and never raise: a model's output is data, not a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .errors import UsageError
+
+SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains")
+BBOX_SPACES = ("resized", "original")
+# The fields score_row adds to a result row (all null on error rows).
+ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_QUOTES = "\"'`“”‘’«»"
+_STRIP = ".,;:!?()[]{}<>*_~-" + _QUOTES
+_UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
+_NUM = r"(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
+# A sign counts only at the start of a token: "3-5" is a range, not 3 and -5.
+_NUMBER = re.compile(
+    rf"(?:(?<![\w.])(?P<sign>[-+−]))?(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
+    rf"(?:\s*/\s*(?P<den>{_NUM}))?(?P<pct>\s*%)?"
+)
+_CURRENCY = "$€£¥₹"
+_FULL_NUMBER = re.compile(rf"^[{_CURRENCY}]?\s*[-+−]?(?:{_NUM})(?:[eE][-+]?\d+)?(?:\s*/\s*(?:{_NUM}))?{_UNIT}$")
+_LETTER_ONLY = re.compile(r"^[(\[]?([A-Za-z])[)\]]?[.:)]?$")
+_LETTER_LEAD = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s")
+_LETTER_KEYWORD = re.compile(r"(?i:option|choice|answer)(?:\s+(?i:is))?\s*[:\-]?\s*[(\[]?([A-Z])(?![A-Za-z])")
+_LETTER_PAREN = re.compile(r"\(([A-Z])\)")
+_LETTER_WORD = re.compile(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])")
+_BOX_NUM = r"\s*(-?\d+(?:\.\d+)?)\s*"
+_BOX_BRACKET = re.compile(rf"\[{_BOX_NUM},{_BOX_NUM},{_BOX_NUM},{_BOX_NUM}\]")
+_BOX_POINTS = re.compile(rf"\({_BOX_NUM},{_BOX_NUM}\)\s*,?\s*\({_BOX_NUM},{_BOX_NUM}\)")
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+_BOX_KEYS = ("bbox_2d", "bbox", "box")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One scored answer. ``iou`` is set for bbox only; ``bbox_unmapped`` means a resized-space box
+    was compared as is because the image sizes needed to map it back were missing."""
+
+    score: float
+    correct: bool
+    scorer: str
+    parse_failed: bool
+    iou: float | None = None
+    bbox_unmapped: bool = False
+
+
+def truth_text(value):
+    """Normalise a ground truth value: ``<answer>…</answer>`` is stripped, JSON lists/dicts in a
+    string are decoded (a bbox stays ``[x1, y1, x2, y2]``), numbers become strings. None and empty
+    strings give None (no ground truth)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, dict)):
+        return value
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return str(value)
+    text = str(value)
+    if (m := _ANSWER_TAG.findall(text)):
+        text = m[-1]
+    text = text.strip()
+    if not text:
+        return None  # an empty solution is no ground truth, not a truth that only "" matches
+    if text[:1] in "[{":
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            return text
+        return decoded if isinstance(decoded, (list, dict)) else text
+    return text
+
+
+def resolve_scorer(truth, scorer: str = "auto") -> str:
+    """The concrete scorer for ``truth``: ``scorer`` itself unless it is ``auto``.
+
+    auto: a box (4 numbers, a list of boxes, ``{"bbox_2d": …}``, ``(x1,y1),(x2,y2)``) → bbox;
+    one letter A–Z, optionally ``(B)``/``B.``/``B)`` → choice; a number → number; else exact.
+    """
+    _check_scorer(scorer)
+    if scorer != "auto":
+        return scorer
+    if isinstance(truth, (list, dict)):
+        return "bbox" if parse_box(truth) is not None else "exact"
+    text = str(truth).strip()
+    if _BOX_POINTS.fullmatch(text):
+        return "bbox"
+    if (m := _LETTER_ONLY.match(text)) and m.group(1).isupper():
+        return "choice"
+    if _FULL_NUMBER.match(text):
+        return "number"
+    return "exact"
+
+
+def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image_size=None, model_size=None,
+                 bbox_space: str = "resized", rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Score:
+    """Score one answer. ``image_size``/``model_size`` are (width, height) of the original image and of
+    the model's resized input; with ``bbox_space="resized"`` predicted boxes are mapped back to
+    original pixels before the IoU. ``answer=None`` (no answer) scores 0 with ``parse_failed``."""
+    if bbox_space not in BBOX_SPACES:
+        raise UsageError(f"unknown bbox space {bbox_space!r}", hint=f"choose one of: {', '.join(BBOX_SPACES)}")
+    truth = truth_text(truth)
+    if truth is None:
+        raise UsageError("no ground truth to score against", hint='give the record a "solution" or "answer"')
+    name = resolve_scorer(truth, scorer)
+    if answer is None:
+        return Score(0.0, False, name, True, iou=0.0 if name == "bbox" else None)
+    answer = str(answer)
+    if name == "bbox":
+        return _score_bbox(answer, truth, iou, image_size, model_size, bbox_space)
+    if name == "number":
+        got, want = parse_number(answer), parse_number(_as_text(truth))
+        ok = got is not None and want is not None and _numbers_match(got, want, rel_tol, abs_tol)
+        return _binary(name, ok, got is None)
+    if name == "choice":
+        got, want = parse_choice(answer), parse_choice(_as_text(truth))
+        return _binary(name, got is not None and got == want, got is None)
+    got, want = normalize(answer), normalize(_as_text(truth))
+    ok = (got == want) if name == "exact" else bool(want) and want in got
+    return _binary(name, ok, False)
+
+
+def _check_scorer(scorer: str) -> None:
+    if scorer not in SCORERS:
+        raise UsageError(f"unknown scorer {scorer!r}", hint=f"choose one of: {', '.join(SCORERS)}")
+
+
+def _binary(name: str, ok: bool, parse_failed: bool) -> Score:
+    return Score(1.0 if ok else 0.0, bool(ok), name, parse_failed)
+
+
+def _as_text(truth) -> str:
+    return truth if isinstance(truth, str) else json.dumps(truth, ensure_ascii=False)
+
+
+def normalize(text: str) -> str:
+    """Case-folded, whitespace collapsed, surrounding punctuation and quotes stripped."""
+    return " ".join(str(text).casefold().split()).strip(_STRIP + " ")
+
+
+def parse_number(text: str):
+    """The last number in ``text`` as ``(value, is_percent)``, or None. Accepts "1,234", "3/4",
+    "-2.5e3", "50%", "$5", "12 cm"; the last one wins because reasoning states the result last."""
+    matches = list(_NUMBER.finditer(str(text)))
+    if not matches:
+        return None
+    m = matches[-1]
+    try:
+        value = float(m.group("num").replace(",", "") + (m.group("exp") or ""))
+        if m.group("den"):
+            den = float(m.group("den").replace(",", ""))
+            if den == 0:
+                return None
+            value /= den
+    except (ValueError, OverflowError):
+        return None
+    if m.group("sign") in ("-", "−"):
+        value = -value
+    return (value, bool(m.group("pct"))) if math.isfinite(value) else None
+
+
+def _numbers_match(got, want, rel_tol: float, abs_tol: float) -> bool:
+    # "50%" may be written 50 or 0.5 on either side; accept either reading of a percentage.
+    def readings(n):
+        return (n[0], n[0] / 100) if n[1] else (n[0],)
+
+    return any(math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol) for a in readings(got) for b in readings(want))
+
+
+def parse_choice(text: str) -> str | None:
+    """The option letter in ``text`` ("B", "(B)", "B.", "B. text", "Option B", "the answer is B"), or None.
+
+    A lone letter may be lower case; inside a sentence only capitals count, so the article "a" in
+    "the answer is a dog" is not read as option A."""
+    text = str(text).strip()
+    if (m := _LETTER_ONLY.match(text)):
+        return m.group(1).upper()
+    for pattern in (_LETTER_LEAD, _LETTER_KEYWORD):
+        if (m := pattern.search(text)):
+            return next(g for g in m.groups() if g)
+    for pattern in (_LETTER_PAREN, _LETTER_WORD):
+        letters = set(pattern.findall(text))
+        if len(letters) > 1:
+            letters.discard("I")  # the pronoun: "I think C"
+        if len(letters) == 1:
+            return letters.pop()
+    return None
+
+
+def parse_box(value) -> list[float] | None:
+    """The first box ``[x1, y1, x2, y2]`` in a JSON value or text, or None. Understands Qwen2.5-VL's
+    ``[{"bbox_2d": [...], "label": …}]`` (also inside a fenced json block), nested lists and
+    ``(x1,y1),(x2,y2)``."""
+    if isinstance(value, (list, tuple, dict)):
+        return _box_from_json(value)
+    text = str(value)
+    for candidate in [m.group(1) for m in _FENCE.finditer(text)] + [text]:
+        try:
+            box = _box_from_json(json.loads(candidate.strip()))
+        except (ValueError, RecursionError):
+            continue
+        if box is not None:
+            return box
+    for pattern in (_BOX_BRACKET, _BOX_POINTS):
+        if (m := pattern.search(text)):
+            return [float(g) for g in m.groups()]
+    return None
+
+
+def _box_from_json(value, depth: int = 0):
+    if depth > 8:
+        return None
+    if isinstance(value, dict):
+        key = next((k for k in _BOX_KEYS if k in value), None)
+        return _box_from_json(value[key], depth + 1) if key else None
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if len(value) == 4 and all(_is_number(v) for v in value):
+        return [float(v) for v in value]
+    if len(value) == 2 and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(map(_is_number, p)) for p in value):
+        return [float(value[0][0]), float(value[0][1]), float(value[1][0]), float(value[1][1])]
+    return _box_from_json(value[0], depth + 1)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def box_iou(a, b) -> float:
+    """Intersection over union of two ``[x1, y1, x2, y2]`` boxes; 0 for degenerate or invalid boxes."""
+    try:
+        ax1, ay1, ax2, ay2 = (float(v) for v in a)
+        bx1, by1, bx2, by2 = (float(v) for v in b)
+    except (TypeError, ValueError):
+        return 0.0
+    if not all(math.isfinite(v) for v in (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)):
+        return 0.0
+    if ax2 <= ax1 or ay2 <= ay1 or bx2 <= bx1 or by2 <= by1:
+        return 0.0
+    inter = max(0.0, min(ax2, bx2) - max(ax1, bx1)) * max(0.0, min(ay2, by2) - max(ay1, by1))
+    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _score_bbox(answer: str, truth, threshold: float, image_size, model_size, bbox_space: str) -> Score:
+    want = parse_box(truth)
+    got = parse_box(answer)
+    unmapped = False
+    if got is not None and bbox_space == "resized":
+        scale = _scale(image_size, model_size)
+        if scale is None:
+            unmapped = True  # compare as is, but say so: the IoU may be in the wrong pixel space
+        else:
+            got = [got[0] * scale[0], got[1] * scale[1], got[2] * scale[0], got[3] * scale[1]]
+    value = box_iou(got, want) if got is not None and want is not None else 0.0
+    ok = value >= threshold and value > 0
+    return Score(1.0 if ok else 0.0, ok, "bbox", got is None, iou=value, bbox_unmapped=unmapped)
+
+
+def _scale(image_size, model_size):
+    try:
+        (W, H), (w, h) = image_size, model_size
+        W, H, w, h = float(W), float(H), float(w), float(h)
+    except (TypeError, ValueError):
+        return None
+    return (W / w, H / h) if min(W, H, w, h) > 0 else None
+
+
+def format_ok(text: str | None) -> bool:
+    """True when ``text`` is exactly ``<think>…</think><answer>…</answer>``: each tag once, in that
+    order, nothing but whitespace outside the two blocks."""
+    if text is None:
+        return False
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    if any(text.count(t) != 1 for t in tags):
+        return False
+    at = [text.index(t) for t in tags]
+    if at != sorted(at):
+        return False
+    outside = text[: at[0]] + text[at[1] + len(tags[1]): at[2]] + text[at[3] + len(tags[3]):]
+    return not outside.strip()
+
+
+def score_row(row: dict, truth, scorer: str | None = "auto", *, plain_fallback: bool = True, **opts) -> dict:
+    """The scoring fields for one result row (see ``ROW_FIELDS``); ``opts`` go to :func:`score_answer`.
+
+    Error rows get all nulls; rows without ground truth get only ``format_ok``. With ``plain_fallback``
+    a row whose text carries no think/answer tags at all (a base model answering plainly) is scored
+    on its whole text, so checkpoint and base are compared on the same questions."""
+    if row.get("error") is not None:
+        return dict.fromkeys(ROW_FIELDS)
+    text = row.get("text")
+    fields = dict.fromkeys(ROW_FIELDS)
+    fields["format_ok"] = format_ok(text)
+    if truth_text(truth) is None:
+        return fields
+    answer = row.get("answer")
+    if answer is None and plain_fallback and isinstance(text, str) and not re.search(r"</?(?:think|answer)>", text):
+        answer = text
+    s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
+                     model_size=_first_size(row.get("model_image_sizes")), **opts)
+    fields.update(score=s.score, correct=s.correct, scorer=s.scorer, parse_failed=s.parse_failed)
+    if s.scorer == "bbox":
+        fields.update(iou=round(s.iou, 6), bbox_unmapped=s.bbox_unmapped)
+    return fields
+
+
+def _first_size(sizes):
+    if isinstance(sizes, (list, tuple)) and sizes and isinstance(sizes[0], (list, tuple)) and len(sizes[0]) == 2:
+        return tuple(sizes[0])
+    return None
+
+
+def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "auto", iou: float = 0.5,
+            bbox_space: str = "resized", plain_fallback: bool = True) -> list[dict]:
+    """Copies of ``results_rows`` with the scoring fields set. ``truths`` maps row id → (truth, scorer);
+    ids missing from it are left unscored (null score, ``format_ok`` still set)."""
+    _check_scorer(default_scorer)
+    out = []
+    for row in results_rows:
+        truth, scorer = truths.get(str(row.get("id")), (None, None))
+        fields = score_row(row, truth, scorer or default_scorer, iou=iou, bbox_space=bbox_space,
+                           plain_fallback=plain_fallback)
+        out.append({**row, **fields})
+    return out
+
+
+def _mean(values):
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Accuracy, format rate and answer lengths over scored rows, overall and per scorer.
+
+    ``format_rate`` and the mean lengths are over successful rows (lengths over rows that have the
+    part); accuracy and scores over rows with ground truth. Nothing to average → null."""
+    ok = [r for r in rows if r.get("error") is None]
+    scored = [r for r in ok if r.get("score") is not None]
+    summary = {
+        **_score_stats(scored),
+        "format_rate": _mean(bool(r["format_ok"]) for r in ok if r.get("format_ok") is not None),
+        "mean_think_chars": _mean(len(r["think"]) for r in ok if isinstance(r.get("think"), str)),
+        "mean_answer_chars": _mean(len(r["answer"]) for r in ok if isinstance(r.get("answer"), str)),
+        "bbox_unmapped": sum(1 for r in scored if r.get("bbox_unmapped")),
+    }
+    names = sorted({r["scorer"] for r in scored if r.get("scorer")})
+    summary["by_scorer"] = {n: _score_stats([r for r in scored if r.get("scorer") == n]) for n in names}
+    return summary
+
+
+def _score_stats(scored: list[dict]) -> dict:
+    return {
+        "scored": len(scored),
+        "accuracy": _mean(bool(r.get("correct")) for r in scored),
+        "mean_score": _mean(r["score"] for r in scored),
+        "answer_parse_failures": sum(1 for r in scored if r.get("parse_failed")),
+    }
+
+
+def paired_comparison(a: dict, b: dict, *, resamples: int = 10_000, seed: int = 0, confidence: float = 0.95) -> dict:
+    """Compare two runs (e.g. checkpoint ``a`` vs base ``b``) on the ids both scored.
+
+    ``difference`` is mean(a) − mean(b) with a paired bootstrap percentile interval over ids
+    (deterministic for a seed). For 0/1 scores ``p_value`` is the exact two-sided McNemar test on the
+    discordant pairs; otherwise null. Ids whose score is None on either side are left out."""
+    if resamples < 1 or not 0 < confidence < 1:
+        raise UsageError("bad bootstrap settings", hint="resamples must be ≥ 1 and confidence between 0 and 1")
+    ids = sorted((k for k in a.keys() & b.keys() if a[k] is not None and b[k] is not None), key=str)
+    xs, ys = [float(a[k]) for k in ids], [float(b[k]) for k in ids]
+    n = len(ids)
+    result = {"n": n, "accuracy_a": _mean(xs), "accuracy_b": _mean(ys), "difference": None, "ci_low": None,
+              "ci_high": None, "confidence": confidence, "p_value": None, "discordant": None}
+    if n == 0:
+        return result
+    result["discordant"] = {"a_better": sum(x > y for x, y in zip(xs, ys)), "b_better": sum(y > x for x, y in zip(xs, ys))}
+    diffs = [x - y for x, y in zip(xs, ys)]
+    result["difference"] = sum(diffs) / n
+    result["ci_low"], result["ci_high"] = _bootstrap_interval(diffs, resamples, seed, confidence)
+    if all(v in (0.0, 1.0) for v in xs + ys):
+        result["p_value"] = mcnemar_exact(result["discordant"]["a_better"], result["discordant"]["b_better"])
+    return result
+
+
+def _bootstrap_interval(diffs: list[float], resamples: int, seed: int, confidence: float) -> tuple[float, float]:
+    rng = random.Random(seed)
+    n = len(diffs)
+    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
+    alpha = (1 - confidence) / 2
+    return _quantile(means, alpha), _quantile(means, 1 - alpha)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Exact two-sided McNemar p-value: binomial(n = discordant pairs, p = ½), doubled tail, capped at 1."""
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+    # Exact rational arithmetic: 0.5 ** n underflows long before n gets large.
+    return min(1.0, float(Fraction(2 * tail, 2 ** n)))

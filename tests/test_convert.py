@@ -1,0 +1,178 @@
+"""Converters from VLM-R1 and ms-swift files to manifests with ground truth (no model, no images)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vlmfast.convert import convert_file, read_truths, write_manifest
+from vlmfast.errors import InputError, UsageError
+from vlmfast.inputs import Request, read_manifest
+from vlmfast.scoring import rescore, summarize
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def test_vlmr1_rec_example():
+    rows = convert_file(str(CONFIGS / "vlmr1_rec.example.json"), "vlmr1", image_root="/data/coco")
+    assert len(rows) == 4
+    assert rows[0] == {
+        "id": "00000_COCO_train2014_000000581857",
+        "image": "/data/coco/train2014/COCO_train2014_000000581857.jpg",
+        "prompt": "Please provide the bounding box coordinate of the region this sentence describes: "
+                  "the lady with the blue shirt.",
+        "solution": [103, 299, 359, 633],
+        "scorer": "bbox",
+    }
+    assert len({r["id"] for r in rows}) == 4  # two expressions share one image, ids still differ
+    assert rows[3]["solution"] == [4.2, 41.7, 230.5, 471.0]
+    assert convert_file(str(CONFIGS / "vlmr1_rec.example.json"), "auto", image_root="/data/coco") == rows
+    assert convert_file(str(CONFIGS / "vlmr1_rec.example.json"))[0]["image"] == "train2014/COCO_train2014_000000581857.jpg"
+
+
+def test_vlmr1_jsonl_conversations_and_math(tmp_path):
+    src = tmp_path / "r1.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [
+        {"id": 7, "image": "clevr/a.png", "conversations": [
+            {"from": "human", "value": "<image>What number of purple balls are there?"},
+            {"from": "gpt", "value": "<answer> 0 </answer>"}]},
+        {"image": ["gui/before.png", "gui/after.png"], "conversations": [
+            {"from": "human", "value": "<image><image>Which defect?"}, {"from": "gpt", "value": "No Defect"}]},
+        {"image": "m/q.png", "problem": "Which option?\nA. 1\nB. 2", "solution": "<answer>B</answer>", "accu_reward_method": "mcq"},
+        {"image": "m/r.png", "question": "How far?", "answer": 12.5},
+        {"image": "m/s.png", "problem": "Where is it?", "solution": "<answer>[1, 2, 30, 40]</answer>"},
+    ]) + "\n")
+    rows = convert_file(str(src), "auto", image_root="root")
+    assert rows[0] == {"id": "7", "image": "root/clevr/a.png", "prompt": "What number of purple balls are there?", "solution": "0"}
+    assert rows[1]["images"] == ["root/gui/before.png", "root/gui/after.png"] and rows[1]["prompt"] == "Which defect?"
+    assert rows[1]["id"] == "00001_before" and rows[1]["solution"] == "No Defect" and "scorer" not in rows[1]
+    assert (rows[2]["solution"], rows[2]["scorer"]) == ("B", "choice")
+    assert (rows[3]["prompt"], rows[3]["solution"]) == ("How far?", "12.5")
+    assert (rows[4]["solution"], rows[4]["scorer"]) == ([1, 2, 30, 40], "bbox")
+
+
+def test_swift_example():
+    rows = convert_file(str(CONFIGS / "swift.example.jsonl"), "swift")
+    assert [r["id"] for r in rows] == ["00000_img_000", "00001_img_001", "00002_img_002", "swift-grounding-1"]
+    assert rows[0]["prompt"] == "How many items are there in the image?"
+    assert rows[0]["system"].startswith("A conversation between User and Assistant")
+    assert rows[0]["solution"] == "3"  # "<answer> 3 </answer>" stripped
+    assert rows[1]["solution"] == "B" and "system" not in rows[1]
+    assert rows[2]["solution"] == "yes"  # the assistant reply stands in for a missing solution
+    assert (rows[3]["solution"], rows[3]["scorer"]) == ([10, 12, 70, 90], "bbox")
+    assert all("<image>" not in r["prompt"] for r in rows)
+
+
+def test_swift_variants(tmp_path):
+    src = tmp_path / "s.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [
+        {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Count."}]}],
+         "images": [{"path": "/abs/x.png"}], "solution": 4},
+        {"messages": [{"role": "user", "content": "<image>Q1"}, {"role": "assistant", "content": "old"},
+                      {"role": "user", "content": "<image>Q2"}], "images": ["a.png"]},
+    ]) + "\n")
+    rows = convert_file(str(src), image_root="/img")
+    assert rows[0] == {"id": "00000_x", "image": "/abs/x.png", "prompt": "Count.", "solution": "4"}
+    assert rows[1]["prompt"] == "Q2" and "solution" not in rows[1]  # "old" answers Q1, not Q2
+    assert rows[1]["image"] == "/img/a.png"
+
+
+def test_bad_jsonl_records_are_listed_together(tmp_path):
+    src = tmp_path / "bad.jsonl"
+    lines = [
+        json.dumps({"image": "a.jpg", "problem": "ok", "solution": [1, 2, 3, 4]}),
+        "{not json",
+        json.dumps(["a list"]),
+        json.dumps({"problem": "no image", "solution": [1, 2, 3, 4]}),
+        json.dumps({"image": "b.jpg", "solution": [1, 2, 3, 4], "conversations": []}),
+        json.dumps({"image": "c.jpg", "problem": "three numbers", "solution": [1, 2, 3]}),
+        json.dumps({"image": "d.jpg", "problem": "reversed", "solution": [30, 40, 10, 20]}),
+        json.dumps({"id": "x", "image": "e.jpg", "problem": "p"}),
+        json.dumps({"id": "x", "image": "f.jpg", "problem": "p"}),
+        json.dumps({"image": "g.jpg", "caption": "which format?"}),
+        json.dumps({"image": "h.jpg", "problem": "p", "scorer": "fuzzy"}),
+        json.dumps({"messages": [{"role": "system", "content": "s"}], "images": ["i.jpg"]}),
+    ]
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as exc:
+        convert_file(str(src))
+    problems = exc.value.problems
+    assert [p.split(":")[1] for p in problems] == ["2", "3", "4", "5", "6", "7", "9", "10", "11", "12"]
+    text = "\n".join(problems)
+    for needle in ("invalid JSON", "not a JSON object", "no image", "no question", "3 numbers",
+                   "reversed", "duplicate id 'x'", "cannot tell the format", "unknown scorer", "no user turn"):
+        assert needle in text
+    assert exc.value.hint and "10 bad record(s)" in exc.value.message
+
+
+def test_bad_records_in_a_json_array_keep_their_lines(tmp_path):
+    src = tmp_path / "bad.json"
+    src.write_text('[\n  {"image": "a.jpg", "problem": "p", "solution": [1, 2, 3, 4]},\n'
+                   '  {"image": "b.jpg",\n   "problem": "q", "solution": [5, 5, 1, 1]},\n'
+                   '  {"problem": "r"}\n]\n')
+    with pytest.raises(InputError) as exc:
+        convert_file(str(src), "vlmr1")
+    assert [p.split(": ", 1)[0] for p in exc.value.problems] == [f"{src}:3", f"{src}:5"]
+
+
+@pytest.mark.parametrize("text, where", [
+    ('[\n {"image": "a.jpg", "problem": "p"}\n {"image": "b.jpg"}\n]', ":3"),  # the missing comma
+    ('[\n {"image": "a.jpg", "problem": "p"},\n', ":"),
+    ("[]", None),
+    ("", None),
+    ("\n\n", None),
+])
+def test_unreadable_or_empty_files(tmp_path, text, where):
+    src = tmp_path / "f.json"
+    src.write_text(text)
+    with pytest.raises(InputError) as exc:
+        convert_file(str(src))
+    if where is None:
+        assert "holds no records" in exc.value.message
+    else:
+        assert exc.value.problems and f"{src}{where}" in exc.value.problems[0]
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(UsageError):
+        convert_file(str(CONFIGS / "swift.example.jsonl"), "llava")
+    with pytest.raises(InputError):
+        convert_file(str(tmp_path / "missing.jsonl"))
+
+
+def test_written_manifest_runs_and_scores(tmp_path):
+    rows = convert_file(str(CONFIGS / "vlmr1_rec.example.json"), image_root="/data/coco")
+    out = write_manifest(rows, str(tmp_path / "sub" / "rec.jsonl"))
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    items, _ = read_manifest(str(out), None)  # the run reads it like any manifest
+    assert all(isinstance(r, Request) for r in items) and [r.id for r in items] == [r["id"] for r in rows]
+    assert items[0].truth == [103, 299, 359, 633] and items[0].scorer == "bbox"
+    truths = read_truths(str(out))
+    assert truths[rows[0]["id"]] == ([103, 299, 359, 633], "bbox")
+    # Qwen2.5-VL answers in the resized image (here half size): mapped back, the box matches.
+    results = [{"id": rows[0]["id"], "error": None, "text": "<think>t</think><answer>[{\"bbox_2d\": [51, 150, 180, 316]}]</answer>",
+                "answer": '[{"bbox_2d": [51, 150, 180, 316]}]', "image_sizes": [[640, 640]], "model_image_sizes": [[320, 320]]}]
+    scored = rescore(results, truths)
+    assert scored[0]["correct"] is True and scored[0]["iou"] > 0.95
+    assert summarize(scored)["by_scorer"]["bbox"]["accuracy"] == 1.0
+
+
+def test_read_truths_of_the_scored_example():
+    truths = read_truths(str(CONFIGS / "scored.example.jsonl"))
+    assert truths == {
+        "count-1": ("3", None), "mcq-1": ("C", "choice"), "ground-1": ([8, 10, 60, 96], "bbox"),
+        "caption-1": ("yes", None), "free-1": ("gradient", "contains"),
+    }
+    swift = read_truths(str(CONFIGS / "swift.example.jsonl"))  # id-less records: the run's image-path ids
+    assert swift[str(CONFIGS / "images" / "img_002.png")] == ("yes", None)
+    assert swift["swift-grounding-1"] == ([10, 12, 70, 90], "bbox")
+
+
+def test_read_truths_reports_bad_lines(tmp_path):
+    src = tmp_path / "m.jsonl"
+    src.write_text('{"id": "a", "image": "a.png", "answer": "1"}\n[1]\n{"id": "b", "image": "b.png", "answer": "2", "scorer": "fuzzy"}\n')
+    with pytest.raises(InputError) as exc:
+        read_truths(str(src))
+    assert [p.split(":")[1] for p in exc.value.problems] == ["2", "3"]
