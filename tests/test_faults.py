@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_jsonl
-from test_cli import vlmfast
+from conftest import vlmfast
 from vlmfast.engine import Engine, GenerationSettings
 from vlmfast.errors import CheckpointError
 from vlmfast.runner import InferOptions, infer
@@ -102,14 +102,14 @@ def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, grpo_ckpt, ima
     opts = dict(ckpt=str(grpo_ckpt), images=[str(p) for p in images], prompt="Count.",
                 generation=GenerationSettings(max_new_tokens=8))
     reference = infer(InferOptions(**opts, batch_size=1, out=str(tmp_path / "ref.jsonl")), loaded=loaded)
-    real_generate = Engine.generate
+    real_prefill = Engine.prefill
 
-    def generate(self, inputs, clock=None):  # the batch boundary: only one sample fits "on the GPU"
-        if inputs["input_ids"].shape[0] > 1:
+    def prefill(self, prepared):  # the batch boundary: only one sample fits "on the GPU"
+        if prepared.inputs["input_ids"].shape[0] > 1:
             raise _oom()
-        return real_generate(self, inputs, clock)
+        return real_prefill(self, prepared)
 
-    monkeypatch.setattr(Engine, "generate", generate)
+    monkeypatch.setattr(Engine, "prefill", prefill)
     report = infer(InferOptions(**opts, batch_size=4, out=str(tmp_path / "r.jsonl")), loaded=loaded)
     assert report.oom_splits == 4  # 4 → 2+2 → 1+1+1+1, and the last 2 → 1+1
     assert any("halved and retried" in n for n in report.notes)
@@ -118,15 +118,15 @@ def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, grpo_ckpt, ima
 
 
 def test_a_sample_that_never_fits_becomes_an_error_row(loaded, grpo_ckpt, images, tmp_path, monkeypatch):
-    real_generate = Engine.generate
+    real_prefill = Engine.prefill
     image_id = loaded.model.config.image_token_id
 
-    def generate(self, inputs, clock=None):  # a 112×112 image (16 image tokens) never fits
-        if int((inputs["input_ids"] == image_id).sum(dim=1).max()) >= 16:
+    def prefill(self, prepared):  # a 112×112 image (16 image tokens) never fits
+        if int((prepared.inputs["input_ids"] == image_id).sum(dim=1).max()) >= 16:
             raise _oom()
-        return real_generate(self, inputs, clock)
+        return real_prefill(self, prepared)
 
-    monkeypatch.setattr(Engine, "generate", generate)
+    monkeypatch.setattr(Engine, "prefill", prefill)
     report = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(p) for p in images], prompt="Count.",
                                 batch_size=2, out=str(tmp_path / "r.jsonl"),
                                 generation=GenerationSettings(max_new_tokens=4)), loaded=loaded)
@@ -219,12 +219,12 @@ def test_pickle_weights_need_allow_pickle(grpo_ckpt, images, tmp_path):
 
 
 def test_unreadable_checkpoint_dir_is_a_clear_error(grpo_ckpt, monkeypatch):
-    from vlmfast.checkpoint import resolve_checkpoint
+    from vlmfast.locate import locate
 
     # Tests run as root, which reads any directory: simulate the permission check's answer.
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     with pytest.raises(CheckpointError, match="not readable"):
-        resolve_checkpoint(str(grpo_ckpt))
+        locate(str(grpo_ckpt))
 
 
 def test_offline_nothing_touches_the_network(loaded, grpo_ckpt, images, tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""Data parallel through accelerate on CPU (gloo): two processes give what one process gives."""
+"""Data parallel through accelerate on CPU (gloo): two processes give what one process gives, and a
+failure on one process ends the run on every process at the next batch boundary."""
 
 import json
 import os
@@ -6,24 +7,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import read_jsonl
 
 BIN = Path(sys.executable).parent
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
-def _infer(ckpt, images, out, launcher=()):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+def _infer(ckpt, images, out, launcher=(), batch_size=2, env=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "CUDA_VISIBLE_DEVICES": "", **(env or {})}  # gloo on the CPU, whatever the machine has
     cmd = [*launcher, *(["-m", "vlmfast"] if launcher else [str(BIN / "vlmfast")]), "infer", "--ckpt", str(ckpt),
-           "--images", str(images), "--prompt", "Count the shapes.", "--max-new-tokens", "6", "--batch-size", "2",
-           "--out", str(out), "--json"]
+           "--images", str(images), "--prompt", "Count the shapes.", "--max-new-tokens", "6", "--batch-size",
+           str(batch_size), "--out", str(out), "--json"]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_two_process_accelerate_run_equals_one_process_run(grpo_ckpt, images, tmp_path):
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                  "--mixed_precision", "no", "--dynamo_backend", "no"]
     one = _infer(grpo_ckpt, images[0].parent, tmp_path / "one.jsonl")
-    two = _infer(grpo_ckpt, images[0].parent, tmp_path / "two.jsonl", launcher=accelerate)
+    two = _infer(grpo_ckpt, images[0].parent, tmp_path / "two.jsonl", launcher=ACCELERATE)
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     rows_one, rows_two = read_jsonl(tmp_path / "one.jsonl"), read_jsonl(tmp_path / "two.jsonl")
@@ -35,3 +39,52 @@ def test_two_process_accelerate_run_equals_one_process_run(grpo_ckpt, images, tm
     assert report["new_tokens"] == sum(p["new_tokens"] for p in report["processes"])
     assert not list(tmp_path.glob(".two.jsonl.part*"))  # parts merged and removed
     assert two.stderr.count("vlmfast infer") == 1
+
+
+FAULT = '''
+import os
+if os.environ.get("RANK") == "1":  # the second process fails in its second batch
+    import vlmfast.engine as engine
+    real, calls = engine.Engine.generate_batch, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected fault on rank 1")
+        return real(self, *args, **kwargs)
+
+    engine.Engine.generate_batch = failing
+'''
+
+
+def test_a_failure_on_one_process_stops_every_process_and_the_run_resumes(grpo_ckpt, images, tmp_path):
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(FAULT)  # imported by every interpreter at start-up
+    out = tmp_path / "r.jsonl"
+    failed = _infer(grpo_ckpt, images[0].parent, out, launcher=ACCELERATE, batch_size=1,
+                    env={"PYTHONPATH": str(inject)})
+    assert failed.returncode != 0
+    assert "1 of 2 processes failed (process 1: RuntimeError: injected fault on rank 1)" in failed.stderr
+    assert failed.stderr.count("rerun the same command to resume") == 1  # said once, by the main process
+    parts = sorted(tmp_path.glob(".r.jsonl.part*"))
+    kept = [row for p in parts for row in read_jsonl(p)]
+    assert [p.name for p in parts] == [".r.jsonl.part0", ".r.jsonl.part1"]
+    # rank 0 stopped at the boundary where rank 1 failed: 2 of its 3 rows; rank 1 kept its first
+    assert len(read_jsonl(parts[0])) == 2 and len(read_jsonl(parts[1])) == 1
+    again = _infer(grpo_ckpt, images[0].parent, out)
+    assert again.returncode == 0, again.stderr
+    rows = read_jsonl(out)
+    assert sorted(r["id"] for r in rows) == sorted(str(p) for p in images)  # every id exactly once
+    assert json.loads(again.stdout)["skipped_existing"] == len(kept)
+
+
+def test_more_processes_than_gpus_is_refused_before_loading():
+    from vlmfast.errors import UsageError
+    from vlmfast.parallel import check_devices
+
+    check_devices(2, cuda=False, device_count=0)  # CPU processes over gloo: fine
+    check_devices(2, cuda=True, device_count=2)
+    with pytest.raises(UsageError, match="2 processes but this machine has 1 CUDA device") as err:
+        check_devices(2, cuda=True, device_count=1)
+    assert "--num_processes 1" in err.value.hint

@@ -54,3 +54,29 @@ def test_retry_errors_redoes_only_error_rows_and_keeps_one_row_per_id(loaded, gr
     assert retried.samples == 1 and retried.skipped_existing == 1
     assert [r["id"] for r in rows] == paths and rows[1]["error"] is None and rows[1]["n_new_tokens"] >= 1
     assert rows[0] == good_row  # the good row was not redone
+
+
+def test_skip_bad_error_rows_keep_input_order_in_the_file_and_on_stdout(loaded, grpo_ckpt, images, tmp_path):
+    from conftest import cli
+
+    broken = tmp_path / "broken.png"
+    broken.write_text("not an image")
+    paths = [str(images[0]), str(broken), str(tmp_path / "gone.png"), str(images[1]), str(tmp_path / "none-*.png")]
+    out = tmp_path / "r.jsonl"
+    report = infer(InferOptions(ckpt=str(grpo_ckpt), images=paths, prompt="Count.", out=str(out), skip_bad=True,
+                                generation=GenerationSettings(max_new_tokens=3)), loaded=loaded)
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == paths and [r.id for r in report.results] == paths
+    assert [r["error"] is None for r in rows] == [True, False, False, True, False]
+    streamed = cli("infer", "--ckpt", grpo_ckpt, "--images", *paths, "--prompt", "Count.", "--skip-bad",
+                   "--max-new-tokens", 3)
+    assert streamed.returncode == 0, streamed.stderr
+    assert [json.loads(line)["id"] for line in streamed.stdout.splitlines()] == paths  # stdout rows in input order too
+
+
+def test_a_resume_only_run_reports_no_rate(loaded, grpo_ckpt, images, tmp_path):
+    out = tmp_path / "r.jsonl"
+    infer(_options(grpo_ckpt, images[:2], out), loaded=loaded)
+    again = infer(_options(grpo_ckpt, images[:2], out), loaded=loaded)
+    assert (again.samples, again.skipped_existing) == (0, 2)
+    assert again.tokens_per_s is None and again.samples_per_s is None  # not "0.0 tokens/s"

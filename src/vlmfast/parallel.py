@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from .errors import UsageError
+
 
 def launched_world_size() -> int:
     """Processes in this launch, from the environment accelerate/torchrun set (1 when not launched)."""
@@ -35,8 +37,10 @@ class Distributed:
             import torch
             from accelerate import PartialState
 
+            cuda = torch.cuda.is_available()
+            check_devices(self.world, cuda, torch.cuda.device_count() if cuda else 0)
             # On a machine without CUDA accelerate only starts its gloo backend when told cpu=True.
-            self._state = PartialState(cpu=not torch.cuda.is_available())
+            self._state = PartialState(cpu=not cuda)
             self.rank = self._state.process_index
             self.world = self._state.num_processes
             device = str(self._state.device)
@@ -57,6 +61,22 @@ class Distributed:
         with self._state.split_between_processes(list(items)) as mine:
             return list(mine)
 
+    def any(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is true on any: the collective that lets one process's
+        failure end the run everywhere at the next batch boundary instead of at a barrier's timeout."""
+        return self.reduce_max(int(flag)) > 0
+
+    def reduce_max(self, value: int) -> int:
+        """The largest ``value`` over every process (a no-op for one process)."""
+        if self._state is None:
+            return value
+        import torch
+        import torch.distributed as td
+
+        t = torch.tensor([value], device=self._state.device)
+        td.all_reduce(t, op=td.ReduceOp.MAX)
+        return int(t.item())
+
     def gather(self, obj) -> list:
         """Every process's ``obj``, in rank order, on every process."""
         if self._state is None:
@@ -64,3 +84,13 @@ class Distributed:
         from accelerate.utils import gather_object
 
         return gather_object([obj])
+
+
+def check_devices(world: int, cuda: bool, device_count: int) -> None:
+    """One GPU per process: more processes than GPUs would crash at the first collective with
+    "invalid device ordinal", after every process loaded the model. Refuse before anything starts."""
+    if cuda and world > device_count:
+        raise UsageError(
+            f"{world} processes but this machine has {device_count} CUDA device(s): one process per GPU",
+            hint=f"launch with --num_processes {device_count} (or fewer)",
+        )

@@ -1,4 +1,8 @@
-"""``infer`` as a library call: inputs → (resume) → load → batches → engine → results → report.
+"""``infer`` as a library call, step by step:
+
+locate the checkpoint → collect inputs (and what an earlier run already wrote) → load → drop prompts
+longer than the context → choose the batch size → run the batches (each written, fsync'd and scored as
+it finishes) → gather the processes' rows → report.
 
 The CLI builds :class:`InferOptions` and renders the :class:`InferReport`; Python users call
 :func:`infer` directly and get the same numbers and rows.
@@ -6,20 +10,19 @@ The CLI builds :class:`InferOptions` and renders the :class:`InferReport`; Pytho
 
 from __future__ import annotations
 
-import platform
-import time
-from pathlib import Path
 import dataclasses
+import time
+import traceback
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Protocol
 
-from . import __version__
 from .engine import BatchTiming, Engine, GenerationSettings, SampleResult
-from .errors import UsageError
-from .inputs import DEFAULT_MAX_IMAGE_PIXELS, BadInput, Collected, Problem, collect, raise_for_problems
+from .errors import EXIT_FAILURE, UsageError, VlmfastError
+from .inputs import DEFAULT_MAX_IMAGE_PIXELS, BadInput, Collected, Problem, Request, collect, raise_for_problems
 from .parallel import Distributed
 from .results import ResultsWriter, finalize, part_path, prepare_out, read_existing
-from .timing import peak_memory_mib, percentile, reset_peak_memory
+from .timing import peak_memory_mib, reset_peak_memory, summarize_timings, versions
 
 
 @dataclass
@@ -49,7 +52,17 @@ class InferOptions:
     max_batch_tokens: int | None = None
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
     overlap: bool | None = None  # prepare the next batch while this one generates (None: on CUDA only)
-    compile: bool = False  # static KV cache + torch.compile of the decode step
+    decoder: str = "vlmfast"  # "vlmfast" (own decode loop) | "hf" (plain model.generate, the reference)
+    cuda_graphs: bool | None = None  # None: on CUDA with the vlmfast decoder
+    compile: bool | None = None  # None: decided after the first batch, by what the workload would save
+    scorer: str = "auto"  # default scorer for rows with ground truth and no scorer of their own
+    iou: float = 0.5
+    bbox_space: str = "resized"
+    engine: str = "hf"  # "hf" (vlmfast's engine on transformers) | "vllm"
+    tensor_parallel_size: int = 1  # --engine vllm only, like the three below
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int | None = None
 
 
 class Progress(Protocol):
@@ -67,32 +80,41 @@ class InferReport:
     skipped_existing: int  # ids already in --out from an earlier run
     new_tokens: int
     load_s: float
-    compile_s: float | None  # --compile: compilation + warm-up, before the clock of generate_s
+    compile_s: float | None  # compiling and capturing the decode step, kept out of generate_s
     preprocess_s: float  # all preprocessing work
     preprocess_exposed_s: float  # the part generation waited for (the rest overlapped decoding)
-    generate_s: float  # wall time after loading: preprocess + prefill + decode + writing
+    generate_s: float  # wall time after loading, compile_s excluded: preprocess + prefill + decode + writing
+    prefill_s: float | None  # vision tower + prompt + first token, summed over batches
+    vision_s: float | None  # the vision tower's part of prefill_s
+    decode_s: float | None
     ttft_ms_p50: float | None
     ttft_ms_p90: float | None
     decode_ms_per_token: float | None  # per decode step = per token of one sequence
-    tokens_per_s: float
-    samples_per_s: float
+    tokens_per_s: float | None
+    samples_per_s: float | None
     peak_mem_mib: float
     peak_mem_kind: str
     cache: dict
     device: str
     dtype: str
     attn: str
+    decoder: str
+    cuda_graphs: bool
+    compiled: bool
+    device_syncs: int  # host read-backs in decode loops (EOS checks)
     batch_size: int
     batches: int
     max_new_tokens: int
     finish: dict
     no_answer: int  # successful rows without an <answer>…</answer>
+    scores: dict  # accuracy, format rate, … over the results file (see vlmfast.scoring.summarize)
     oom_splits: int  # batches halved after a CUDA out-of-memory error
     max_pixels: int | None
     max_pixels_capped: bool
     decode_gb_per_s: float | None  # LM weights + KV cache read per decode step ÷ step time
     peak_gb_per_s: float | None  # the device's datasheet peak (CUDA devices vlmfast knows)
     bandwidth_pct_of_peak: float | None
+    compile_cache: dict | None
     notes: list[str]
     versions: dict
     out: str | None
@@ -107,12 +129,23 @@ class InferReport:
         return data
 
 
-def versions() -> dict:
-    import torch
-    import transformers
+@dataclass
+class Work:
+    """What this run has to do: requests to generate, bad inputs to record (``--skip-bad``), every id
+    in input order, and what an earlier run already finished."""
 
-    return {"vlmfast": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    todo: list[Request]
+    bad: list[BadInput]
+    order: list[str]
+    image_sizes: dict
+    skipped: int
+    notes: list[str]
+
+
+class RunFailed(VlmfastError):
+    """A process of a parallel run failed; every process stops at the same batch boundary."""
+
+    exit_code = EXIT_FAILURE
 
 
 def infer(options: InferOptions, progress: Progress | None = None, loaded=None) -> InferReport:
@@ -122,8 +155,53 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
     Launched with several processes (``accelerate launch``), each process runs its share and the
     main process returns the combined report (the others return their own)."""
     from .checkpoint import load
+    from .locate import locate
 
+    found = locate(options.ckpt, hub=True) if loaded is None else None  # a wrong path fails in well under a second
     dist = Distributed()
+    work = collect_work(options, dist)
+    device = options.device
+    if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
+        work.notes.append(f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})")
+        device = None
+    if loaded is None:
+        loaded = load(found, device=device or dist.device, dtype=options.dtype, attn=options.attn,
+                      trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
+                      base=options.base, merge=options.merge)
+    work.notes.extend(loaded.notes)
+    engine = build_engine(options, loaded)
+    if engine.max_pixels_capped:
+        work.notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
+    drop_too_long(engine, work, options.skip_bad)  # same verdict on every process
+    batch_size, note = choose_batch_size(options.batch_size, loaded, engine, work.todo, work.image_sizes)
+    options = dataclasses.replace(options, batch_size=batch_size)
+    work.notes += [note] if note else []
+
+    mine = run_batches(engine, options, work, dist, progress)
+    dist.barrier()
+    everyone = dist.gather(mine) if dist.world > 1 else [mine]
+    out = Path(options.out) if options.out else None
+    if dist.is_main and out is not None:
+        finalize(out, work.order)
+    if not dist.is_main:
+        everyone = [mine]
+    position = {rid: i for i, rid in enumerate(work.order)}
+    combined = sorted((r for p in everyone for r in p["results"]), key=lambda r: position[r.id])
+    report = summarize(
+        options, loaded, engine, combined, [t for p in everyone for t in p["timings"]],
+        generate_s=max(p["generate_s"] for p in everyone), skipped=work.skipped, notes=work.notes + mine["notes"],
+        peak=max((p["peak"] for p in everyone), key=lambda x: x[0]),
+        oom_splits=sum(p["oom_splits"] for p in everyone), compile_s=max(p["compile_s"] for p in everyone),
+        scored_rows=_final_rows(out) if out is not None and dist.is_main else [r.record() for r in combined],
+    )
+    if dist.world > 1:
+        report.processes = [_process_figures(p) for p in everyone]
+    return report
+
+
+def collect_work(options: InferOptions, dist: Distributed) -> Work:
+    """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
+    earlier run already finished: those are skipped (error rows redone with ``retry_errors``)."""
     collected = collect(
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
@@ -142,90 +220,132 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
     done, _ = read_existing(out, repair=False) if out is not None else ({}, None)
     if options.retry_errors:  # error rows are redone; the new row replaces the old one when the file is finalized
         done = {rid: row for rid, row in done.items() if row.get("error") is None}
-    order = [r.id for r in collected.requests] + [b.id for b in collected.bad]
     todo = [r for r in collected.requests if r.id not in done]
     bad = [b for b in collected.bad if b.id not in done]
-    skipped = len(order) - len(todo) - len(bad)
+    skipped = len(collected.order) - len(todo) - len(bad)
     if skipped:
         notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
+    return Work(todo, bad, collected.order, collected.image_sizes, skipped, notes)
 
-    device = options.device
-    if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
-        notes.append(f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})")
-        device = None
-    if loaded is None:
-        loaded = load(options.ckpt, device=device or dist.device, dtype=options.dtype, attn=options.attn,
-                      trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
-                      base=options.base, merge=options.merge)
-    notes.extend(loaded.notes)
-    engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                    overlap=options.overlap, compile=options.compile)
-    if engine.max_pixels_capped:
-        notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
-    too_long = engine.context_problems(todo, collected.image_sizes)  # same verdict on every process
-    if too_long:
-        long_bad = [BadInput(r.id, (Problem(r.id, too_long[r.id]),), r) for r in todo if r.id in too_long]
-        if not options.skip_bad:
-            raise_for_problems(Collected(requests=[], bad=long_bad))
-        todo = [r for r in todo if r.id not in too_long]
-        bad += long_bad
 
-    batch_size, batch_note = choose_batch_size(options.batch_size, loaded, engine, todo, collected.image_sizes)
-    options = dataclasses.replace(options, batch_size=batch_size)
-    notes += [batch_note] if batch_note else []
-    my_todo, my_bad = dist.split(todo), dist.split(bad)
-    compile_s = None
-    if options.compile and my_todo:
-        first = engine.plan(my_todo, collected.image_sizes, batch_size, options.max_batch_tokens)[0]
-        compile_s, compiled = engine.warm_up([my_todo[i] for i in first])
-        notes.append(f"compile + warm-up: {compile_s:.1f} s, not counted in generate_s" if compiled else
-                     "--compile: this transformers/model combination did not compile; ran eager with a static cache")
+def build_engine(options: InferOptions, loaded) -> Engine:
+    from .compile_cache import CompileCache
+
+    compile_now = bool(options.compile) and options.decoder == "vlmfast"
+    return Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
+                  decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=compile_now,
+                  compile_cache=CompileCache(versions()) if options.decoder == "vlmfast" else None)
+
+
+def drop_too_long(engine: Engine, work: Work, skip_bad: bool) -> None:
+    """Prompts (text + image tokens) that leave no room in the model's context: an error before
+    anything runs, or error rows with ``skip_bad``."""
+    too_long = engine.context_problems(work.todo, work.image_sizes)
+    if not too_long:
+        return
+    long_bad = [BadInput(r.id, (Problem(r.id, too_long[r.id]),), r) for r in work.todo if r.id in too_long]
+    if not skip_bad:
+        raise_for_problems(Collected(requests=[], bad=long_bad))
+    work.todo = [r for r in work.todo if r.id not in too_long]
+    work.bad += long_bad
+
+
+def run_batches(engine: Engine, options: InferOptions, work: Work, dist: Distributed, progress) -> dict:
+    """This process's share: error rows first, then every batch — written (fsync'd) and scored as it
+    finishes. Each batch boundary is a collective check, so a failure on any process ends the run on
+    every process at once, with the rows written so far kept for a resume."""
+    from .scheduler import Scheduler, plan
+
+    my_todo, my_bad = dist.split(work.todo), dist.split(work.bad)
+    scheduler = Scheduler(engine, overlap=options.overlap)
+    batches = plan(engine, my_todo, work.image_sizes, options.batch_size, options.max_batch_tokens)
+    rounds = dist.reduce_max(len(batches))  # every process takes part in every boundary check
+    out = Path(options.out) if options.out is not None else None
     writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out)
-    device = loaded.runtime.device
-    reset_peak_memory(device)
-    position = {rid: i for i, rid in enumerate(order)}
+    position = {rid: i for i, rid in enumerate(work.order)}
+    truths = {r.id: (r.truth, r.scorer) for r in my_todo}
     results: list[SampleResult] = []
     timings: list[BatchTiming] = []
+    notes: list[str] = []
+
+    def emit(rows: list[SampleResult], new_tokens: int) -> None:
+        score_rows(rows, truths, options)
+        writer.write([r.record() for r in rows], [position[r.id] for r in rows])
+        results.extend(rows)
+        if progress:
+            progress.advance(len(rows), new_tokens)
+
+    reset_peak_memory(engine.device)
     if progress:
         progress.start(len(my_todo) + len(my_bad))
     start = time.perf_counter()
+    failure = None
     try:
         if my_bad:
-            rows = [SampleResult(id=b.id, images=list(b.request.images) if b.request else [],
-                                 prompt=b.request.prompt if b.request else "", error=b.error) for b in my_bad]
-            writer.write([r.record() for r in rows], [position[r.id] for r in rows])
-            results.extend(rows)
-            if progress:
-                progress.advance(len(rows), 0)
-        for _, batch_results, timing in engine.run(my_todo, collected.image_sizes, options.batch_size,
-                                                   options.max_batch_tokens):
-            writer.write([r.record() for r in batch_results], [position[r.id] for r in batch_results])
-            results.extend(batch_results)
-            if timing is not None:
-                timings.append(timing)
-            if progress:
-                progress.advance(len(batch_results), timing.new_tokens if timing else 0)
+            emit([SampleResult(id=b.id, images=list(b.request.images) if b.request else [],
+                               prompt=b.request.prompt if b.request else "", error=b.error) for b in my_bad], 0)
+        stream = scheduler.batches(my_todo, work.image_sizes, batches)
+        for k in range(rounds):
+            if failure is None and k < len(batches):
+                try:
+                    for _, rows, timing in next(stream):
+                        emit(rows, timing.new_tokens if timing else 0)
+                        timings += [timing] if timing else []
+                    if k == 0 and options.compile is None:
+                        notes += decide_compile(engine, timings, len(batches) - 1)
+                except Exception as exc:  # noqa: BLE001 - reported collectively below
+                    failure = exc
+            if dist.any(failure is not None):
+                break
     finally:
         writer.close()
-    generate_s = time.perf_counter() - start
-    mine = {"rank": dist.rank, "device": device, "results": results, "timings": timings, "generate_s": generate_s,
-            "peak": peak_memory_mib(device), "oom_splits": engine.oom_splits}
-    dist.barrier()
-    everyone = dist.gather(mine) if dist.world > 1 else [mine]
-    if dist.is_main and out is not None:
-        finalize(out, order)
-    if not dist.is_main:
-        everyone = [mine]
-    combined = sorted((r for p in everyone for r in p["results"]), key=lambda r: position[r.id])
-    report = summarize(
-        options, loaded, engine, combined, [t for p in everyone for t in p["timings"]],
-        generate_s=max(p["generate_s"] for p in everyone), skipped=skipped, notes=notes,
-        peak=max((p["peak"] for p in everyone), key=lambda x: x[0]),
-        oom_splits=sum(p["oom_splits"] for p in everyone), compile_s=compile_s,
-    )
-    if dist.world > 1:
-        report.processes = [_process_figures(p) for p in everyone]
-    return report
+    if dist.world > 1 and dist.any(failure is not None):
+        _fail_together(dist, failure, out)
+    elif failure is not None:
+        raise failure
+    return {"rank": dist.rank, "device": engine.device, "results": results, "timings": timings,
+            "generate_s": time.perf_counter() - start - engine.compile_s, "peak": peak_memory_mib(engine.device),
+            "oom_splits": scheduler.oom_splits, "compile_s": engine.compile_s, "notes": notes}
+
+
+def _fail_together(dist: Distributed, failure: BaseException | None, out: Path | None):
+    """Every process raises the same RunFailed naming the process that failed and why; the failing
+    process also prints its traceback (its own stderr, once)."""
+    if failure is not None and not isinstance(failure, VlmfastError):
+        traceback.print_exception(failure)
+    said = f"{type(failure).__name__}: {getattr(failure, 'message', failure)}" if failure is not None else None
+    reasons = [(rank, text) for rank, text in enumerate(dist.gather(said)) if text is not None]
+    listing = "; ".join(f"process {rank}: {text}" for rank, text in reasons)
+    raise RunFailed(f"{len(reasons)} of {dist.world} processes failed ({listing}); every process stopped",
+                    hint=f"finished batches are kept{f' beside {out}' if out else ''}; rerun the same command to resume")
+
+
+def decide_compile(engine: Engine, timings: list[BatchTiming], batches_left: int) -> list[str]:
+    """After the first batch: compile the decode step for the rest of the run if what it would save
+    outweighs what it costs on this machine (:func:`vlmfast.compile_cache.decide`)."""
+    from .compile_cache import decide
+
+    if engine.decoder_name != "vlmfast" or engine.compile_cache is None or not timings or batches_left < 1:
+        return []
+    first = timings[0]
+    if first.steps < 2 or first.decode_s <= 0 or engine.last_shape is None:
+        return []
+    step_ms = first.decode_s * 1000 / (first.steps - 1)
+    verdict = decide(engine.compile_cache.stats(engine.shape_key(engine.last_shape)), device=engine.device,
+                     step_ms=step_ms, remaining_steps=batches_left * first.steps)
+    if verdict.compile:
+        engine.compile = True
+        engine.forget_shapes()  # later batches build compiled decode steps
+    return [verdict.reason]
+
+
+def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions) -> None:
+    """The scoring fields of each row (nulls where there is no ground truth; see vlmfast.scoring)."""
+    from .scoring import score_row
+
+    for r in rows:
+        truth, scorer = truths.get(r.id, (None, None))
+        r.extra = score_row(r.record(), truth, scorer or options.scorer, iou=options.iou, bbox_space=options.bbox_space)
 
 
 CPU_BATCH_SIZE = 8  # measured on 2 cores: batch 8 is 4× the per-sample loop (benchmarks/RESULTS.md)
@@ -259,19 +379,24 @@ def _process_figures(p: dict) -> dict:
     tokens = sum(r.n_new_tokens for r in p["results"] if r.error is None)
     return {"rank": p["rank"], "device": p["device"], "samples": len(p["results"]), "new_tokens": tokens,
             "generate_s": round(p["generate_s"], 4),
-            "tokens_per_s": round(tokens / p["generate_s"], 2) if p["generate_s"] > 0 else 0.0}
+            "tokens_per_s": round(tokens / p["generate_s"], 2) if p["generate_s"] > 0 and tokens else None}
+
+
+def _final_rows(out: Path) -> list[dict]:
+    rows, _ = read_existing(out, repair=False)
+    return list(rows.values())
 
 
 def summarize(options, loaded, engine, results, timings, *, generate_s, skipped, notes, peak, oom_splits=0,
-              compile_s=None) -> InferReport:
+              compile_s=0.0, scored_rows=()) -> InferReport:
+    from .scoring import summarize as summarize_scores
+
     ok = [r for r in results if r.error is None]
     if oom_splits:
         notes = notes + [f"out of memory: {oom_splits} batch(es) were halved and retried"]
     new_tokens = sum(r.n_new_tokens for r in ok)
-    ttft_ms = [t.ttft_s * 1000 for t in timings for _ in range(t.size)]  # each sample waits for its batch
-    decode_steps = sum(max(t.steps - 1, 0) for t in timings)
-    decode_s = sum(t.decode_s for t in timings)
-    decode_ms_per_token = decode_s * 1000 / decode_steps if decode_steps else None
+    phases = summarize_timings(timings)
+    ran = generate_s > 0 and bool(ok)  # a resume-only run generated nothing: no rate to report
     return InferReport(
         checkpoint=loaded.source,
         samples=len(results),
@@ -279,30 +404,39 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         skipped_existing=skipped,
         new_tokens=new_tokens,
         load_s=round(loaded.load_s, 4),
-        compile_s=None if compile_s is None else round(compile_s, 3),
+        compile_s=round(compile_s, 3) if compile_s else None,
         preprocess_s=round(sum(t.preprocess_s for t in timings), 4),
         preprocess_exposed_s=round(sum(t.preprocess_exposed_s or 0.0 for t in timings), 4),
         generate_s=round(generate_s, 4),
-        ttft_ms_p50=_round(percentile(ttft_ms, 50)),
-        ttft_ms_p90=_round(percentile(ttft_ms, 90)),
-        decode_ms_per_token=_round(decode_ms_per_token),
-        tokens_per_s=round(new_tokens / generate_s, 2) if generate_s > 0 else 0.0,
-        samples_per_s=round(len(ok) / generate_s, 3) if generate_s > 0 else 0.0,
+        prefill_s=phases["prefill_s"] if timings else None,
+        vision_s=phases["vision_s"],
+        decode_s=phases["decode_s"] if timings else None,
+        ttft_ms_p50=phases["ttft_ms_p50"],
+        ttft_ms_p90=phases["ttft_ms_p90"],
+        decode_ms_per_token=phases["decode_ms_per_token"],
+        tokens_per_s=round(new_tokens / generate_s, 2) if ran else None,
+        samples_per_s=round(len(ok) / generate_s, 3) if ran else None,
         peak_mem_mib=round(peak[0], 1),
         peak_mem_kind=peak[1],
         cache=loaded.cache.as_dict(),
         device=loaded.runtime.device,
         dtype=loaded.runtime.dtype,
         attn=loaded.runtime.attn,
+        decoder=engine.decoder_name,
+        cuda_graphs=engine.cuda_graphs,
+        compiled=engine.compile,
+        device_syncs=phases["device_syncs"],
         batch_size=options.batch_size,
         batches=len(timings),
         max_new_tokens=options.generation.max_new_tokens,
         finish={"eos": sum(r.finish_reason == "eos" for r in ok), "length": sum(r.finish_reason == "length" for r in ok)},
         no_answer=sum(r.answer is None for r in ok),
+        scores=summarize_scores(list(scored_rows)),
         oom_splits=oom_splits,
         max_pixels=engine.max_pixels,
         max_pixels_capped=engine.max_pixels_capped,
-        **_bandwidth(loaded, ok, timings, decode_ms_per_token),
+        **_bandwidth(loaded, ok, timings, phases["decode_ms_per_token"]),
+        compile_cache=engine.compile_cache.summary() if engine.compile_cache is not None and engine.compile else None,
         notes=notes,
         versions=versions(),
         out=options.out,
@@ -320,7 +454,3 @@ def _bandwidth(loaded, ok, timings, decode_ms_per_token) -> dict:
     batch = sum(t.size for t in timings) / len(timings)
     context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok)
     return run_bandwidth(loaded, batch, context, decode_ms_per_token)
-
-
-def _round(value, digits=3):
-    return None if value is None else round(value, digits)
