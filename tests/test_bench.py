@@ -3,21 +3,23 @@ import struct
 
 import pytest
 
-from test_cli import vlmfast
+from conftest import vlmfast
 from vlmfast.bench import AS_SAVED, BASE, CKPT, SCHEMA, RunStats, agreement, gate, ratio, scenario_summary, step_series
-from vlmfast.engine import SampleResult
+from vlmfast.engine import BatchTiming, SampleResult
 
 
-def _run(wall, ttft, steps, tokens=8, think="a b"):
+def _run(wall, ttft_ms, steps_ms, tokens=8, think="a b"):
+    """Two samples in one batch (or one each in two batches), 7 decode steps of 10 ms per batch."""
     results = [SampleResult(id=f"s{i}", images=[], prompt="", text="", think=think, answer=None if i else "x",
                             finish_reason="length" if i else "eos", n_new_tokens=tokens, token_ids=[i])
                for i in range(2)]
-    return RunStats(wall_s=wall, ttft_ms=ttft, decode_s=0.07, decode_steps=7, step_ms=steps, results=results)
+    timings = [BatchTiming(size=2 // len(steps_ms), preprocess_s=0.0, ttft_s=ttft_ms / 1000, decode_s=0.07, steps=8,
+                           new_tokens=tokens, step_times_s=tuple(ms / 1000 for ms in batch)) for batch in steps_ms]
+    return RunStats(wall_s=wall, timings=timings, results=results)
 
 
 def test_scenario_summary_on_recorded_times():
-    runs = [_run(2.0, [10.0, 10.0], [[1.0, 2.0]]), _run(1.0, [20.0, 20.0], [[3.0, 4.0]]),
-            _run(4.0, [30.0, 30.0], [[5.0, 6.0], [7.0]])]
+    runs = [_run(2.0, 10.0, [[1.0, 2.0]]), _run(1.0, 20.0, [[3.0, 4.0]]), _run(4.0, 30.0, [[5.0, 6.0], [7.0]])]
     s = scenario_summary(CKPT, 2, runs)
     assert s["tokens_per_s"] == 8.0  # median of 16/2, 16/1, 16/4
     assert s["tokens_per_s_p90"] == pytest.approx(14.4)

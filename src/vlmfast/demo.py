@@ -21,12 +21,15 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     from .checkpoint import load
     from .engine import GenerationSettings
     from .inputs import collect
+    from rich.markup import escape
+
     from .report import ProgressBar, render_infer, stderr
     from .runner import InferOptions, infer
+    from .scheduler import Scheduler
     from .tiny import build_checkpoint, make_images
 
     workdir = Path(workdir) if workdir else default_workdir()
-    stderr.print(f"[bold]vlmfast demo[/bold] in {workdir}")
+    stderr.print(f"[bold]vlmfast demo[/bold] in {escape(str(workdir))}")
     with stderr.status("building the demo checkpoint (random weights, saved cache-off like a GRPO run)…"):
         import transformers
 
@@ -37,7 +40,7 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     stderr.print(
         f"running: vlmfast infer --ckpt {ckpt} --images {images[0].parent} --template r1 "
         f'--prompt "What shapes are in this image?" --max-new-tokens {max_new_tokens} --batch-size {batch_size} '
-        f"--out {out} --overwrite"
+        f"--out {out} --overwrite", markup=False,
     )
     options = InferOptions(
         ckpt=str(ckpt), images=[str(images[0].parent)], prompt="What shapes are in this image?", template="r1",
@@ -56,7 +59,7 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
         collected = collect(images=options.images, prompt=options.prompt, template=options.template)
         as_saved = AsSavedEngine(loaded, options.generation, saved_generation_config(loaded))
         start = time.perf_counter()
-        before = {r.id: r for _, batch, _ in as_saved.run(collected.requests, collected.image_sizes, 1) for r in batch}
+        before = {r.id: r for _, batch, _ in Scheduler(as_saved).run(collected.requests, collected.image_sizes, 1) for r in batch}
         before_s = time.perf_counter() - start
     same = sum(before[r.id].token_ids == r.token_ids for r in report.results)
     stderr.print(
@@ -66,7 +69,10 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     )
     first = report.results[0]
     stderr.print(f"first row ({first.id}): {first.n_new_tokens} tokens, finish={first.finish_reason}; "
-                 "the text is noise — the weights are random.")
-    stderr.print(f"side by side with its base, with a plot: vlmfast bench --ckpt {ckpt} --images {images[0].parent} "
-                 f"--report {workdir / 'bench'}")
+                 "the text is noise — the weights are random.", markup=False)
+    base = workdir / f"base-demo-tf{transformers.__version__.split('.')[0]}"
+    stderr.print("next, side by side with a base and a plot:\n"
+                 f"  vlmfast make-checkpoint {base} --preset demo --like base\n"
+                 f"  vlmfast bench --ckpt {ckpt} --compare-base {base} --images {images[0].parent} --report {workdir / 'bench'}",
+                 markup=False)
     return report

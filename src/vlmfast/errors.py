@@ -12,6 +12,7 @@ EXIT_FAILURE = 1  # an unexpected runtime failure (a bug or an environment probl
 EXIT_BAD_INPUT = 2  # bad arguments, inputs or checkpoint; nothing was written
 EXIT_SLOWER_THAN_BASE = 3  # bench --fail-if-slower gate tripped
 EXIT_CACHE_OFF = 4  # bench --fail-on-cache-off gate tripped
+EXIT_LESS_ACCURATE = 5  # bench --fail-if-less-accurate gate tripped
 EXIT_INTERRUPTED = 130  # Ctrl-C; finished rows are kept, rerun the same command to resume
 
 

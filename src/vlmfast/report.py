@@ -6,6 +6,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -26,27 +27,40 @@ def _fmt(value, unit: str = "", digits: int = 2) -> str:
     return f"{value}{unit}"
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def render_infer(report) -> None:
     """The KV-cache timing report of an ``infer`` run, on stderr."""
     cache = report.cache
     table = Table(title="vlmfast infer", show_header=False, title_justify="left", box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    off = ", ".join(cache["found_off"]) or "nowhere"
-    table.add_row("checkpoint", report.checkpoint)
+    off = escape(", ".join(cache["found_off"]) or "nowhere")
+    table.add_row("checkpoint", escape(report.checkpoint))
     table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
-    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · batch {report.batch_size} ({report.batches} batch{'es' if report.batches != 1 else ''})")
+    speed = [report.decoder + " decoder"] + (["CUDA graphs"] if report.cuda_graphs else []) + (["compiled"] if report.compiled else [])
+    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · {' + '.join(speed)} · batch {report.batch_size} "
+                  f"({plural(report.batches, 'batch', 'batches')})")
     if report.processes:
-        per = " · ".join(f"#{p['rank']} {p['device']}: {p['samples']} samples, {p['tokens_per_s']:,.1f} tokens/s"
+        per = " · ".join(f"#{p['rank']} {p['device']}: {plural(p['samples'], 'sample')}, {_fmt(p['tokens_per_s'], ' tokens/s', 1)}"
                          for p in report.processes)
         table.add_row("processes", f"{len(report.processes)} ({per})")
-    table.add_row("samples", f"{report.samples} run, {report.errors} errors, {report.skipped_existing} already done")
+    table.add_row("samples", f"{report.samples} run, {plural(report.errors, 'error')}, {report.skipped_existing} already done")
     table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
+    scores = report.scores or {}
+    if scores.get("scored"):
+        table.add_row("accuracy", f"{_pct(scores['accuracy'])} of {plural(scores['scored'], 'scored row')} · format ok "
+                      f"{_pct(scores['format_rate'])} · answer not parsed {scores['answer_parse_failures']}")
+    elif scores.get("format_rate") is not None:
+        table.add_row("format", f"{_pct(scores['format_rate'])} of rows have <think>…</think><answer>…</answer> (no ground truth to score)")
     table.add_row("new tokens", _fmt(report.new_tokens))
-    table.add_row("load", _fmt(report.load_s, " s") + (f"  (compile + warm-up {report.compile_s:.1f} s, apart)" if report.compile_s else ""))
+    table.add_row("load", _fmt(report.load_s, " s") + (f"  (compile + capture {report.compile_s:.1f} s, apart)" if report.compile_s else ""))
     table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')}, "
                   f"{_fmt(report.preprocess_exposed_s, ' s')} of it not overlapped)")
-    table.add_row("TTFT p50 / p90", f"{_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")
+    table.add_row("prefill", f"{_fmt(report.prefill_s, ' s')} (vision tower {_fmt(report.vision_s, ' s')}) · "
+                  f"TTFT p50 / p90 {_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")
     decode = _fmt(report.decode_ms_per_token, " ms/token")
     if report.decode_gb_per_s is not None:
         decode += f" · {report.decode_gb_per_s:,.1f} GB/s read"
@@ -56,28 +70,51 @@ def render_infer(report) -> None:
     table.add_row("throughput", f"{_fmt(report.tokens_per_s, ' tokens/s', 1)} · {_fmt(report.samples_per_s, ' samples/s', 3)}")
     table.add_row("peak memory", f"{_fmt(report.peak_mem_mib, ' MiB', 0)} ({report.peak_mem_kind})")
     if report.out:
-        table.add_row("results", report.out)
+        table.add_row("results", escape(report.out))
     stderr.print(table)
     for note in report.notes:
-        stderr.print(f"[yellow]note:[/yellow] {note}")
+        render_note(note)
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{value:.1%}"
 
 
 def render_error(error) -> None:
-    stderr.print(f"[bold red]error:[/bold red] {error.message}", markup=True, highlight=False)
+    stderr.print(f"[bold red]error:[/bold red] {escape(error.message)}", highlight=False)
     if error.hint:
-        stderr.print(f"[bold]hint:[/bold] {error.hint}")
+        stderr.print(f"[bold]hint:[/bold] {escape(error.hint)}")
 
 
 def render_note(text: str) -> None:
-    stderr.print(f"[yellow]note:[/yellow] {text}")
+    stderr.print(f"[yellow]note:[/yellow] {escape(text)}")
+
+
+def render_scores(source: str, summary: dict) -> None:
+    """``vlmfast score``: accuracy and format rate overall and per scorer, on stderr."""
+    table = Table(title=f"vlmfast score: {escape(source)}", title_justify="left")
+    for column in ("scorer", "scored", "accuracy", "mean score", "answer not parsed"):
+        table.add_column(column, justify="left" if column == "scorer" else "right")
+    groups = [("all", summary)] + sorted(summary.get("by_scorer", {}).items())
+    for name, g in groups:
+        table.add_row(name, str(g.get("scored") or 0), _pct(g.get("accuracy")), _fmt(g.get("mean_score"), "", 3),
+                      str(g.get("answer_parse_failures") or 0))
+    stderr.print(table)
+    stderr.print(f"format ok (<think>…</think><answer>…</answer>): {_pct(summary.get('format_rate'))} · "
+                 f"mean think {_fmt(summary.get('mean_think_chars'), ' chars', 0)} · "
+                 f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
+                 f"{plural(summary.get('rows_without_truth', 0), 'row')} without ground truth")
+    for note in summary.get("notes", []):
+        render_note(note)
 
 
 class ProgressBar:
     """Samples and tokens/s on stderr: a live bar on a terminal, one plain line per batch otherwise
     (CI logs show progress without control characters)."""
 
-    def __init__(self, enabled: bool | None = None):
+    def __init__(self, enabled: bool | None = None, unit: str = "samples"):
         self.enabled = True if enabled is None else enabled
+        self.unit = unit
         self.live = self.enabled and stderr.is_terminal
         self._progress = None
         self._task = None
@@ -109,7 +146,7 @@ class ProgressBar:
         if self._progress is not None:
             self._progress.update(self._task, advance=samples, tps=tps)
         elif self.enabled:
-            print(f"progress: {self._done}/{self._total} samples, {tps}", file=sys.stderr, flush=True)
+            print(f"progress: {self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -141,16 +178,16 @@ def render_bench(report: dict, gate_messages: list[str] = ()) -> None:
     stderr.print(bench_table(report))
     for name, values in report["ratios"].items():
         shown = ", ".join(f"{k} {v:.2f}×" for k, v in values.items() if v is not None)
-        stderr.print(f"[bold]{name}[/bold]: {shown}")
+        stderr.print(f"[bold]{escape(name)}[/bold]: {shown}")
     for name, share in report["fidelity"].items():
         shown = "–" if share is None else f"{share:.0%} of samples have identical greedy tokens"
         stderr.print(f"[bold]fidelity {name}[/bold]: {shown}")
     off = report["cache"]["found_off"]
-    stderr.print("[bold]checkpoint cache as saved[/bold]: " + ("off in " + ", ".join(off) if off else "on"))
+    stderr.print("[bold]checkpoint cache as saved[/bold]: " + escape("off in " + ", ".join(off) if off else "on"))
     for note in report["notes"]:
-        stderr.print(f"[yellow]note:[/yellow] {note}")
+        render_note(note)
     for message in gate_messages:
-        stderr.print(f"[bold red]gate:[/bold red] {message}")
+        stderr.print(f"[bold red]gate:[/bold red] {escape(message)}")
 
 
 def bench_markdown(report: dict) -> str:
@@ -200,14 +237,14 @@ def render_findings(checkpoint: str, findings) -> None:
     """``vlmfast doctor``'s findings on stderr, one block each with the exact fix (a list rather than a
     table: fixes are long commands, and CI logs are 80 columns wide)."""
     if not findings:
-        stderr.print(f"[green]{checkpoint}: no findings[/green]")
+        stderr.print(f"[green]{escape(checkpoint)}: no findings[/green]")
         return
-    stderr.print(f"[bold]vlmfast doctor[/bold]: {checkpoint}")
+    stderr.print(f"[bold]vlmfast doctor[/bold]: {escape(checkpoint)}")
     for f in findings:
         style = SEVERITY_STYLE.get(f.severity, "")
-        stderr.print(f"[{style}]{f.severity.upper():7}[/] [bold]{f.code}[/bold]  {f.location}")
-        stderr.print(f"        {f.message}", highlight=False)
+        stderr.print(f"[{style}]{f.severity.upper():7}[/] [bold]{escape(f.code)}[/bold]  {escape(f.location)}")
+        stderr.print(f"        {escape(f.message)}", highlight=False)
         if f.fix:
-            stderr.print(f"        [bold]fix:[/bold] {f.fix}", highlight=False)
+            stderr.print(f"        [bold]fix:[/bold] {escape(f.fix)}", highlight=False)
     counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_STYLE}
-    stderr.print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    stderr.print(", ".join(plural(n, s) for s, n in counts.items() if n))
