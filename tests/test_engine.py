@@ -218,3 +218,32 @@ def test_impossible_settings_are_usage_errors(loaded):
         Engine(loaded, GenerationSettings(), decoder="hf", compile=True)
     with pytest.raises(UsageError, match="unknown"):
         Engine(loaded, GenerationSettings(), decoder="fast")
+
+
+def test_decode_attention_is_sdpa_whatever_the_model_loaded_with(grpo_ckpt, images):
+    """A model loaded with eager attention (or flash-attn, on CUDA) decodes through sdpa with the
+    loop's boolean mask; the loaded setting is restored, and the tokens are generate's."""
+    from vlmfast.checkpoint import load
+
+    eager = load(str(grpo_ckpt), device="cpu", attn="eager")
+    reqs = _requests(images[:3])
+    engine = Engine(eager, GenerationSettings(max_new_tokens=16))
+    results = _run(engine, reqs, 3)
+    assert engine._decoder().attention_config._attn_implementation == "eager"
+    reference = _hf_tokens(eager, engine.preprocess(reqs), 16, eager.eos_token_ids)
+    assert [results[r.id].token_ids for r in reqs] == reference
+
+
+def test_prefill_in_groups_decodes_the_batch_as_one(loaded, images):
+    """Rows prefilled in several groups (a small token budget) and decoded together give the tokens
+    of one whole-batch prefill, and of plain generate."""
+    reqs = _requests(images)
+    settings = GenerationSettings(max_new_tokens=16)
+    whole = Engine(loaded, settings, prefill_tokens=10_000)
+    split = Engine(loaded, settings, prefill_tokens=40)  # a few rows per group
+    ordered = sorted(reqs, key=lambda r: -split.cost(r))  # a batch comes most expensive first
+    assert len(split.prepare(ordered).groups) >= 3 and len(whole.prepare(ordered).groups) == 1
+    a, b = _run(whole, ordered, 6), _run(split, ordered, 6)
+    reference = _hf_tokens(loaded, whole.preprocess(ordered), 16, loaded.eos_token_ids)
+    assert [b[r.id].token_ids for r in ordered] == [a[r.id].token_ids for r in ordered] == reference
+    assert [b[r.id].n_prompt_tokens for r in ordered] == [a[r.id].n_prompt_tokens for r in ordered]

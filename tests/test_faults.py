@@ -105,7 +105,7 @@ def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, grpo_ckpt, ima
     real_prefill = Engine.prefill
 
     def prefill(self, prepared):  # the batch boundary: only one sample fits "on the GPU"
-        if prepared.inputs["input_ids"].shape[0] > 1:
+        if len(prepared.requests) > 1:
             raise _oom()
         return real_prefill(self, prepared)
 
@@ -122,7 +122,7 @@ def test_a_sample_that_never_fits_becomes_an_error_row(loaded, grpo_ckpt, images
     image_id = loaded.model.config.image_token_id
 
     def prefill(self, prepared):  # a 112×112 image (16 image tokens) never fits
-        if int((prepared.inputs["input_ids"] == image_id).sum(dim=1).max()) >= 16:
+        if any(int((g.inputs["input_ids"] == image_id).sum(dim=1).max()) >= 16 for g in prepared.groups):
             raise _oom()
         return real_prefill(self, prepared)
 

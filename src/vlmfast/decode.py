@@ -14,10 +14,12 @@ Two ways to run the step:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
 import torch
+from transformers import AttentionInterface
 
 CUDA_SYNC_EVERY = 8  # CUDA: one read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
 
@@ -38,11 +40,14 @@ class StaticKV:
         self.length = 0
         self.index: torch.Tensor | None = None
 
-    def fill(self, prefill_cache, rows: int, length: int) -> None:
-        """Copy a prefill's HF cache (``rows`` × ``length`` positions) into the first rows."""
-        for i, layer in enumerate(prefill_cache.layers):
-            self.keys[i][:rows, :, :length].copy_(layer.keys)
-            self.values[i][:rows, :, :length].copy_(layer.values)
+    def fill(self, caches, length: int) -> None:
+        """Copy prefill caches — (start row, end row, HF cache) per prefill group — into the first
+        ``length`` positions, each group right-aligned (its shorter prompts read as left padding)."""
+        for start, end, cache in caches:
+            for i, layer in enumerate(cache.layers):
+                n = layer.keys.shape[2]
+                self.keys[i][start:end, :, length - n:length].copy_(layer.keys)
+                self.values[i][start:end, :, length - n:length].copy_(layer.values)
         self.length = length
 
     def update(self, key, value, layer_idx: int, cache_kwargs=None):
@@ -66,6 +71,7 @@ class TextDecoder:
         self.embed, self.rotary, self.layers, self.norm = text.embed_tokens, text.rotary_emb, text.layers, text.norm
         self.lm_head = model.lm_head
         config = model.config.get_text_config()
+        self.attention_config = self.layers[0].self_attn.config  # what the attention modules read per call
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.vocab = config.vocab_size
@@ -83,6 +89,42 @@ class TextDecoder:
             out = layer(hidden, attention_mask=mask, position_embeddings=rotary, past_key_values=cache, use_cache=True)
             hidden = out[0] if isinstance(out, tuple) else out  # 4.57 layers return a tuple
         return self.lm_head(self.norm(hidden)[:, -1, :]).float()
+
+
+DECODE_ATTENTION = "vlmfast_decode"
+
+
+def decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """Attention for new tokens against the cache, as an attention function of transformers'.
+
+    With grouped-query attention the queries that share a key/value head are packed into one
+    sequence per kv head (what transformers 5.x does for one query token), so keys and values are
+    read in place: transformers 4.57 copies them once per query head (``repeat_kv``) at every step,
+    which measured a third of a decode step on a CPU. Returns (batch, new tokens, heads, head dim)."""
+    batch, heads, q_len, dim = query.shape
+    groups = heads // key.shape[1]
+    if groups > 1 and q_len == 1:
+        query = query.reshape(batch, key.shape[1], groups, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=0.0, scale=scaling, is_causal=False)
+    return out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+
+
+@contextlib.contextmanager
+def decode_attention_for(decoder: TextDecoder):
+    """Decode attention runs through :func:`decode_attention` whatever the model was loaded with:
+    flash-attn's padded path unpads with a host sync and takes a 2-D mask; eager attention wants an
+    additive mask. Switched outside any compiled region: it sets a config attribute."""
+    config = decoder.attention_config
+    loaded_with = config._attn_implementation
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = loaded_with
 
 
 def rope_positions(model, inputs):
@@ -151,7 +193,8 @@ class DecodeLoop:
         cache = self.cache
         positions = self.next_position + (self.t - 1)
         mask = self.key_valid[:, None, None, :cache.length + 1] if self.padded else None
-        logits = self.decoder(self.tokens, positions, mask, cache)
+        with decode_attention_for(self.decoder):
+            logits = self.decoder(self.tokens, positions, mask, cache)
         cache.length += 1
         self.advance(select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator))
 
@@ -242,13 +285,19 @@ class StaticDecode:
     def _graph_body(self) -> None:
         """What the CUDA graph holds: the forward, and for greedy decoding the selection too (sampling
         draws outside the graph, from the run's own generator)."""
-        self.logits = self.forward()
+        with decode_attention_for(self.decoder):
+            self.logits = self.forward()
         if self.temperature == 0:
             self._select_and_record(self.logits)
 
-    def capture(self, pool=None, warmup: int = 2) -> None:
+    def warm_up(self) -> None:
+        """One step on garbage (compiles a compiled forward); :meth:`load` resets what it wrote."""
+        self._graph_body()
+
+    def capture(self, warmup: int = 2) -> None:
         """Record one step in a CUDA graph (after warm-up runs on a side stream, as capture requires).
-        The warm-up steps write garbage into the buffers; :meth:`load` resets every one of them."""
+        The warm-up steps write garbage into the buffers; :meth:`load` resets every one of them. Each
+        shape keeps its own memory pool: shapes replay in any order."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -256,15 +305,15 @@ class StaticDecode:
                 self._graph_body()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph):
             self._graph_body()
 
-    def load(self, *, first, next_position, key_valid, prefill_cache, prompt_len: int) -> None:
+    def load(self, *, first, next_position, key_valid, caches, prompt_len: int) -> None:
         """Take a new batch: its prefill cache, first tokens, positions and padding. Rows beyond the
         batch are spare: not running, attending to everything (no empty softmax)."""
         rows = first.shape[0]
         self.rows, self.t = rows, 1
-        self.cache.fill(prefill_cache, rows, prompt_len)
+        self.cache.fill(caches, prompt_len)
         self.cache.index.fill_(prompt_len)
         self.offset.zero_()
         self.tokens.fill_(int(self.pad))

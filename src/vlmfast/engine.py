@@ -28,6 +28,12 @@ from .timing import now
 
 DEFAULT_MAX_PIXELS_CAP = 1280 * 28 * 28  # the real default (16384·28·28) OOMs on large images
 DECODERS = ("vlmfast", "hf")
+# Padded prompt tokens per prefill pass (rows × widest prompt). Measured on 2 CPU cores (demo model,
+# 224–640 px images): prefill of 32 images slows by a third past ~4k tokens at once (the vision
+# tower's activations leave the caches), while decode keeps gaining from all 32 rows. A GPU prefills
+# far more at once; its limit is activation memory.
+CPU_PREFILL_TOKENS = 2048
+CUDA_PREFILL_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -90,24 +96,47 @@ class BatchTiming:
 
 
 @dataclass
+class PrefillGroup:
+    """Consecutive rows ``start:end`` of a batch that go through prefill together, and their tensors."""
+
+    start: int
+    end: int
+    inputs: object
+
+
+@dataclass
 class Prepared:
-    """A batch ready for the model: the requests that will run, their tensors, and the ones that
+    """A batch ready for the model: the requests that will run (in prefill groups), and the ones that
     failed to decode (by id, with the reason)."""
 
     requests: list[Request]
-    inputs: object | None
+    groups: list[PrefillGroup]
     failed: dict[str, str]
     model_sizes: dict[str, list[list[int]]]  # id → [width, height] per image after resizing
+    counts: dict[str, tuple[int, int]]  # id → (prompt tokens, image tokens)
+
+
+@dataclass
+class Prefetched:
+    """What a prefetch worker made ready for a batch while the previous one generated: decoded
+    images, or (on a GPU) the whole Prepared; and how long that took and how long the model waited."""
+
+    images: dict[str, list]
+    failed: dict[str, str]
+    worker_s: float
+    waited_s: float = 0.0
+    prepared: Prepared | None = None
 
 
 @dataclass
 class Prefilled:
-    """What prefill hands to decode."""
+    """What prefill hands to decode: every row's first new token and rotary position, and where its
+    prompt's keys are. Groups prefilled apart sit right-aligned in a common length, as left padding."""
 
     first: object  # (rows,) the first new token of every row
     next_position: object  # (3, rows, 1) rotary position of that token
-    key_valid: object  # (rows, prompt length) bool: False on left padding
-    cache: object  # the HF cache holding the prompt's keys and values
+    key_valid: object  # (rows, prompt_len) bool: False on padding
+    caches: list[tuple[int, int, object]]  # (start row, end row, the group's HF cache)
     prompt_len: int
 
 
@@ -136,7 +165,7 @@ class Engine:
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
                  max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
                  cuda_graphs: bool | None = None, compile: bool = False, sync_every: int | None = None,
-                 compile_cache=None):
+                 compile_cache=None, prefill_tokens: int | None = None):
         if decoder not in DECODERS:
             raise UsageError(f"--decoder {decoder}: unknown", hint=f"use one of: {', '.join(DECODERS)}")
         if decoder == "hf" and (compile or cuda_graphs):
@@ -154,6 +183,7 @@ class Engine:
         self.compile_cache = compile_cache
         self.sync_every = sync_every or (_cuda_sync_every() if self.on_cuda else 1)
         self.record_steps = record_steps
+        self.prefill_tokens = prefill_tokens or (CUDA_PREFILL_TOKENS if self.on_cuda else CPU_PREFILL_TOKENS)
         ip = loaded.processor.image_processor
         own_min, own_max = processor_pixel_limits(ip)
         self.min_pixels = min_pixels if min_pixels is not None else own_min
@@ -165,17 +195,17 @@ class Engine:
         self.patch_size = int(getattr(ip, "patch_size", 14))
         self.merge_size = int(getattr(ip, "merge_size", 2))
         self.compile_s = 0.0  # compilation and CUDA-graph capture, kept out of the decode clock
-        self._text = self._bias = self._generator = self._pool = None
+        self._text = self._bias = self._generator = None
         self._vision_s: float | None = None
         self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → StaticDecode
         self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
 
     # -- the whole path of one batch -------------------------------------------------------------
-    def generate_batch(self, batch: Sequence[Request], preloaded=None) -> tuple[list[SampleResult], BatchTiming | None]:
-        """Results for ``batch`` in its order; requests whose images fail to decode get error rows.
-        ``preloaded``: (images, failed, worker_s, waited_s, inputs or None) from a prefetch worker."""
+    def generate_batch(self, batch: Sequence[Request], prefetched: Prefetched | None = None
+                       ) -> tuple[list[SampleResult], BatchTiming | None]:
+        """Results for ``batch`` in its order; requests whose images fail to decode get error rows."""
         t0 = now(self.device)
-        prepared = self.prepare(batch, preloaded)
+        prepared = self.prepare(batch, prefetched)
         t1 = now(self.device)
         errors = {rid: SampleResult(rid, list(r.images), r.prompt, error=prepared.failed[rid])
                   for r in batch if (rid := r.id) in prepared.failed}
@@ -184,7 +214,7 @@ class Engine:
         steps_at: list[float] = []
         compiled_before = self.compile_s
         if self.decoder_name == "hf":
-            tokens, ttft_s, t2, steps, syncs = self._generate_hf(prepared.inputs, steps_at, t1)
+            tokens, ttft_s, t2, steps, syncs = self._generate_hf(prepared.groups[0].inputs, steps_at, t1)
         else:
             prefilled = self.prefill(prepared)
             t2 = now(self.device)
@@ -194,8 +224,8 @@ class Engine:
         t3 = now(self.device)
         t2 += self.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
         done = dict(errors)
-        done.update({r.id: self.result(r, prepared, row, tokens[row]) for row, r in enumerate(prepared.requests)})
-        worker_s, waited_s = (preloaded[2], preloaded[3]) if preloaded else (0.0, 0.0)
+        done.update({r.id: self.result(r, prepared, tokens[row]) for row, r in enumerate(prepared.requests)})
+        worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
         marks = [t2, *steps_at]
         timing = BatchTiming(
             # waiting can outlast the worker's own time (it started late): count the longer of the two
@@ -207,18 +237,37 @@ class Engine:
         return [done[r.id] for r in batch], timing
 
     # -- phase 1: prepare ------------------------------------------------------------------------
-    def prepare(self, batch: Sequence[Request], preloaded=None) -> Prepared:
-        """Decoded images and model inputs for the requests of ``batch`` whose images decode."""
-        if preloaded is None:
-            images, failed = self.load_images(batch)
-            inputs = None
-        else:
-            images, failed, _, _, inputs = preloaded
+    def prepare(self, batch: Sequence[Request], prefetched: Prefetched | None = None) -> Prepared:
+        """Decoded images and model inputs, one prefill group at a time, for the requests of ``batch``
+        whose images decode."""
+        if prefetched is not None and prefetched.prepared is not None:
+            return prefetched.prepared
+        images, failed = (prefetched.images, prefetched.failed) if prefetched else self.load_images(batch)
         ok = [r for r in batch if r.id not in failed]
-        if ok and inputs is None:
-            inputs = self.build_inputs(ok, images)
+        groups = [PrefillGroup(a, b, self.build_inputs(ok[a:b], images)) for a, b in self.prefill_groups(ok)]
+        counts = {}
+        image_id = self.loaded.model.config.image_token_id
+        for g in groups:
+            ids, mask = g.inputs["input_ids"], g.inputs["attention_mask"]
+            counts.update({r.id: (int(mask[i].sum()), int((ids[i] == image_id).sum()))
+                           for i, r in enumerate(ok[g.start:g.end])})
         sizes = {r.id: [list(im.size) for im in images[r.id]] for r in ok}
-        return Prepared(ok, inputs, failed, sizes)
+        return Prepared(ok, groups, failed, sizes, counts)
+
+    def prefill_groups(self, requests: Sequence[Request]) -> list[tuple[int, int]]:
+        """Row ranges prefilled together: consecutive rows (a batch comes most expensive first) while
+        rows × the widest prompt stays within ``prefill_tokens``. Prefill is compute-bound and slows
+        down once its activations outgrow the caches, while decode wants every row of the batch at
+        once; ``--decoder hf`` prefills the whole batch inside generate."""
+        if self.decoder_name == "hf" or not requests:
+            return [(0, len(requests))]
+        costs = [self.cost(r) for r in requests]
+        groups, start = [], 0
+        for i in range(1, len(requests) + 1):
+            if i == len(requests) or (i - start + 1) * max(costs[start:i + 1]) > self.prefill_tokens:
+                groups.append((start, i))
+                start = i
+        return groups
 
     def load_images(self, batch: Sequence[Request]) -> tuple[dict[str, list], dict[str, str]]:
         """Decode and resize every image (Qwen's rule, our pixel limits). A file that passed the
@@ -266,21 +315,28 @@ class Engine:
 
     # -- phase 2: prefill ------------------------------------------------------------------------
     def prefill(self, prepared: Prepared) -> Prefilled:
-        """The prompt (vision tower included) through the HF model with its own cache; the first token
-        chosen on the device. Rotary positions come from the model's ``get_rope_index`` and are passed
-        in, so decode continues them exactly as ``generate`` does (last prompt position + 1 + step)."""
+        """The prompts (vision tower included) through the HF model with its own cache, one prefill
+        group at a time; every row's first token chosen on the device. Rotary positions come from the
+        model's ``get_rope_index`` and are passed in, so decode continues them exactly as ``generate``
+        does (last prompt position + 1 + step)."""
         import torch
 
         from .decode import rope_positions, select
 
-        model, inputs = self.loaded.model, prepared.inputs
+        model = self.loaded.model
+        firsts, positions, masks, caches = [], [], [], []
         with torch.inference_mode(), self._vision_clock():
-            positions = rope_positions(model, inputs)
-            out = model(**inputs, position_ids=positions, use_cache=True, logits_to_keep=1)
-            first = select(out.logits[:, -1, :].float(), self._suppress(), temperature=self.settings.temperature,
-                           top_p=self.settings.top_p, generator=self._sampler())
-        return Prefilled(first, positions[:, :, -1:] + 1, inputs["attention_mask"].bool(), out.past_key_values,
-                         inputs["input_ids"].shape[1])
+            for g in prepared.groups:
+                pos = rope_positions(model, g.inputs)
+                out = model(**g.inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
+                firsts.append(select(out.logits[:, -1, :].float(), self._suppress(), temperature=self.settings.temperature,
+                                     top_p=self.settings.top_p, generator=self._sampler()))
+                positions.append(pos[:, :, -1:] + 1)
+                masks.append(g.inputs["attention_mask"].bool())
+                caches.append((g.start, g.end, out.past_key_values))
+            length = max(m.shape[1] for m in masks)
+            key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
+            return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length)
 
     # -- phase 3: decode -------------------------------------------------------------------------
     def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
@@ -299,10 +355,10 @@ class Engine:
             if self.cuda_graphs or self.compile:
                 loop = self._static_loop(rows, length)
                 loop.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
-                          prefill_cache=prefilled.cache, prompt_len=prefilled.prompt_len)
+                          caches=prefilled.caches, prompt_len=prefilled.prompt_len)
             else:
                 cache = self._decoder().new_cache(rows, length)
-                cache.fill(prefilled.cache, rows, prefilled.prompt_len)
+                cache.fill(prefilled.caches, prefilled.prompt_len)
                 key_valid = torch.ones(rows, length, dtype=torch.bool, device=prefilled.first.device)
                 key_valid[:, :prefilled.prompt_len] = prefilled.key_valid
                 loop = DecodeLoop(self._decoder(), cache, first=prefilled.first, next_position=prefilled.next_position,
@@ -310,7 +366,7 @@ class Engine:
                                   max_new=s.max_new_tokens, eos_ids=self._eos(), pad_id=self.loaded.pad_token_id,
                                   bias=self._suppress(), temperature=s.temperature, top_p=s.top_p,
                                   generator=self._sampler())
-            prefilled.cache = None  # the prompt's keys now live in the static cache
+            prefilled.caches = []  # the prompts' keys now live in the static cache
             clock = (lambda t: steps_at.append(now(self.device))) if self.record_steps and steps_at is not None else None
             return run_loop(loop, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
 
@@ -330,7 +386,7 @@ class Engine:
                             pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
                             top_p=s.top_p, generator=self._sampler(), compile_fn=self._compile_fn())
         # capturing runs the step (and compiles it); a compiled step on a CPU compiles at its first call
-        build = (lambda: loop.capture(pool=self._graph_pool())) if self.cuda_graphs else loop.forward
+        build = loop.capture if self.cuda_graphs else loop.warm_up
         if self.compile and self.compile_cache is not None:
             self.compile_cache.measure(self.shape_key(shape), build)
         elif self.cuda_graphs or self.compile:
@@ -360,19 +416,16 @@ class Engine:
         return lambda fn: torch.compile(fn, dynamic=False, fullgraph=False)
 
     # -- phase 4: results ------------------------------------------------------------------------
-    def result(self, request: Request, prepared: Prepared, row: int, new_ids: list[int]) -> SampleResult:
+    def result(self, request: Request, prepared: Prepared, new_ids: list[int]) -> SampleResult:
         eos = set() if self.settings.ignore_eos else set(self.loaded.eos_token_ids)
         end = next((i + 1 for i, t in enumerate(new_ids) if t in eos), None)
         kept = new_ids if end is None else new_ids[:end]
         text = self.loaded.processor.tokenizer.decode(kept, skip_special_tokens=True)
         think, answer = parse_reasoning(text)
-        inputs = prepared.inputs
-        image_id = self.loaded.model.config.image_token_id
+        n_prompt, n_image = prepared.counts[request.id]
         return SampleResult(
             id=request.id, images=list(request.images), prompt=request.prompt, text=text, think=think, answer=answer,
-            finish_reason="eos" if end is not None else "length",
-            n_prompt_tokens=int(inputs["attention_mask"][row].sum()),
-            n_image_tokens=int((inputs["input_ids"][row] == image_id).sum()),
+            finish_reason="eos" if end is not None else "length", n_prompt_tokens=n_prompt, n_image_tokens=n_image,
             n_new_tokens=len(kept), token_ids=kept,
             image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
             model_image_sizes=prepared.model_sizes.get(request.id),
@@ -447,13 +500,6 @@ class Engine:
                 self._generator.seed()
         return self._generator
 
-    def _graph_pool(self):
-        import torch
-
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every captured shape
-        return self._pool
-
     def _vision_clock(self):
         """Times the vision tower inside prefill (device-synchronized hooks) into ``_vision_s``."""
         import contextlib
@@ -465,7 +511,7 @@ class Engine:
         marks: list[float] = []
 
         def mark(*_):
-            marks.append(now(self.device))
+            marks.append(now(self.device))  # before and after each call: prefill groups call it in turn
 
         @contextlib.contextmanager
         def clocked():
@@ -476,15 +522,16 @@ class Engine:
                 for h in handles:
                     h.remove()
                 if len(marks) >= 2:
-                    self._vision_s = marks[-1] - marks[0]
+                    self._vision_s = sum(b - a for a, b in zip(marks[::2], marks[1::2]))
         return clocked()
 
     # -- planning helpers (used by the scheduler and the runner) ---------------------------------
-    def cost(self, request: Request, image_sizes: dict[str, tuple[int, int]]) -> int:
-        """Prefill tokens this request will take (image tokens estimated from the header size)."""
+    def cost(self, request: Request, image_sizes: dict[str, tuple[int, int]] | None = None) -> int:
+        """Prefill tokens this request will take (image tokens from the image headers' sizes)."""
         tokens = len(request.prompt) // 3 + 16  # rough prompt + template tokens; only used for ordering
+        sizes = dict(zip(request.images, request.image_sizes)) if request.image_sizes else (image_sizes or {})
         for path in request.images:
-            w, h = image_sizes.get(path, (448, 448))
+            w, h = sizes.get(path, (448, 448))
             tokens += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
                                    patch_size=self.patch_size, merge_size=self.merge_size)
         return tokens

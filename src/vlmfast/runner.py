@@ -160,6 +160,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
     found = locate(options.ckpt, hub=True) if loaded is None else None  # a wrong path fails in well under a second
     dist = Distributed()
     work = collect_work(options, dist)
+    compile_cache = _compile_cache(options)
     device = options.device
     if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
         work.notes.append(f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})")
@@ -169,7 +170,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
                       trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
                       base=options.base, merge=options.merge)
     work.notes.extend(loaded.notes)
-    engine = build_engine(options, loaded)
+    work.notes += [compile_cache.note] if compile_cache is not None and compile_cache.note else []
+    engine = build_engine(options, loaded, compile_cache)
     if engine.max_pixels_capped:
         work.notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
     drop_too_long(engine, work, options.skip_bad)  # same verdict on every process
@@ -228,13 +230,22 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
     return Work(todo, bad, collected.order, collected.image_sizes, skipped, notes)
 
 
-def build_engine(options: InferOptions, loaded) -> Engine:
+def build_engine(options: InferOptions, loaded, compile_cache=None) -> Engine:
+    return Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
+                  decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=bool(options.compile),
+                  compile_cache=compile_cache)
+
+
+def _compile_cache(options: InferOptions):
+    """The persistent compile cache, pointed at before the model loads (see CompileCache.activate);
+    None when nothing can compile (``--decoder hf``, ``--no-compile``)."""
+    if options.decoder != "vlmfast" or options.compile is False:
+        return None
     from .compile_cache import CompileCache
 
-    compile_now = bool(options.compile) and options.decoder == "vlmfast"
-    return Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                  decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=compile_now,
-                  compile_cache=CompileCache(versions()) if options.decoder == "vlmfast" else None)
+    cache = CompileCache(versions())
+    cache.activate()
+    return cache
 
 
 def drop_too_long(engine: Engine, work: Work, skip_bad: bool) -> None:
@@ -348,7 +359,7 @@ def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions) ->
         r.extra = score_row(r.record(), truth, scorer or options.scorer, iou=options.iou, bbox_space=options.bbox_space)
 
 
-CPU_BATCH_SIZE = 8  # measured on 2 cores: batch 8 is 4× the per-sample loop (benchmarks/RESULTS.md)
+CPU_BATCH_SIZE = 32  # measured on 2 cores with prefill in groups: decode keeps gaining up to 32 rows (benchmarks/RESULTS.md)
 
 
 def choose_batch_size(requested, loaded, engine, requests, image_sizes) -> tuple[int, str | None]:

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .batching import plan_batches
-from .engine import BatchTiming, Engine, SampleResult, free_device_cache, is_out_of_memory
+from .engine import BatchTiming, Engine, Prefetched, SampleResult, free_device_cache, is_out_of_memory
 from .inputs import Request
 
 Batch = tuple[list[int], list[SampleResult], BatchTiming | None]
@@ -56,25 +56,29 @@ class Scheduler:
             pending = pool.submit(self._prefetch, [requests[i] for i in planned[0]]) if planned else None
             for k, indices in enumerate(planned):
                 waited = time.perf_counter()
-                images, failed, load_s, inputs = pending.result()
-                waited = time.perf_counter() - waited
+                ready = pending.result()
+                ready.waited_s = time.perf_counter() - waited
                 if k + 1 < len(planned):
                     pending = pool.submit(self._prefetch, [requests[i] for i in planned[k + 1]])
-                yield list(self._resilient(requests, indices, (images, failed, load_s, waited, inputs)))
+                yield list(self._resilient(requests, indices, ready))
 
-    def _prefetch(self, batch):
-        """The worker's job: decode images and, on a GPU, build the model inputs for ``batch``."""
+    def _prefetch(self, batch) -> Prefetched:
+        """The worker's job: decode images and, on a GPU, prepare the whole batch (the processor's
+        tensors too: on a GPU the main thread only waits, on a CPU they would fight decode for cores)."""
         start = time.perf_counter()
         images, failed = self.engine.load_images(batch)
-        ok = [r for r in batch if r.id not in failed]
-        inputs = self.engine.build_inputs(ok, images) if ok and self.engine.on_cuda else None
-        return images, failed, time.perf_counter() - start, inputs
+        ready = Prefetched(images, failed, 0.0)
+        if self.engine.on_cuda:
+            ready.prepared = self.engine.prepare(batch, ready)
+        ready.worker_s = time.perf_counter() - start
+        return ready
 
-    def _resilient(self, requests: Sequence[Request], indices: list[int], preloaded=None) -> Iterator[Batch]:
+    def _resilient(self, requests: Sequence[Request], indices: list[int], prefetched: Prefetched | None = None
+                   ) -> Iterator[Batch]:
         """A CUDA out-of-memory error halves the batch and retries both halves; a sample that does not
         fit even alone becomes an error row. Nothing is dropped, and the count lands in the report."""
         try:
-            results, timing = self.engine.generate_batch([requests[i] for i in indices], preloaded)
+            results, timing = self.engine.generate_batch([requests[i] for i in indices], prefetched)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -86,15 +90,15 @@ class Scheduler:
             self.oom_splits += 1
             half = len(indices) // 2
             for part in (indices[:half], indices[half:]):
-                yield from self._resilient(requests, part, _subset(preloaded, [requests[i].id for i in part]))
+                yield from self._resilient(requests, part, _subset(prefetched, [requests[i].id for i in part]))
             return
         yield indices, results, timing
 
 
-def _subset(preloaded, ids: list[str]):
-    """The prefetched images of some of a batch's requests (after an out-of-memory split)."""
-    if preloaded is None:
+def _subset(prefetched: Prefetched | None, ids: list[str]) -> Prefetched | None:
+    """The prefetched images of some of a batch's requests (after an out-of-memory split); the batch's
+    prepared tensors do not fit a half, so they are rebuilt from the decoded images."""
+    if prefetched is None:
         return None
-    images, failed = preloaded[0], preloaded[1]
-    # the batch's prebuilt tensors do not fit a half: rebuilt from the decoded images
-    return ({i: images[i] for i in ids if i in images}, {i: failed[i] for i in ids if i in failed}, 0.0, 0.0, None)
+    return Prefetched({i: prefetched.images[i] for i in ids if i in prefetched.images},
+                      {i: prefetched.failed[i] for i in ids if i in prefetched.failed}, 0.0)
