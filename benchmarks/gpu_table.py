@@ -1,9 +1,10 @@
-"""Turn `vlmfast bench --report` directories into the GPU section of benchmarks/RESULTS.md.
+"""Turn what benchmarks/gpu.sh measured into the GPU section of benchmarks/RESULTS.md.
 
-  python benchmarks/gpu_table.py eager=DIR compile=DIR [--write]
+  python benchmarks/gpu_table.py NAME/MODE=BENCH_REPORT_DIR ... NAME/infer=FIRST.json,SECOND.json [--write]
 
-One row per mode, scenario and batch size: tokens/s, TTFT, decode ms/token, achieved decode bandwidth
-and its share of the device's peak (the issue #6 target: ≥ 70% at batch 1 with --compile).
+One row per checkpoint, mode and batch size: tokens/s, TTFT, decode ms per step, achieved decode
+bandwidth and its share of the device's peak; then, per checkpoint, what a first and a second compiled
+run spent compiling and capturing (the second finds the kernels in vlmfast's compile cache).
 """
 
 from __future__ import annotations
@@ -15,39 +16,51 @@ from pathlib import Path
 from bench_infer import record
 
 
-def table(reports: dict[str, dict]) -> str:
-    first = next(iter(reports.values()))
+def table(benches: dict[str, dict], infers: dict[str, tuple[dict, dict]]) -> str:
+    first = next(iter(benches.values()))
     w, v = first["workload"], first["versions"]
     lines = [
-        f"### GPU: {first['checkpoint']} — transformers {v['transformers']}, torch {v['torch']}",
+        f"### GPU — transformers {v['transformers']}, torch {v['torch']}",
         "",
-        f"{w['samples']} synthetic images, {w['max_new_tokens']} new tokens (ignore_eos={w['ignore_eos']}), "
-        f"{w['warmup']} warm-up + {w['repeats']} timed runs per row; medians.",
+        f"{w['samples']} images (448 px), {w['max_new_tokens']} new tokens forced, {w['warmup']} warm-up + "
+        f"{w['repeats']} timed runs per row; medians. Written by benchmarks/gpu.sh.",
         "",
-        "| mode | scenario | batch | tokens/s | TTFT p50 ms | decode ms/token | decode GB/s | % of peak |",
+        "| checkpoint | mode | batch | tokens/s | TTFT p50 ms | decode ms/step | decode GB/s | % of peak |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for mode, report in reports.items():
+    for key, report in benches.items():
+        name, mode = key.split("/", 1)
         for s in report["scenarios"]:
-            cells = [mode, s["name"], str(s["batch_size"])] + [
+            cells = [name, mode, str(s["batch_size"])] + [
                 "–" if s.get(k) is None else f"{s[k]:.{d}f}"
                 for k, d in (("tokens_per_s", 1), ("ttft_ms_p50", 1), ("decode_ms_per_token", 2),
                              ("decode_gb_per_s", 0), ("bandwidth_pct_of_peak", 1))
             ]
             lines.append("| " + " | ".join(cells) + " |")
+    if infers:
+        lines += ["", "| checkpoint | compile + capture, first run (s) | second run (s) | cache | tokens/s (2nd) |",
+                  "|---|---|---|---|---|"]
+        for name, (a, b) in infers.items():
+            cache = ",".join(c["cache"] for c in (b.get("compile_cache") or {}).get("compiles", [])) or "–"
+            lines.append(f"| {name} | {a.get('compile_s') or 0:.1f} | {b.get('compile_s') or 0:.1f} | {cache} | "
+                         f"{b.get('tokens_per_s') or 0:.1f} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("reports", nargs="+", help="MODE=REPORT_DIR")
+    parser.add_argument("reports", nargs="+", help="NAME/MODE=REPORT_DIR or NAME/infer=FIRST.json,SECOND.json")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    reports = {}
+    benches, infers = {}, {}
     for item in args.reports:
-        mode, _, directory = item.partition("=")
-        reports[mode] = json.loads((Path(directory) / "report.json").read_text())
-    text = table(reports)
+        key, _, where = item.partition("=")
+        if key.endswith("/infer"):
+            a, b = (json.loads(Path(p).read_text()) for p in where.split(","))
+            infers[key.split("/")[0]] = (a, b)
+        else:
+            benches[key] = json.loads((Path(where) / "report.json").read_text())
+    text = table(benches, infers)
     print(text)
     if args.write:
         record(text, "gpu")

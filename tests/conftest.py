@@ -17,8 +17,9 @@ VLMFAST = Path(sys.executable).parent / "vlmfast"
 
 def vlmfast(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
     """The installed console script in a subprocess, as CI shell scripts call it: for what only a
-    process proves (exit codes with signals, stdout kept clean, what gets imported, the launcher)."""
-    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", **(env or {})}
+    process proves (exit codes with signals, stdout kept clean, what gets imported, the launcher).
+    It runs on the CPU whatever the machine has: tests assert exact tokens and float32 figures."""
+    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     return subprocess.run([str(VLMFAST), *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=timeout)
 

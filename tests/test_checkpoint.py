@@ -75,7 +75,7 @@ def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
         (ckpt / "generation_config.json").unlink()
         edit_json(ckpt / "config.json", lambda c: (c.update(use_cache=False), c["text_config"].update(use_cache=False)))
 
-    engine = Engine(load(str(ckpt)), GenerationSettings(max_new_tokens=6, ignore_eos=True))
+    engine = Engine(load(str(ckpt), device="cpu"), GenerationSettings(max_new_tokens=6, ignore_eos=True))
     inputs = engine.preprocess([Request("a", (str(images[0]),), "Describe.")])
     # What plain generate does with the checkpoint as saved — and our model of it must agree:
     # generation_config.json decides when present (a top-level/text_config false alone is harmless).
@@ -135,7 +135,7 @@ def test_missing_processor_is_a_clear_error(grpo_ckpt, tmp_path):
         (ckpt / name).unlink(missing_ok=True)
     # transformers 5 builds an 18-token tokenizer from what is left; 4.57 fails to load: both are caught
     with pytest.raises(CheckpointError, match="cannot load the processor|the tokenizer knows") as err:
-        load(str(ckpt))
+        load(str(ckpt), device="cpu")
     assert "base model" in err.value.hint
 
 
@@ -149,7 +149,7 @@ def test_missing_chat_template_falls_back_to_chatml_and_says_so(grpo_ckpt, image
     for name in ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json"):
         if (ckpt / name).exists():
             edit_json(ckpt / name, lambda c: c.pop("chat_template", None))
-    loaded = load(str(ckpt))
+    loaded = load(str(ckpt), device="cpu")
     assert any("no chat template" in n for n in loaded.notes)
     results, _ = Engine(loaded, GenerationSettings(max_new_tokens=3)).generate_batch(
         [Request("a", (str(images[0]),), "Describe.")])

@@ -52,7 +52,7 @@ def test_fix_makes_doctor_clean_and_the_model_loads(base_ckpt, images, tmp_path)
     assert diagnose(d, base=base_ckpt) == []
     gen = json.loads((d / "generation_config.json").read_text())
     assert gen["eos_token_id"] == json.loads((base_ckpt / "generation_config.json").read_text())["eos_token_id"]
-    loaded = load(str(d))
+    loaded = load(str(d), device="cpu")
     assert loaded.cache.found_off == [] and not any("lacks" in n for n in loaded.notes)
     results, _ = Engine(loaded, GenerationSettings(max_new_tokens=4)).generate_batch([Request("a", (str(images[0]),), "Hi.")])
     assert results[0].n_new_tokens >= 1

@@ -71,7 +71,7 @@ def test_layout_deterministic_and_base_is_build_checkpoint(tmp_path, layouts):
 @pytest.mark.parametrize("like", ["vlmr1", "swift", "base"])
 def test_infer_runs_on_full_weight_layouts(layouts, images, like):
     info = layouts[like]
-    loaded = load(str(info.root))
+    loaded = load(str(info.root), device="cpu")
     assert loaded.source == str(info.model_dir)
     assert _generate(loaded, images[0]).n_new_tokens >= 1
 
@@ -81,10 +81,10 @@ def test_easyr1_unmerged_says_how_to_merge_then_runs_once_merged(layouts, images
     shutil.copytree(layouts["easyr1"].root, root)
     actor = root / "global_step_4" / "actor"
     with pytest.raises(CheckpointError, match="FSDP shards") as err:
-        load(str(root))
+        load(str(root), device="cpu")
     assert "scripts/model_merger.py" in err.value.hint and f"--local_dir {actor}" in err.value.hint
     merged = merge_fsdp_shards(actor)
-    loaded = load(str(root))
+    loaded = load(str(root), device="cpu")
     assert loaded.source == str(merged) and "global_step_4" in loaded.notes[0]
     assert any("lacks <|im_end|>" in n for n in loaded.notes)  # the lost EOS is caught at load time too
     assert _generate(loaded, images[0]).n_new_tokens >= 1
@@ -106,7 +106,7 @@ def test_swift_lora_needs_its_base_and_runs_with_it(layouts, images):
     assert "--merge-lora" in err.value.hint and str(info.base) in err.value.message
     resolved = require(locate(str(info.root)), "model", "adapter")
     assert (resolved.kind, resolved.source) == ("adapter", str(info.model_dir))
-    loaded = load(str(info.root))  # the loader takes the base named in adapter_config.json
+    loaded = load(str(info.root), device="cpu")  # the loader takes the base named in adapter_config.json
     assert (loaded.source, loaded.base_source) == (str(info.model_dir), str(info.base))
     assert any("processor from the base" in n for n in loaded.notes)
     assert _generate(loaded, images[0]).n_new_tokens >= 1

@@ -43,7 +43,7 @@ def test_adapter_dir_and_its_base(lora, base_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="does not name its base"):
         adapter_base(d)
     with pytest.raises(CheckpointError, match="a LoRA adapter"):  # --base must be a full model
-        load(str(lora.model_dir), base=str(lora.model_dir))
+        load(str(lora.model_dir), base=str(lora.model_dir), device="cpu")
 
 
 def test_unmerged_merged_and_merge_lora_give_identical_greedy_tokens(lora, images, tmp_path):
@@ -52,10 +52,10 @@ def test_unmerged_merged_and_merge_lora_give_identical_greedy_tokens(lora, image
     from vlmfast.fix import merge_lora
 
     some = images[:3]
-    unmerged = load(str(lora.model_dir), merge=False)
-    merged = load(str(lora.model_dir), merge=True)
-    written = load(str(merge_lora(lora.model_dir, tmp_path / "merged").out_dir))
-    base = load(str(lora.base))
+    unmerged = load(str(lora.model_dir), merge=False, device="cpu")
+    merged = load(str(lora.model_dir), merge=True, device="cpu")
+    written = load(str(merge_lora(lora.model_dir, tmp_path / "merged").out_dir), device="cpu")
+    base = load(str(lora.base), device="cpu")
     assert any("unmerged" in n for n in unmerged.notes) and any("merged into" in n for n in merged.notes)
     assert (unmerged.source, unmerged.base_source, base.base_source) == (str(lora.model_dir), str(lora.base), None)
     # LoRA layers are in the unmerged model only; the merged weights differ from the base's.
@@ -78,7 +78,7 @@ def test_adapter_dir_with_its_own_processor_uses_it(lora, tmp_path):
         if f.name.startswith(("preprocessor", "processor", "video_preprocessor", "tokenizer", "vocab", "merges",
                               "chat_template", "special_tokens", "added_tokens")):
             shutil.copyfile(f, d / f.name)
-    loaded = load(str(d))
+    loaded = load(str(d), device="cpu")
     assert any("processor from the adapter dir" in n for n in loaded.notes)
     assert loaded.processor.tokenizer.padding_side == "left"
 
@@ -87,5 +87,5 @@ def test_an_adapter_for_another_model_is_a_clear_error(lora, tmp_path):
     d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
     edit_json(d / "adapter_config.json", lambda c: c.update(target_modules=r".*\.no_such_proj"))
     with pytest.raises(CheckpointError, match="cannot apply the adapter") as err:
-        load(str(d))
+        load(str(d), device="cpu")
     assert "--base" in err.value.hint

@@ -215,3 +215,24 @@ def test_make_images_deterministic(tmp_path):
     d = tiny.make_images(tmp_path / "d", n=2, sizes=[(30, 20)])
     assert [Image.open(p).size for p in d] == [(30, 20), (30, 20)]
     assert Image.open(d[0]).mode == "RGB"
+
+
+def test_real_vocabulary_puts_special_tokens_at_qwens_ids(tmp_path, monkeypatch, images):
+    """The 3b/7b presets' tokenizer: padded so Qwen's special tokens sit at their real ids, with the
+    real LM-head size; checked on tiny shapes (the real ones need a GPU to build quickly)."""
+    from vlmfast.checkpoint import load
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+    from vlmfast.tiny import PRESETS, build_checkpoint
+
+    monkeypatch.setitem(PRESETS, "tiny-real-vocab", {**PRESETS["tiny"], "vocab_size": 151936, "tie_word_embeddings": True})
+    ckpt = build_checkpoint(tmp_path / "c", preset="tiny-real-vocab")
+    loaded = load(str(ckpt), device="cpu")
+    tok = loaded.processor.tokenizer
+    assert [tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>")] == [
+        151643, 151644, 151645, 151655]
+    assert loaded.model.config.get_text_config().vocab_size == 151936 and len(tok) == 151661
+    assert loaded.model.lm_head.weight is loaded.model.get_input_embeddings().weight  # tied, as the real 3B
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=4, ignore_eos=True))
+    result, _ = engine.generate_batch([Request("a", (str(images[0]),), "Count.")])
+    assert result[0].n_new_tokens == 4 and all(0 <= t < 151936 for t in result[0].token_ids)

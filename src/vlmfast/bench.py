@@ -265,8 +265,11 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     truths = {r.id: (r.truth, r.scorer) for r in requests}
     settings = options.generation
     common = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, record_steps=True)
+    compile_cache = CompileCache(versions()) if options.compile else None
+    if compile_cache is not None:
+        compile_cache.activate()  # before the model loads
     fast = dict(common, decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
-                compile_cache=CompileCache(versions()) if options.compile else None)
+                compile_cache=compile_cache)
     scenarios: list[dict] = []
     rows: dict[tuple[str, int], list[SampleResult]] = {}
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperArgument, TyperCommand
 
 from .errors import EXIT_INTERRUPTED, UsageError, VlmfastError
 
@@ -22,18 +21,20 @@ EXIT_CODES_HELP = """Exit codes: 0 ok · 1 unexpected failure · 2 bad input, op
 class Command(TyperCommand):
     """Help as people write it: ``vlmfast doctor [OPTIONS] CKPT`` and flags without a type label."""
 
-    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
-            if isinstance(param, click.Argument):
+            if isinstance(param, TyperArgument):
                 name = (param.metavar or param.name).upper()
                 pieces.append(name if param.required else f"[{name}]")
         return pieces
 
-    def format_help(self, ctx: click.Context, formatter) -> None:
-        for param in self.params:
-            if isinstance(param, click.Option) and (param.is_flag or param.is_bool_flag) and param.metavar is None:
+    def format_help(self, ctx, formatter) -> None:
+        for param in self.get_params(ctx):
+            if getattr(param, "is_flag", False) and param.metavar is None:  # --help and every on/off option
                 param.metavar = ""
+            elif isinstance(param, TyperArgument) and param.metavar is None:
+                param.metavar = param.name.upper()
         super().format_help(ctx, formatter)
 
 

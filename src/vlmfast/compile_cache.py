@@ -56,10 +56,11 @@ class CompileCache:
         self.note: str | None = None
 
     def activate(self) -> None:
-        """Point inductor at our directory (before anything compiles; a user's own
-        TORCHINDUCTOR_CACHE_DIR is respected and said aloud)."""
+        """Point inductor at our directory. Call it before the model loads: loading makes torch settle
+        on its default directory, and some of inductor's paths are memoized at first use. A
+        TORCHINDUCTOR_CACHE_DIR the user set is respected and said aloud."""
         own = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        if own and Path(own) != self.inductor_dir:
+        if own and Path(own) != self.inductor_dir and not _torch_default(own):
             self.inductor_dir = Path(own)
             self.note = f"compile cache: TORCHINDUCTOR_CACHE_DIR={own} (set outside vlmfast) is used"
             return
@@ -115,6 +116,15 @@ class CompileCache:
     def summary(self) -> dict:
         """For the report: where the cache is and what each compile cost."""
         return {"dir": str(self.inductor_dir), "compiles": list(self.events)}
+
+
+def _torch_default(path: str) -> bool:
+    """Whether ``path`` is where torch put its cache on its own (it writes that into the environment)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return False
+    return os.path.abspath(path) == os.path.abspath(default_cache_dir())
 
 
 def decide(stats: dict, *, device: str, step_ms: float, remaining_steps: int) -> Decision:

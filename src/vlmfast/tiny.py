@@ -40,8 +40,28 @@ PRESETS: dict[str, dict] = {
                    "fullatt_block_indexes": [1, 3]},
         "initializer_range": 0.05,
     },
+    # The published Qwen2.5-VL-3B/-7B-Instruct shapes with random weights (GPU benchmarks on a machine
+    # without a model hub). The tokenizer is padded to the real one's size so the special tokens sit at
+    # their real ids; the LM head has the real vocabulary; weights are made on the GPU in bfloat16.
+    "3b": {
+        "text": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                 "num_attention_heads": 16, "num_key_value_heads": 2, "mrope_section": [16, 24, 24]},
+        "vision": {"hidden_size": 1280, "intermediate_size": 3420, "depth": 32, "num_heads": 16,
+                   "fullatt_block_indexes": [7, 15, 23, 31]},
+        "initializer_range": 0.02, "vocab_size": 151936, "tie_word_embeddings": True,
+        "max_position_embeddings": 128000,
+    },
+    "7b": {
+        "text": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                 "num_attention_heads": 28, "num_key_value_heads": 4, "mrope_section": [16, 24, 24]},
+        "vision": {"hidden_size": 1280, "intermediate_size": 3420, "depth": 32, "num_heads": 16,
+                   "fullatt_block_indexes": [7, 15, 23, 31]},
+        "initializer_range": 0.02, "vocab_size": 152064, "tie_word_embeddings": False,
+        "max_position_embeddings": 128000,
+    },
 }
 LIKES = ("grpo", "base")
+QWEN_FIRST_SPECIAL_ID = 151643  # <|endoftext|> in Qwen2.5's tokenizer; the special tokens follow in order
 
 # Qwen's special tokens, in Qwen's order, so relative ids line up with the real vocabulary.
 _SPECIAL_TOKENS = (
@@ -93,8 +113,10 @@ def _corpus() -> str:
     return "".join(lines)
 
 
-def _train_tokenizer():
-    """Train the byte-level BPE (deterministic: same corpus and settings give the same merges)."""
+def _train_tokenizer(pad_to: int | None = None):
+    """Train the byte-level BPE (deterministic: same corpus and settings give the same merges). With
+    ``pad_to``, filler entries (never produced: no merge leads to them) fill the vocabulary up to that
+    size before the special tokens are added, so those get the ids they have in Qwen's tokenizer."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
 
@@ -110,6 +132,11 @@ def _train_tokenizer():
     trainer = trainers.BpeTrainer(vocab_size=1024, min_frequency=1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_corpus().splitlines(keepends=True), trainer=trainer)
+    if pad_to is not None:
+        data = json.loads(tok.to_str())
+        vocab = data["model"]["vocab"]
+        vocab.update({f"<|vlmfast_filler_{i}|>": i for i in range(len(vocab), pad_to)})
+        tok = Tokenizer.from_str(json.dumps(data))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _REASONING_TAGS])
     return tok
@@ -123,12 +150,12 @@ def _read_json(path: pathlib.Path):
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _save_tokenizer_and_processor(d: pathlib.Path):
+def _save_tokenizer_and_processor(d: pathlib.Path, pad_to: int | None = None):
     """Write tokenizer, processor and chat template files into ``d``; return the loaded tokenizer."""
     from transformers import (AutoTokenizer, PreTrainedTokenizerFast, Qwen2_5_VLProcessor,
                               Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
 
-    backend = _train_tokenizer()
+    backend = _train_tokenizer(pad_to)
     with tempfile.TemporaryDirectory() as scratch:
         # Save a generic fast tokenizer, relabel it Qwen2Tokenizer and reload it, so the processor gets
         # the class each transformers version expects (Qwen2TokenizerFast in 4.x, Qwen2Tokenizer in 5.x).
@@ -171,7 +198,8 @@ def _model_config(spec: dict, like: str, ids: dict, vocab_size: int):
         raise ValueError(f"mrope_section {t['mrope_section']} must sum to head_dim/2 = {head_dim // 2}")
     eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
     text = {
-        "vocab_size": vocab_size, "hidden_act": "silu", "max_position_embeddings": 32768,
+        "vocab_size": vocab_size, "hidden_act": "silu", "max_position_embeddings": spec.get("max_position_embeddings", 32768),
+        "tie_word_embeddings": spec.get("tie_word_embeddings", False),
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False,
         "max_window_layers": t["num_hidden_layers"], "initializer_range": spec["initializer_range"],
         "rope_scaling": {"type": "mrope", "mrope_section": list(t["mrope_section"])},
@@ -192,6 +220,7 @@ def _model_config(spec: dict, like: str, ids: dict, vocab_size: int):
         text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"], bos_token_id=eot, eos_token_id=im_end,
+        tie_word_embeddings=spec.get("tie_word_embeddings", False),
     )
 
 
@@ -200,11 +229,22 @@ def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int) -> None:
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
-    tokenizer = _save_tokenizer_and_processor(d)
+    real_size = "vocab_size" in spec
+    tokenizer = _save_tokenizer_and_processor(d, pad_to=QWEN_FIRST_SPECIAL_ID if real_size else None)
     ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in _SPECIAL_TOKENS}
-    config = _model_config(spec, like, ids, vocab_size=len(tokenizer))
+    config = _model_config(spec, like, ids, vocab_size=spec.get("vocab_size", len(tokenizer)))
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config)
+    if real_size:  # billions of parameters: made where they are fastest to make, in the dtype they ship in
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device(device):
+                model = Qwen2_5_VLForConditionalGeneration(config)
+        finally:
+            torch.set_default_dtype(dtype)
+    else:
+        model = Qwen2_5_VLForConditionalGeneration(config)
     eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
     model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot)
     bars = hf_logging.is_progress_bar_enabled()

@@ -1,0 +1,55 @@
+"""Compilation paid once per machine: the cache key, a cache hit in a second process, the decision."""
+
+import copy
+import json
+import os
+
+from conftest import cli, read_jsonl, vlmfast
+from vlmfast.compile_cache import CompileCache, decide
+
+
+def test_the_key_changes_with_config_dtype_shape_and_versions(loaded, tmp_path):
+    versions = {"torch": "2.14.1", "transformers": "5.23.0", "vlmfast": "0.2.0"}
+    cache = CompileCache(versions, root=tmp_path)
+    key = cache.key(loaded.model, "float32", 8, 512, "cpu")
+    assert key == CompileCache(dict(versions), root=tmp_path / "elsewhere").key(loaded.model, "float32", 8, 512, "cpu")
+    assert key != cache.key(loaded.model, "bfloat16", 8, 512, "cpu")
+    assert key != cache.key(loaded.model, "float32", 16, 512, "cpu")
+    assert key != cache.key(loaded.model, "float32", 8, 768, "cpu")
+    assert key != CompileCache({**versions, "torch": "2.15.0"}, root=tmp_path).key(loaded.model, "float32", 8, 512, "cpu")
+    other = copy.deepcopy(loaded.model.config)
+    other.get_text_config().num_hidden_layers += 1
+
+    class Model:
+        config = other
+    assert key != cache.key(Model, "float32", 8, 512, "cpu")
+
+
+def test_compiling_pays_only_for_enough_steps():
+    small = decide({}, device="cpu", step_ms=5.0, remaining_steps=100)
+    assert not small.compile and "first compile on this machine" in small.reason
+    measured = {"compile_s_warm": 2.0, "eager_step_ms": 10.0, "compiled_step_ms": 5.0}
+    big = decide(measured, device="cuda", step_ms=10.0, remaining_steps=1000)  # 1000 × 10 ms × 50% = 5 s > 2 s
+    assert big.compile and "measured" in big.reason and "5.0 s > 2.0 s" in big.reason
+    assert not decide(measured, device="cuda", step_ms=10.0, remaining_steps=300).compile  # 1.5 s <= 2 s
+
+
+def test_a_second_run_compiles_from_the_cache_and_tokens_do_not_change(grpo_ckpt, images, tmp_path):
+    env = {"VLMFAST_CACHE": str(tmp_path / "cache")}
+    common = ["infer", "--ckpt", grpo_ckpt, "--images", images[0], images[1], "--prompt", "Count.", "--max-new-tokens", 6,
+              "--batch-size", 2, "--compile", "--json"]
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # each process must find its cache through VLMFAST_CACHE
+    first = vlmfast(*common, "--out", tmp_path / "a.jsonl", env=env)
+    second = vlmfast(*common, "--out", tmp_path / "b.jsonl", env=env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["compiled"] and a["compile_s"] > 0 and a["compile_cache"]["dir"].startswith(str(tmp_path / "cache"))
+    assert [c["cache"] for c in a["compile_cache"]["compiles"]] == ["miss"]
+    assert [c["cache"] for c in b["compile_cache"]["compiles"]] == ["hit"]
+    stats = json.loads((tmp_path / "cache" / "compile-stats.json").read_text())
+    assert {"compile_s_cold", "compile_s_warm"} <= set(next(iter(stats.values())))
+    eager = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], images[1], "--prompt", "Count.",
+                "--max-new-tokens", 6, "--batch-size", 2, "--no-compile", "--device", "cpu", "--out", tmp_path / "e.jsonl")
+    assert eager.returncode == 0, eager.stderr
+    tokens = [[r["text"] for r in read_jsonl(tmp_path / f)] for f in ("a.jsonl", "b.jsonl", "e.jsonl")]
+    assert tokens[0] == tokens[1] == tokens[2]
