@@ -1,10 +1,13 @@
 """The CLI end to end: through the installed console script where the process matters (exit codes,
 stdout holding exactly one JSON object), in-process otherwise."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import VLMFAST, cli, read_jsonl, vlmfast
 
@@ -136,3 +139,17 @@ def test_demo_runs_offline_and_reports_the_as_saved_comparison(tmp_path):
     assert "forced on" in r.stderr and "identical greedy tokens for 8/8 samples" in r.stderr
     assert "--compare-base" in r.stderr and "--like base" in r.stderr  # the suggested next step has a base
     assert len(read_jsonl(tmp_path / "results.jsonl")) == 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_engine_vllm_without_vllm_is_a_clear_error(grpo_ckpt, images):
+    r = cli("infer", "--engine", "vllm", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p")
+    assert r.returncode == 2 and "not installed" in r.stderr and "pip install 'vlmfast[vllm]'" in r.stderr
+
+
+def test_options_of_the_other_engine_are_refused(grpo_ckpt, images):
+    r = cli("infer", "--engine", "vllm", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--compile",
+            "--attn", "sdpa")
+    assert r.returncode == 2 and "--attn, --compile apply to the HF engine" in r.stderr
+    r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--tensor-parallel-size", 2)
+    assert r.returncode == 2 and "apply to --engine vllm" in r.stderr

@@ -16,10 +16,12 @@ paired confidence interval.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from .capacity import run_bandwidth
@@ -290,6 +292,8 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
         if loaded is not None:
             context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok) if ok else 0
             summary.update(run_bandwidth(loaded, min(batch_size, len(ok) or 1), context, summary["decode_ms_per_token"]))
+        else:  # vLLM's model lives in its own process: no weights here to count bytes from
+            summary.update(decode_gb_per_s=None, peak_gb_per_s=None, bandwidth_pct_of_peak=None)
         summary.update(_accuracy(score_results(runs[-1].results, truths, options)))
         scenarios.append(summary)
 
@@ -312,12 +316,12 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     del loaded
     _free_memory()
     if "vllm" in engines:
-        from .vllm_engine import bench_runner
-
-        with bench_runner(found, options, requests, sizes) as (runner, described):
-            notes.append(f"vLLM engine: {described}")
+        with vllm_workload(found, options, requests, sizes) as (run_vllm, described):
+            notes.append(f"vLLM {described['vllm_version']}: start-up {described['startup_s']} s (not timed), "
+                         f"dtype {described['dtype']}, enforce_eager {described['enforce_eager']}")
+            notes += described["notes"]
             for bs in options.batch_sizes:
-                measure(VLLM, lambda bs=bs: runner(bs), bs, tokenizer)
+                measure(VLLM, lambda bs=bs: run_vllm(bs), bs, tokenizer)
         _free_memory()
     base_cache = None
     if base_found is not None:
@@ -328,6 +332,30 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
         del base
         _free_memory()
     return _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions())
+
+
+@contextlib.contextmanager
+def vllm_workload(found, options: BenchOptions, requests, sizes):
+    """(run(batch_size) → RunStats, vLLM's settings) on the checkpoint, vLLM started once, outside
+    every clock; vLLM stopped and its checkpoint overlay removed on exit."""
+    from .vllm_engine import VllmEngine
+
+    engine = VllmEngine(found.source, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
+                        dtype=None if options.dtype in (None, "auto") else options.dtype)
+    try:
+        engine.start(requests)
+
+        def run(batch_size: int) -> RunStats:
+            start = time.perf_counter()
+            timings, results = [], []
+            for _, rows, timing in engine.run(requests, sizes, batch_size):
+                results += rows
+                timings += [timing] if timing is not None else []
+            return RunStats(time.perf_counter() - start, timings, results)
+
+        yield run, engine.describe()
+    finally:
+        engine.close()
 
 
 def _accuracy(scored: list[dict]) -> dict:

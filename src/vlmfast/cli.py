@@ -66,7 +66,7 @@ Merge = Annotated[bool, typer.Option("--merge", help="LoRA adapter checkpoints: 
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load pickle (*.bin) weights, which can run code (default: safetensors only).", rich_help_panel=MODEL)]
 Engine = Annotated[str, typer.Option(help="hf (vlmfast's engine on transformers) | vllm (vLLM, for many GPUs and big evals).", rich_help_panel=MODEL)]
 MaxImagePixels = Annotated[int, typer.Option(min=1, help="Refuse images with more pixels than this (decompression bombs).", rich_help_panel=INPUT)]
-MaxBatchTokens = Annotated[Optional[int], typer.Option(min=1, help="Cap on padded prefill tokens per batch (batch length × widest prompt).", rich_help_panel=GEN)]
+MaxBatchTokens = Annotated[Optional[int], typer.Option(min=1, help="Padded prompt tokens through the model at once (prefill: rows × widest prompt; default CPU 2048, CUDA 32768). --decoder hf: caps whole batches.", rich_help_panel=GEN)]
 Images = Annotated[Optional[list[str]], typer.Option("--images", help="Image files, directories or globs (repeat or list after one flag).", rich_help_panel=INPUT)]
 Prompt = Annotated[Optional[str], typer.Option(help="Prompt applied to every image.", rich_help_panel=INPUT)]
 PromptFile = Annotated[Optional[str], typer.Option(help="File holding the prompt for every image.", rich_help_panel=INPUT)]

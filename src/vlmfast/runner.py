@@ -98,6 +98,8 @@ class InferReport:
     device: str
     dtype: str
     attn: str
+    engine: str  # "hf" | "vllm"
+    engine_settings: dict | None  # --engine vllm: vLLM's version and settings
     decoder: str
     cuda_graphs: bool
     compiled: bool
@@ -154,12 +156,77 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
 
     Launched with several processes (``accelerate launch``), each process runs its share and the
     main process returns the combined report (the others return their own)."""
-    from .checkpoint import load
     from .locate import locate
 
     found = locate(options.ckpt, hub=True) if loaded is None else None  # a wrong path fails in well under a second
     dist = Distributed()
+    check_engine_options(options, dist)
     work = collect_work(options, dist)
+    if options.engine == "vllm":
+        engine, facts = open_vllm(options, found)
+    else:
+        engine, facts = open_hf(options, found, loaded, dist, work)
+    try:
+        if engine.max_pixels_capped:
+            work.notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
+        drop_too_long(engine, work, options.skip_bad)  # same verdict on every process
+        if options.engine == "vllm":
+            batch_size, note = options.batch_size or VLLM_CHUNK[engine.device], None
+            facts["load_s"] += engine.start(work.todo)  # vLLM's start-up is loading, not generating
+        else:
+            batch_size, note = choose_batch_size(options.batch_size, facts["loaded"], engine, work.todo, work.image_sizes)
+        options = dataclasses.replace(options, batch_size=batch_size)
+        work.notes += [note] if note else []
+        mine = run_batches(engine, options, work, dist, progress)
+    finally:
+        if options.engine == "vllm":
+            engine.close()
+    dist.barrier()
+    everyone = dist.gather(mine) if dist.world > 1 else [mine]
+    out = Path(options.out) if options.out else None
+    if dist.is_main and out is not None:
+        finalize(out, work.order)
+    if not dist.is_main:
+        everyone = [mine]
+    position = {rid: i for i, rid in enumerate(work.order)}
+    combined = sorted((r for p in everyone for r in p["results"]), key=lambda r: position[r.id])
+    report = summarize(
+        options, facts, engine, combined, [t for p in everyone for t in p["timings"]],
+        generate_s=max(p["generate_s"] for p in everyone), skipped=work.skipped, notes=work.notes + mine["notes"],
+        peak=max((p["peak"] for p in everyone), key=lambda x: x[0]),
+        oom_splits=sum(p["oom_splits"] for p in everyone), compile_s=max(p["compile_s"] for p in everyone),
+        scored_rows=_final_rows(out) if out is not None and dist.is_main else [r.record() for r in combined],
+    )
+    if dist.world > 1:
+        report.processes = [_process_figures(p) for p in everyone]
+    return report
+
+
+VLLM_CHUNK = {"cpu": 8, "cuda": 512}  # requests per LLM.generate call: vLLM batches inside; a chunk is what a kill can lose
+HF_ONLY = (("device", None, "--device"), ("attn", None, "--attn"), ("decoder", "vlmfast", "--decoder"),
+           ("cuda_graphs", None, "--cuda-graphs"), ("compile", None, "--compile"), ("overlap", None, "--overlap"),
+           ("max_batch_tokens", None, "--max-batch-tokens"), ("allow_pickle", False, "--allow-pickle"))
+
+
+def check_engine_options(options: InferOptions, dist: Distributed) -> None:
+    """Options that belong to the other engine are errors, not silently ignored."""
+    if options.engine == "vllm":
+        given = [flag for name, default, flag in HF_ONLY if getattr(options, name) not in (default, "auto")]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to the HF engine, not to --engine vllm",
+                             hint="drop them; vLLM picks its own device, attention and CUDA graphs")
+        if dist.world > 1:
+            raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
+                             hint="use --data-parallel-size N and/or --tensor-parallel-size N")
+    elif (options.tensor_parallel_size, options.data_parallel_size, options.max_num_seqs) != (1, 1, None):
+        raise UsageError("--tensor-parallel-size, --data-parallel-size and --max-num-seqs apply to --engine vllm",
+                         hint="add --engine vllm, or launch several processes with accelerate for the HF engine")
+
+
+def open_hf(options: InferOptions, found, loaded, dist: Distributed, work) -> tuple[Engine, dict]:
+    """The HF engine on a loaded model (the compile cache pointed at before the model loads)."""
+    from .checkpoint import load
+
     compile_cache = _compile_cache(options)
     device = options.device
     if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
@@ -172,33 +239,31 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None) 
     work.notes.extend(loaded.notes)
     work.notes += [compile_cache.note] if compile_cache is not None and compile_cache.note else []
     engine = build_engine(options, loaded, compile_cache)
-    if engine.max_pixels_capped:
-        work.notes.append(f"max_pixels capped at {engine.max_pixels} (the checkpoint's processor allows more; raise it with --max-pixels)")
-    drop_too_long(engine, work, options.skip_bad)  # same verdict on every process
-    batch_size, note = choose_batch_size(options.batch_size, loaded, engine, work.todo, work.image_sizes)
-    options = dataclasses.replace(options, batch_size=batch_size)
-    work.notes += [note] if note else []
+    facts = {"loaded": loaded, "checkpoint": loaded.source, "load_s": loaded.load_s, "cache": loaded.cache.as_dict(),
+             "device": loaded.runtime.device, "dtype": loaded.runtime.dtype, "attn": loaded.runtime.attn, "engine": None}
+    return engine, facts
 
-    mine = run_batches(engine, options, work, dist, progress)
-    dist.barrier()
-    everyone = dist.gather(mine) if dist.world > 1 else [mine]
-    out = Path(options.out) if options.out else None
-    if dist.is_main and out is not None:
-        finalize(out, work.order)
-    if not dist.is_main:
-        everyone = [mine]
-    position = {rid: i for i, rid in enumerate(work.order)}
-    combined = sorted((r for p in everyone for r in p["results"]), key=lambda r: position[r.id])
-    report = summarize(
-        options, loaded, engine, combined, [t for p in everyone for t in p["timings"]],
-        generate_s=max(p["generate_s"] for p in everyone), skipped=work.skipped, notes=work.notes + mine["notes"],
-        peak=max((p["peak"] for p in everyone), key=lambda x: x[0]),
-        oom_splits=sum(p["oom_splits"] for p in everyone), compile_s=max(p["compile_s"] for p in everyone),
-        scored_rows=_final_rows(out) if out is not None and dist.is_main else [r.record() for r in combined],
-    )
-    if dist.world > 1:
-        report.processes = [_process_figures(p) for p in everyone]
-    return report
+
+def open_vllm(options: InferOptions, found):
+    """The vLLM engine (checkpoint overlay, processor, sampling settings; vLLM itself starts later)."""
+    from .ckpt_files import cache_off_locations, read_configs, saved_cache_enabled
+    from .vllm_engine import VllmEngine
+
+    started = time.perf_counter()
+    engine = VllmEngine(found.source if found is not None else options.ckpt, options.generation, base=options.base,
+                        min_pixels=options.min_pixels, max_pixels=options.max_pixels,
+                        dtype=None if options.dtype in (None, "auto") else options.dtype,
+                        tensor_parallel_size=options.tensor_parallel_size, data_parallel_size=options.data_parallel_size,
+                        gpu_memory_utilization=options.gpu_memory_utilization, max_num_seqs=options.max_num_seqs,
+                        trust_remote_code=options.trust_remote_code)
+    described = engine.describe()
+    saved = found.path if found is not None and found.kind == "model" else None  # the checkpoint's own configs, not the overlay's
+    config, generation = read_configs(saved) if saved is not None else ({}, None)
+    facts = {"loaded": None, "checkpoint": engine.ckpt, "load_s": time.perf_counter() - started,
+             "cache": {"found_off": cache_off_locations(config, generation),  # vLLM always caches; said for the record
+                       "saved_enabled": saved_cache_enabled(config, generation), "forced_on": True},
+             "device": engine.device, "dtype": described["dtype"], "attn": "vllm", "engine": described}
+    return engine, facts
 
 
 def collect_work(options: InferOptions, dist: Distributed) -> Work:
@@ -233,7 +298,7 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
 def build_engine(options: InferOptions, loaded, compile_cache=None) -> Engine:
     return Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
                   decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=bool(options.compile),
-                  compile_cache=compile_cache)
+                  compile_cache=compile_cache, prefill_tokens=options.max_batch_tokens)
 
 
 def _compile_cache(options: InferOptions):
@@ -268,8 +333,12 @@ def run_batches(engine: Engine, options: InferOptions, work: Work, dist: Distrib
     from .scheduler import Scheduler, plan
 
     my_todo, my_bad = dist.split(work.todo), dist.split(work.bad)
-    scheduler = Scheduler(engine, overlap=options.overlap)
-    batches = plan(engine, my_todo, work.image_sizes, options.batch_size, options.max_batch_tokens)
+    if options.engine == "vllm":  # vLLM schedules inside a chunk; chunks in input order are the resume granularity
+        scheduler, batches = engine, engine.plan(my_todo, work.image_sizes, options.batch_size)
+    else:
+        scheduler = Scheduler(engine, overlap=options.overlap)
+        batches = plan(engine, my_todo, work.image_sizes, options.batch_size,
+                       options.max_batch_tokens if options.decoder == "hf" else None)
     rounds = dist.reduce_max(len(batches))  # every process takes part in every boundary check
     out = Path(options.out) if options.out is not None else None
     writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out)
@@ -302,7 +371,7 @@ def run_batches(engine: Engine, options: InferOptions, work: Work, dist: Distrib
                     for _, rows, timing in next(stream):
                         emit(rows, timing.new_tokens if timing else 0)
                         timings += [timing] if timing else []
-                    if k == 0 and options.compile is None:
+                    if k == 0 and options.compile is None and options.engine == "hf":
                         notes += decide_compile(engine, timings, len(batches) - 1)
                 except Exception as exc:  # noqa: BLE001 - reported collectively below
                     failure = exc
@@ -398,8 +467,10 @@ def _final_rows(out: Path) -> list[dict]:
     return list(rows.values())
 
 
-def summarize(options, loaded, engine, results, timings, *, generate_s, skipped, notes, peak, oom_splits=0,
+def summarize(options, facts, engine, results, timings, *, generate_s, skipped, notes, peak, oom_splits=0,
               compile_s=0.0, scored_rows=()) -> InferReport:
+    """The report from what ran. ``facts``: checkpoint, load_s, cache, device, dtype, attn, engine
+    (vLLM's settings, or None) and ``loaded`` (the HF engine's model, for the bandwidth figures)."""
     from .scoring import summarize as summarize_scores
 
     ok = [r for r in results if r.error is None]
@@ -408,13 +479,18 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
     new_tokens = sum(r.n_new_tokens for r in ok)
     phases = summarize_timings(timings)
     ran = generate_s > 0 and bool(ok)  # a resume-only run generated nothing: no rate to report
+    hf = facts["loaded"] is not None
+    run_versions = versions()
+    if facts["engine"] is not None:
+        run_versions["vllm"] = facts["engine"]["vllm_version"]
+        notes = notes + facts["engine"]["notes"] + list(engine.timing_notes)
     return InferReport(
-        checkpoint=loaded.source,
+        checkpoint=facts["checkpoint"],
         samples=len(results),
         errors=len(results) - len(ok),
         skipped_existing=skipped,
         new_tokens=new_tokens,
-        load_s=round(loaded.load_s, 4),
+        load_s=round(facts["load_s"], 4),
         compile_s=round(compile_s, 3) if compile_s else None,
         preprocess_s=round(sum(t.preprocess_s for t in timings), 4),
         preprocess_exposed_s=round(sum(t.preprocess_exposed_s or 0.0 for t in timings), 4),
@@ -428,14 +504,16 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         tokens_per_s=round(new_tokens / generate_s, 2) if ran else None,
         samples_per_s=round(len(ok) / generate_s, 3) if ran else None,
         peak_mem_mib=round(peak[0], 1),
-        peak_mem_kind=peak[1],
-        cache=loaded.cache.as_dict(),
-        device=loaded.runtime.device,
-        dtype=loaded.runtime.dtype,
-        attn=loaded.runtime.attn,
-        decoder=engine.decoder_name,
-        cuda_graphs=engine.cuda_graphs,
-        compiled=engine.compile,
+        peak_mem_kind=peak[1] if hf or facts["device"] == "cpu" else "this process only (vLLM's engine process not counted)",
+        cache=facts["cache"],
+        device=facts["device"],
+        dtype=facts["dtype"],
+        attn=facts["attn"],
+        engine=options.engine,
+        engine_settings=facts["engine"],
+        decoder=engine.decoder_name if hf else "vllm",
+        cuda_graphs=engine.cuda_graphs if hf else not facts["engine"]["enforce_eager"],
+        compiled=engine.compile if hf else False,
         device_syncs=phases["device_syncs"],
         batch_size=options.batch_size,
         batches=len(timings),
@@ -446,10 +524,11 @@ def summarize(options, loaded, engine, results, timings, *, generate_s, skipped,
         oom_splits=oom_splits,
         max_pixels=engine.max_pixels,
         max_pixels_capped=engine.max_pixels_capped,
-        **_bandwidth(loaded, ok, timings, phases["decode_ms_per_token"]),
-        compile_cache=engine.compile_cache.summary() if engine.compile_cache is not None and engine.compile else None,
+        **(_bandwidth(facts["loaded"], ok, timings, phases["decode_ms_per_token"]) if hf else
+           {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}),
+        compile_cache=engine.compile_cache.summary() if hf and engine.compile_cache is not None and engine.compile else None,
         notes=notes,
-        versions=versions(),
+        versions=run_versions,
         out=options.out,
         results=results,
         batch_timings=timings,

