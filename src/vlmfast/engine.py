@@ -20,13 +20,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .batching import image_tokens
 from .checkpoint import Loaded
 from .errors import InputError, UsageError
 from .inputs import Request
+from .prepare import Preparer
 from .timing import now
-
-DEFAULT_MAX_PIXELS_CAP = 1280 * 28 * 28  # the real default (16384·28·28) OOMs on large images
 DECODERS = ("vlmfast", "hf")
 # Padded prompt tokens per prefill pass (rows × widest prompt). Measured on 2 CPU cores (demo model,
 # 224–640 px images): prefill of 32 images slows by a third past ~4k tokens at once (the vision
@@ -159,8 +157,9 @@ def parse_reasoning(text: str) -> tuple[str | None, str | None]:
     return think, answer
 
 
-class Engine:
-    """Runs one batch of requests through a :class:`~vlmfast.checkpoint.Loaded` model."""
+class Engine(Preparer):
+    """Runs one batch of requests through a :class:`~vlmfast.checkpoint.Loaded` model. Pixel limits,
+    the chat template, image decoding, costs and the context check are :class:`~vlmfast.prepare.Preparer`'s."""
 
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
                  max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
@@ -184,16 +183,8 @@ class Engine:
         self.sync_every = sync_every or (_cuda_sync_every() if self.on_cuda else 1)
         self.record_steps = record_steps
         self.prefill_tokens = prefill_tokens or (CUDA_PREFILL_TOKENS if self.on_cuda else CPU_PREFILL_TOKENS)
-        ip = loaded.processor.image_processor
-        own_min, own_max = processor_pixel_limits(ip)
-        self.min_pixels = min_pixels if min_pixels is not None else own_min
-        self.max_pixels = max_pixels if max_pixels is not None else min(own_max, DEFAULT_MAX_PIXELS_CAP)
-        self.max_pixels_capped = max_pixels is None and own_max > DEFAULT_MAX_PIXELS_CAP
-        if not 0 < self.min_pixels <= self.max_pixels:
-            raise UsageError(f"pixel limits min {self.min_pixels} / max {self.max_pixels}: need 0 < min <= max",
-                             hint="e.g. --min-pixels 3136 --max-pixels 1003520")
-        self.patch_size = int(getattr(ip, "patch_size", 14))
-        self.merge_size = int(getattr(ip, "merge_size", 2))
+        super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
+                         min_pixels=min_pixels, max_pixels=max_pixels)
         self.compile_s = 0.0  # compilation and CUDA-graph capture, kept out of the decode clock
         self._text = self._bias = self._generator = None
         self._vision_s: float | None = None
@@ -268,32 +259,6 @@ class Engine:
                 groups.append((start, i))
                 start = i
         return groups
-
-    def load_images(self, batch: Sequence[Request]) -> tuple[dict[str, list], dict[str, str]]:
-        """Decode and resize every image (Qwen's rule, our pixel limits). A file that passed the
-        header check but fails to decode (truncated data) fails only its own request."""
-        from qwen_vl_utils import fetch_image
-
-        images: dict[str, list] = {}
-        failed: dict[str, str] = {}
-        for r in batch:
-            loaded = []
-            for path in r.images:
-                try:
-                    loaded.append(fetch_image({"image": path, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
-                                              image_patch_size=self.patch_size))
-                except Exception as exc:  # PIL raises many types for corrupt data
-                    failed[r.id] = f"{path}: cannot decode image ({type(exc).__name__}: {exc})"
-                    break
-            else:
-                images[r.id] = loaded
-        return images, failed
-
-    def chat_text(self, request: Request) -> str:
-        content = [{"type": "image", "image": p} for p in request.images] + [{"type": "text", "text": request.prompt}]
-        system = [{"role": "system", "content": request.system}] if request.system else []
-        return self.loaded.processor.apply_chat_template(
-            system + [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
 
     def build_inputs(self, batch: Sequence[Request], images: dict[str, list]):
         """Chat template + processor → left-padded tensors on the model's device."""
@@ -525,34 +490,6 @@ class Engine:
                     self._vision_s = sum(b - a for a, b in zip(marks[::2], marks[1::2]))
         return clocked()
 
-    # -- planning helpers (used by the scheduler and the runner) ---------------------------------
-    def cost(self, request: Request, image_sizes: dict[str, tuple[int, int]] | None = None) -> int:
-        """Prefill tokens this request will take (image tokens from the image headers' sizes)."""
-        tokens = len(request.prompt) // 3 + 16  # rough prompt + template tokens; only used for ordering
-        sizes = dict(zip(request.images, request.image_sizes)) if request.image_sizes else (image_sizes or {})
-        for path in request.images:
-            w, h = sizes.get(path, (448, 448))
-            tokens += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                   patch_size=self.patch_size, merge_size=self.merge_size)
-        return tokens
-
-    def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
-        """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id."""
-        limit = getattr(self.loaded.model.config.get_text_config(), "max_position_embeddings", None)
-        if not limit:
-            return {}
-        tokenizer = self.loaded.processor.tokenizer
-        problems = {}
-        for r in requests:
-            n = len(tokenizer(self.chat_text(r), add_special_tokens=False)["input_ids"])
-            for path in r.images:  # the template holds one placeholder per image; the processor expands it
-                w, h = image_sizes.get(path, (448, 448))
-                n += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                  patch_size=self.patch_size, merge_size=self.merge_size) - 1
-            if n >= limit:
-                problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {limit}"
-        return problems
-
 
 class _StepClock:
     """A logits processor that reads the clock when logits for a new token are ready (``--decoder hf``).
@@ -586,12 +523,3 @@ def free_device_cache() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def processor_pixel_limits(image_processor) -> tuple[int, int]:
-    """(min_pixels, max_pixels) of a Qwen2-VL image processor, across transformers versions."""
-    size = getattr(image_processor, "size", None) or {}
-    get = size.get if isinstance(size, dict) else lambda k, d=None: getattr(size, k, d)
-    lo = get("shortest_edge") or getattr(image_processor, "min_pixels", None) or 56 * 56
-    hi = get("longest_edge") or getattr(image_processor, "max_pixels", None) or 16384 * 28 * 28
-    return int(lo), int(hi)

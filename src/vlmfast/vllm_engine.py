@@ -38,9 +38,10 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .engine import DEFAULT_MAX_PIXELS_CAP, BatchTiming, GenerationSettings, SampleResult, parse_reasoning
+from .engine import BatchTiming, GenerationSettings, SampleResult, parse_reasoning
 from .errors import CheckpointError, UsageError
 from .inputs import Request
+from .prepare import Preparer
 
 INSTALL_HINT = ("install vLLM: pip install 'vlmfast[vllm]' (vLLM for CUDA); CPU development build: "
                 "bash scripts/setup_vllm.sh, then run vlmfast from .venv-vllm")
@@ -80,8 +81,9 @@ def import_vllm():
     return vllm
 
 
-class VllmEngine:
-    """Runs requests through vLLM's offline ``LLM``. Construct, then ``run`` (or use as a context manager;
+class VllmEngine(Preparer):
+    """Runs requests through vLLM's offline ``LLM``; prompts and images are prepared as for the HF
+    engine (:class:`~vlmfast.prepare.Preparer`). Construct, then ``run`` (or use as a context manager;
     :meth:`close` stops vLLM's engine process and removes the checkpoint overlay).
 
     ``ckpt``: a local checkpoint dir (trainer output dirs resolve as everywhere in vlmfast), a LoRA adapter
@@ -154,7 +156,6 @@ class VllmEngine:
         from transformers import AutoConfig, AutoProcessor, GenerationConfig
 
         from .checkpoint import eos_list, vision_placeholder_ids
-        from .engine import processor_pixel_limits
 
         try:
             processor = AutoProcessor.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
@@ -179,17 +180,8 @@ class VllmEngine:
             self.notes.append(eos_note)
         self.suppress_token_ids = vision_placeholder_ids(self.config)
         self.image_token_id = getattr(self.config, "image_token_id", None)
-        ip = processor.image_processor
-        own_min, own_max = processor_pixel_limits(ip)
-        self.min_pixels = min_pixels if min_pixels is not None else own_min
-        self.max_pixels = max_pixels if max_pixels is not None else min(own_max, DEFAULT_MAX_PIXELS_CAP)
-        self.max_pixels_capped = max_pixels is None and own_max > DEFAULT_MAX_PIXELS_CAP
-        if not 0 < self.min_pixels <= self.max_pixels:
-            raise UsageError(f"pixel limits min {self.min_pixels} / max {self.max_pixels}: need 0 < min <= max",
-                             hint="e.g. --min-pixels 3136 --max-pixels 1003520")
-        self.patch_size = int(getattr(ip, "patch_size", 14))
-        self.merge_size = int(getattr(ip, "merge_size", 2))
-        self.context_limit = self.max_model_len or getattr(self.config.get_text_config(), "max_position_embeddings", None)
+        super().__init__(processor, self.max_model_len or getattr(self.config.get_text_config(), "max_position_embeddings", None),
+                         min_pixels=min_pixels, max_pixels=max_pixels)
         if self.on_cpu:
             self._check_cpu_head_size()
 
@@ -294,38 +286,10 @@ class VllmEngine:
                              hint="vLLM takes --temperature 0..2 and --top-p in (0, 1]; or use the HF engine") from exc
 
     # -- planning (the runner's interface) ----------------------------------------------------
-    def cost(self, request: Request, image_sizes: dict) -> int:
-        from .batching import image_tokens
-
-        tokens = len(request.prompt) // 3 + 16
-        for path in request.images:
-            w, h = image_sizes.get(path, (448, 448))
-            tokens += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                   patch_size=self.patch_size, merge_size=self.merge_size)
-        return tokens
-
     def plan(self, requests: Sequence[Request], image_sizes: dict, batch_size: int,
              max_batch_tokens: int | None = None) -> list[list[int]]:
         """Chunks in input order (vLLM schedules by its own token budget inside a chunk)."""
         return [list(range(i, min(i + batch_size, len(requests)))) for i in range(0, len(requests), max(1, batch_size))]
-
-    def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
-        """Requests whose prompt (text + image tokens) leaves no room in the context, by id."""
-        from .batching import image_tokens
-
-        limit = self.context_limit
-        if not limit:
-            return {}
-        problems = {}
-        for r in requests:
-            n = len(self.tokenizer(self.chat_text(r), add_special_tokens=False)["input_ids"])
-            for path in r.images:
-                w, h = image_sizes.get(path, (448, 448))
-                n += image_tokens(w, h, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                  patch_size=self.patch_size, merge_size=self.merge_size) - 1
-            if n >= limit:
-                problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {limit}"
-        return problems
 
     # -- running ----------------------------------------------------------------------------
     def run(self, requests: Sequence[Request], image_sizes: dict | None = None, batch_size: int = 8,
@@ -347,31 +311,6 @@ class VllmEngine:
         for indices in planned:
             results, timing = self.generate_batch([requests[i] for i in indices])
             yield [(indices, results, timing)]
-
-    def chat_text(self, request: Request) -> str:
-        content = [{"type": "image", "image": p} for p in request.images] + [{"type": "text", "text": request.prompt}]
-        system = [{"role": "system", "content": request.system}] if request.system else []
-        return self.processor.apply_chat_template(system + [{"role": "user", "content": content}],
-                                                  tokenize=False, add_generation_prompt=True)
-
-    def load_images(self, batch: Sequence[Request]) -> tuple[dict[str, list], dict[str, str]]:
-        """Decode and resize every image as the HF engine does; a failure fails only its own request."""
-        from qwen_vl_utils import fetch_image
-
-        images: dict[str, list] = {}
-        failed: dict[str, str] = {}
-        for r in batch:
-            loaded = []
-            for path in r.images:
-                try:
-                    loaded.append(fetch_image({"image": path, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
-                                              image_patch_size=self.patch_size))
-                except Exception as exc:  # PIL raises many types for corrupt data
-                    failed[r.id] = f"{path}: cannot decode image ({type(exc).__name__}: {exc})"
-                    break
-            else:
-                images[r.id] = loaded
-        return images, failed
 
     def request_seed(self, request: Request) -> int | None:
         """Sampling seed of one request: ``seed`` mixed with the request id, so a request samples the same
