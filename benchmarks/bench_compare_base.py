@@ -1,4 +1,4 @@
-"""Issue #3 benchmark: the seeds' case reproduced with `vlmfast bench`.
+"""A GRPO-like checkpoint against its base with `vlmfast bench`, side by side.
 
 Demo GRPO-like checkpoint (cache saved off) vs a base-like one (cache on), same 8 images, 128 new
 tokens (forced), batch sizes 1 and 8, 1 warm-up + 3 timed runs per scenario, through the real CLI.

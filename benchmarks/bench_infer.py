@@ -1,4 +1,4 @@
-"""Issue #2 benchmark: vlmfast infer vs the per-sample HF loop users write, side by side in one run.
+"""vlmfast infer vs the per-sample HF loop users write, side by side in one run.
 
 Workload: the demo GRPO-like checkpoint (saved with use_cache false), 8 images, 128 new tokens each
 (forced length), greedy, CPU float32 + sdpa. Each repetition runs every scenario once, interleaved,
@@ -27,7 +27,7 @@ PROMPT = "What shapes are in this image?"
 
 
 def per_sample_loop(ckpt: str, images: list[str], new_tokens: int, use_cache: bool | None) -> float:
-    """The seeds' loop: one sample at a time, plain HF API, model loaded as saved."""
+    """The loop users write: one sample at a time, plain HF API, model loaded as saved."""
     import torch
     from qwen_vl_utils import fetch_image
     from transformers import AutoModelForImageTextToText, AutoProcessor

@@ -11,7 +11,7 @@ QWEN_3B = ModelShape(layers=36, kv_heads=2, head_dim=128, hidden_size=2048, voca
 
 def test_kv_and_weight_bytes_of_a_known_config():
     assert QWEN_3B.kv_bytes_per_token == 36 * 2 * 128 * 2 * 2 == 36_864
-    assert QWEN_3B.lm_weight_bytes == 6_170_000_000  # FIELD-NOTES: ~6.17 GB read per step
+    assert QWEN_3B.lm_weight_bytes == 6_170_000_000  # Qwen2.5-VL-3B: ~6.17 GB of language-model weights read per decode step
     assert decode_bytes_per_step(QWEN_3B, 8, 1000) == 6_170_000_000 + 8 * 1000 * 36_864
 
 

@@ -13,13 +13,14 @@ _EXPORTS = {
     "load": "checkpoint",
     "Loaded": "checkpoint",
     "Engine": "engine",
+    "Scheduler": "scheduler",
     "GenerationSettings": "engine",
     "SampleResult": "engine",
     "parse_reasoning": "engine",
     "Request": "inputs",
     "infer": "runner",
     "InferOptions": "runner",
-    "InferReport": "runner",
+    "InferReport": "summary",
     "VlmfastError": "errors",
 }
 

@@ -298,15 +298,16 @@ class StaticDecode:
         """Record one step in a CUDA graph (after warm-up runs on a side stream, as capture requires).
         The warm-up steps write garbage into the buffers; :meth:`load` resets every one of them. Each
         shape keeps its own memory pool: shapes replay in any order."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
+        with torch.cuda.device(self.bias.device):  # the model's GPU, whichever is current
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self._graph_body()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
                 self._graph_body()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._graph_body()
 
     def load(self, *, first, next_position, key_valid, caches, prompt_len: int) -> None:
         """Take a new batch: its prefill cache, first tokens, positions and padding. Rows beyond the

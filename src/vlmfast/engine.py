@@ -344,8 +344,9 @@ class Engine(Preparer):
         if shape in self._static:
             return self._static[shape]
         start = now(self.device)
-        if len(self._static) >= 3:  # each shape holds a KV cache: keep the newest few
+        if len(self._static) >= (2 if self.on_cuda else 3):  # each shape holds a KV cache: keep the newest
             self._static.pop(next(iter(self._static)))
+            free_device_cache()
         s = self.settings
         loop = StaticDecode(self._decoder(), shape[0], shape[1], s.max_new_tokens, eos_ids=self._eos(),
                             pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
