@@ -53,3 +53,25 @@ def test_a_second_run_compiles_from_the_cache_and_tokens_do_not_change(grpo_ckpt
     assert eager.returncode == 0, eager.stderr
     tokens = [[r["text"] for r in read_jsonl(tmp_path / f)] for f in ("a.jsonl", "b.jsonl", "e.jsonl")]
     assert tokens[0] == tokens[1] == tokens[2]
+
+
+def test_a_failing_compile_falls_back_to_the_uncompiled_step(loaded, images, monkeypatch):
+    import torch
+
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+    from vlmfast.scheduler import Scheduler
+
+    def broken(fn, **kwargs):
+        def compiled(*args):
+            raise RuntimeError("InductorError: no working C++ compiler found")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", broken)
+    reqs = [Request(str(p), (str(p),), "Count.") for p in images[:2]]
+    settings = GenerationSettings(max_new_tokens=6)
+    engine = Engine(loaded, settings, compile=True)
+    got = {r.id: r.token_ids for _, rs, _ in Scheduler(engine).run(reqs, {}, 2) for r in rs}
+    eager = {r.id: r.token_ids for _, rs, _ in Scheduler(Engine(loaded, settings)).run(reqs, {}, 2) for r in rs}
+    assert got == eager and engine.compile is False
+    assert engine.notes == ["torch.compile failed (RuntimeError: InductorError: no working C++ compiler found); decoding uncompiled"]

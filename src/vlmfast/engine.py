@@ -186,6 +186,7 @@ class Engine(Preparer):
         super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
                          min_pixels=min_pixels, max_pixels=max_pixels)
         self.compile_s = 0.0  # compilation and CUDA-graph capture, kept out of the decode clock
+        self.notes: list[str] = []  # what the engine decided on its own during the run, for the report
         self._text = self._bias = self._generator = None
         self._vision_s: float | None = None
         self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → StaticDecode
@@ -338,7 +339,6 @@ class Engine(Preparer):
     def _static_loop(self, rows: int, length: int):
         """The StaticDecode for this shape, built (and captured / compiled) on first use; the time
         that takes goes to ``compile_s``, not to the decode clock."""
-        from .decode import StaticDecode
 
         shape = self.last_shape
         if shape in self._static:
@@ -347,18 +347,33 @@ class Engine(Preparer):
         if len(self._static) >= (2 if self.on_cuda else 3):  # each shape holds a KV cache: keep the newest
             self._static.pop(next(iter(self._static)))
             free_device_cache()
+        loop = self._build_static(shape)
+        self._static[shape] = loop
+        self.compile_s += now(self.device) - start
+        return loop
+
+    def _build_static(self, shape: tuple[int, int]):
+        from .decode import StaticDecode
+
         s = self.settings
         loop = StaticDecode(self._decoder(), shape[0], shape[1], s.max_new_tokens, eos_ids=self._eos(),
                             pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
                             top_p=s.top_p, generator=self._sampler(), compile_fn=self._compile_fn())
         # capturing runs the step (and compiles it); a compiled step on a CPU compiles at its first call
         build = loop.capture if self.cuda_graphs else loop.warm_up
-        if self.compile and self.compile_cache is not None:
-            self.compile_cache.measure(self.shape_key(shape), build)
-        elif self.cuda_graphs or self.compile:
-            build()
-        self._static[shape] = loop
-        self.compile_s += now(self.device) - start
+        try:
+            if self.compile and self.compile_cache is not None:
+                self.compile_cache.measure(self.shape_key(shape), build)
+            else:
+                build()
+        except Exception as exc:
+            if not self.compile or is_out_of_memory(exc):
+                raise
+            # a machine without a C++ compiler for inductor, an op it cannot compile: run uncompiled
+            self.compile = False
+            self.notes.append(f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                              "decoding uncompiled")
+            return self._build_static(shape)
         return loop
 
     def forget_shapes(self) -> None:

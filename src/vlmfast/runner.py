@@ -325,7 +325,8 @@ def run_batches(engine: Engine, options: InferOptions, work: Work, dist: Distrib
         raise failure
     return {"rank": dist.rank, "device": engine.device, "results": results, "timings": timings,
             "generate_s": time.perf_counter() - start - engine.compile_s, "peak": peak_memory_mib(engine.device),
-            "oom_splits": scheduler.oom_splits, "compile_s": engine.compile_s, "notes": notes}
+            "oom_splits": scheduler.oom_splits, "compile_s": engine.compile_s,
+            "notes": notes + list(getattr(engine, "notes", [])) if options.engine == "hf" else notes}
 
 
 def _fail_together(dist: Distributed, failure: BaseException | None, out: Path | None):
