@@ -83,7 +83,7 @@ def main() -> None:
         "",
         f"Demo GRPO-like checkpoint, {args.images} images of mixed sizes (224–640 px, 64–256 image tokens), "
         f"{args.new_tokens} new tokens each (forced), greedy, float32 + sdpa, {torch.get_num_threads()} threads, "
-        f"vlmfast defaults (batch {report.batch_size}, {report.batches} batches); 1 warm-up + median of {args.runs} "
+        f"vlmfast defaults (batch {report.batch_size}, {report.batches} batch{'es' if report.batches != 1 else ''}); 1 warm-up + median of {args.runs} "
         "interleaved runs (all runs, s: "
         + "; ".join(f"{n} " + ", ".join(f"{t:.2f}" for t in ts) for n, ts in times.items())
         + "; decode ms/step: " + "; ".join(f"{n} " + ", ".join(f"{t:.2f}" for t in ms) for n, ms in steps.items()) + ").",
