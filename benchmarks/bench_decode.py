@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from bench_infer import PROMPT, per_sample_loop, record
+from bench_infer import PROMPT, per_sample_loop, record, run_interleaved
 
 # (width, height): 64 to 256 image tokens each (one token per 28×28 block)
 SIZES = [(224, 224), (640, 224), (448, 448), (320, 480), (640, 320), (280, 560), (512, 384), (400, 300)]
@@ -69,11 +68,7 @@ def main() -> None:
     for fn in scenarios.values():  # warm-up, untimed
         fn()
     steps.clear()
-    times: dict[str, list[float]] = {name: [] for name in scenarios}
-    for rep in range(args.runs):
-        for name, fn in scenarios.items():
-            times[name].append(fn())
-            print(f"run {rep + 1}/{args.runs} {name}: {times[name][-1]:.2f} s", file=sys.stderr)
+    times = run_interleaved(scenarios, args.runs, warm_up=False)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     step = {name: statistics.median(ms) for name, ms in steps.items()}
     same = sum(a.token_ids == b.token_ids for a, b in zip(last["vlmfast"].results, last["hf"].results))

@@ -61,6 +61,20 @@ def vlmfast_run(ckpt: str, images: list[str], new_tokens: int, batch_size: int) 
     return report.generate_s
 
 
+def run_interleaved(scenarios: dict, runs: int, warm_up: bool = True) -> dict[str, list[float]]:
+    """Seconds of each scenario per repetition; every repetition runs every scenario once, in turn, so
+    drift on the machine touches all alike (the medians are compared). One untimed warm-up first."""
+    if warm_up:
+        for fn in scenarios.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in scenarios}
+    for rep in range(runs):
+        for name, fn in scenarios.items():
+            times[name].append(fn())
+            print(f"run {rep + 1}/{runs} {name}: {times[name][-1]:.3f} s", file=sys.stderr)
+    return times
+
+
 def help_wall_s(runs: int) -> list[float]:
     exe = Path(sys.executable).parent / "vlmfast"
     times = []
@@ -98,11 +112,7 @@ def main() -> None:
     # Warm-up: first-call costs (allocator, kernel selection) are not the user's steady state.
     per_sample_loop(ckpt, images[:1], 4, True)
     vlmfast_run(ckpt, images[:2], 4, 2)
-    times: dict[str, list[float]] = {name: [] for name in scenarios}
-    for rep in range(args.runs):
-        for name, fn in scenarios.items():
-            times[name].append(fn())
-            print(f"run {rep + 1}/{args.runs} {name}: {times[name][-1]:.2f} s", file=sys.stderr)
+    times = run_interleaved(scenarios, args.runs, warm_up=False)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     helps = help_wall_s(5)
 

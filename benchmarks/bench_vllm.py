@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_infer import PROMPT, record
+from bench_infer import PROMPT, record, run_interleaved
 
 
 def main() -> None:
@@ -60,13 +59,7 @@ def main() -> None:
 
     scenarios = {"vlmfast": run_hf, "vllm": run_vllm}
     try:
-        for fn in scenarios.values():  # warm-up, untimed
-            fn()
-        times = {name: [] for name in scenarios}
-        for rep in range(args.runs):
-            for name, fn in scenarios.items():
-                times[name].append(fn())
-                print(f"run {rep + 1}/{args.runs} {name}: {times[name][-1]:.3f} s", file=sys.stderr)
+        times = run_interleaved(scenarios, args.runs)
     finally:
         vllm.close()
     med = {name: statistics.median(ts) for name, ts in times.items()}

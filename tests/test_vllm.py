@@ -256,13 +256,16 @@ def test_settings_vllm_refuses_are_usage_errors_and_leave_no_overlay(demo):
     assert _overlays() == left
 
 
-def test_a_head_size_vllms_cpu_attention_lacks_is_a_usage_error(tmp_path):
+def _vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 
+    return bool(current_platform.is_cpu())
+
+
+@pytest.mark.skipif(not _vllm_on_cpu(), reason="a limit of vLLM's CPU attention")
+def test_a_head_size_vllms_cpu_attention_lacks_is_a_usage_error(tmp_path):
     from vlmfast.tiny import build_checkpoint
 
-    if not current_platform.is_cpu():
-        pytest.skip("a CPU-attention limit")
     tiny = build_checkpoint(tmp_path / "tiny", preset="tiny", like="grpo")  # head_dim 16
     left = _overlays()
     with pytest.raises(UsageError, match="head sizes") as err:

@@ -52,7 +52,7 @@ def test_killed_run_resumes_with_every_id_once_and_rows_in_input_order(demo, ima
     os.killpg(proc.pid, signal.SIGKILL)  # the CLI and vLLM's engine process, no handler runs
     proc.wait()
     before = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
-    assert 1 <= len(before) < 9
+    assert 0 < len(before) < 9  # killed part-way
 
     again = subprocess.run(_infer(demo, image_dir, out, "--json"), capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stderr
