@@ -44,6 +44,13 @@ def cli(*args) -> CliResult:
     return CliResult(result.exit_code, result.stdout, result.stderr)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_compile_cache(tmp_path_factory):
+    """Compiled kernels and step timings go to a temporary cache, never the machine's own (subprocesses
+    inherit the variable)."""
+    os.environ["VLMFAST_CACHE"] = str(tmp_path_factory.getbasetemp() / "vlmfast-cache")
+
+
 @pytest.fixture(scope="session")
 def grpo_ckpt(tmp_path_factory) -> Path:
     from vlmfast.tiny import build_checkpoint

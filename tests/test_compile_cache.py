@@ -47,7 +47,7 @@ def test_a_second_run_compiles_from_the_cache_and_tokens_do_not_change(grpo_ckpt
     assert [c["cache"] for c in a["compile_cache"]["compiles"]] == ["miss"]
     assert [c["cache"] for c in b["compile_cache"]["compiles"]] == ["hit"]
     stats = json.loads((tmp_path / "cache" / "compile-stats.json").read_text())
-    assert {"compile_s_cold", "compile_s_warm"} <= set(next(iter(stats.values())))
+    assert {"compile_s_cold", "compile_s_warm", "compiled_step_ms"} <= set(next(iter(stats.values())))
     eager = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], images[1], "--prompt", "Count.",
                 "--max-new-tokens", 6, "--batch-size", 2, "--no-compile", "--device", "cpu", "--out", tmp_path / "e.jsonl")
     assert eager.returncode == 0, eager.stderr
@@ -75,3 +75,17 @@ def test_a_failing_compile_falls_back_to_the_uncompiled_step(loaded, images, mon
     eager = {r.id: r.token_ids for _, rs, _ in Scheduler(Engine(loaded, settings)).run(reqs, {}, 2) for r in rs}
     assert got == eager and engine.compile is False
     assert engine.notes == ["torch.compile failed (RuntimeError: InductorError: no working C++ compiler found); decoding uncompiled"]
+
+
+def test_an_uncompiled_run_records_its_step_time_for_the_next_decision(loaded, images, tmp_path):
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+    from vlmfast.scheduler import Scheduler
+    from vlmfast.timing import versions
+
+    cache = CompileCache(versions(), root=tmp_path)
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=6, ignore_eos=True), compile_cache=cache)
+    list(Scheduler(engine).run([Request(str(p), (str(p),), "Count.") for p in images[:2]], {}, 2))
+    cache.flush()
+    stats = cache.stats(engine.shape_key(engine.last_shape))
+    assert set(stats) == {"eager_step_ms"} and stats["eager_step_ms"] > 0

@@ -53,6 +53,7 @@ class CompileCache:
         self.stats_path = self.root / "compile-stats.json"
         self.versions = versions
         self.events: list[dict] = []  # one per compiled shape this run: key, seconds, hit/miss
+        self._steps: dict[tuple[str, bool], list[float]] = {}  # (shape key, compiled) → decode ms per step
         self.note: str | None = None
 
     def activate(self) -> None:
@@ -89,10 +90,17 @@ class CompileCache:
         self._store(key, {f"compile_s_{'warm' if status == 'hit' else 'cold'}": round(seconds, 3)})
         return seconds, status
 
-    def record_steps(self, key: str, *, eager_step_ms: float | None = None, compiled_step_ms: float | None = None) -> None:
-        """What a decode step cost with and without compiling, for the next decision."""
-        self._store(key, {k: round(v, 4) for k, v in (("eager_step_ms", eager_step_ms),
-                                                       ("compiled_step_ms", compiled_step_ms)) if v})
+    def observe(self, key: str, compiled: bool, step_ms: float) -> None:
+        """One batch's decode time per step on shape ``key``, compiled or not (kept until :meth:`flush`)."""
+        self._steps.setdefault((key, compiled), []).append(step_ms)
+
+    def flush(self) -> None:
+        """Store the median step time of each shape and mode seen this run, for the next decision."""
+        import statistics
+
+        for (key, compiled), times in self._steps.items():
+            self._store(key, {"compiled_step_ms" if compiled else "eager_step_ms": round(statistics.median(times), 4)})
+        self._steps.clear()
 
     def stats(self, key: str) -> dict:
         return self._read().get(key, {})

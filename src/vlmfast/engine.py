@@ -215,6 +215,8 @@ class Engine(Preparer):
             tokens, steps, syncs = decoded.tokens, decoded.steps, decoded.syncs
         t3 = now(self.device)
         t2 += self.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
+        if self.compile_cache is not None and self.decoder_name == "vlmfast" and steps > 1:
+            self.compile_cache.observe(self.shape_key(self.last_shape), self.compile, (t3 - t2) * 1000 / (steps - 1))
         done = dict(errors)
         done.update({r.id: self.result(r, prepared, tokens[row]) for row, r in enumerate(prepared.requests)})
         worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)

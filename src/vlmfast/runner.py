@@ -319,6 +319,8 @@ def run_batches(engine: Engine, options: InferOptions, work: Work, dist: Distrib
                 break
     finally:
         writer.close()
+        if getattr(engine, "compile_cache", None) is not None:
+            engine.compile_cache.flush()  # what a step cost here, compiled or not: the next run's decision
     if dist.world > 1 and dist.any(failure is not None):
         _fail_together(dist, failure, out)
     elif failure is not None:
