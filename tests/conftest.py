@@ -90,6 +90,14 @@ def layouts(tmp_path_factory):
     return {like: build_layout(root / like, like) for like in LAYOUTS}
 
 
+def model_inputs(engine, requests):
+    """One prefill group's model inputs for ``requests`` on the engine's device (the reference for
+    plain ``generate``)."""
+    images, failed = engine.load_images(requests)
+    assert not failed, failed
+    return engine.on_device(engine.build_inputs(requests, images))
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
 

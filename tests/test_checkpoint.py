@@ -2,7 +2,7 @@ import shutil
 
 import pytest
 
-from conftest import edit_json
+from conftest import edit_json, model_inputs
 from vlmfast.checkpoint import choose_runtime, eos_list, load
 from vlmfast.ckpt_files import cache_off_locations, read_configs, saved_cache_enabled
 from vlmfast.errors import CheckpointError, UsageError
@@ -76,7 +76,7 @@ def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
         edit_json(ckpt / "config.json", lambda c: (c.update(use_cache=False), c["text_config"].update(use_cache=False)))
 
     engine = Engine(load(str(ckpt), device="cpu"), GenerationSettings(max_new_tokens=6, ignore_eos=True))
-    inputs = engine.preprocess([Request("a", (str(images[0]),), "Describe.")])
+    inputs = model_inputs(engine, [Request("a", (str(images[0]),), "Describe.")])
     # What plain generate does with the checkpoint as saved — and our model of it must agree:
     # generation_config.json decides when present (a top-level/text_config false alone is harmless).
     plain = AutoModelForImageTextToText.from_pretrained(str(ckpt))

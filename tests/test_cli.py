@@ -150,6 +150,6 @@ def test_engine_vllm_without_vllm_is_a_clear_error(grpo_ckpt, images):
 def test_options_of_the_other_engine_are_refused(grpo_ckpt, images):
     r = cli("infer", "--engine", "vllm", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--compile",
             "--attn", "sdpa")
-    assert r.returncode == 2 and "--attn, --compile apply to the HF engine" in r.stderr
+    assert r.returncode == 2 and "--attn, --compile apply to vlmfast's own engine (--engine hf)" in r.stderr
     r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--tensor-parallel-size", 2)
     assert r.returncode == 2 and "apply to --engine vllm" in r.stderr

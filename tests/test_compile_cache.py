@@ -73,8 +73,8 @@ def test_a_failing_compile_falls_back_to_the_uncompiled_step(loaded, images, mon
     engine = Engine(loaded, settings, compile=True)
     got = {r.id: r.token_ids for _, rs, _ in Scheduler(engine).run(reqs, {}, 2) for r in rs}
     eager = {r.id: r.token_ids for _, rs, _ in Scheduler(Engine(loaded, settings)).run(reqs, {}, 2) for r in rs}
-    assert got == eager and engine.compile is False
-    assert engine.notes == ["torch.compile failed (RuntimeError: InductorError: no working C++ compiler found); decoding uncompiled"]
+    assert got == eager and engine.policy.enabled is False
+    assert engine.policy.notes == ["torch.compile failed (RuntimeError: InductorError: no working C++ compiler found); decoding uncompiled"]
 
 
 def test_an_uncompiled_run_records_its_step_time_for_the_next_decision(loaded, images, tmp_path):

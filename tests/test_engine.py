@@ -5,7 +5,10 @@ import itertools
 
 import pytest
 
-from vlmfast.engine import Engine, GenerationSettings, parse_reasoning
+from conftest import model_inputs
+
+from vlmfast.engine import Engine
+from vlmfast.rows import GenerationSettings, parse_reasoning
 from vlmfast.inputs import Request
 from vlmfast.scheduler import Scheduler
 
@@ -48,7 +51,7 @@ def engine(loaded):
 def test_phases_give_plain_generate_tokens_for_batch_1_and_n(engine, images):
     reqs = _requests(images)
     one, four = _run(engine, reqs, 1), _run(engine, reqs, 4)
-    inputs = engine.preprocess(reqs)
+    inputs = model_inputs(engine, reqs)
     reference = _hf_tokens(engine.loaded, inputs, 24, engine.loaded.eos_token_ids)
     for row, r in enumerate(reqs):
         assert one[r.id].token_ids == four[r.id].token_ids == reference[row], r.id
@@ -61,7 +64,7 @@ def test_hf_decoder_is_plain_generate_with_the_cache_on_and_off(loaded, images):
 
     reqs = _requests(images[:3])
     hf = Engine(loaded, GenerationSettings(max_new_tokens=24), decoder="hf")
-    inputs = hf.preprocess(reqs)
+    inputs = model_inputs(hf, reqs)
     n = inputs["input_ids"].shape[1]
     common = dict(max_new_tokens=24, do_sample=False, eos_token_id=loaded.eos_token_ids,
                   pad_token_id=loaded.pad_token_id, suppress_tokens=loaded.suppress_token_ids)
@@ -90,7 +93,7 @@ def test_rows_ending_at_different_steps_match_generate(loaded, images):
     stopping = dataclasses.replace(loaded, eos_token_ids=eos)
     engine = Engine(stopping, GenerationSettings(max_new_tokens=20), sync_every=1)
     results = _run(engine, reqs, 4)
-    reference = _hf_tokens(stopping, engine.preprocess(reqs), 20, eos)
+    reference = _hf_tokens(stopping, model_inputs(engine, reqs), 20, eos)
     lengths = []
     for row, r in enumerate(reqs):
         assert results[r.id].token_ids == reference[row], r.id
@@ -107,7 +110,7 @@ def test_suppressed_tokens_are_never_emitted_and_match_generate(loaded, images):
     held = dataclasses.replace(loaded, suppress_token_ids=[banned, *loaded.suppress_token_ids])
     engine = Engine(held, GenerationSettings(max_new_tokens=12, ignore_eos=True))
     results = _run(engine, reqs, 3)
-    reference = _hf_tokens(held, engine.preprocess(reqs), 12, [])
+    reference = _hf_tokens(held, model_inputs(engine, reqs), 12, [])
     for row, r in enumerate(reqs):
         assert banned not in results[r.id].token_ids and not set(results[r.id].token_ids) & set(loaded.suppress_token_ids)
         assert results[r.id].token_ids == reference[row]
@@ -116,17 +119,13 @@ def test_suppressed_tokens_are_never_emitted_and_match_generate(loaded, images):
 def test_static_shapes_give_the_eager_tokens(loaded, images):
     """The path CUDA graphs and torch.compile use (whole cache + mask, device-side positions and write
     index, spare batch rows) must not change a token; here without compiling, on the CPU."""
-    from vlmfast.decode import StaticDecode
-
     reqs = _requests(images[:3])
     settings = GenerationSettings(max_new_tokens=16)
     eager = _run(Engine(loaded, settings), reqs, 3)
-    static = Engine(loaded, settings)
-    static.compile = True  # static shapes ...
-    static._compile_fn = lambda: None  # ... without compiling: the same code runs eagerly
+    static = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)  # static shapes, not compiled
     results = _run(static, reqs, 3)
     assert {k: v.token_ids for k, v in results.items()} == {k: v.token_ids for k, v in eager.items()}
-    assert all(isinstance(loop, StaticDecode) for loop in static._static.values()) and static._static
+    assert static._static and all(state.static for state in static._static.values())
 
 
 def test_seeded_sampling_is_reproducible(loaded, images):
@@ -230,7 +229,7 @@ def test_decode_attention_is_sdpa_whatever_the_model_loaded_with(grpo_ckpt, imag
     engine = Engine(eager, GenerationSettings(max_new_tokens=16))
     results = _run(engine, reqs, 3)
     assert engine._decoder().attention_config._attn_implementation == "eager"
-    reference = _hf_tokens(eager, engine.preprocess(reqs), 16, eager.eos_token_ids)
+    reference = _hf_tokens(eager, model_inputs(engine, reqs), 16, eager.eos_token_ids)
     assert [results[r.id].token_ids for r in reqs] == reference
 
 
@@ -244,6 +243,6 @@ def test_prefill_in_groups_decodes_the_batch_as_one(loaded, images):
     ordered = sorted(reqs, key=lambda r: -split.cost(r))  # a batch comes most expensive first
     assert len(split.prepare(ordered).groups) >= 3 and len(whole.prepare(ordered).groups) == 1
     a, b = _run(whole, ordered, 6), _run(split, ordered, 6)
-    reference = _hf_tokens(loaded, whole.preprocess(ordered), 16, loaded.eos_token_ids)
+    reference = _hf_tokens(loaded, model_inputs(whole, ordered), 16, loaded.eos_token_ids)
     assert [b[r.id].token_ids for r in ordered] == [a[r.id].token_ids for r in ordered] == reference
     assert [b[r.id].n_prompt_tokens for r in ordered] == [a[r.id].n_prompt_tokens for r in ordered]

@@ -30,14 +30,14 @@ def test_overwrite_removes_results_and_leftover_parts(tmp_path):
     out = tmp_path / "r.jsonl"
     _write(out, [_row(0)])
     _write(part_path(out, 1), [_row(1)])
-    assert prepare_out(out, overwrite=True) == []
+    assert prepare_out(out, overwrite=True) == ({}, [])
     assert not out.exists() and not part_path(out, 1).exists()
 
 
 def test_torn_last_line_is_repaired_and_reported(tmp_path):
     out = tmp_path / "r.jsonl"
     _write(out, [_row(0)], tail='{"id": "id1", "te')
-    notes = prepare_out(out, overwrite=False)
+    _, notes = prepare_out(out, overwrite=False)
     assert "torn last line" in notes[0]
     assert out.read_text() == json.dumps(_row(0)) + "\n"
     assert set(read_existing(out)[0]) == {"id0"}
@@ -48,7 +48,8 @@ def test_parts_of_a_killed_parallel_run_are_recovered_once(tmp_path):
     _write(out, [_row(0)])
     _write(part_path(out, 0), [_row(0), _row(1)])  # id0 already merged: not duplicated
     _write(part_path(out, 1), [_row(2)], tail='{"id": "id3"')  # torn tail: not taken
-    notes = prepare_out(out, overwrite=False)
+    rows, notes = prepare_out(out, overwrite=False)
+    assert sorted(rows) == ["id0", "id1", "id2"]
     assert any("recovered 2 row(s)" in n for n in notes) and any("torn last line" in n for n in notes)
     assert [r["id"] for r in read_jsonl(out)] == ["id0", "id1", "id2"]
     assert not part_path(out, 0).exists() and not part_path(out, 1).exists()
@@ -71,7 +72,7 @@ def test_refuses_to_touch_a_foreign_file(tmp_path, text):
 
 def test_overwrite_into_a_new_directory(tmp_path):
     out = tmp_path / "new" / "dir" / "r.jsonl"
-    assert prepare_out(out, overwrite=True) == []
+    assert prepare_out(out, overwrite=True) == ({}, [])
     ResultsWriter(out).write([_row(0)], [0])
     assert read_jsonl(out) == [_row(0)]
 

@@ -154,3 +154,115 @@ def decide(stats: dict, *, device: str, step_ms: float, remaining_steps: int) ->
     reason = (f"compile {'on' if verdict else 'off'}: {remaining_steps} decode steps to go × {step_ms:.2f} ms × "
               f"{gain:.0%} saved ({gain_is}) = {saving:.1f} s {'>' if verdict else '<='} {cost:.1f} s to compile ({cost_is})")
     return Decision(verdict, reason)
+
+
+def prepare_cache(decoder: str, requested: bool | None) -> CompileCache | None:
+    """The persistent compile cache, pointed at before the model loads (see :meth:`CompileCache.activate`);
+    None when nothing can compile (``--decoder hf``, ``--no-compile``)."""
+    if decoder != "vlmfast" or requested is False:
+        return None
+    from .timing import versions
+
+    cache = CompileCache(versions())
+    cache.activate()
+    return cache
+
+
+RECOMPILE_LIMIT = 64  # dynamo stops recompiling a function after 8 shapes by default: decode has a shape per bucket
+
+
+class CompilePolicy:
+    """Whether the decode step is compiled, and what compiling cost — decided here and nowhere else.
+
+    ``requested``: True / False (``--compile`` / ``--no-compile``), or None: off for the first batch, then
+    :meth:`decide` weighs what compiling would save on the rest of the run against what it cost on this
+    machine. A compile that fails switches compiling off for the run (said in :attr:`notes`).
+    :attr:`compile_s` (compiling and CUDA-graph capture) is kept out of every clock of the report.
+    ``compiler`` replaces ``torch.compile`` (tests run the static path uncompiled with ``lambda fn: fn``)."""
+
+    def __init__(self, requested: bool | None, *, device: str, cache: CompileCache | None = None, compiler=None):
+        self.requested = requested
+        self.enabled = bool(requested)
+        self.device = device
+        self.cache = cache
+        self.compiler = compiler
+        self.compile_s = 0.0
+        self.notes: list[str] = []
+        self._decided = requested is not None
+        self._forward = None
+
+    def forward(self):
+        """The static decode step to run: compiled once per run (one function for every shape), or as is."""
+        from .decode import forward_static
+
+        if not self.enabled:
+            return forward_static
+        if self._forward is None:
+            import torch
+
+            if self.cache is not None:
+                self.cache.activate()  # before inductor first looks for its cache directory
+            config = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+                if hasattr(config, name):
+                    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+            compiler = self.compiler or (lambda fn: torch.compile(fn, dynamic=False, fullgraph=False))
+            self._forward = compiler(forward_static)
+        return self._forward
+
+    def timed(self, build):
+        """Run ``build()`` (capture and/or compile a decode shape), its seconds added to :attr:`compile_s`."""
+        from .timing import now
+
+        start = now(self.device)
+        try:
+            return build()
+        finally:
+            self.compile_s += now(self.device) - start
+
+    def build(self, key: str | None, run) -> bool:
+        """Run ``run()``, which compiles when compiling is on (measured into the cache under ``key``).
+        False when the compile failed: compiling is then off and the caller builds again uncompiled.
+        Out-of-memory errors are not compile failures: they propagate (the scheduler halves the batch)."""
+        if not self.enabled:
+            run()
+            return True
+        try:
+            if self.cache is not None and key is not None:
+                self.cache.measure(key, run)
+            else:
+                run()
+            return True
+        except Exception as exc:
+            from .timing import is_out_of_memory
+
+            if is_out_of_memory(exc):
+                raise
+            # a machine without a C++ compiler for inductor, an op it cannot compile: run uncompiled
+            self.enabled, self._forward = False, None
+            self.notes.append(f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                              "decoding uncompiled")
+            return False
+
+    @property
+    def undecided(self) -> bool:
+        return not self._decided and self.cache is not None
+
+    def decide(self, key: str, *, step_ms: float, remaining_steps: int) -> bool:
+        """After the first batch (``requested`` None): compile from now on if it pays. True when it switched on."""
+        self._decided = True
+        verdict = decide(self.cache.stats(key), device=self.device, step_ms=step_ms, remaining_steps=remaining_steps)
+        self.notes.append(verdict.reason)
+        self.enabled = verdict.compile
+        return verdict.compile
+
+    def observe(self, key: str | None, step_ms: float) -> None:
+        if self.cache is not None and key is not None:
+            self.cache.observe(key, self.enabled, step_ms)
+
+    def flush(self) -> None:
+        if self.cache is not None:
+            self.cache.flush()  # what a step cost here, compiled or not: the next run's decision
+
+    def summary(self) -> dict | None:
+        return self.cache.summary() if self.cache is not None and self.enabled else None

@@ -5,11 +5,8 @@ plumbing, logits processors, a host sync per token). Here a step is only the lan
 (the same modules, the same numerics) on a preallocated KV cache, selection on the device, and EOS
 tracked on the device and read back every ``sync_every`` steps.
 
-Two ways to run the step:
-- eager (any device): the cache is sliced to the filled length, so attention sees exactly the keys HF's
-  dynamic cache would, and greedy tokens equal ``generate``'s;
-- static (CUDA graphs, ``torch.compile``): fixed shapes — the full cache length with a mask, positions
-  and write index as device tensors — captured once per (batch, cache length) and replayed per token.
+One state (:class:`DecodeState`), two ways to run its step: eager, exactly as ``generate`` attends, or
+static (fixed shapes for CUDA graphs and ``torch.compile``). :func:`run_loop` steps any of them.
 """
 
 from __future__ import annotations
@@ -60,6 +57,13 @@ class StaticKV:
         k[:, :, self.length:end] = key
         v[:, :, self.length:end] = value
         return k[:, :, :end], v[:, :, :end]
+
+    def advance(self) -> None:
+        """One position written by every layer: move the write position on."""
+        if self.index is not None:
+            self.index += 1
+        else:
+            self.length += 1
 
 
 class TextDecoder:
@@ -167,47 +171,140 @@ class Decoded:
     syncs: int  # device read-backs during the loop
 
 
-class DecodeLoop:
-    """Everything one batch's decode needs on the device: the cache, last tokens, positions, which
-    rows are still running, and the output buffer. ``step()`` produces one more token per row."""
+class DecodeState:
+    """Everything one batch's decode needs on the device: the KV cache, last tokens, rotary positions,
+    which keys are padding, which rows still run, and the output buffer. ``step()`` produces one more
+    token for every row.
 
-    def __init__(self, decoder: TextDecoder, cache: StaticKV, *, first, next_position, key_valid, padded: bool,
-                 max_new: int, eos_ids, pad_id: int, bias, temperature: float, top_p: float, generator=None):
-        rows = first.shape[0]
-        self.decoder, self.cache, self.padded = decoder, cache, padded
-        self.rows, self.max_new = rows, max_new
+    Two ways to run the same state:
+    - eager (``static=False``, any device): the cache is sliced to the filled length, so attention sees
+      exactly the keys HF's dynamic cache would, and greedy tokens equal ``generate``'s;
+    - static (CUDA graphs, ``torch.compile``): fixed shapes — the whole cache with an additive mask, the
+      write index and the step offset as device tensors, so a step never needs the host. Built once per
+      (batch, cache length) shape and reused by every batch of that shape; rows beyond a batch are spare.
+
+    ``forward`` is :func:`forward_eager`, :func:`forward_static` or a compiled ``forward_static``: a plain
+    function of the state, never a bound method, so a state holds no reference to itself and its memory
+    goes as soon as it is released (a graph pool and a KV cache per shape are gigabytes on a GPU)."""
+
+    def __init__(self, decoder: TextDecoder, batch: int, max_len: int, max_new: int, *, static: bool, eos_ids,
+                 pad_id: int, bias, temperature: float, top_p: float, generator=None, forward=None):
+        device = bias.device
+        long = dict(dtype=torch.long, device=device)
+        self.decoder, self.batch, self.max_len, self.max_new, self.static = decoder, batch, max_len, max_new, static
         self.bias, self.temperature, self.top_p, self.generator = bias, temperature, top_p, generator
-        device = first.device
-        self.eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
-        self.pad = torch.tensor(pad_id, dtype=torch.long, device=device)
-        self.tokens = first.view(rows, 1).clone()
-        self.next_position = next_position  # (3, rows, 1): where the first generated token sits
-        self.key_valid = key_valid  # (rows, cache length): prompt padding False, the rest True
-        self.out = torch.full((rows, max_new), pad_id, dtype=torch.long, device=device)
-        self.out[:, 0] = first
-        self.running = ~torch.isin(first, self.eos) if len(self.eos) else torch.ones(rows, dtype=torch.bool, device=device)
-        self.t = 1  # tokens produced so far per row
+        self.cache = decoder.new_cache(batch, max_len)
+        if static:
+            self.cache.index = torch.zeros(1, **long)
+        self.forward = forward or (forward_static if static else forward_eager)
+        self.eos = torch.tensor(list(eos_ids), **long)
+        self.pad = torch.tensor(pad_id, **long)
+        self.tokens = torch.full((batch, 1), pad_id, **long)
+        self.next_position = torch.zeros(3, batch, 1, **long)  # where each row's first generated token sits
+        self.offset = torch.zeros(1, **long)  # tokens produced so far, minus one
+        self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)  # False on prompt padding
+        self.keys = torch.arange(max_len, device=device)
+        self.out = torch.full((batch, max_new), pad_id, **long)
+        self.running = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.padded = True
+        self.logits = None
+        self.graph = None
+        self.rows = self.t = 0
 
-    def step(self) -> None:
-        """Feed the last token, select the next, record it (pad for finished rows)."""
-        cache = self.cache
-        positions = self.next_position + (self.t - 1)
-        mask = self.key_valid[:, None, None, :cache.length + 1] if self.padded else None
-        with decode_attention_for(self.decoder):
-            logits = self.decoder(self.tokens, positions, mask, cache)
-        cache.length += 1
-        self.advance(select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator))
+    def load(self, *, first, next_position, key_valid, caches, prompt_len: int) -> None:
+        """Take a new batch: its prefill caches, first tokens, positions and padding. Spare rows (static
+        shapes) are not running and attend to everything (no empty softmax)."""
+        rows = first.shape[0]
+        self.rows, self.t = rows, 1
+        self.cache.fill(caches, prompt_len)
+        if self.static:
+            self.cache.index.fill_(prompt_len)
+        self.offset.zero_()
+        self.tokens.fill_(int(self.pad))
+        self.tokens[:rows, 0] = first
+        self.next_position.zero_()
+        self.next_position[:, :rows] = next_position
+        self.key_valid.fill_(True)
+        self.key_valid[:rows, :key_valid.shape[1]] = key_valid
+        self.padded = not bool(key_valid.all())
+        self.out.fill_(int(self.pad))
+        self.out[:rows, 0] = first
+        self.running.fill_(False)
+        self.running[:rows] = ~torch.isin(first, self.eos) if len(self.eos) else True
 
-    def advance(self, chosen) -> None:
+    def record(self, logits) -> None:
+        """Select the next token of every row, record it (pad for finished rows), advance by one."""
+        chosen = select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator)
         chosen = torch.where(self.running, chosen, self.pad)
-        self.out[:, self.t] = chosen
-        self.tokens.copy_(chosen.view(-1, 1))
+        self.out.index_copy_(1, self.offset + 1, chosen[:, None])
+        self.tokens.copy_(chosen[:, None])
         if len(self.eos):
             self.running &= ~torch.isin(chosen, self.eos)
+        self.offset += 1
+        self.cache.advance()
+
+    def _body(self) -> None:
+        """One step as a CUDA graph holds it: the forward, and for greedy decoding the selection too
+        (sampling draws outside the graph, from the run's own generator)."""
+        with decode_attention_for(self.decoder):
+            self.logits = self.forward(self)
+        if self.temperature == 0:
+            self.record(self.logits)
+
+    def step(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        if self.temperature != 0:
+            self.record(self.logits)
         self.t += 1
+
+    def warm_up(self) -> None:
+        """One step on garbage (a compiled forward compiles here); :meth:`load` resets what it wrote."""
+        self._body()
+
+    def capture(self, warmup: int = 2) -> None:
+        """Record one step in a CUDA graph (after warm-up runs on a side stream, as capture requires).
+        ``thread_local`` capture: the prefetch worker may allocate or copy on its own thread meanwhile,
+        which the default (``global``) mode turns into a capture error."""
+        with torch.cuda.device(self.bias.device):  # the model's GPU, whichever is current
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self._body()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self._body()
 
     def any_running(self) -> bool:
         return bool(self.running.any())  # the read-back: a host sync on an accelerator
+
+    def release(self) -> None:
+        """Give back the cache, the graph and its memory pool now (not at the next garbage collection)."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph = self.cache = self.logits = self.out = self.key_valid = None
+
+
+def forward_eager(state: DecodeState):
+    """The next-token logits, attending to exactly the filled part of the cache."""
+    cache = state.cache
+    mask = state.key_valid[:, None, None, :cache.length + 1] if state.padded else None
+    return state.decoder(state.tokens, state.next_position + state.offset, mask, cache)
+
+
+def forward_static(state: DecodeState):
+    """The next-token logits over the whole cache: keys not yet written, and prompt padding, are masked
+    by an additive mask in the model's dtype, made once per step (a boolean mask would be converted in
+    every layer)."""
+    cache = state.cache
+    seen = state.key_valid & (state.keys <= cache.index)
+    dtype = cache.keys[0].dtype
+    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
+    return state.decoder(state.tokens, state.next_position + state.offset, mask[:, None, None, :], cache)
 
 
 def run_loop(loop, *, stop_on_eos: bool, sync_every: int, on_step=None) -> Decoded:
@@ -238,106 +335,3 @@ def batch_bucket(rows: int) -> int:
 
 def length_bucket(length: int) -> int:
     return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
-
-
-class StaticDecode:
-    """The decode state of one (batch, cache length) shape in fixed device buffers, reused by every
-    batch of that shape: positions, the cache write index and the output column are device tensors,
-    so a step never needs the host. ``capture()`` records the step in a CUDA graph; ``forward`` may be
-    a ``torch.compile``d version of :meth:`forward_static`."""
-
-    def __init__(self, decoder: TextDecoder, batch: int, max_len: int, max_new: int, *, eos_ids, pad_id: int, bias,
-                 temperature: float, top_p: float, generator=None, compile_fn=None):
-        device = bias.device
-        self.decoder, self.batch, self.max_len, self.max_new = decoder, batch, max_len, max_new
-        self.bias, self.temperature, self.top_p, self.generator = bias, temperature, top_p, generator
-        self.cache = decoder.new_cache(batch, max_len)
-        self.cache.index = torch.zeros(1, dtype=torch.long, device=device)
-        long = dict(dtype=torch.long, device=device)
-        self.eos = torch.tensor(list(eos_ids), **long)
-        self.pad = torch.tensor(pad_id, **long)
-        self.tokens = torch.full((batch, 1), pad_id, **long)
-        self.next_position = torch.zeros(3, batch, 1, **long)
-        self.offset = torch.zeros(1, **long)  # tokens produced so far, minus one
-        self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
-        self.keys = torch.arange(max_len, device=device)
-        self.out = torch.full((batch, max_new), pad_id, **long)
-        self.running = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.logits = None
-        self.forward = compile_fn(self.forward_static) if compile_fn else self.forward_static
-        self.graph = None
-        self.rows = self.t = 0
-
-    def forward_static(self):
-        mask = (self.key_valid & (self.keys <= self.cache.index))[:, None, None, :]
-        return self.decoder(self.tokens, self.next_position + self.offset, mask, self.cache)
-
-    def _select_and_record(self, logits) -> None:
-        chosen = select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator)
-        chosen = torch.where(self.running, chosen, self.pad)
-        self.out.index_copy_(1, self.offset + 1, chosen[:, None])
-        self.tokens.copy_(chosen[:, None])
-        if len(self.eos):
-            self.running &= ~torch.isin(chosen, self.eos)
-        self.offset += 1
-        self.cache.index += 1
-
-    def _graph_body(self) -> None:
-        """What the CUDA graph holds: the forward, and for greedy decoding the selection too (sampling
-        draws outside the graph, from the run's own generator)."""
-        with decode_attention_for(self.decoder):
-            self.logits = self.forward()
-        if self.temperature == 0:
-            self._select_and_record(self.logits)
-
-    def warm_up(self) -> None:
-        """One step on garbage (compiles a compiled forward); :meth:`load` resets what it wrote."""
-        self._graph_body()
-
-    def capture(self, warmup: int = 2) -> None:
-        """Record one step in a CUDA graph (after warm-up runs on a side stream, as capture requires).
-        The warm-up steps write garbage into the buffers; :meth:`load` resets every one of them. Each
-        shape keeps its own memory pool: shapes replay in any order."""
-        with torch.cuda.device(self.bias.device):  # the model's GPU, whichever is current
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    self._graph_body()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self._graph_body()
-
-    def load(self, *, first, next_position, key_valid, caches, prompt_len: int) -> None:
-        """Take a new batch: its prefill cache, first tokens, positions and padding. Rows beyond the
-        batch are spare: not running, attending to everything (no empty softmax)."""
-        rows = first.shape[0]
-        self.rows, self.t = rows, 1
-        self.cache.fill(caches, prompt_len)
-        self.cache.index.fill_(prompt_len)
-        self.offset.zero_()
-        self.tokens.fill_(int(self.pad))
-        self.tokens[:rows, 0] = first
-        self.next_position.zero_()
-        self.next_position[:, :rows] = next_position
-        self.key_valid.fill_(True)
-        self.key_valid[:rows, :key_valid.shape[1]] = key_valid
-        self.out.fill_(int(self.pad))
-        self.out[:rows, 0] = first
-        self.running.fill_(False)
-        self.running[:rows] = ~torch.isin(first, self.eos) if len(self.eos) else True
-
-    def step(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
-            if self.temperature != 0:
-                self._select_and_record(self.logits)
-        else:
-            self._graph_body()
-            if self.temperature != 0:
-                self._select_and_record(self.logits)
-        self.t += 1
-
-    def any_running(self) -> bool:
-        return bool(self.running.any())

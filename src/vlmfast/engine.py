@@ -16,15 +16,17 @@ Clocks synchronize the device before every read (:mod:`vlmfast.timing`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .checkpoint import Loaded
-from .errors import InputError, UsageError
+from .compile_cache import CompilePolicy
+from .errors import UsageError
 from .inputs import Request
 from .prepare import Preparer
-from .timing import now
+from .rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
+from .timing import StepClock, free_device_cache, now, vision_clock
+
 DECODERS = ("vlmfast", "hf")
 # Padded prompt tokens per prefill pass (rows × widest prompt). Measured on 2 CPU cores (demo model,
 # 224–640 px images): prefill of 32 images slows by a third past ~4k tokens at once (the vision
@@ -32,70 +34,13 @@ DECODERS = ("vlmfast", "hf")
 # far more at once; its limit is activation memory.
 CPU_PREFILL_TOKENS = 2048
 CUDA_PREFILL_TOKENS = 32768
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """How to decode. ``temperature == 0`` means greedy (the default)."""
-
-    max_new_tokens: int = 1024
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-@dataclass
-class SampleResult:
-    """One output row. ``error`` is set (and the rest empty) for inputs that could not run."""
-
-    id: str
-    images: list[str]
-    prompt: str
-    text: str | None = None
-    think: str | None = None
-    answer: str | None = None
-    finish_reason: str | None = None  # "eos" | "length"
-    n_prompt_tokens: int = 0
-    n_image_tokens: int = 0
-    n_new_tokens: int = 0
-    error: str | None = None
-    image_sizes: list[list[int]] | None = None  # [width, height] of each image as given
-    model_image_sizes: list[list[int]] | None = None  # [width, height] the model saw (after resizing)
-    token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
-    extra: dict = field(default_factory=dict, repr=False)  # more row fields (scores), written after the rest
-
-    RECORD_FIELDS = (
-        "id", "images", "prompt", "text", "think", "answer", "finish_reason",
-        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes",
-    )
-
-    def record(self) -> dict:
-        """The JSONL row (token ids stay in memory)."""
-        return {**{name: getattr(self, name) for name in self.RECORD_FIELDS}, **self.extra}
-
-
-@dataclass(frozen=True)
-class BatchTiming:
-    size: int
-    preprocess_s: float  # all preprocessing work for the batch (image decode/resize, template, processor)
-    ttft_s: float  # prefill: vision tower + prompt + choosing the first token
-    decode_s: float  # first new token → last new token
-    steps: int  # decode steps taken (new tokens per sequence, incl. the first)
-    new_tokens: int  # tokens kept across the batch (up to each sequence's EOS)
-    step_times_s: tuple[float, ...] = ()  # latency of each decode step after the first token, when recorded
-    preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
-    vision_s: float | None = None  # the vision tower's share of the prefill
-    syncs: int = 0  # device read-backs during decode
+RESIDENT_SHAPES = {"cuda": 2, "cpu": 3}  # static decode shapes kept built at once: each holds a KV cache
 
 
 @dataclass
 class PrefillGroup:
-    """Consecutive rows ``start:end`` of a batch that go through prefill together, and their tensors."""
+    """Consecutive rows ``start:end`` of a batch that go through prefill together, and their tensors
+    (on the CPU until prefill moves them: a prefetch worker makes them while the GPU is busy)."""
 
     start: int
     end: int
@@ -117,7 +62,7 @@ class Prepared:
 @dataclass
 class Prefetched:
     """What a prefetch worker made ready for a batch while the previous one generated: decoded
-    images, or (on a GPU) the whole Prepared; and how long that took and how long the model waited."""
+    images, or (on a GPU) the whole Prepared on the CPU; how long that took and how long the model waited."""
 
     images: dict[str, list]
     failed: dict[str, str]
@@ -136,25 +81,7 @@ class Prefilled:
     key_valid: object  # (rows, prompt_len) bool: False on padding
     caches: list[tuple[int, int, object]]  # (start row, end row, the group's HF cache)
     prompt_len: int
-
-
-THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def parse_reasoning(text: str) -> tuple[str | None, str | None]:
-    """(think, answer) from GRPO-style ``<think>…</think><answer>…</answer>`` output.
-
-    An unclosed ``<think>`` keeps what was thought (truncated runs); a bare ``</think>`` (template
-    opened the tag) takes the text before it; an unclosed ``<answer>`` is no answer. Absent → None.
-    """
-    think = None
-    if (m := THINK.search(text)) is not None:
-        think = m.group(1).strip()
-    elif "</think>" in text:
-        think = text.split("</think>", 1)[0].strip()
-    answer = m.group(1).strip() if (m := ANSWER.search(text)) is not None else None
-    return think, answer
+    vision_s: float | None = None  # the vision tower's share of the prefill
 
 
 class Engine(Preparer):
@@ -163,8 +90,8 @@ class Engine(Preparer):
 
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
                  max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
-                 cuda_graphs: bool | None = None, compile: bool = False, sync_every: int | None = None,
-                 compile_cache=None, prefill_tokens: int | None = None):
+                 cuda_graphs: bool | None = None, compile: bool | None = False, sync_every: int | None = None,
+                 compile_cache=None, prefill_tokens: int | None = None, compiler=None):
         if decoder not in DECODERS:
             raise UsageError(f"--decoder {decoder}: unknown", hint=f"use one of: {', '.join(DECODERS)}")
         if decoder == "hf" and (compile or cuda_graphs):
@@ -178,18 +105,15 @@ class Engine(Preparer):
         self.cuda_graphs = (self.on_cuda and decoder == "vlmfast") if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and not self.on_cuda:
             raise UsageError("--cuda-graphs needs a CUDA device", hint="drop --cuda-graphs on a CPU")
-        self.compile = compile
-        self.compile_cache = compile_cache
+        self.policy = CompilePolicy(compile if decoder == "vlmfast" else False, device=self.device,
+                                    cache=compile_cache, compiler=compiler)
         self.sync_every = sync_every or (_cuda_sync_every() if self.on_cuda else 1)
         self.record_steps = record_steps
         self.prefill_tokens = prefill_tokens or (CUDA_PREFILL_TOKENS if self.on_cuda else CPU_PREFILL_TOKENS)
         super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
                          min_pixels=min_pixels, max_pixels=max_pixels)
-        self.compile_s = 0.0  # compilation and CUDA-graph capture, kept out of the decode clock
-        self.notes: list[str] = []  # what the engine decided on its own during the run, for the report
         self._text = self._bias = self._generator = None
-        self._vision_s: float | None = None
-        self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → StaticDecode
+        self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → a static DecodeState
         self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
 
     # -- the whole path of one batch -------------------------------------------------------------
@@ -199,24 +123,24 @@ class Engine(Preparer):
         t0 = now(self.device)
         prepared = self.prepare(batch, prefetched)
         t1 = now(self.device)
-        errors = {rid: SampleResult(rid, list(r.images), r.prompt, error=prepared.failed[rid])
-                  for r in batch if (rid := r.id) in prepared.failed}
+        errors = {r.id: error_row(r.id, r, prepared.failed[r.id]) for r in batch if r.id in prepared.failed}
         if not prepared.requests:
             return [errors[r.id] for r in batch], None
         steps_at: list[float] = []
-        compiled_before = self.compile_s
+        vision_s = None
+        compiled_before = self.policy.compile_s
         if self.decoder_name == "hf":
-            tokens, ttft_s, t2, steps, syncs = self._generate_hf(prepared.groups[0].inputs, steps_at, t1)
+            tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1)
         else:
             prefilled = self.prefill(prepared)
-            t2 = now(self.device)
+            t2, vision_s = now(self.device), prefilled.vision_s
             ttft_s = t2 - t1
             decoded = self.decode(prefilled, steps_at)
             tokens, steps, syncs = decoded.tokens, decoded.steps, decoded.syncs
         t3 = now(self.device)
-        t2 += self.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
-        if self.compile_cache is not None and self.decoder_name == "vlmfast" and steps > 1:
-            self.compile_cache.observe(self.shape_key(self.last_shape), self.compile, (t3 - t2) * 1000 / (steps - 1))
+        t2 += self.policy.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
+        if self.decoder_name == "vlmfast" and steps > 1:
+            self.policy.observe(self.shape_key(self.last_shape), (t3 - t2) * 1000 / (steps - 1))
         done = dict(errors)
         done.update({r.id: self.result(r, prepared, tokens[row]) for row, r in enumerate(prepared.requests)})
         worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
@@ -226,14 +150,14 @@ class Engine(Preparer):
             size=len(prepared.requests), preprocess_s=t1 - t0 + max(worker_s, waited_s), ttft_s=ttft_s,
             decode_s=max(t3 - t2, 0.0), steps=steps, new_tokens=sum(done[r.id].n_new_tokens for r in prepared.requests),
             step_times_s=tuple(b - a for a, b in zip(marks, marks[1:])) if self.record_steps else (),
-            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=self._vision_s, syncs=syncs,
+            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, syncs=syncs,
         )
         return [done[r.id] for r in batch], timing
 
     # -- phase 1: prepare ------------------------------------------------------------------------
     def prepare(self, batch: Sequence[Request], prefetched: Prefetched | None = None) -> Prepared:
-        """Decoded images and model inputs, one prefill group at a time, for the requests of ``batch``
-        whose images decode."""
+        """Decoded images and model inputs (CPU tensors), one prefill group at a time, for the requests
+        of ``batch`` whose images decode. Safe on a worker thread: nothing here touches the device."""
         if prefetched is not None and prefetched.prepared is not None:
             return prefetched.prepared
         images, failed = (prefetched.images, prefetched.failed) if prefetched else self.load_images(batch)
@@ -264,22 +188,25 @@ class Engine(Preparer):
         return groups
 
     def build_inputs(self, batch: Sequence[Request], images: dict[str, list]):
-        """Chat template + processor → left-padded tensors on the model's device."""
+        """Chat template + processor → left-padded CPU tensors (pinned on a CUDA machine, so the copy to
+        the GPU in :meth:`on_device` does not wait)."""
         flat = [im for r in batch for im in images[r.id]]
         inputs = self.loaded.processor(
             text=[self.chat_text(r) for r in batch], images=flat or None, padding=True, return_tensors="pt",
             size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
-        ).to(self.loaded.model.device)
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].to(self.loaded.model.dtype)
+        )
+        if self.on_cuda:
+            for key, value in inputs.items():
+                inputs[key] = value.pin_memory()
         return inputs
 
-    def preprocess(self, batch: Sequence[Request]):
-        """Model inputs for ``batch``; raises InputError if an image cannot be decoded."""
-        images, failed = self.load_images(batch)
-        if failed:
-            raise InputError("; ".join(failed.values()), hint="remove or replace the broken images")
-        return self.build_inputs(batch, images)
+    def on_device(self, inputs):
+        """A prefill group's tensors on the model's device (main thread only), pixels in the model's dtype."""
+        model = self.loaded.model
+        inputs = inputs.to(model.device, non_blocking=True)
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+        return inputs
 
     # -- phase 2: prefill ------------------------------------------------------------------------
     def prefill(self, prepared: Prepared) -> Prefilled:
@@ -293,126 +220,98 @@ class Engine(Preparer):
 
         model = self.loaded.model
         firsts, positions, masks, caches = [], [], [], []
-        with torch.inference_mode(), self._vision_clock():
+        with torch.inference_mode(), vision_clock(model, self.device) as vision:
             for g in prepared.groups:
-                pos = rope_positions(model, g.inputs)
-                out = model(**g.inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
+                inputs = self.on_device(g.inputs)
+                pos = rope_positions(model, inputs)
+                out = model(**inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
                 firsts.append(select(out.logits[:, -1, :].float(), self._suppress(), temperature=self.settings.temperature,
                                      top_p=self.settings.top_p, generator=self._sampler()))
                 positions.append(pos[:, :, -1:] + 1)
-                masks.append(g.inputs["attention_mask"].bool())
+                masks.append(inputs["attention_mask"].bool())
                 caches.append((g.start, g.end, out.past_key_values))
-            length = max(m.shape[1] for m in masks)
-            key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
-            return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length)
+        length = max(m.shape[1] for m in masks)
+        key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
+        return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length, vision.seconds)
 
     # -- phase 3: decode -------------------------------------------------------------------------
     def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
-        """Every remaining token of every row (see :func:`vlmfast.decode.run_loop`). Static shapes
-        (CUDA graphs, ``torch.compile``) when enabled, the exact eager loop otherwise."""
+        """Every remaining token of every row (see :func:`vlmfast.decode.run_loop`): a static state per
+        shape (CUDA graphs, ``torch.compile``) when enabled, the exact eager state otherwise."""
         import torch
 
-        from .decode import DecodeLoop, run_loop
-
-        from .decode import batch_bucket, length_bucket
+        from .decode import batch_bucket, length_bucket, run_loop
 
         s = self.settings
         rows, length = prefilled.first.shape[0], prefilled.prompt_len + s.max_new_tokens
         self.last_shape = (batch_bucket(rows) if self.cuda_graphs else rows, length_bucket(length))
         with torch.inference_mode():
-            if self.cuda_graphs or self.compile:
-                loop = self._static_loop(rows, length)
-                loop.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
-                          caches=prefilled.caches, prompt_len=prefilled.prompt_len)
-            else:
-                cache = self._decoder().new_cache(rows, length)
-                cache.fill(prefilled.caches, prefilled.prompt_len)
-                key_valid = torch.ones(rows, length, dtype=torch.bool, device=prefilled.first.device)
-                key_valid[:, :prefilled.prompt_len] = prefilled.key_valid
-                loop = DecodeLoop(self._decoder(), cache, first=prefilled.first, next_position=prefilled.next_position,
-                                  key_valid=key_valid, padded=not bool(prefilled.key_valid.all()),
-                                  max_new=s.max_new_tokens, eos_ids=self._eos(), pad_id=self.loaded.pad_token_id,
-                                  bias=self._suppress(), temperature=s.temperature, top_p=s.top_p,
-                                  generator=self._sampler())
-            prefilled.caches = []  # the prompts' keys now live in the static cache
+            static = self.cuda_graphs or self.policy.enabled
+            state = self._static_state() if static else self._new_state(rows, length, static=False)
+            state.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
+                       caches=prefilled.caches, prompt_len=prefilled.prompt_len)
+            prefilled.caches = []  # the prompts' keys now live in the decode state's cache
             clock = (lambda t: steps_at.append(now(self.device))) if self.record_steps and steps_at is not None else None
-            return run_loop(loop, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
+            return run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
 
-    def _static_loop(self, rows: int, length: int):
-        """The StaticDecode for this shape, built (and captured / compiled) on first use; the time
-        that takes goes to ``compile_s``, not to the decode clock."""
+    def _new_state(self, rows: int, length: int, *, static: bool, forward=None):
+        from .decode import DecodeState
 
+        s = self.settings
+        return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
+                           pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
+                           top_p=s.top_p, generator=self._sampler(), forward=forward)
+
+    def _static_state(self):
+        """The static state of this batch's shape, built (captured / compiled) on first use, its time in
+        ``compile_s``. At most RESIDENT_SHAPES stay built; the oldest is released, its memory freed now."""
         shape = self.last_shape
         if shape in self._static:
             return self._static[shape]
-        start = now(self.device)
-        if len(self._static) >= (2 if self.on_cuda else 3):  # each shape holds a KV cache: keep the newest
-            self._static.pop(next(iter(self._static)))
+        while len(self._static) >= RESIDENT_SHAPES["cuda" if self.on_cuda else "cpu"]:
+            self._static.pop(next(iter(self._static))).release()
             free_device_cache()
-        loop = self._build_static(shape)
-        self._static[shape] = loop
-        self.compile_s += now(self.device) - start
-        return loop
+        self._static[shape] = self.policy.timed(lambda: self._build_static(shape))
+        return self._static[shape]
 
     def _build_static(self, shape: tuple[int, int]):
-        from .decode import StaticDecode
-
-        s = self.settings
-        loop = StaticDecode(self._decoder(), shape[0], shape[1], s.max_new_tokens, eos_ids=self._eos(),
-                            pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
-                            top_p=s.top_p, generator=self._sampler(), compile_fn=self._compile_fn())
+        state = self._new_state(shape[0], shape[1], static=True, forward=self.policy.forward())
         # capturing runs the step (and compiles it); a compiled step on a CPU compiles at its first call
-        build = loop.capture if self.cuda_graphs else loop.warm_up
-        try:
-            if self.compile and self.compile_cache is not None:
-                self.compile_cache.measure(self.shape_key(shape), build)
-            else:
-                build()
-        except Exception as exc:
-            if not self.compile or is_out_of_memory(exc):
-                raise
-            # a machine without a C++ compiler for inductor, an op it cannot compile: run uncompiled
-            self.compile = False
-            self.notes.append(f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                              "decoding uncompiled")
-            return self._build_static(shape)
-        return loop
+        if self.policy.build(self.shape_key(shape), state.capture if self.cuda_graphs else state.warm_up):
+            return state
+        state.release()
+        return self._build_static(shape)  # the compile failed: the policy is off now, build uncompiled
+
+    def decide_compile(self, first: BatchTiming, batches_left: int) -> None:
+        """After the first batch, when nobody said ``--compile`` / ``--no-compile``: compile the decode step
+        for the rest of the run if what it would save outweighs what it costs (the policy decides)."""
+        if not self.policy.undecided or batches_left < 1 or first.steps < 2 or first.decode_s <= 0 or self.last_shape is None:
+            return
+        step_ms = first.decode_s * 1000 / (first.steps - 1)
+        if self.policy.decide(self.shape_key(self.last_shape), step_ms=step_ms, remaining_steps=batches_left * first.steps):
+            self.forget_shapes()  # later batches build compiled decode steps
 
     def forget_shapes(self) -> None:
-        """Drop the built decode steps (after switching ``compile`` on: later batches rebuild them)."""
+        """Release every built decode shape (later batches build them again)."""
+        for state in self._static.values():
+            state.release()
         self._static.clear()
+        free_device_cache()
 
-    def shape_key(self, shape: tuple[int, int]) -> str:
+    def shape_key(self, shape: tuple[int, int]) -> str | None:
         """The compile-cache key of a decode shape (batch, cache length) on this model and device."""
-        import torch
-
-        name = torch.cuda.get_device_name(torch.device(self.device)) if self.on_cuda else "cpu"
-        return self.compile_cache.key(self.loaded.model, self.loaded.runtime.dtype, shape[0], shape[1], name)
-
-    def _compile_fn(self):
-        if not self.compile:
+        if self.policy.cache is None:
             return None
         import torch
 
-        if self.compile_cache is not None:
-            self.compile_cache.activate()  # before inductor first looks for its cache directory
-        return lambda fn: torch.compile(fn, dynamic=False, fullgraph=False)
+        name = torch.cuda.get_device_name(torch.device(self.device)) if self.on_cuda else "cpu"
+        return self.policy.cache.key(self.loaded.model, self.loaded.runtime.dtype, shape[0], shape[1], name)
 
     # -- phase 4: results ------------------------------------------------------------------------
     def result(self, request: Request, prepared: Prepared, new_ids: list[int]) -> SampleResult:
-        eos = set() if self.settings.ignore_eos else set(self.loaded.eos_token_ids)
-        end = next((i + 1 for i, t in enumerate(new_ids) if t in eos), None)
-        kept = new_ids if end is None else new_ids[:end]
-        text = self.loaded.processor.tokenizer.decode(kept, skip_special_tokens=True)
-        think, answer = parse_reasoning(text)
         n_prompt, n_image = prepared.counts[request.id]
-        return SampleResult(
-            id=request.id, images=list(request.images), prompt=request.prompt, text=text, think=think, answer=answer,
-            finish_reason="eos" if end is not None else "length", n_prompt_tokens=n_prompt, n_image_tokens=n_image,
-            n_new_tokens=len(kept), token_ids=kept,
-            image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
-            model_image_sizes=prepared.model_sizes.get(request.id),
-        )
+        return result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
+                          n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id))
 
     # -- the reference path: plain generate ------------------------------------------------------
     def generate(self, inputs, clock=None):
@@ -443,7 +342,7 @@ class Engine(Preparer):
     def _generate_hf(self, inputs, steps_at, t1):
         """``generate`` timed from inside: a logits processor reads the clock as each token's logits
         are ready (the only window into generate's loop)."""
-        clock = _StepClock(self.device, self.record_steps)
+        clock = StepClock(self.device, self.record_steps)
         output = self.generate(inputs, clock)
         end = now(self.device)
         prompt_len = inputs["input_ids"].shape[1]
@@ -483,61 +382,8 @@ class Engine(Preparer):
                 self._generator.seed()
         return self._generator
 
-    def _vision_clock(self):
-        """Times the vision tower inside prefill (device-synchronized hooks) into ``_vision_s``."""
-        import contextlib
-
-        visual = getattr(getattr(self.loaded.model, "model", None), "visual", None)
-        self._vision_s = None
-        if visual is None:
-            return contextlib.nullcontext()
-        marks: list[float] = []
-
-        def mark(*_):
-            marks.append(now(self.device))  # before and after each call: prefill groups call it in turn
-
-        @contextlib.contextmanager
-        def clocked():
-            handles = [visual.register_forward_pre_hook(mark), visual.register_forward_hook(mark)]
-            try:
-                yield
-            finally:
-                for h in handles:
-                    h.remove()
-                if len(marks) >= 2:
-                    self._vision_s = sum(b - a for a, b in zip(marks[::2], marks[1::2]))
-        return clocked()
-
-
-class _StepClock:
-    """A logits processor that reads the clock when logits for a new token are ready (``--decoder hf``).
-    The first call marks the first token (TTFT); later calls only when asked, since each synchronizes."""
-
-    def __init__(self, device, every_step: bool):
-        self.device = device
-        self.every_step = every_step
-        self.times: list[float] = []
-
-    def __call__(self, input_ids, scores):
-        if self.every_step or not self.times:
-            self.times.append(now(self.device))
-        return scores
-
 
 def _cuda_sync_every() -> int:
     from .decode import CUDA_SYNC_EVERY
 
     return CUDA_SYNC_EVERY
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, torch.cuda.OutOfMemoryError)
-
-
-def free_device_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

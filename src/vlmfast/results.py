@@ -66,25 +66,26 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
     return rows, None
 
 
-def prepare_out(out: Path, *, overwrite: bool) -> list[str]:
-    """Main process, before a run: start afresh (``overwrite``), or repair ``out`` and fold in part
-    files a killed multi-process run left behind. Returns what was done, to be said aloud."""
+def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[str]]:
+    """Main process, before a run: start afresh (``overwrite``), or repair ``out`` and fold in part files
+    a killed multi-process run left behind. Returns the rows ``out`` now holds (read once) and what was
+    done, to be said aloud."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if overwrite:
         for p in [out, *_parts(out)]:
             p.unlink(missing_ok=True)
-        return []
-    _, note = read_existing(out)
-    merged, part_notes = merge_parts(out)
+        return {}, []
+    rows, note = read_existing(out)
+    merged, part_notes = merge_parts(out, rows)
     notes = ([note] if note else []) + part_notes
     if merged:
         notes.append(f"{out}: recovered {merged} row(s) from an interrupted multi-process run")
-    return notes
+    return rows, notes
 
 
-def merge_parts(out: Path) -> tuple[int, list[str]]:
-    """Append the rows of every part file next to ``out`` that ``out`` lacks, then delete the parts."""
-    rows, _ = read_existing(out, repair=False)
+def merge_parts(out: Path, rows: dict[str, dict]) -> tuple[int, list[str]]:
+    """Append the rows of every part file next to ``out`` that ``out`` lacks (``rows``: what it holds,
+    updated in place), then delete the parts."""
     merged, notes = 0, []
     for part in _parts(out):
         part_rows, note = read_existing(part, repair=False)  # a torn tail is simply not taken
@@ -157,13 +158,18 @@ class ResultsWriter:
             self._file = None
 
 
-def finalize(out: Path, order: list[str]) -> None:
-    """Main process, after a run: merge the part files, then rewrite ``out`` in input order (ids
-    not in ``order`` — earlier runs — go last). Atomic: temp file + rename."""
-    merge_parts(out)
-    if not out.exists():
-        return
-    rows, _ = read_existing(out)
+def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -> list[dict]:
+    """Main process, after a run: rewrite ``out`` in input order (ids not in ``order`` — earlier runs — go
+    last) and remove the part files. ``rows``: every row the file should hold, when the caller has them in
+    memory (no re-read); else the file and its parts are read. Atomic: temp file + rename. Returns the rows."""
+    if rows is None:
+        rows, _ = read_existing(out)
+        merge_parts(out, rows)
+    for part in _parts(out):
+        part.unlink()
+    if not rows:
+        return []
     rank = {rid: i for i, rid in enumerate(order)}
     ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"])))
     atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8"))
+    return ordered

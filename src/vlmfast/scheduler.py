@@ -9,8 +9,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .batching import plan_batches
-from .engine import BatchTiming, Engine, Prefetched, SampleResult, free_device_cache, is_out_of_memory
+from .engine import Engine, Prefetched
 from .inputs import Request
+from .rows import BatchTiming, SampleResult, error_row
+from .timing import free_device_cache, is_out_of_memory
 
 Batch = tuple[list[int], list[SampleResult], BatchTiming | None]
 
@@ -63,8 +65,9 @@ class Scheduler:
                 yield list(self._resilient(requests, indices, ready))
 
     def _prefetch(self, batch) -> Prefetched:
-        """The worker's job: decode images and, on a GPU, prepare the whole batch (the processor's
-        tensors too: on a GPU the main thread only waits, on a CPU they would fight decode for cores)."""
+        """The worker's job: decode images and, on a GPU, prepare the whole batch as pinned CPU tensors (on
+        a GPU the main thread only waits; on a CPU they would fight decode for cores). Nothing here
+        touches the GPU: the main thread may be capturing a CUDA graph meanwhile."""
         start = time.perf_counter()
         images, failed = self.engine.load_images(batch)
         ready = Prefetched(images, failed, 0.0)
@@ -85,7 +88,7 @@ class Scheduler:
             free_device_cache()
             if len(indices) == 1:
                 r = requests[indices[0]]
-                yield indices, [SampleResult(r.id, list(r.images), r.prompt, error=f"out of memory even alone ({exc})")], None
+                yield indices, [error_row(r.id, r, f"out of memory even alone ({exc})")], None
                 return
             self.oom_splits += 1
             half = len(indices) // 2

@@ -1,14 +1,13 @@
-"""What a run did, in the report's figures: :class:`InferReport` and :func:`summarize`, for both
-engines. Clocks become phase figures in :func:`vlmfast.timing.summarize_timings`; rows become
+"""What a run did, in the report's figures: :class:`InferReport` and :func:`summarize`, for every
+engine (what differs between engines comes in :class:`~vlmfast.backends.EngineFacts`). Clocks become phase figures in :func:`vlmfast.timing.summarize_timings`; rows become
 accuracy in :func:`vlmfast.scoring.summarize`; decode bytes become bandwidth in :mod:`vlmfast.capacity`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from .engine import BatchTiming, SampleResult
-from .results import read_existing
+from .backends import EngineFacts
+from .rows import BatchTiming, SampleResult
 from .timing import summarize_timings, versions
 
 
@@ -73,45 +72,57 @@ class InferReport:
         return data
 
 
-def process_figures(p: dict) -> dict:
-    """One process's share of a parallel run."""
-    tokens = sum(r.n_new_tokens for r in p["results"] if r.error is None)
-    return {"rank": p["rank"], "device": p["device"], "samples": len(p["results"]), "new_tokens": tokens,
-            "generate_s": round(p["generate_s"], 4),
-            "tokens_per_s": round(tokens / p["generate_s"], 2) if p["generate_s"] > 0 and tokens else None}
+@dataclass
+class Share:
+    """One process's part of a run: its rows, its batches' clocks, its wall time and peak memory."""
+
+    rank: int
+    device: str
+    results: list[SampleResult] = field(default_factory=list)
+    timings: list[BatchTiming] = field(default_factory=list)
+    wall_s: float = 0.0
+    peak: tuple[float, str] = (0.0, "none")
+
+    def figures(self) -> dict:
+        """This process's figures in a parallel run's report."""
+        tokens = sum(r.n_new_tokens for r in self.results if r.error is None)
+        return {"rank": self.rank, "device": self.device, "samples": len(self.results), "new_tokens": tokens,
+                "generate_s": round(self.wall_s, 4),
+                "tokens_per_s": round(tokens / self.wall_s, 2) if self.wall_s > 0 and tokens else None}
 
 
-def final_rows(out: Path) -> list[dict]:
-    """Every row of the finished results file (this run's and earlier runs')."""
-    rows, _ = read_existing(out, repair=False)
-    return list(rows.values())
-
-
-def summarize(options, facts, engine, results, timings, *, generate_s, skipped, notes, peak, oom_splits=0,
-              compile_s=0.0, scored_rows=()) -> InferReport:
-    """The report from what ran. ``facts``: checkpoint, load_s, cache, device, dtype, attn, engine
-    (vLLM's settings, or None) and ``loaded`` (the HF engine's model, for the bandwidth figures)."""
+def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: list[dict], batch_size: int) -> InferReport:
+    """The report from what ran: ``facts`` about the engine, every process's :class:`Share`, the run's
+    :class:`~vlmfast.runner.Work` (skipped ids, notes) and ``rows``, every row of the results (this run's
+    and, with ``--out``, earlier runs'), over which accuracy is computed."""
     from .scoring import summarize as summarize_scores
 
+    position = {rid: i for i, rid in enumerate(work.order)}
+    results = sorted((r for s in shares for r in s.results), key=lambda r: position.get(r.id, len(position)))
+    timings = [t for s in shares for t in s.timings]
     ok = [r for r in results if r.error is None]
-    if oom_splits:
-        notes = notes + [f"out of memory: {oom_splits} batch(es) were halved and retried"]
+    # compiling and capturing are not generating: out of the wall time once, here
+    generate_s = max(0.0, max(s.wall_s for s in shares) - facts.compile_s)
+    notes = work.notes + facts.notes
+    if facts.oom_splits:
+        notes = notes + [f"out of memory: {facts.oom_splits} batch(es) were halved and retried"]
+    # the cap is news only when an image was larger than it (small images were never touched)
+    capped = facts.max_pixels_capped and any(w * h > facts.max_pixels for r in results for w, h in r.image_sizes or [])
+    if capped:
+        notes = [f"max_pixels capped at {facts.max_pixels} (the checkpoint's processor allows more; raise it "
+                 "with --max-pixels)"] + notes
     new_tokens = sum(r.n_new_tokens for r in ok)
     phases = summarize_timings(timings)
     ran = generate_s > 0 and bool(ok)  # a resume-only run generated nothing: no rate to report
-    hf = facts["loaded"] is not None
-    run_versions = versions()
-    if facts["engine"] is not None:
-        run_versions["vllm"] = facts["engine"]["vllm_version"]
-        notes = notes + facts["engine"]["notes"] + list(engine.timing_notes)
+    peak = max((s.peak for s in shares), key=lambda x: x[0])
     return InferReport(
-        checkpoint=facts["checkpoint"],
+        checkpoint=facts.checkpoint,
         samples=len(results),
         errors=len(results) - len(ok),
-        skipped_existing=skipped,
+        skipped_existing=work.skipped,
         new_tokens=new_tokens,
-        load_s=round(facts["load_s"], 4),
-        compile_s=round(compile_s, 3) if compile_s else None,
+        load_s=round(facts.load_s, 4),
+        compile_s=round(facts.compile_s, 3) if facts.compile_s else None,
         preprocess_s=round(sum(t.preprocess_s for t in timings), 4),
         preprocess_exposed_s=round(sum(t.preprocess_exposed_s or 0.0 for t in timings), 4),
         generate_s=round(generate_s, 4),
@@ -124,43 +135,42 @@ def summarize(options, facts, engine, results, timings, *, generate_s, skipped, 
         tokens_per_s=round(new_tokens / generate_s, 2) if ran else None,
         samples_per_s=round(len(ok) / generate_s, 3) if ran else None,
         peak_mem_mib=round(peak[0], 1),
-        peak_mem_kind=peak[1] if hf or facts["device"] == "cpu" else "this process only (vLLM's engine process not counted)",
-        cache=facts["cache"],
-        device=facts["device"],
-        dtype=facts["dtype"],
-        attn=facts["attn"],
-        engine=options.engine,
-        engine_settings=facts["engine"],
-        decoder=engine.decoder_name if hf else "vllm",
-        cuda_graphs=engine.cuda_graphs if hf else not facts["engine"]["enforce_eager"],
-        compiled=engine.compile if hf else False,
+        peak_mem_kind=facts.peak_mem_kind or peak[1],
+        cache=facts.cache,
+        device=facts.device,
+        dtype=facts.dtype,
+        attn=facts.attn,
+        engine=facts.engine,
+        engine_settings=facts.settings,
+        decoder=facts.decoder,
+        cuda_graphs=facts.cuda_graphs,
+        compiled=facts.compiled,
         device_syncs=phases["device_syncs"],
-        batch_size=options.batch_size,
+        batch_size=batch_size,
         batches=len(timings),
         max_new_tokens=options.generation.max_new_tokens,
         finish={"eos": sum(r.finish_reason == "eos" for r in ok), "length": sum(r.finish_reason == "length" for r in ok)},
         no_answer=sum(r.answer is None for r in ok),
-        scores=summarize_scores(list(scored_rows)),
-        oom_splits=oom_splits,
-        max_pixels=engine.max_pixels,
-        max_pixels_capped=engine.max_pixels_capped,
-        **(_bandwidth(facts["loaded"], ok, timings, phases["decode_ms_per_token"]) if hf else
-           {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}),
-        compile_cache=engine.compile_cache.summary() if hf and engine.compile_cache is not None and engine.compile else None,
+        scores=summarize_scores(list(rows)),
+        oom_splits=facts.oom_splits,
+        max_pixels=facts.max_pixels,
+        max_pixels_capped=capped,
+        **_bandwidth(facts, ok, timings, phases["decode_ms_per_token"]),
+        compile_cache=facts.compile_cache,
         notes=notes,
-        versions=run_versions,
+        versions={**versions(), **facts.versions},
         out=options.out,
         results=results,
         batch_timings=timings,
     )
 
 
-def _bandwidth(loaded, ok, timings, decode_ms_per_token) -> dict:
+def _bandwidth(facts: EngineFacts, ok, timings, decode_ms_per_token) -> dict:
     """Achieved decode bandwidth at the run's mean batch and mid-decode context (:mod:`vlmfast.capacity`)."""
-    from .capacity import run_bandwidth
+    from .capacity import bandwidth_report
 
-    if not ok or not timings:
-        return run_bandwidth(loaded, 1, 0, None)
+    if facts.model_shape is None or not ok or not timings or not decode_ms_per_token:
+        return {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}
     batch = sum(t.size for t in timings) / len(timings)
     context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok)
-    return run_bandwidth(loaded, batch, context, decode_ms_per_token)
+    return bandwidth_report(facts.model_shape, batch, context, decode_ms_per_token / 1000, facts.device_name)

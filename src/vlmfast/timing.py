@@ -6,6 +6,7 @@ work was *queued*, not when it finished. Every clock read here synchronizes the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import sys
@@ -38,10 +39,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     pos = (len(xs) - 1) * q / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def median(values: Sequence[float]) -> float | None:
-    return percentile(values, 50)
 
 
 def reset_peak_memory(device) -> None:
@@ -81,6 +78,63 @@ def summarize_timings(timings) -> dict:
         "decode_steps": steps,
         "device_syncs": sum(t.syncs for t in timings),
     }
+
+
+class StepClock:
+    """A logits processor that reads the clock when logits for a new token are ready (``--decoder hf``:
+    the only window into ``generate``'s loop). The first call marks the first token (TTFT); later calls
+    only when asked, since each synchronizes."""
+
+    def __init__(self, device, every_step: bool):
+        self.device = device
+        self.every_step = every_step
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        if self.every_step or not self.times:
+            self.times.append(now(self.device))
+        return scores
+
+
+class _Marks:
+    seconds: float | None = None
+
+
+@contextlib.contextmanager
+def vision_clock(model, device):
+    """Times the vision tower inside a block (device-synchronized hooks before and after each call: prefill
+    groups call it in turn); the total lands in the yielded object's ``seconds`` on exit (None: no tower)."""
+    result = _Marks()
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    if visual is None:
+        yield result
+        return
+    marks: list[float] = []
+
+    def mark(*_):
+        marks.append(now(device))
+
+    handles = [visual.register_forward_pre_hook(mark), visual.register_forward_hook(mark)]
+    try:
+        yield result
+    finally:
+        for h in handles:
+            h.remove()
+        if len(marks) >= 2:
+            result.seconds = sum(b - a for a, b in zip(marks[::2], marks[1::2]))
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+def free_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def versions() -> dict:

@@ -1,0 +1,185 @@
+"""The one interface the runner drives, whichever engine generates: :class:`Backend`, with
+:class:`HfBackend` (vlmfast's engine on transformers: an :class:`~vlmfast.engine.Engine` run by a
+:class:`~vlmfast.scheduler.Scheduler`) and :class:`~vlmfast.vllm_engine.VllmEngine` implementing it.
+The runner and the report never ask which engine runs: what differs is in :class:`EngineFacts`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .inputs import Request
+from .rows import BatchTiming, SampleResult
+
+# measured on 2 cores with prefill in groups: decode keeps gaining up to 32 rows (benchmarks/RESULTS.md)
+CPU_BATCH_SIZE = 32
+Batch = tuple[list[int], list[SampleResult], BatchTiming | None]  # input indices, their rows, the batch's clocks
+
+
+@dataclass
+class EngineFacts:
+    """What the report says about the engine, read once generation is over."""
+
+    engine: str  # "hf" | "vllm"
+    checkpoint: str
+    load_s: float  # loading the model, or starting vLLM
+    cache: dict  # where the checkpoint had the KV cache off, and that it is forced on
+    device: str
+    dtype: str
+    attn: str
+    decoder: str  # "vlmfast" | "hf" | "vllm"
+    cuda_graphs: bool
+    compiled: bool
+    max_pixels: int | None
+    max_pixels_capped: bool
+    compile_s: float = 0.0  # compiling and capturing decode steps, kept out of every clock
+    oom_splits: int = 0  # batches halved after a CUDA out-of-memory error
+    compile_cache: dict | None = None
+    settings: dict | None = None  # vLLM's version and settings
+    model_shape: object | None = None  # capacity.ModelShape, for decode bandwidth (None: not measurable here)
+    device_name: str | None = None  # the CUDA device's name, for its datasheet bandwidth
+    peak_mem_kind: str | None = None  # what peak memory measures, when not this process's own figure
+    versions: dict = field(default_factory=dict)  # versions beyond vlmfast/torch/transformers (vLLM's)
+    notes: list[str] = field(default_factory=list)  # what the engine decided or found on its own
+
+    @classmethod
+    def nothing_loaded(cls, options, found) -> EngineFacts:
+        """A resume that finds every id already done loads no model: nothing to say about one."""
+        from .ckpt_files import cache_off_locations, read_configs, saved_cache_enabled
+
+        config, generation = read_configs(found.path) if found is not None and found.kind == "model" else ({}, None)
+        cache = {"found_off": cache_off_locations(config, generation), "saved_enabled": saved_cache_enabled(config, generation),
+                 "forced_on": False}
+        return cls(engine=options.engine, checkpoint=found.source if found is not None else options.ckpt, load_s=0.0,
+                   cache=cache, device="none", dtype="none", attn="none", decoder=options.decoder if options.engine == "hf"
+                   else "vllm", cuda_graphs=False, compiled=False, max_pixels=options.max_pixels, max_pixels_capped=False,
+                   notes=["nothing to run: every id is already in the results file (the model was not loaded)"])
+
+
+class Backend(Protocol):
+    device: str
+
+    def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
+        """Requests whose prompt leaves no room in the model's context, by id (with the reason)."""
+
+    def ready(self, requests: Sequence[Request], image_sizes: dict, requested: int | None) -> tuple[int, str | None]:
+        """Get ready to run ``requests``: the batch size (``requested``, or the engine's own choice, with
+        a note saying why)."""
+
+    def plan(self, requests: Sequence[Request], image_sizes: dict, batch_size: int) -> list[list[int]]:
+        """Indices of ``requests``, grouped into the batches :meth:`batches` will run."""
+
+    def batches(self, requests: Sequence[Request], image_sizes: dict, planned: list[list[int]]) -> Iterator[list[Batch]]:
+        """For each planned batch, what it produced: one item, or several when it was split."""
+
+    def facts(self) -> EngineFacts: ...
+
+    def close(self) -> None: ...
+
+
+class HfBackend:
+    """vlmfast's own engine: the model loaded by :func:`vlmfast.checkpoint.load`, batches formed by cost
+    and run by the scheduler (prefetch, out-of-memory halving), the compile decision after the first batch."""
+
+    def __init__(self, options, loaded, compile_cache=None, notes: Sequence[str] = ()):
+        from .engine import Engine
+        from .scheduler import Scheduler
+
+        self.loaded = loaded
+        self.engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
+                             decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
+                             compile_cache=compile_cache, prefill_tokens=options.max_batch_tokens)
+        self.scheduler = Scheduler(self.engine, overlap=options.overlap)
+        self.device = self.engine.device
+        self.whole_batch_tokens = options.max_batch_tokens if options.decoder == "hf" else None
+        self.notes = list(notes) + list(loaded.notes) + ([compile_cache.note] if compile_cache is not None and compile_cache.note else [])
+
+    def context_problems(self, requests, image_sizes):
+        return self.engine.context_problems(requests, image_sizes)
+
+    def ready(self, requests, image_sizes, requested):
+        """``requested``, or the largest batch whose KV cache and activations fit the GPU memory left after
+        loading (a CPU: a measured default)."""
+        if requested:
+            return requested, None
+        if not self.engine.on_cuda:
+            return CPU_BATCH_SIZE, f"batch size auto: {CPU_BATCH_SIZE} on a CPU"
+        import torch
+
+        from .capacity import auto_batch_size, shape_from_model
+
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        widest = max((self.engine.cost(r, image_sizes) for r in requests), default=0)
+        context = widest + self.engine.settings.max_new_tokens
+        shape = shape_from_model(self.loaded.model, self.loaded.runtime.dtype)
+        # vision tower activations for the widest sample: ~4 patches per image token, a dozen live tensors
+        vision_hidden = getattr(self.loaded.model.config.vision_config, "hidden_size", 1280)
+        size = auto_batch_size(shape, free, context, vision_bytes_per_sample=widest * 4 * vision_hidden * shape.dtype_bytes * 12)
+        return size, (f"batch size auto: {size} (free GPU memory {free / 2**30:.1f} GiB, contexts up to {context} tokens, "
+                      f"{shape.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token)")
+
+    def plan(self, requests, image_sizes, batch_size):
+        from .scheduler import plan
+
+        return plan(self.engine, requests, image_sizes, batch_size, self.whole_batch_tokens)
+
+    def batches(self, requests, image_sizes, planned):
+        try:
+            for k, parts in enumerate(self.scheduler.batches(requests, image_sizes, planned)):
+                yield parts
+                first = next((t for _, _, t in parts if t is not None), None)
+                if k == 0 and first is not None:
+                    self.engine.decide_compile(first, len(planned) - 1)
+        finally:
+            self.engine.policy.flush()
+
+    def facts(self) -> EngineFacts:
+        from .capacity import shape_from_model
+
+        loaded, engine, runtime = self.loaded, self.engine, self.loaded.runtime
+        device_name = None
+        if engine.on_cuda:
+            import torch
+
+            device_name = torch.cuda.get_device_name(torch.device(runtime.device))
+        return EngineFacts(
+            engine="hf", checkpoint=loaded.source, load_s=loaded.load_s, cache=loaded.cache.as_dict(),
+            device=runtime.device, dtype=runtime.dtype, attn=runtime.attn, decoder=engine.decoder_name,
+            cuda_graphs=engine.cuda_graphs, compiled=engine.policy.enabled, max_pixels=engine.max_pixels,
+            max_pixels_capped=engine.max_pixels_capped, compile_s=engine.policy.compile_s,
+            oom_splits=self.scheduler.oom_splits, compile_cache=engine.policy.summary(),
+            model_shape=shape_from_model(loaded.model, runtime.dtype), device_name=device_name,
+            notes=self.notes + engine.policy.notes,
+        )
+
+    def close(self) -> None:
+        self.engine.forget_shapes()
+
+
+def open_backend(options, found, loaded, dist) -> Backend:
+    """The engine ``options`` ask for, on the located checkpoint (or an already ``loaded`` model). The
+    compile cache is pointed at before the model loads; vLLM itself starts in :meth:`Backend.ready`."""
+    from .errors import UsageError
+
+    if options.engine == "vllm":
+        if dist.world > 1:
+            raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
+                             hint="use --data-parallel-size N and/or --tensor-parallel-size N")
+        from .vllm_engine import open_vllm
+
+        return open_vllm(options, found)
+    from .checkpoint import load
+    from .compile_cache import prepare_cache
+
+    compile_cache = prepare_cache(options.decoder, options.compile)
+    notes = []
+    device = options.device
+    if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
+        notes.append(f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})")
+        device = None
+    if loaded is None:
+        loaded = load(found, device=device or dist.device, dtype=options.dtype, attn=options.attn,
+                      trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
+                      base=options.base, merge=options.merge)
+    return HfBackend(options, loaded, compile_cache, notes)

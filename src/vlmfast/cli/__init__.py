@@ -1,0 +1,33 @@
+"""The ``vlmfast`` command line: one module per group of commands over the library, the shared option
+declarations and error rendering in :mod:`.common`. Heavy imports (torch, transformers) happen inside
+command bodies so ``vlmfast --help`` is instant."""
+
+from __future__ import annotations
+
+from . import infer, bench, data, ckpt  # noqa: F401, I001 - importing a module registers its commands, in this order
+from .common import app
+
+__all__ = ["app", "main", "spread_multi_value"]
+
+MULTI_VALUE_OPTIONS = ("--images",)
+
+
+def spread_multi_value(argv: list[str], options=MULTI_VALUE_OPTIONS) -> list[str]:
+    """``--images a.png b.png dir/`` (what a shell glob expands to) → ``--images a.png --images b.png
+    --images dir/``: click options take one value each, users type lists."""
+    out: list[str] = []
+    current = None  # the list option whose values we are reading
+    for arg in argv:
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            current = name if name in options else None
+        elif current is not None and not (out and out[-1] == current):
+            out.append(current)
+        out.append(arg)
+    return out
+
+
+def main() -> None:
+    import sys
+
+    app(args=spread_multi_value(sys.argv[1:]), prog_name="vlmfast")

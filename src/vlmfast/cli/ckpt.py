@@ -1,0 +1,132 @@
+"""Commands about checkpoints: ``doctor``, ``fix``, ``make-checkpoint``, ``make-images`` and ``demo``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import GEN, Command, MaxNew, UsageError, command, guarded
+
+
+@command(cls=Command, epilog="Exit codes: 0 ok (or findings without --strict) · 1 error-level findings with --strict · 2 bad checkpoint path.")
+def doctor(
+    ckpt: Annotated[str, typer.Argument(help="Checkpoint dir or trainer output dir.", show_default=False)],
+    base: Annotated[Optional[str], typer.Option(help="Base model dir to compare EOS list, vocabulary and files with.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the findings as one JSON object on stdout.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on any error-level finding (for CI).")] = False,
+):
+    """Diagnose a trained checkpoint: cache off, lost EOS or processor files, unmerged shards, LoRA, unsafe weights."""
+
+    def run():
+        from ..doctor import diagnose, findings_as_dicts, strict_exit_code
+        from ..locate import locate
+        from ..report import print_json, render_findings
+
+        where = str(locate(ckpt).path)
+        findings = diagnose(ckpt, base=base)
+        if json_out:
+            print_json({"checkpoint": where, "base": base, "findings": findings_as_dicts(findings)})
+        render_findings(where, findings)
+        if strict and (code := strict_exit_code(findings)):
+            raise typer.Exit(code)
+
+    guarded(run)
+
+
+@command(cls=Command, epilog="Exit codes: 0 fixed, or nothing to fix · 2 bad path, read-only dir or hub id (nothing written).")
+def fix(
+    ckpt: Annotated[str, typer.Argument(help="Checkpoint dir to repair in place (backups: *.orig).", show_default=False)],
+    processor_from: Annotated[Optional[str], typer.Option(help="Base model dir to copy missing processor, tokenizer and chat-template files (and the EOS list) from.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the unified diff; write nothing.")] = False,
+    merge_lora: Annotated[Optional[Path], typer.Option(help="CKPT is a LoRA adapter: write a merged full checkpoint to this dir.")] = None,
+):
+    """Repair a checkpoint's configs (cache on, EOS list) and missing files, atomically with backups; or merge a LoRA adapter."""
+
+    def run():
+        from ..fix import apply_fix, merge_lora as merge, plan_fix
+        from ..report import render_note, stderr
+
+        if merge_lora is not None:
+            if dry_run:
+                raise UsageError("--dry-run does not apply to --merge-lora", hint="drop one of them")
+            result = merge(ckpt, merge_lora, base=processor_from)
+            stderr.print(f"merged {ckpt} into {result.out_dir} (base {result.base})", markup=False)
+            typer.echo(str(result.out_dir))
+            return
+        plan = plan_fix(ckpt, processor_from=processor_from)
+        if plan.empty:
+            render_note(f"{ckpt}: nothing to fix")
+            return
+        result = apply_fix(plan, dry_run=dry_run)
+        if dry_run:
+            typer.echo(result.diff, nl=False)
+            render_note("dry run: nothing was written")
+            return
+        for change in plan.changes():
+            stderr.print(f"fixed: {change}", markup=False)
+        for backup in result.backups:
+            stderr.print(f"backup: {backup}", markup=False)
+
+    guarded(run)
+
+
+@command("make-checkpoint", cls=Command)
+def make_checkpoint(
+    out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.", show_default=False)],
+    preset: Annotated[str, typer.Option(help="tiny (tests) | demo (~6M params, cache-off cost visible on a CPU) | 3b | 7b (the real shapes; GPU benchmarks)")] = "tiny",
+    like: Annotated[str, typer.Option(help="grpo (use_cache false everywhere, as trainers save) | base")] = "grpo",
+    seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing directory.")] = False,
+):
+    """Build a random-weight Qwen2.5-VL checkpoint offline (real model class and processor)."""
+
+    def run():
+        from ..report import stderr
+        from ..tiny import build_checkpoint
+
+        try:
+            path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite)
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="see vlmfast make-checkpoint --help") from None
+        stderr.print(f"checkpoint ({preset}, like {like}) in {path}", markup=False)
+        typer.echo(str(path))
+
+    guarded(run)
+
+
+@command("make-images", cls=Command)
+def make_images(
+    out: Annotated[Path, typer.Argument(help="Directory to write PNGs into.", show_default=False)],
+    count: Annotated[int, typer.Option("-n", "--count", help="How many images.")] = 8,
+    seed: Annotated[int, typer.Option(help="Content seed.")] = 0,
+    size: Annotated[Optional[int], typer.Option(help="Square side in pixels (default: a mix of small sizes).")] = None,
+):
+    """Write deterministic sample images (for demos and benchmarks)."""
+
+    def run():
+        from ..tiny import make_images as make
+
+        for path in make(out, n=count, seed=seed, sizes=[(size, size)] if size else None):
+            typer.echo(str(path))
+
+    guarded(run)
+
+
+@command(cls=Command)
+def demo(
+    workdir: Annotated[Optional[Path], typer.Option(help="Where to build the demo checkpoint and images (reused).")] = None,
+    max_new_tokens: MaxNew = 64,
+    batch_size: Annotated[int, typer.Option(help="Samples per batch.", rich_help_panel=GEN)] = 8,
+):
+    """Build (or reuse) a GRPO-like demo checkpoint and images, then run infer on them — offline, CPU-friendly."""
+
+    def run():
+        from ..demo import run_demo
+
+        run_demo(workdir, max_new_tokens=max_new_tokens, batch_size=batch_size)
+
+    guarded(run)
+
+

@@ -1,0 +1,59 @@
+"""``vlmfast score`` and ``vlmfast convert``: results and datasets, no model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import BboxSpace, Command, Iou, Json, Scorer, choice, command, guarded
+
+
+@command(cls=Command, epilog="Exit codes: 0 ok · 2 unreadable results or manifest.")
+def score(
+    results: Annotated[Path, typer.Argument(help="A results JSONL written by vlmfast infer.", show_default=False)],
+    manifest: Annotated[str, typer.Option(help="The manifest with ground truth (solution / answer, optional scorer per row).")],
+    scorer: Scorer = "auto",
+    iou: Iou = 0.5,
+    bbox_space: BboxSpace = None,
+    out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL).")] = None,
+    json_out: Json = False,
+):
+    """Score an existing results file against a manifest's ground truth — no model, no GPU."""
+
+    def run():
+        from ..report import print_json, render_scores
+        from ..scoring import BBOX_SPACES, SCORERS
+        from ..rescore import rescore_file
+
+        summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
+                               bbox_space=choice("--bbox-space", bbox_space, BBOX_SPACES) or "resized", out=out)
+        render_scores(str(results), summary)
+        if json_out:
+            print_json(summary)
+
+    guarded(run)
+
+
+@command(cls=Command, epilog="Exit codes: 0 written · 2 unreadable or bad records (all listed; nothing written).")
+def convert(
+    source: Annotated[Path, typer.Argument(help="A VLM-R1 REC/test JSON(L) or an ms-swift dataset JSONL.", show_default=False)],
+    out: Annotated[Path, typer.Option(help="Manifest to write (JSONL).")],
+    format_: Annotated[str, typer.Option("--format", help="auto | vlmr1 | swift")] = "auto",
+    image_root: Annotated[Optional[str], typer.Option(help="Directory the records' relative image paths are under.")] = None,
+):
+    """Turn a GRPO dataset file into a vlmfast manifest with ground truth (for infer, bench and score)."""
+
+    def run():
+        from ..convert import FORMATS, convert_file, write_manifest
+        from ..report import stderr
+
+        rows = convert_file(str(source), choice("--format", format_, FORMATS), image_root=image_root)
+        path = write_manifest(rows, str(out))
+        stderr.print(f"wrote {len(rows)} record(s) to {path}", markup=False)
+        typer.echo(str(path))
+
+    guarded(run)
+
+

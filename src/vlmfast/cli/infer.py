@@ -1,0 +1,80 @@
+"""``vlmfast infer``: the command line of :func:`vlmfast.runner.infer`."""
+
+from __future__ import annotations
+
+from .common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
+                     CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, GpuMemory, IgnoreEos, Images, Iou, Json,
+                     Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
+                     Overlap, Overwrite, Prompt, PromptFile, RetryErrors, Scorer, Seed, SkipBad, System, Temperature,
+                     Template, TensorParallel, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
+                     guarded)
+
+
+@command(cls=Command, epilog=EXIT_CODES_HELP)
+def infer(
+    ckpt: Ckpt,
+    images: Images = None,
+    prompt: Prompt = None,
+    prompt_file: PromptFile = None,
+    manifest: Manifest = None,
+    template: Template = "plain",
+    system: System = None,
+    max_pixels: MaxPixels = None,
+    min_pixels: MinPixels = None,
+    skip_bad: SkipBad = False,
+    max_image_pixels: MaxImagePixels = 89_478_485,
+    batch_size: AutoBatchSize = "auto",
+    max_batch_tokens: MaxBatchTokens = None,
+    max_new_tokens: MaxNew = 1024,
+    temperature: Temperature = 0.0,
+    top_p: TopP = 1.0,
+    seed: Seed = None,
+    ignore_eos: IgnoreEos = False,
+    decoder: Decoder = "vlmfast",
+    cuda_graphs: CudaGraphs = None,
+    compile_: Compile = None,
+    overlap: Overlap = None,
+    engine: Engine = "hf",
+    tensor_parallel_size: TensorParallel = 1,
+    data_parallel_size: DataParallel = 1,
+    gpu_memory_utilization: GpuMemory = 0.9,
+    max_num_seqs: MaxNumSeqs = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    attn: Attn = None,
+    trust_remote_code: TrustRemote = False,
+    allow_pickle: AllowPickle = False,
+    base: Base = None,
+    merge: Merge = False,
+    scorer: Scorer = "auto",
+    iou: Iou = 0.5,
+    bbox_space: BboxSpace = None,
+    out: Out = None,
+    overwrite: Overwrite = False,
+    retry_errors: RetryErrors = False,
+    json_out: Json = False,
+):
+    """Generate for images + prompts with the KV cache forced on; JSONL results and a timing report."""
+    params = dict(locals())
+
+    def run():
+        from ..options import InferOptions
+        from ..parallel import is_main_process
+        from ..report import ProgressBar, print_json, render_infer
+        from ..runner import infer as run_infer
+
+        if json_out and out is None:
+            raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")
+        options = from_params(InferOptions, params, batch_size=batch_size_value(batch_size))
+        bar = ProgressBar(enabled=None if is_main_process() else False)
+        try:
+            report = run_infer(options, progress=bar)
+        finally:
+            bar.stop()
+        if not is_main_process():
+            return
+        render_infer(report)
+        if json_out:
+            print_json(report.as_dict())
+
+    guarded(run)

@@ -1,0 +1,121 @@
+"""What a run produces, the same for every engine: generation settings, one result row per request,
+one timing per batch — and the two ways a row is made: from generated token ids (:func:`result_row`)
+or from an input that could not run (:func:`error_row`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .inputs import Request
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How to decode. ``temperature == 0`` means greedy (the default)."""
+
+    max_new_tokens: int = 1024
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
+
+    def __post_init__(self):
+        from .errors import UsageError
+
+        if self.max_new_tokens < 1:
+            raise UsageError(f"--max-new-tokens {self.max_new_tokens}: expected at least 1", hint="e.g. --max-new-tokens 256")
+        if self.temperature < 0:
+            raise UsageError(f"--temperature {self.temperature}: expected 0 (greedy) or more", hint="e.g. --temperature 0.7")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"--top-p {self.top_p}: expected a value in (0, 1]", hint="e.g. --top-p 0.95")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SampleResult:
+    """One output row. ``error`` is set (and the rest empty) for inputs that could not run."""
+
+    id: str
+    images: list[str]
+    prompt: str
+    text: str | None = None
+    think: str | None = None
+    answer: str | None = None
+    finish_reason: str | None = None  # "eos" | "length"
+    n_prompt_tokens: int = 0
+    n_image_tokens: int = 0
+    n_new_tokens: int = 0
+    error: str | None = None
+    image_sizes: list[list[int]] | None = None  # [width, height] of each image as given
+    model_image_sizes: list[list[int]] | None = None  # [width, height] the model saw (after resizing)
+    token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
+    extra: dict = field(default_factory=dict, repr=False)  # more row fields (scores), written after the rest
+
+    RECORD_FIELDS = (
+        "id", "images", "prompt", "text", "think", "answer", "finish_reason",
+        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes",
+    )
+
+    def record(self) -> dict:
+        """The JSONL row (token ids stay in memory)."""
+        return {**{name: getattr(self, name) for name in self.RECORD_FIELDS}, **self.extra}
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    size: int
+    preprocess_s: float  # all preprocessing work for the batch (image decode/resize, template, processor)
+    ttft_s: float  # prefill: vision tower + prompt + choosing the first token
+    decode_s: float  # first new token → last new token
+    steps: int  # decode steps taken (new tokens per sequence, incl. the first)
+    new_tokens: int  # tokens kept across the batch (up to each sequence's EOS)
+    step_times_s: tuple[float, ...] = ()  # latency of each decode step after the first token, when recorded
+    preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
+    vision_s: float | None = None  # the vision tower's share of the prefill
+    syncs: int = 0  # device read-backs during decode
+
+
+THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def parse_reasoning(text: str) -> tuple[str | None, str | None]:
+    """(think, answer) from GRPO-style ``<think>…</think><answer>…</answer>`` output.
+
+    An unclosed ``<think>`` keeps what was thought (truncated runs); a bare ``</think>`` (template
+    opened the tag) takes the text before it; an unclosed ``<answer>`` is no answer. Absent → None.
+    """
+    think = None
+    if (m := THINK.search(text)) is not None:
+        think = m.group(1).strip()
+    elif "</think>" in text:
+        think = text.split("</think>", 1)[0].strip()
+    answer = m.group(1).strip() if (m := ANSWER.search(text)) is not None else None
+    return think, answer
+
+
+def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,
+               model_sizes: list[list[int]] | None) -> SampleResult:
+    """The row of one finished request: ids cut after the first EOS (kept, as generate keeps it), text
+    decoded by the checkpoint's tokenizer without special tokens, think/answer parsed from the text."""
+    eos = set(eos_ids)
+    end = next((i + 1 for i, t in enumerate(new_ids) if t in eos), None)
+    kept = list(new_ids if end is None else new_ids[:end])
+    text = tokenizer.decode(kept, skip_special_tokens=True)
+    think, answer = parse_reasoning(text)
+    return SampleResult(
+        id=request.id, images=list(request.images), prompt=request.prompt, text=text, think=think, answer=answer,
+        finish_reason="eos" if end is not None else "length", n_prompt_tokens=n_prompt, n_image_tokens=n_image,
+        n_new_tokens=len(kept), token_ids=kept,
+        image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
+        model_image_sizes=model_sizes,
+    )
+
+
+def error_row(rid: str, request: Request | None, error: str) -> SampleResult:
+    """The row of a request that could not run (``request`` None: the input never became a request)."""
+    return SampleResult(rid, list(request.images) if request else [], request.prompt if request else "", error=error)
