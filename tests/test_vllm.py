@@ -27,6 +27,12 @@ from vlmfast.inputs import Request  # noqa: E402
 from vlmfast.overlay import OVERLAY_PREFIX, overlay_for_vllm  # noqa: E402
 from vlmfast.vllm_engine import VllmEngine  # noqa: E402
 
+
+def use_settings(engine, settings):
+    """Decode later chunks with ``settings`` on the running vLLM (its start-up is the expensive part)."""
+    engine.settings = settings
+    engine.sampling_params = engine._sampling_params()
+
 MAX_NEW = 32
 PROMPT = "Describe the image."
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -99,7 +105,7 @@ def engine(broken, demo, before, requests):
 @pytest.fixture(scope="module")
 def chunks(engine, requests):
     """The greedy run every row test reads: 9 requests in chunks of 3."""
-    engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+    use_settings(engine, GenerationSettings(max_new_tokens=MAX_NEW))
     return list(engine.run(requests, {}, 3))
 
 
@@ -182,11 +188,11 @@ def test_a_stop_token_is_kept_and_counted_as_the_hf_engine_does(engine, rows, hf
     eos = list(engine.eos_token_ids)
     engine.eos_token_ids = eos + [stop]
     try:
-        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+        use_settings(engine, GenerationSettings(max_new_tokens=MAX_NEW))
         mine = {r.id: r for _, results, _ in engine.run(good, {}, 8) for r in results}
     finally:
         engine.eos_token_ids = eos
-        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+        use_settings(engine, GenerationSettings(max_new_tokens=MAX_NEW))
     theirs = _hf_rows(dataclasses.replace(hf_loaded, eos_token_ids=hf_loaded.eos_token_ids + [stop]), good)
     a = mine[good[0].id]
     assert a.token_ids == first[:k + 1] and a.finish_reason == "eos" and a.n_new_tokens == k + 1
@@ -203,17 +209,17 @@ def test_vision_placeholders_are_never_emitted(engine, good):
     banned = set(engine.suppress_token_ids)
     assert engine.ban_mechanism == "bad_words" and len(banned) == 4
     hot = GenerationSettings(max_new_tokens=128, temperature=2.0, seed=1, ignore_eos=True)
-    engine.update_settings(hot)
+    use_settings(engine, hot)
     ban = engine.ban_kwargs
     try:
         by8 = {r.id: r.token_ids for _, results, _ in engine.run(good, {}, 8) for r in results}
         by3 = {r.id: r.token_ids for _, results, _ in engine.run(good, {}, 3) for r in results}
         engine.ban_kwargs = {}
-        engine.update_settings(hot)
+        use_settings(engine, hot)
         control = [t for _, results, _ in engine.run(good, {}, 8) for r in results for t in r.token_ids]
     finally:
         engine.ban_kwargs = ban
-        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+        use_settings(engine, GenerationSettings(max_new_tokens=MAX_NEW))
     assert by8 == by3
     assert all(len(ids) == 128 for ids in by8.values())
     assert not banned & {t for ids in by8.values() for t in ids}
@@ -221,11 +227,11 @@ def test_vision_placeholders_are_never_emitted(engine, good):
 
 
 def test_ignore_eos_decodes_exactly_max_new_tokens(engine, good):
-    engine.update_settings(GenerationSettings(max_new_tokens=16, ignore_eos=True))
+    use_settings(engine, GenerationSettings(max_new_tokens=16, ignore_eos=True))
     try:
         out = list(engine.run(good, {}, 8))
     finally:
-        engine.update_settings(GenerationSettings(max_new_tokens=MAX_NEW))
+        use_settings(engine, GenerationSettings(max_new_tokens=MAX_NEW))
     (_, results, timing), = out
     assert all(r.finish_reason == "length" and r.n_new_tokens == 16 for r in results)
     assert timing.steps == 16 and timing.new_tokens == 16 * len(good)

@@ -61,6 +61,8 @@ def test_killed_run_resumes_with_every_id_once_and_rows_in_input_order(demo, ima
     ids = sorted(str(p) for p in image_dir.iterdir())
     assert [r["id"] for r in rows] == ids  # every id once, in input order
     assert report["engine"] == "vllm" and report["engine_settings"]["vllm_version"] and report["versions"]["vllm"]
+    startup = report["engine_settings"]["startup_s"]  # read after vLLM started, not before
+    assert isinstance(startup, float) and 0 < startup <= report["load_s"]
     assert report["skipped_existing"] == len(before) and report["samples"] == 9 - len(before)
     broken = next(r for r in rows if r["id"].endswith("img_003b.png"))
     assert "not a readable image" in broken["error"]
