@@ -170,7 +170,7 @@ def load(
 
 def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow_pickle: bool) -> Loaded:
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own report is the interface; no per-file bars in CI logs
@@ -178,25 +178,11 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
     notes = [n for n in (found.note,) if n and n != "hub id"] + list(runtime.notes)
     if trust_remote_code:
         notes.append("trust_remote_code is on: the checkpoint's own Python code runs")
-    try:
-        processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as exc:
-        raise CheckpointError(
-            f"{source}: cannot load the processor ({type(exc).__name__}: {exc})",
-            hint="copy preprocessor_config.json, tokenizer and chat template files from the base model into the checkpoint "
-                 "(vlmfast fix CKPT --processor-from BASE does it)",
-        ) from exc
-    tokenizer = getattr(processor, "tokenizer", None)
-    if tokenizer is None or not hasattr(processor, "image_processor"):
-        raise CheckpointError(
-            f"{source}: the processor has no tokenizer/image processor (got {type(processor).__name__})",
-            hint="preprocessor_config.json is probably missing: copy it from the base model",
-        )
-    tokenizer.padding_side = "left"  # right padding breaks batched generation with flash-attn and shifts outputs
-    if getattr(processor, "chat_template", None) is None:
-        processor.chat_template = CHAT_TEMPLATE
-        notes.append("the checkpoint has no chat template: using vlmfast's ChatML template")
-
+    processor, said = load_processor(source, trust_remote_code=trust_remote_code,
+                                     hint="copy preprocessor_config.json, tokenizer and chat template files from the base "
+                                          "model into the checkpoint (vlmfast fix CKPT --processor-from BASE does it)")
+    notes += said
+    tokenizer = processor.tokenizer
     try:
         model = AutoModelForImageTextToText.from_pretrained(
             source,
@@ -258,16 +244,9 @@ def _load_with_adapter(found: Located, base: str | None, merge: bool, **load_kwa
     loaded.notes[:0] = [found.note] if found.note else []
     loaded.notes.append(f"LoRA adapter {adapter_dir} on base {loaded.source}, {how}")
     if has_own_processor(adapter_dir):
-        from transformers import AutoProcessor
-
-        try:
-            processor = AutoProcessor.from_pretrained(str(adapter_dir), trust_remote_code=load_kwargs.get("trust_remote_code", False))
-        except Exception as exc:
-            raise CheckpointError(f"{adapter_dir}: cannot load the adapter's processor ({type(exc).__name__}: {exc})",
-                                  hint="remove the broken processor files from the adapter dir to use the base's") from exc
-        processor.tokenizer.padding_side = "left"  # as for the base: batched generation needs it
-        if getattr(processor, "chat_template", None) is None:
-            processor.chat_template = loaded.processor.chat_template
+        processor, _ = load_processor(str(adapter_dir), trust_remote_code=load_kwargs.get("trust_remote_code", False),
+                                      hint="remove the broken processor files from the adapter dir to use the base's",
+                                      template=loaded.processor.chat_template)
         loaded.processor = processor
         loaded.notes.append("processor from the adapter dir")
     else:
@@ -281,6 +260,29 @@ def _snapshot_dir(repo_id: str) -> Path:
     from transformers.utils import cached_file
 
     return Path(cached_file(repo_id, "config.json")).parent
+
+
+def load_processor(path, *, trust_remote_code: bool, hint: str, template: str | None = None):
+    """The checkpoint's processor, ready for batched generation: left padding (right padding breaks
+    batched generation with flash-attn and shifts outputs), and a chat template (``template``, else
+    vlmfast's ChatML one, said in the returned notes) when the checkpoint lost its own."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot load the processor ({type(exc).__name__}: {exc})", hint=hint) from exc
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is None or not hasattr(processor, "image_processor"):
+        raise CheckpointError(f"{path}: the processor has no tokenizer/image processor (got {type(processor).__name__})",
+                              hint="preprocessor_config.json / processor_config.json is missing: " + hint)
+    tokenizer.padding_side = "left"
+    notes = []
+    if getattr(processor, "chat_template", None) is None:
+        processor.chat_template = template or CHAT_TEMPLATE
+        if template is None:
+            notes.append("the checkpoint has no chat template: using vlmfast's ChatML template")
+    return processor, notes
 
 
 def eos_list(saved, tokenizer) -> tuple[list[int], str | None]:

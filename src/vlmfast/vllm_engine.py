@@ -39,7 +39,7 @@ from .errors import CheckpointError, UsageError
 from .inputs import Request
 from .prepare import Preparer
 from .rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
-from .vllm_support import (chunk_timing, fallback_chat_template, import_vllm, is_hub_id, quiet_known_warnings,
+from .vllm_support import (chunk_timing, import_vllm, is_hub_id, quiet_known_warnings,
                            validation_errors, vllm_version)
 
 VLLM_CHUNK = {"cpu": 8, "cuda": 512}  # requests per LLM.generate call: vLLM batches inside; a chunk is what a kill can lose
@@ -120,22 +120,14 @@ class VllmEngine(Preparer):
 
     def _load_processor(self, min_pixels, max_pixels) -> None:
         """The processor, config and generation config vLLM will use, read here for prompts, ids and limits."""
-        from transformers import AutoConfig, AutoProcessor, GenerationConfig
+        from transformers import AutoConfig, GenerationConfig
 
-        from .checkpoint import eos_list, vision_placeholder_ids
+        from .checkpoint import eos_list, load_processor, vision_placeholder_ids
 
-        try:
-            processor = AutoProcessor.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
-        except Exception as exc:
-            raise CheckpointError(f"{self.ckpt}: cannot load the processor ({type(exc).__name__}: {exc})",
-                                  hint="pass the base model dir as base (--base) to supply processor, tokenizer and "
-                                       "chat-template files; the checkpoint is not modified") from exc
-        if getattr(processor, "tokenizer", None) is None or not hasattr(processor, "image_processor"):
-            raise CheckpointError(f"{self.ckpt}: the processor has no tokenizer/image processor (got {type(processor).__name__})",
-                                  hint="preprocessor_config.json / processor_config.json is missing: pass the base model dir as base (--base)")
-        if getattr(processor, "chat_template", None) is None:
-            processor.chat_template = fallback_chat_template()
-            self.notes.append("the checkpoint has no chat template: using vlmfast's ChatML template")
+        processor, said = load_processor(self.model_dir, trust_remote_code=self.trust_remote_code,
+                                         hint="pass the base model dir as base (--base) to supply processor, tokenizer "
+                                              "and chat-template files; the checkpoint is not modified")
+        self.notes += said
         self.processor, self.tokenizer = processor, processor.tokenizer
         self.config = AutoConfig.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
         try:

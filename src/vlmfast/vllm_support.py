@@ -96,9 +96,3 @@ def is_hub_id(spec: str) -> bool:
     from .locate import HUB_ID
 
     return bool(HUB_ID.match(spec)) and not Path(spec.split("/")[0]).is_dir()
-
-
-def fallback_chat_template() -> str:
-    from .ckpt_files import CHAT_TEMPLATE
-
-    return CHAT_TEMPLATE
