@@ -106,3 +106,53 @@ def edit_json(path: Path, fn) -> None:
     data = json.loads(path.read_text())
     fn(data)
     path.write_text(json.dumps(data, indent=2))
+
+
+class FakeBackend:
+    """A :class:`vlmfast.backends.Backend` without a model: every request answers ``answers[id]`` (default
+    "A") as ``<think>…</think><answer>…</answer>`` in ``tokens`` new tokens. Runner, summary and report
+    logic run through it in milliseconds, without torch. ``fail_at``: the batch index that raises."""
+
+    device = "cpu"
+
+    def __init__(self, answers=None, tokens=4, fail_at=None, max_pixels=1003520, capped=False, too_long=()):
+        self.answers, self.tokens, self.fail_at, self.too_long = answers or {}, tokens, fail_at, set(too_long)
+        self.max_pixels, self.capped = max_pixels, capped
+        self.batches_run, self.closed = 0, False
+
+    def context_problems(self, requests, image_sizes):
+        return {r.id: "prompt is too long (fake)" for r in requests if r.id in self.too_long}
+
+    def ready(self, requests, image_sizes, requested):
+        return requested or 2, None if requested else "batch size auto: 2 (fake)"
+
+    def plan(self, requests, image_sizes, batch_size):
+        return [list(range(i, min(i + batch_size, len(requests)))) for i in range(0, len(requests), batch_size)]
+
+    def batches(self, requests, image_sizes, planned):
+        from vlmfast.rows import BatchTiming, SampleResult
+
+        for k, indices in enumerate(planned):
+            if k == self.fail_at:
+                raise RuntimeError(f"fake failure in batch {k}")
+            rows = []
+            for i in indices:
+                r = requests[i]
+                answer = self.answers.get(r.id, "A")
+                rows.append(SampleResult(r.id, list(r.images), r.prompt, text=f"<think>t</think><answer>{answer}</answer>",
+                                         think="t", answer=answer, finish_reason="eos", n_prompt_tokens=10,
+                                         n_new_tokens=self.tokens, token_ids=[1] * self.tokens,
+                                         image_sizes=[list(s) for s in r.image_sizes] if r.image_sizes else None))
+            self.batches_run += 1
+            yield [(indices, rows, BatchTiming(size=len(rows), preprocess_s=0.01, ttft_s=0.02, decode_s=0.03,
+                                               steps=self.tokens, new_tokens=self.tokens * len(rows)))]
+
+    def facts(self):
+        from vlmfast.backends import EngineFacts
+
+        return EngineFacts(engine="hf", checkpoint="fake", load_s=0.5, cache={"found_off": [], "saved_enabled": True,
+                           "forced_on": True}, device="cpu", dtype="float32", attn="sdpa", decoder="vlmfast",
+                           cuda_graphs=False, compiled=False, max_pixels=self.max_pixels, max_pixels_capped=self.capped)
+
+    def close(self):
+        self.closed = True

@@ -53,22 +53,23 @@ class RunFailed(VlmfastError):
     exit_code = EXIT_FAILURE
 
 
-def infer(options: InferOptions, progress: Progress | None = None, loaded=None) -> InferReport:
+def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None) -> InferReport:
     """Run the whole ``infer`` flow. Raises :class:`~vlmfast.errors.VlmfastError` subclasses for anything
     the user can fix; nothing is written when inputs are bad (unless ``skip_bad``).
 
     Launched with several processes (``accelerate launch``), each process runs its share and the main
-    process returns the combined report (the others return their own)."""
+    process returns the combined report (the others return their own). ``loaded``: a model already loaded
+    for these options; ``backend``: an engine already opened (any :class:`~vlmfast.backends.Backend`)."""
     from .backends import EngineFacts, open_backend
     from .locate import locate
 
-    found = locate(options.ckpt, hub=True) if loaded is None else None  # a wrong path fails in well under a second
+    found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
     dist = Distributed()
     work = collect_work(options, dist)
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
         return summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
                          rows=list(work.existing.values()), batch_size=options.batch_size or 0)
-    with contextlib.closing(open_backend(options, found, loaded, dist)) as backend:
+    with contextlib.closing(backend or open_backend(options, found, loaded, dist)) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
         batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
         work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))

@@ -138,15 +138,22 @@ def free_device_cache() -> None:
 
 
 def versions() -> dict:
-    """What measured the figures: vlmfast, torch, transformers and Python versions."""
+    """What measured the figures: vlmfast, torch, transformers and Python versions (read from the installed
+    packages' metadata: the report needs no torch import)."""
     import platform
-
-    import torch
-    import transformers
+    from importlib import metadata
 
     from . import __version__
 
-    return {"vlmfast": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+    def installed(name: str) -> str | None:
+        if name in sys.modules:  # imported: its own string (torch's names its build, e.g. +cu130)
+            return getattr(sys.modules[name], "__version__", None)
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"vlmfast": __version__, "torch": installed("torch"), "transformers": installed("transformers"),
             "python": platform.python_version()}
 
 
