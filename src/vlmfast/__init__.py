@@ -16,7 +16,7 @@ _EXPORTS = {
     "Scheduler": "scheduler",
     "GenerationSettings": "engine",
     "SampleResult": "engine",
-    "parse_reasoning": "engine",
+    "parse_reasoning": "scoring",
     "Request": "inputs",
     "infer": "runner",
     "InferOptions": "runner",

@@ -359,14 +359,14 @@ def vllm_workload(found, options: BenchOptions, requests, sizes):
 
 
 def _accuracy(scored: list[dict]) -> dict:
-    from .scoring import summarize
+    from .stats import summarize
 
     s = summarize(scored)
     return {"accuracy": s["accuracy"], "format_rate": s["format_rate"], "scored": s["scored"]}
 
 
 def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions_) -> dict:
-    from .scoring import paired_comparison
+    from .stats import paired_comparison
 
     settings = options.generation
     by = {(s["name"], s["batch_size"]): s for s in scenarios}

@@ -16,7 +16,6 @@ Clocks synchronize the device before every read (:mod:`vlmfast.timing`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ from .checkpoint import Loaded
 from .errors import InputError, UsageError
 from .inputs import Request
 from .prepare import Preparer
+from .scoring import parse_reasoning
 from .timing import now
 DECODERS = ("vlmfast", "hf")
 # Padded prompt tokens per prefill pass (rows × widest prompt). Measured on 2 CPU cores (demo model,
@@ -136,25 +136,6 @@ class Prefilled:
     key_valid: object  # (rows, prompt_len) bool: False on padding
     caches: list[tuple[int, int, object]]  # (start row, end row, the group's HF cache)
     prompt_len: int
-
-
-THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def parse_reasoning(text: str) -> tuple[str | None, str | None]:
-    """(think, answer) from GRPO-style ``<think>…</think><answer>…</answer>`` output.
-
-    An unclosed ``<think>`` keeps what was thought (truncated runs); a bare ``</think>`` (template
-    opened the tag) takes the text before it; an unclosed ``<answer>`` is no answer. Absent → None.
-    """
-    think = None
-    if (m := THINK.search(text)) is not None:
-        think = m.group(1).strip()
-    elif "</think>" in text:
-        think = text.split("</think>", 1)[0].strip()
-    answer = m.group(1).strip() if (m := ANSWER.search(text)) is not None else None
-    return think, answer
 
 
 class Engine(Preparer):

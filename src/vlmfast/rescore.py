@@ -13,7 +13,8 @@ from .convert import read_truths
 from .errors import InputError
 from .files import atomic_write
 from .results import read_existing
-from .scoring import rescore, summarize
+from .scoring import rescore
+from .stats import summarize
 
 
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str = "resized",

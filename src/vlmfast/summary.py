@@ -91,7 +91,7 @@ def summarize(options, facts, engine, results, timings, *, generate_s, skipped, 
               compile_s=0.0, scored_rows=()) -> InferReport:
     """The report from what ran. ``facts``: checkpoint, load_s, cache, device, dtype, attn, engine
     (vLLM's settings, or None) and ``loaded`` (the HF engine's model, for the bandwidth figures)."""
-    from .scoring import summarize as summarize_scores
+    from .stats import summarize as summarize_scores
 
     ok = [r for r in results if r.error is None]
     if oom_splits:

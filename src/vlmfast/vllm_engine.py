@@ -38,10 +38,11 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .engine import BatchTiming, GenerationSettings, SampleResult, parse_reasoning
+from .engine import BatchTiming, GenerationSettings, SampleResult
 from .errors import CheckpointError, UsageError
 from .inputs import Request
 from .prepare import Preparer
+from .scoring import parse_reasoning
 
 INSTALL_HINT = ("install vLLM: pip install 'vlmfast[vllm]' (vLLM for CUDA); CPU development build: "
                 "bash scripts/setup_vllm.sh, then run vlmfast from .venv-vllm")
