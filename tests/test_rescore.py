@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, read_jsonl
-from vlmfast.bench import BASE, CKPT, gate
+from vlmfast.bench_figures import BASE, CKPT, gate
 from vlmfast.engine import GenerationSettings
 from vlmfast.errors import InputError
 from vlmfast.rescore import MAX_LISTED, read_result_rows, rescore_file

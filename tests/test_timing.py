@@ -1,13 +1,20 @@
 import pytest
 
-from vlmfast.timing import median, percentile
+from vlmfast.timing import percentile, rounded, spread
 
 
 def test_percentile_linear_interpolation_like_numpy():
     xs = [10.0, 1.0, 4.0, 3.0]
     assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 10.0
-    assert median(xs) == 3.5
+    assert percentile(xs, 50) == 3.5
     assert percentile(xs, 90) == pytest.approx(8.2)
     assert percentile([], 50) is None
     with pytest.raises(ValueError):
         percentile(xs, 101)
+
+
+def test_spread_min_max_and_coefficient_of_variation():
+    # mean 5, sample variance (9 + 1 + 1 + 9) / 3 → sd sqrt(20/3), CV 100 · sd / 5
+    assert spread([2.0, 4.0, 6.0, 8.0]) == (2.0, 8.0, pytest.approx(100 * (20 / 3) ** 0.5 / 5))
+    assert spread([3.0]) == (3.0, 3.0, None) and spread([]) == (None, None, None) and spread([0.0, 0.0])[2] is None
+    assert rounded(1.23456) == 1.235 and rounded(None) is None
