@@ -4,8 +4,13 @@ import struct
 import pytest
 
 from conftest import vlmfast
-from vlmfast.bench import AS_SAVED, BASE, CKPT, SCHEMA, RunStats, agreement, gate, ratio, scenario_summary, step_series
+from vlmfast.bench import BenchOptions
+from vlmfast.bench_figures import (
+    AS_SAVED, BASE, CKPT, NOISY_CV_PCT, SCHEMA, RunStats, agreement, fidelity_pairs, gate, noise_notes, ratio,
+    scenario_summary, span_tokens, speed_ratios, step_series,
+)
 from vlmfast.engine import BatchTiming, SampleResult
+from vlmfast.errors import UsageError
 
 
 def _run(wall, ttft_ms, steps_ms, tokens=8, think="a b"):
@@ -27,8 +32,102 @@ def test_scenario_summary_on_recorded_times():
     assert (s["ttft_ms_p50"], s["ttft_ms_p90"]) == (20.0, 30.0)
     assert s["decode_ms_per_token"] == 10.0
     assert (s["no_answer_rate"], s["truncation_rate"], s["mean_new_tokens"]) == (0.5, 0.5, 8.0)
-    assert s["mean_think_tokens"] == 2.0  # words, without a tokenizer
+    assert s["mean_think_tokens"] is s["mean_answer_tokens"] is None  # no tokenizer, no token counts
     assert s["step_ms"] == step_series(runs) == [4.0, 4.0]  # step 0: median of 1, 3, 5, 7; step 1: of 2, 4, 6
+    # wall 2, 1, 4 s: mean 7/3, sample variance (1/9 + 16/9 + 25/9) / 2 = 7/3, CV = sqrt(7/3) / (7/3)
+    assert (s["wall_s_min"], s["wall_s_max"], s["wall_cv_pct"]) == (1.0, 4.0, 65.5)
+
+
+class FakeTokenizer:
+    """Pieces by id; 9 is EOS (special). ``encode`` splits into characters: re-encoding a text on its
+    own can give more tokens than the model generated, which is how mean think tokens (86) once
+    exceeded mean new tokens (64)."""
+
+    PIECES = ["<think>", "a long thought", "</think>", "<answer>", "x", "</answer>", "\n", "</", "think>", ""]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.PIECES[i] for i in ids if not (skip_special_tokens and i == 9))
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text)
+
+
+@pytest.mark.parametrize("ids, spans", [
+    ([0, 1, 2, 6, 3, 4, 5, 9], (3, 4)),  # think = <think> thought </think>; answer = "\n" <answer> x </answer>
+    ([0, 1, 7, 8, 3, 4, 5], (4, 3)),  # "</think>" split over two tokens: both are the think's
+    ([1, 2, 3, 4, 5], (2, 3)),  # the template opened <think>
+    ([0, 1, 1], (3, None)),  # unclosed think: every token
+    ([3, 4, 5, 9], (None, 3)),
+    ([4, 4], (None, None)),
+])
+def test_span_tokens_are_counted_in_the_generated_ids(ids, spans):
+    assert span_tokens(ids, FakeTokenizer()) == spans
+    assert sum(n or 0 for n in spans) <= len(ids)
+
+
+def test_think_tokens_never_exceed_new_tokens():
+    ids = [0, 1, 2, 3, 4, 5, 9]
+    result = SampleResult(id="s", images=[], prompt="", text=FakeTokenizer().decode(ids), think="a long thought",
+                          answer="x", finish_reason="eos", n_new_tokens=len(ids), token_ids=ids)
+    assert len(FakeTokenizer().encode(result.think)) == 14 > result.n_new_tokens  # the old count: re-encoded text
+    s = scenario_summary(CKPT, 1, [RunStats(wall_s=1.0, timings=[], results=[result])], FakeTokenizer())
+    assert (s["mean_think_tokens"], s["mean_answer_tokens"], s["mean_new_tokens"]) == (3.0, 3.0, 7.0)
+
+
+@pytest.mark.parametrize("walls, cv, noisy", [
+    ([1.0, 1.0, 1.3], 15.7, True),  # mean 1.1, variance (0.01 + 0.01 + 0.04) / 2 = 0.03 → 0.1732 / 1.1
+    ([2.0, 2.0, 2.1], 2.8, False),  # variance (1 + 1 + 4) / 900 / 2 → 0.0577 / 2.0333
+    ([1.0], None, False),  # one run: no spread to speak of
+])
+def test_run_spread_and_the_noise_note(walls, cv, noisy):
+    s = scenario_summary(CKPT, 8, [RunStats(wall_s=w, timings=[], results=[]) for w in walls])
+    assert (s["wall_s_min"], s["wall_s_max"], s["wall_cv_pct"]) == (min(walls), max(walls), cv)
+    notes = noise_notes([s])
+    assert len(notes) == noisy
+    if noisy:
+        assert notes[0].startswith(f"ckpt (batch 8): its 3 timed runs vary by {cv} %") and "1.0–1.3 s" in notes[0]
+        assert f"over {NOISY_CV_PCT:.0f} %" in notes[0]
+
+
+def test_ratio_labels_name_both_batch_sizes():
+    by = {(CKPT, 1): {"tokens_per_s": 10.0, "wall_s_median": 2.0}, (CKPT, 4): {"tokens_per_s": 40.0, "wall_s_median": 0.5},
+          (AS_SAVED, 1): {"tokens_per_s": 5.0, "wall_s_median": 4.0}, (BASE, 4): {"tokens_per_s": 20.0}}
+    assert speed_ratios(by, (1, 4)) == {
+        "ckpt@1_vs_as_saved@1": {"tokens_per_s": 2.0, "wall_s": 2.0},
+        "ckpt@4_vs_as_saved@1": {"tokens_per_s": 8.0, "wall_s": 8.0},  # batched ckpt against one at a time
+        "ckpt_vs_base@4": {"tokens_per_s": 2.0},  # both at batch 4
+    }
+    assert [name for name, _, _ in fidelity_pairs((4, 1))] == ["batch_1_vs_n", "ckpt@1_vs_as_saved@1", "hf_vs_vllm"]
+    assert fidelity_pairs((4,))[0] == ("ckpt@4_vs_as_saved@1", (CKPT, 4), (AS_SAVED, 1))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "no workload"),
+    ({"synthetic": 0}, "--synthetic 0"),
+    ({"synthetic": 1, "batch_sizes": "0,x"}, "positive integers"),
+    ({"synthetic": 1, "batch_sizes": (2, 0)}, "positive integers"),
+    ({"synthetic": 1, "batch_sizes": ""}, "positive integers"),
+    ({"synthetic": 1, "engines": "hf,tgi"}, "--engines"),
+    ({"synthetic": 1, "repeats": 0}, "--repeats 0"),
+    ({"synthetic": 1, "compile": True, "warmup": 0}, "--compile"),
+    ({"synthetic": 1, "decoder": "fast"}, "--decoder fast"),
+    ({"synthetic": 1, "bbox_space": "normalized"}, "--bbox-space normalized"),
+    ({"synthetic": 1, "fail_if_slower": 2.0}, "compare with the base"),
+    ({"synthetic": 1, "fail_if_less_accurate": 0.1}, "compare with the base"),
+    ({"synthetic": 1, "compare_base": "b", "fail_if_slower": 0.5}, "--fail-if-slower 0.5"),
+    ({"synthetic": 1, "compare_base": "b", "fail_if_less_accurate": 1.5}, "--fail-if-less-accurate 1.5"),
+    ({"synthetic": 1, "compare_base": "b", "fail_if_less_accurate": 0.1}, "needs ground truth"),
+])
+def test_bench_options_check_themselves(kwargs, message):
+    with pytest.raises(UsageError) as exc:
+        BenchOptions(ckpt="any", **kwargs)
+    assert message in exc.value.message and exc.value.hint
+
+
+def test_bench_options_read_comma_separated_text():
+    options = BenchOptions(ckpt="any", synthetic=2, batch_sizes="1, 8,8", engines="hf,vllm", compare_base="b",
+                           fail_if_slower=1.0, manifest="m.jsonl", fail_if_less_accurate=0.0)
+    assert (options.batch_sizes, options.engines, options.bbox_space) == ((1, 8), ("hf", "vllm"), None)
 
 
 def test_ratio_agreement_and_gates():
@@ -65,8 +164,10 @@ def test_bench_end_to_end_through_the_cli(grpo_ckpt, base_ckpt, tmp_path):
     for s in report["scenarios"]:
         assert s["runs"] == 2 and s["mean_new_tokens"] == 6 and s["truncation_rate"] == 1.0
         assert s["tokens_per_s"] > 0 and len(s["step_ms"]) == 5
-    assert set(report["ratios"]) == {"ckpt_vs_base@1", "ckpt_vs_base@3", "ckpt_vs_as_saved@1", "ckpt_vs_as_saved@3"}
-    assert report["fidelity"] == {"batch_1_vs_n": 1.0, "ckpt_vs_as_saved": 1.0}
+        assert s["wall_s_min"] <= s["wall_s_median"] <= s["wall_s_max"] and s["wall_cv_pct"] >= 0
+        assert s["mean_think_tokens"] is None or s["mean_think_tokens"] <= s["mean_new_tokens"]
+    assert set(report["ratios"]) == {"ckpt_vs_base@1", "ckpt_vs_base@3", "ckpt@1_vs_as_saved@1", "ckpt@3_vs_as_saved@1"}
+    assert report["fidelity"] == {"batch_1_vs_n": 1.0, "ckpt@1_vs_as_saved@1": 1.0}
     assert len(report["cache"]["found_off"]) == 3 and report["base_cache"]["found_off"] == []
     assert report["gates"]["exit_code"] == 0
     assert "ckpt-as-saved" in (rep / "report.md").read_text()

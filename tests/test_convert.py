@@ -10,7 +10,8 @@ import pytest
 from vlmfast.convert import convert_file, read_truths, write_manifest
 from vlmfast.errors import InputError, UsageError
 from vlmfast.inputs import Request, read_manifest
-from vlmfast.scoring import rescore, summarize
+from vlmfast.scoring import rescore
+from vlmfast.stats import summarize
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

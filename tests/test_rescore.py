@@ -5,9 +5,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import cli, read_jsonl
-from vlmfast.bench import BASE, CKPT, gate
+from vlmfast.bench_figures import BASE, CKPT, gate
 from vlmfast.engine import GenerationSettings
+from vlmfast.errors import InputError
+from vlmfast.rescore import MAX_LISTED, read_result_rows, rescore_file
 from vlmfast.runner import InferOptions, infer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -92,3 +96,92 @@ def test_accuracy_gate_exits_5_on_a_less_accurate_checkpoint():
     assert code == 2 and "no ground truth" in messages[0]
     both = gate(report, 1.0, True, fail_if_less_accurate=0.05)  # every tripped gate is reported
     assert both[0] == 5 and len(both[1]) == 1
+
+
+def _manifest(tmp_path, truths: dict) -> Path:
+    """A manifest of ``id → solution`` (None: a record without ground truth); images are never opened."""
+    path = tmp_path / "truth.jsonl"
+    path.write_text("".join(json.dumps({"id": rid, "image": f"{rid}.png", **({"solution": t} if t is not None else {})}) + "\n"
+                            for rid, t in truths.items()))
+    return path
+
+
+def _results(tmp_path, rows, name="results.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_rows_of_another_tool_are_scored_from_their_text(tmp_path):
+    """id + text + finish_reason only (a vLLM script's rows): the answers are in the text, 5 of 9 right."""
+    manifest = _manifest(tmp_path, {f"q{i}": str(i) for i in range(9)})
+    rows = [{"id": f"q{i}", "text": f"<think>counting</think><answer>{i if i < 5 else i + 1}</answer>", "finish_reason": "eos"}
+            for i in range(9)]
+    summary = rescore_file(_results(tmp_path, rows), str(manifest))
+    assert (summary["scored"], summary["accuracy"], summary["answer_parse_failures"]) == (9, 5 / 9, 0)
+    assert summary["rows_without_truth"] == 0 and summary["notes"] == []
+    r = cli("score", tmp_path / "results.jsonl", "--manifest", manifest, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["accuracy"] == 5 / 9
+
+
+def test_other_fields_are_written_back_unchanged(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "3", "b": "B"})
+    rows = [{"id": "a", "text": "<answer>3</answer>", "answer": "a stale 7", "latency_ms": 12.5, "meta": {"k": [1]}},
+            {"id": "b", "text": None, "error": "timeout", "engine": "vllm"}]
+    out = tmp_path / "scored.jsonl"
+    summary = rescore_file(_results(tmp_path, rows), str(manifest), out=out)
+    written = read_jsonl(out)
+    assert [{k: w[k] for k in r} for w, r in zip(written, rows)] == rows  # every field kept as it was
+    assert written[0]["correct"] is True and written[1]["score"] is None  # scored from the text; error row unscored
+    assert summary["scored"] == 1
+
+
+def test_rows_without_truth_count_manifest_records_without_one(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "1", "b": None})  # b: in the manifest, no ground truth
+    rows = [{"id": i, "text": "<answer>1</answer>"} for i in ("a", "b", "zz")]  # zz: not in the manifest
+    summary = rescore_file(_results(tmp_path, rows), str(manifest))
+    assert (summary["rows"], summary["scored"], summary["rows_without_truth"], summary["rows_not_in_manifest"]) == (3, 1, 2, 1)
+    assert any("1 of 3 row id(s) are not in" in n and "zz" in n for n in summary["notes"])
+
+
+def test_a_repeated_id_is_said_and_its_last_row_scored(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "1", "b": "2"})
+    rows = [{"id": "a", "text": "<answer>9</answer>"}, {"id": "b", "text": "<answer>2</answer>"},
+            {"id": "a", "text": "<answer>1</answer>"}]
+    summary = rescore_file(_results(tmp_path, rows), str(manifest))
+    assert (summary["rows"], summary["accuracy"]) == (2, 1.0)
+    assert any("1 row(s) repeat an earlier id (a)" in n for n in summary["notes"])
+
+
+def test_a_torn_last_line_is_passed_over_with_a_note(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "1"})
+    path = tmp_path / "torn.jsonl"
+    path.write_text(json.dumps({"id": "a", "text": "<answer>1</answer>"}) + '\n{"id": "b", "te')
+    summary = rescore_file(path, str(manifest))
+    assert summary["rows"] == 1 and "torn last line" in summary["notes"][0]
+
+
+def test_bad_lines_are_listed_with_their_numbers(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "1"})
+    lines = [{"id": "a", "text": "<answer>1</answer>"}, "not json", "[1, 2]", {"id": "x"}, {"text": "t"},
+             {"id": "n", "text": None}, {"id": "e", "text": None, "error": "boom"}, {"id": True, "text": "t"},
+             {"id": "s", "text": "t", "bbox_space": "normalized"}, {"id": "t", "text": 5}]
+    path = _results(tmp_path, lines)
+    with pytest.raises(InputError) as exc:
+        rescore_file(path, str(manifest))
+    assert [p.split(":")[1] for p in exc.value.problems] == ["2", "3", "4", "5", "6", "8", "9", "10"]
+    assert 'no "text" field' in exc.value.problems[2] and 'no "id" field' in exc.value.problems[3]
+    assert "only error rows may lack text" in exc.value.problems[4]
+    assert "refusing" not in exc.value.message and '"id"' in exc.value.hint and '"text"' in exc.value.hint
+    r = cli("score", path, "--manifest", manifest)
+    assert r.returncode == 2 and f"{path}:2: not a JSON line" in r.stderr and "8 bad line(s)" in r.stderr
+
+
+def test_many_bad_lines_are_capped_in_the_message(tmp_path):
+    path = _results(tmp_path, [{"id": str(i)} for i in range(MAX_LISTED + 10)])
+    with pytest.raises(InputError) as exc:
+        rescore_file(path, str(_manifest(tmp_path, {"a": "1"})))
+    assert len(exc.value.problems) == MAX_LISTED + 10
+    assert exc.value.message.count("\n  - ") == MAX_LISTED and exc.value.message.endswith("… and 10 more")
+    assert read_result_rows(_results(tmp_path, [{"id": 7, "text": "x"}], "ok.jsonl")) == ([{"id": 7, "text": "x"}], [])

@@ -1,4 +1,4 @@
-"""Scorers, the GRPO format check, summaries and the paired comparison: pure functions, no model."""
+"""Scorers, the GRPO format check and per-row scoring: pure functions, no model."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from vlmfast.errors import UsageError
 from vlmfast.scoring import (
-    ROW_FIELDS, SCORERS, Score, box_iou, format_ok, mcnemar_exact, paired_comparison, parse_box,
-    parse_choice, parse_number, rescore, resolve_scorer, score_answer, score_row, summarize, truth_text,
+    BBOX_SPACES, ROW_FIELDS, SCORERS, Score, box_iou, format_ok, parse_box, parse_choice, parse_number,
+    parse_reasoning, reasoning_ends, rescore, resolve_scorer, row_bbox_space, score_answer, score_row, truth_text,
 )
 
 
@@ -209,6 +209,31 @@ def test_bbox_original_space_and_missing_sizes():
     assert zero.bbox_unmapped
 
 
+# One answer read in each space against the truth [100, 60, 500, 300] (original pixels, image 1000x600):
+# rel1000  → [100/1000·1000, 100/1000·600, 500/1000·1000, 500/1000·600] = the truth: IoU 1;
+# resized  → ×2, ×1.5 = [200, 150, 1000, 750]: inter 300·150 = 45000, union 480000 + 96000 − 45000;
+# original → as is: inter 400·200 = 80000, union 160000 + 96000 − 80000 = 176000 → 5/11.
+@pytest.mark.parametrize("space, sizes, iou, unmapped", [
+    ("rel1000", SIZES, 1.0, False),
+    ("rel1000", {"image_size": (1000, 600)}, 1.0, False),  # the model's input size plays no part
+    ("rel1000", {"model_size": (500, 400)}, 5 / 11, True),  # no original size: compared as is, and said
+    ("resized", SIZES, 45000 / 531000, False),
+    ("original", SIZES, 5 / 11, False),
+    ("original", {}, 5 / 11, False),
+])
+def test_bbox_in_each_coordinate_space(space, sizes, iou, unmapped):
+    s = score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space=space, **sizes)
+    assert (s.iou, s.bbox_unmapped, s.correct) == (pytest.approx(iou), unmapped, iou >= 0.5)
+    assert BBOX_SPACES == ("resized", "original", "rel1000")
+
+
+def test_rel1000_half_box():
+    # [100, 100, 300, 500] → [100, 60, 300, 300]: half the truth box's area inside it → IoU 0.5
+    s = score_answer('[{"bbox_2d": [100, 100, 300, 500]}]', [100, 60, 500, 300], "bbox", bbox_space="rel1000",
+                     image_size=(1000, 600))
+    assert (s.iou, s.correct) == (pytest.approx(0.5), True)
+
+
 @pytest.mark.parametrize("answer", [None, "", "no box", "[10, 10, 0, 0]", "[1, 2, 3]", "{" * 100, "[[[]]]"])
 def test_malformed_bbox_answers_score_zero(answer):
     s = score_answer(answer, [0, 0, 10, 10], "bbox")
@@ -309,84 +334,48 @@ def test_rescore_maps_ids_to_truths():
         rescore(rows, {}, default_scorer="nope")
 
 
-def _row(score, scorer, fmt, think, answer, parse_failed=False, error=None):
-    return {"error": error, "score": score, "correct": None if score is None else score == 1.0, "scorer": scorer,
-            "format_ok": fmt, "think": think, "answer": answer, "parse_failed": None if score is None else parse_failed}
+def test_the_answer_comes_from_the_text_not_an_answer_field():
+    # Another tool's row: no answer field at all, only the text.
+    assert score_row({"id": "q", "text": GOOD, "finish_reason": "eos"}, "5", "auto")["correct"] is True
+    # A stale or foreign answer field is not consulted: the text says 5.
+    assert score_row({"text": GOOD, "answer": "7", "error": None}, "5", "auto")["correct"] is True
+    assert score_row({"text": "<think>t</think><answer>7</answer>", "answer": "5"}, "5", "auto")["correct"] is False
 
 
-def test_summarize_small_table():
-    rows = [
-        _row(1.0, "number", True, "ab", "5"),
-        _row(0.0, "number", True, "abcd", "x", parse_failed=True),
-        _row(1.0, "choice", False, None, "B"),
-        _row(None, None, False, "abcdef", None),  # no ground truth
-        {"error": "boom", **dict.fromkeys(ROW_FIELDS), "think": None, "answer": None},
-    ]
-    s = summarize(rows)
-    assert s["scored"] == 3
-    assert s["accuracy"] == pytest.approx(2 / 3) and s["mean_score"] == pytest.approx(2 / 3)
-    assert s["format_rate"] == 0.5  # over the 4 successful rows
-    assert s["answer_parse_failures"] == 1
-    assert s["mean_think_chars"] == 4.0 and s["mean_answer_chars"] == 1.0
-    assert s["by_scorer"] == {
-        "choice": {"scored": 1, "accuracy": 1.0, "mean_score": 1.0, "answer_parse_failures": 0},
-        "number": {"scored": 2, "accuracy": 0.5, "mean_score": 0.5, "answer_parse_failures": 1},
-    }
-
-
-def test_summarize_nothing_to_average():
-    s = summarize([])
-    assert s["scored"] == 0 and s["by_scorer"] == {}
-    assert s["accuracy"] is s["mean_score"] is s["format_rate"] is s["mean_think_chars"] is None
-
-
-def _pairs():
-    # 20 shared ids: 7 only a correct, 1 only b correct, 8 both, 4 neither.
-    pattern = [(1, 0)] * 7 + [(0, 1)] + [(1, 1)] * 8 + [(0, 0)] * 4
-    a = {f"q{i}": x for i, (x, _) in enumerate(pattern)}
-    b = {f"q{i}": y for i, (_, y) in enumerate(pattern)}
-    a["only-a"], b["only-b"] = 1, 0  # not shared: ignored
-    return a, b
-
-
-def test_paired_comparison_binary():
-    a, b = _pairs()
-    r = paired_comparison(a, b, resamples=2000, seed=1)
-    assert r["n"] == 20
-    assert (r["accuracy_a"], r["accuracy_b"]) == (0.75, 0.45)
-    assert r["difference"] == pytest.approx(0.3)
-    assert r["ci_low"] < r["difference"] < r["ci_high"]
-    # normal approximation: 0.3 ± 1.96·sqrt(0.31/20) ≈ [0.056, 0.544]
-    assert r["ci_low"] == pytest.approx(0.056, abs=0.06) and r["ci_high"] == pytest.approx(0.544, abs=0.06)
-    assert r["discordant"] == {"a_better": 7, "b_better": 1}
-    # exact McNemar: 2 · (C(8,0) + C(8,1)) / 2^8 = 18/256
-    assert r["p_value"] == pytest.approx(18 / 256)
-    assert paired_comparison(a, b, resamples=2000, seed=1) == r  # deterministic for a seed
-
-
-def test_paired_comparison_edges():
-    empty = paired_comparison({"x": 1}, {"y": 0})
-    assert empty["n"] == 0
-    assert all(empty[k] is None for k in ("accuracy_a", "accuracy_b", "difference", "ci_low", "ci_high", "p_value", "discordant"))
-    one = paired_comparison({"x": 1}, {"x": 0}, resamples=50)
-    assert (one["n"], one["difference"], one["ci_low"], one["ci_high"]) == (1, 1.0, 1.0, 1.0)
-    assert one["p_value"] == 1.0  # one discordant pair: 2 · ½ = 1
-    graded = paired_comparison({"x": 0.5, "y": 1.0, "z": None}, {"x": 0.25, "y": 1.0, "z": 1.0}, resamples=50)
-    assert graded["n"] == 2 and graded["p_value"] is None and graded["difference"] == pytest.approx(0.125)
-    with pytest.raises(UsageError):
-        paired_comparison({}, {}, confidence=1.5)
-
-
-@pytest.mark.parametrize("a_only, b_only, p", [
-    (0, 0, 1.0), (5, 0, 2 / 32), (0, 5, 2 / 32), (3, 3, 1.0), (10, 2, 2 * (1 + 12 + 66) / 4096),
+@pytest.mark.parametrize("text, ends", [
+    ("<think>ab</think><answer>c</answer>", (17, 35)),
+    ("<think>ab</think>\n<answer>c</answer> trailing", (17, 36)),
+    ("<think>abc", (10, None)),  # unclosed think: runs to the end
+    ("ab</think><answer>c</answer>", (10, 28)),  # think opened by the template
+    ("<answer>5", (None, None)),
+    ("plain text", (None, None)),
 ])
-def test_mcnemar_exact(a_only, b_only, p):
-    assert mcnemar_exact(a_only, b_only) == pytest.approx(p)
+def test_reasoning_ends_agree_with_parse_reasoning(text, ends):
+    assert reasoning_ends(text) == ends
+    think, answer = parse_reasoning(text)
+    assert (think is None, answer is None) == (ends[0] is None, ends[1] is None)
 
 
-def test_mcnemar_large_counts_do_not_underflow():
-    p = mcnemar_exact(1500, 1400)
-    assert 0 < p < 1 and math.isfinite(p)
+# Qwen2-VL-style box in 0–1000 coordinates, image 1000x600, the model saw 500x400.
+REL_ROW = {"text": "<think>t</think><answer>[100, 100, 500, 500]</answer>", "image_sizes": [[1000, 600]],
+           "model_image_sizes": [[500, 400]], "bbox_space": "rel1000"}
+
+
+def test_bbox_space_explicit_then_row_then_resized():
+    truth = [100, 60, 500, 300]
+    assert row_bbox_space(REL_ROW) == "rel1000" and row_bbox_space(REL_ROW, "original") == "original"
+    assert row_bbox_space({"bbox_space": None}) == "resized" and row_bbox_space({}) == "resized"
+    assert score_row(REL_ROW, truth, "bbox")["iou"] == 1.0  # the row's own space
+    assert score_row(REL_ROW, truth, "bbox", bbox_space="resized")["iou"] == round(45000 / 531000, 6)  # the caller's
+    plain = {k: v for k, v in REL_ROW.items() if k != "bbox_space"}
+    assert score_row(plain, truth, "bbox")["iou"] == round(45000 / 531000, 6)  # neither: resized
+    rows = [{**REL_ROW, "id": "a"}, {**plain, "id": "b"}]
+    truths = {"a": (truth, "bbox"), "b": (truth, "bbox")}
+    assert [r["iou"] for r in rescore(rows, truths)] == [1.0, round(45000 / 531000, 6)]
+    assert [r["iou"] for r in rescore(rows, truths, bbox_space="original")] == [round(5 / 11, 6)] * 2
+    with pytest.raises(UsageError) as exc:
+        rescore(rows, truths, bbox_space="normalized")
+    assert "rel1000" in exc.value.hint
 
 
 def test_parse_number_reads_the_last_number():

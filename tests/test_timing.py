@@ -1,6 +1,6 @@
 import pytest
 
-from vlmfast.timing import percentile
+from vlmfast.timing import percentile, rounded, spread
 
 
 def test_percentile_linear_interpolation_like_numpy():
@@ -11,3 +11,10 @@ def test_percentile_linear_interpolation_like_numpy():
     assert percentile([], 50) is None
     with pytest.raises(ValueError):
         percentile(xs, 101)
+
+
+def test_spread_min_max_and_coefficient_of_variation():
+    # mean 5, sample variance (9 + 1 + 1 + 9) / 3 → sd sqrt(20/3), CV 100 · sd / 5
+    assert spread([2.0, 4.0, 6.0, 8.0]) == (2.0, 8.0, pytest.approx(100 * (20 / 3) ** 0.5 / 5))
+    assert spread([3.0]) == (3.0, 3.0, None) and spread([]) == (None, None, None) and spread([0.0, 0.0])[2] is None
+    assert rounded(1.23456) == 1.235 and rounded(None) is None

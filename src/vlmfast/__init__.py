@@ -16,7 +16,7 @@ _EXPORTS = {
     "Scheduler": "scheduler",
     "GenerationSettings": "rows",
     "SampleResult": "rows",
-    "parse_reasoning": "rows",
+    "parse_reasoning": "scoring",
     "Request": "inputs",
     "infer": "runner",
     "InferOptions": "options",

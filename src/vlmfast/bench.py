@@ -9,9 +9,10 @@ Scenarios (stable names, the JSON schema depends on them):
 - ``base``          vlmfast on the base model, same workload and batch sizes (``--compare-base``)
 
 Each scenario: ``warmup`` untimed runs, then ``repeats`` timed runs of the whole workload. Throughput
-figures are medians (and p90) over the timed runs; TTFT percentiles are over every sample of every run.
-With ground truth in the manifest, every scenario is scored too, and ckpt − base accuracy comes with a
-paired confidence interval.
+figures are medians (and p90) over the timed runs, with the runs' spread (a note when they disagree);
+TTFT percentiles are over every sample of every run. With ground truth in the manifest, every scenario
+is scored too, and ckpt − base accuracy comes with a paired confidence interval. The figures are
+:mod:`vlmfast.bench_figures`' arithmetic on the recorded runs.
 """
 
 from __future__ import annotations
@@ -19,22 +20,33 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
 
+from .bench_figures import (
+    AS_SAVED, BASE, CKPT, SCHEMA, VLLM, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
+    noise_notes, scenario_summary, speed_ratios,
+)
 from .capacity import run_bandwidth
-from .engine import BatchTiming, Engine, GenerationSettings, SampleResult
-from .errors import EXIT_CACHE_OFF, EXIT_LESS_ACCURATE, EXIT_SLOWER_THAN_BASE, UsageError
-from .timing import now, peak_memory_mib, percentile, reset_peak_memory, summarize_timings
+from .engine import Engine
+from .options import DECODERS
+from .rows import GenerationSettings, SampleResult
+from .errors import UsageError
+from .inputs import TEMPLATES
+from .scoring import BBOX_SPACES, SCORERS
+from .timing import now, peak_memory_mib, reset_peak_memory
 
-SCHEMA = "vlmfast.bench/2"
-CKPT, VLLM, AS_SAVED, BASE = "ckpt", "ckpt-vllm", "ckpt-as-saved", "base"
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
 class BenchOptions:
+    """What ``vlmfast bench`` runs, checked once here (a UsageError with a hint) before anything loads.
+    ``batch_sizes`` and ``engines`` may also be given as comma-separated text ("1,8", "hf,vllm").
+    ``bbox_space`` None: each row's own, else ``resized`` (see :func:`vlmfast.scoring.row_bbox_space`).
+    The gates (exit codes 3, 4, 5) are evaluated by :func:`run_bench` into ``report["gates"]``."""
+
     ckpt: str
     compare_base: str | None = None
     images: list[str] | None = None
@@ -44,7 +56,7 @@ class BenchOptions:
     prompt: str | None = None
     template: str = "plain"
     generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=128))
-    batch_sizes: tuple[int, ...] = (8,)
+    batch_sizes: tuple[int, ...] | str = (8,)
     warmup: int = 1
     repeats: int = 3
     as_saved: bool = True
@@ -56,23 +68,59 @@ class BenchOptions:
     decoder: str = "vlmfast"
     cuda_graphs: bool | None = None
     compile: bool = False  # ckpt and base: torch.compile the decode step (the warm-up runs compile)
-    engines: tuple[str, ...] = ("hf",)
+    engines: tuple[str, ...] | str = ("hf",)
     scorer: str = "auto"
     iou: float = 0.5
-    bbox_space: str = "resized"
+    bbox_space: str | None = None
+    fail_if_slower: float | None = None  # exit 3 when ckpt tokens/s < base tokens/s ÷ X
+    fail_on_cache_off: bool = False  # exit 4 when the saved config turns the cache off anywhere
+    fail_if_less_accurate: float | None = None  # exit 5 when ckpt accuracy < base accuracy − X
+
+    def __post_init__(self):
+        self.batch_sizes = _batch_sizes(self.batch_sizes)
+        self.engines = _engines(self.engines)
+        if self.synthetic is not None and self.synthetic < 1:
+            raise UsageError(f"--synthetic {self.synthetic}: expected at least 1 image", hint="e.g. --synthetic 8")
+        if not (self.images or self.manifest or self.synthetic):
+            raise UsageError("no workload", hint="give --images, --manifest or --synthetic N")
+        if self.warmup < 0 or self.repeats < 1:
+            raise UsageError(f"--warmup {self.warmup} --repeats {self.repeats}: need 0 or more warm-up runs and 1 or "
+                             "more timed runs", hint="e.g. --warmup 1 --repeats 3")
+        if self.compile and self.warmup < 1:
+            raise UsageError("--compile needs a warm-up run to compile outside the clock", hint="use --warmup 1 or more")
+        choices = [("--decoder", self.decoder, DECODERS), ("--scorer", self.scorer, SCORERS),
+                   ("--template", self.template, tuple(TEMPLATES))]
+        for option, value, known in choices + ([("--bbox-space", self.bbox_space, BBOX_SPACES)] if self.bbox_space is not None else []):
+            if value not in known:
+                raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(known)}")
+        self._check_gates()
+
+    def _check_gates(self) -> None:
+        if (self.fail_if_slower is not None or self.fail_if_less_accurate is not None) and not self.compare_base:
+            raise UsageError("--fail-if-slower and --fail-if-less-accurate compare with the base", hint="add --compare-base BASE")
+        if self.fail_if_slower is not None and self.fail_if_slower < 1:
+            raise UsageError(f"--fail-if-slower {self.fail_if_slower}: below 1 it would demand ckpt beat the base",
+                             hint="X ≥ 1: exit 3 when ckpt tokens/s < base tokens/s ÷ X; 1 means no slower than the base")
+        if self.fail_if_less_accurate is not None and not 0 <= self.fail_if_less_accurate <= 1:
+            raise UsageError(f"--fail-if-less-accurate {self.fail_if_less_accurate}: an accuracy drop is between 0 and 1",
+                             hint="e.g. --fail-if-less-accurate 0.02 (two points)")
+        if self.fail_if_less_accurate is not None and not self.manifest:
+            raise UsageError("--fail-if-less-accurate needs ground truth", hint="give --manifest with a solution/answer per record")
 
 
-@dataclass
-class RunStats:
-    """One timed run of the whole workload in one scenario."""
+def _batch_sizes(value) -> tuple[int, ...]:
+    items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)
+    sizes = [int(x) for x in items if (isinstance(x, str) and x.isdigit()) or (isinstance(x, int) and not isinstance(x, bool))]
+    if not items or len(sizes) != len(items) or min(sizes) < 1:
+        raise UsageError(f"--batch-sizes {value!r}: expected positive integers", hint="e.g. --batch-sizes 1,8")
+    return tuple(dict.fromkeys(sizes))  # a size twice would run and key the same scenario twice
 
-    wall_s: float
-    timings: list[BatchTiming]
-    results: list[SampleResult]
 
-    @property
-    def new_tokens(self) -> int:
-        return sum(r.n_new_tokens for r in self.results if r.error is None)
+def _engines(value) -> tuple[str, ...]:
+    names = [e.strip() for e in value.split(",") if e.strip()] if isinstance(value, str) else list(value)
+    if not names or any(e not in ENGINES for e in names):
+        raise UsageError(f"--engines {value!r}: expected hf, vllm or hf,vllm", hint="e.g. --engines hf,vllm")
+    return tuple(dict.fromkeys(names))
 
 
 def run_workload(engine: Engine, requests, image_sizes, batch_size: int) -> RunStats:
@@ -123,119 +171,12 @@ def saved_generation_config(loaded):
     return GenerationConfig.from_model_config(loaded.model.config)
 
 
-def scenario_summary(name: str, batch_size: int, runs: list[RunStats], tokenizer=None, peak=None) -> dict:
-    """Figures for one scenario from its recorded runs. Pure apart from counting think tokens."""
-    tps = [r.new_tokens / r.wall_s for r in runs if r.wall_s > 0]
-    sps = [sum(x.error is None for x in r.results) / r.wall_s for r in runs if r.wall_s > 0]
-    per_run = [summarize_timings(r.timings) for r in runs]
-    per_token = [p["decode_ms_per_token"] for p in per_run if p["decode_ms_per_token"] is not None]
-    every = summarize_timings([t for r in runs for t in r.timings])  # TTFT over every sample of every run
-    last = [r for r in runs[-1].results if r.error is None] if runs else []  # error rows are not samples
-    thinks = [r.think for r in last if r.think is not None]
-    think_len = [len(tokenizer.encode(t, add_special_tokens=False)) if tokenizer else len(t.split()) for t in thinks]
-    n = len(last) or 1
-    return {
-        "name": name,
-        "batch_size": batch_size,
-        "runs": len(runs),
-        "wall_s_median": _r(statistics.median([r.wall_s for r in runs])) if runs else None,
-        "ttft_ms_p50": every["ttft_ms_p50"],
-        "ttft_ms_p90": every["ttft_ms_p90"],
-        "decode_ms_per_token": _r(statistics.median(per_token)) if per_token else None,
-        "tokens_per_s": _r(statistics.median(tps)) if tps else None,
-        "tokens_per_s_p90": _r(percentile(tps, 90)),
-        "samples_per_s": _r(statistics.median(sps), 4) if sps else None,
-        "mean_new_tokens": _r(sum(r.n_new_tokens for r in last) / n),
-        "mean_think_tokens": _r(sum(think_len) / len(think_len)) if think_len else None,
-        "no_answer_rate": _r(sum(r.answer is None for r in last) / n, 4),
-        "truncation_rate": _r(sum(r.finish_reason == "length" for r in last) / n, 4),
-        "peak_mem_mib": _r(peak[0], 1) if peak else None,
-        "peak_mem_kind": peak[1] if peak else None,
-        "step_ms": step_series(runs),
-    }
-
-
-def step_series(runs: list[RunStats]) -> list[float]:
-    """Median latency of decode step k over every batch of every run: the per-step plot's line."""
-    by_step: dict[int, list[float]] = {}
-    for run in runs:
-        for timing in run.timings:
-            for k, s in enumerate(timing.step_times_s):
-                by_step.setdefault(k, []).append(s * 1000)
-    return [_r(statistics.median(by_step[k])) for k in sorted(by_step)]
-
-
-def agreement(a: list[SampleResult], b: list[SampleResult]) -> float | None:
-    """Share of samples (matched by id) whose generated token ids are identical."""
-    other = {r.id: r.token_ids for r in b}
-    shared = [r for r in a if r.id in other]
-    return None if not shared else sum(r.token_ids == other[r.id] for r in shared) / len(shared)
-
-
-def first_difference(a: list[SampleResult], b: list[SampleResult]) -> dict | None:
-    """The first sample (in ``a``'s order) whose tokens differ: its id, where, and both texts."""
-    other = {r.id: r for r in b}
-    for r in a:
-        if r.id in other and r.token_ids != other[r.id].token_ids:
-            at = next((i for i, (x, y) in enumerate(zip(r.token_ids, other[r.id].token_ids)) if x != y),
-                      min(len(r.token_ids), len(other[r.id].token_ids)))
-            return {"id": r.id, "token_index": at, "a": r.text, "b": other[r.id].text}
-    return None
-
-
 def score_results(results: list[SampleResult], truths: dict, options: BenchOptions) -> list[dict]:
     """Rows with their scoring fields (see :mod:`vlmfast.scoring`)."""
     from .scoring import rescore
 
     return rescore([r.record() for r in results], truths, default_scorer=options.scorer, iou=options.iou,
                    bbox_space=options.bbox_space)
-
-
-def ratio(numerator, denominator):
-    return None if not numerator or not denominator else _r(numerator / denominator)
-
-
-def gate(report: dict, fail_if_slower: float | None, fail_on_cache_off: bool,
-         fail_if_less_accurate: float | None = None) -> tuple[int, list[str]]:
-    """Exit code and messages for the CI gates: 3 when ckpt tokens/s < base tokens/s ÷ X (checked
-    first), 5 when ckpt accuracy < base accuracy − X, 4 when the saved checkpoint has the cache off
-    anywhere, else 0. Every tripped gate gets its message."""
-    messages, codes = [], []
-    pairs = [(s, b) for s in report["scenarios"] if s["name"] == CKPT
-             for b in report["scenarios"] if b["name"] == BASE and b["batch_size"] == s["batch_size"]]
-    if (fail_if_slower is not None or fail_if_less_accurate is not None) and not pairs:
-        return 2, ["--fail-if-slower / --fail-if-less-accurate need --compare-base: no base figures to compare with"]
-    for s, b in pairs if fail_if_slower is not None else ():
-        limit = b["tokens_per_s"] / fail_if_slower
-        if s["tokens_per_s"] < limit:
-            messages.append(f"ckpt at batch {s['batch_size']}: {s['tokens_per_s']:.1f} tokens/s < base "
-                            f"{b['tokens_per_s']:.1f} ÷ {fail_if_slower} = {limit:.1f}")
-            codes.append(EXIT_SLOWER_THAN_BASE)
-    for s, b in pairs if fail_if_less_accurate is not None else ():
-        if s.get("accuracy") is None or b.get("accuracy") is None:
-            messages.append(f"--fail-if-less-accurate: no ground truth scored at batch {s['batch_size']} (give a --manifest with solution/answer)")
-            codes.append(2)
-        elif s["accuracy"] < b["accuracy"] - fail_if_less_accurate:
-            messages.append(f"ckpt at batch {s['batch_size']}: accuracy {s['accuracy']:.3f} < base {b['accuracy']:.3f} "
-                            f"− {fail_if_less_accurate} = {b['accuracy'] - fail_if_less_accurate:.3f}")
-            codes.append(EXIT_LESS_ACCURATE)
-    if fail_on_cache_off and report["cache"]["found_off"]:
-        messages.append("the checkpoint's saved config turns the KV cache off in: " + ", ".join(report["cache"]["found_off"]))
-        codes.append(EXIT_CACHE_OFF)
-    return (codes[0] if codes else 0), messages
-
-
-def apply_gates(report: dict, fail_if_slower: float | None, fail_on_cache_off: bool,
-                fail_if_less_accurate: float | None = None) -> int:
-    """Evaluate the CI gates, record them in ``report["gates"]`` and return the exit code."""
-    code, messages = gate(report, fail_if_slower, fail_on_cache_off, fail_if_less_accurate)
-    report["gates"] = {"fail_if_slower": fail_if_slower, "fail_on_cache_off": fail_on_cache_off,
-                       "fail_if_less_accurate": fail_if_less_accurate, "exit_code": code, "messages": messages}
-    return code
-
-
-def _r(value, digits=3):
-    return None if value is None else round(value, digits)
 
 
 class _Noop:
@@ -247,29 +188,28 @@ class _Noop:
 
 
 def run_bench(options: BenchOptions, progress=None, say=lambda text: None) -> dict:
-    """Run every scenario and return the report dict (the ``--json`` schema)."""
+    """Run every scenario and return the report dict (the ``--json`` schema), its CI gates evaluated:
+    ``report["gates"]["exit_code"]`` is what the command exits with."""
     progress = progress or _Noop()
     with tempfile.TemporaryDirectory(prefix="vlmfast-synthetic-") as scratch:  # synthetic images live as long as the run
-        return _run_bench(options, progress, say, scratch)
+        report = _run_bench(options, progress, say, scratch)
+    apply_gates(report, options.fail_if_slower, options.fail_on_cache_off, options.fail_if_less_accurate)
+    return report
 
 
 def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     from .checkpoint import load
-    from .compile_cache import CompileCache
+    from .compile_cache import prepare_cache
     from .locate import locate
     from .timing import versions
 
-    if options.compile and options.warmup < 1:
-        raise UsageError("--compile needs a warm-up run to compile outside the clock", hint="use --warmup 1 or more")
     found = locate(options.ckpt, hub=True)
     base_found = locate(options.compare_base, hub=True) if options.compare_base else None
     requests, sizes = _workload(options, scratch)
     truths = {r.id: (r.truth, r.scorer) for r in requests}
     settings = options.generation
     common = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, record_steps=True)
-    compile_cache = CompileCache(versions()) if options.compile else None
-    if compile_cache is not None:
-        compile_cache.activate()  # before the model loads
+    compile_cache = prepare_cache(options.decoder, True) if options.compile else None  # before the model loads
     fast = dict(common, decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
                 compile_cache=compile_cache)
     scenarios: list[dict] = []
@@ -297,7 +237,7 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
         summary.update(_accuracy(score_results(runs[-1].results, truths, options)))
         scenarios.append(summary)
 
-    engines = [e for e in options.engines if e in ("hf", "vllm")]
+    engines = options.engines
     total = options.repeats * (len(options.batch_sizes) * (len(engines) + bool(options.compare_base)) + options.as_saved)
     progress.start(total)
     notes: list[str] = []
@@ -341,7 +281,7 @@ def vllm_workload(found, options: BenchOptions, requests, sizes):
     from .vllm_engine import VllmEngine
 
     engine = VllmEngine(found.source, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                        dtype=None if options.dtype in (None, "auto") else options.dtype)
+                        dtype=options.dtype)
     try:
         engine.start(requests)
 
@@ -359,45 +299,28 @@ def vllm_workload(found, options: BenchOptions, requests, sizes):
 
 
 def _accuracy(scored: list[dict]) -> dict:
-    from .scoring import summarize
+    from .stats import summarize
 
     s = summarize(scored)
     return {"accuracy": s["accuracy"], "format_rate": s["format_rate"], "scored": s["scored"]}
 
 
 def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions_) -> dict:
-    from .scoring import paired_comparison
+    from .stats import paired_comparison
 
     settings = options.generation
     by = {(s["name"], s["batch_size"]): s for s in scenarios}
-    ratios, accuracy = {}, {}
+    accuracy = {}
     for bs in options.batch_sizes:
-        ck = by.get((CKPT, bs))
-        if ck is None:
-            continue
-        if (BASE, bs) in by:
-            ratios[f"ckpt_vs_base@{bs}"] = {"tokens_per_s": ratio(ck["tokens_per_s"], by[(BASE, bs)]["tokens_per_s"])}
-            if ck.get("scored"):
-                scores = {name: {r["id"]: r["score"] for r in score_results(rows[(name, bs)], truths, options)}
-                          for name in (CKPT, BASE)}
-                accuracy[f"ckpt_vs_base@{bs}"] = paired_comparison(scores[CKPT], scores[BASE])
-        if (AS_SAVED, 1) in by:
-            ratios[f"ckpt_vs_as_saved@{bs}"] = {
-                "tokens_per_s": ratio(ck["tokens_per_s"], by[(AS_SAVED, 1)]["tokens_per_s"]),
-                "wall_s": ratio(by[(AS_SAVED, 1)]["wall_s_median"], ck["wall_s_median"]),
-            }
-        if (VLLM, bs) in by:
-            ratios[f"vllm_vs_ckpt@{bs}"] = {"tokens_per_s": ratio(by[(VLLM, bs)]["tokens_per_s"], ck["tokens_per_s"])}
+        if (BASE, bs) in by and by.get((CKPT, bs), {}).get("scored"):
+            scores = {name: {r["id"]: r["score"] for r in score_results(rows[(name, bs)], truths, options)}
+                      for name in (CKPT, BASE)}
+            accuracy[f"ckpt_vs_base@{bs}"] = paired_comparison(scores[CKPT], scores[BASE])
     fidelity, differences = {}, {}
-    small, large = min(options.batch_sizes), max(options.batch_sizes)
-    if settings.greedy:
-        pairs = [("batch_1_vs_n", (CKPT, 1), (CKPT, large)) if small == 1 and large > 1 else None,
-                 ("ckpt_vs_as_saved", (CKPT, small), (AS_SAVED, 1)),
-                 ("hf_vs_vllm", (CKPT, small), (VLLM, small))]
-        for name, a, b in filter(None, pairs):
-            if a in rows and b in rows:
-                fidelity[name] = agreement(rows[a], rows[b])
-                differences[name] = first_difference(rows[a], rows[b])
+    for name, a, b in fidelity_pairs(options.batch_sizes) if settings.greedy else ():
+        if a in rows and b in rows:
+            fidelity[name] = agreement(rows[a], rows[b])
+            differences[name] = first_difference(rows[a], rows[b])
     return {
         "schema": SCHEMA,
         "checkpoint": options.ckpt,
@@ -409,11 +332,11 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
         "cache": cache,
         "base_cache": base_cache,
         "scenarios": scenarios,
-        "ratios": ratios,
+        "ratios": speed_ratios(by, options.batch_sizes),
         "accuracy": accuracy,
         "fidelity": fidelity,
         "first_difference": {k: v for k, v in differences.items() if v is not None},
-        "notes": notes,
+        "notes": notes + noise_notes(scenarios),
         "versions": versions_,
     }
 

@@ -23,11 +23,11 @@ from .checkpoint import Loaded
 from .compile_cache import CompilePolicy
 from .errors import UsageError
 from .inputs import Request
+from .options import DECODERS
 from .prepare import Preparer
 from .rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
 from .timing import StepClock, free_device_cache, now, vision_clock
 
-DECODERS = ("vlmfast", "hf")
 # Padded prompt tokens per prefill pass (rows × widest prompt). Measured on 2 CPU cores (demo model,
 # 224–640 px images): prefill of 32 images slows by a third past ~4k tokens at once (the vision
 # tower's activations leave the caches), while decode keeps gaining from all 32 rows. A GPU prefills

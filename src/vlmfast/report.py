@@ -104,6 +104,8 @@ def render_scores(source: str, summary: dict) -> None:
                  f"mean think {_fmt(summary.get('mean_think_chars'), ' chars', 0)} · "
                  f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
                  f"{plural(summary.get('rows_without_truth', 0), 'row')} without ground truth")
+    if summary.get("bbox_spaces"):
+        stderr.print("boxes read in: " + ", ".join(f"{space} ({n})" for space, n in sorted(summary["bbox_spaces"].items())))
     for note in summary.get("notes", []):
         render_note(note)
 
@@ -155,9 +157,11 @@ class ProgressBar:
 
 
 BENCH_COLUMNS = (
-    ("tokens/s", "tokens_per_s", 1), ("samples/s", "samples_per_s", 3), ("TTFT p50 ms", "ttft_ms_p50", 1),
-    ("TTFT p90 ms", "ttft_ms_p90", 1), ("decode ms/token", "decode_ms_per_token", 2),
+    ("tokens/s", "tokens_per_s", 1), ("samples/s", "samples_per_s", 3), ("wall s (median run)", "wall_s_median", 3),
+    ("wall s min", "wall_s_min", 3), ("wall s max", "wall_s_max", 3), ("run-to-run CV %", "wall_cv_pct", 1),
+    ("TTFT p50 ms", "ttft_ms_p50", 1), ("TTFT p90 ms", "ttft_ms_p90", 1), ("decode ms/token", "decode_ms_per_token", 2),
     ("mean new tokens", "mean_new_tokens", 1), ("mean think tokens", "mean_think_tokens", 1),
+    ("mean answer tokens", "mean_answer_tokens", 1),
     ("decode GB/s", "decode_gb_per_s", 1), ("% of peak bandwidth", "bandwidth_pct_of_peak", 1),
     ("no <answer>", "no_answer_rate", 2), ("truncated", "truncation_rate", 2), ("peak MiB", "peak_mem_mib", 0),
 )
@@ -169,7 +173,7 @@ def bench_table(report: dict) -> Table:
     for s in report["scenarios"]:
         table.add_column(f"{s['name']}\nbatch {s['batch_size']}", justify="right")
     for label, key, digits in BENCH_COLUMNS:
-        table.add_row(label, *(_fmt(s[key], "", digits) if s[key] is not None else "–" for s in report["scenarios"]))
+        table.add_row(label, *(_fmt(s.get(key), "", digits) for s in report["scenarios"]))
     return table
 
 
@@ -200,7 +204,7 @@ def bench_markdown(report: dict) -> str:
                  f"transformers {report['versions']['transformers']}, torch {report['versions']['torch']}.")
     lines += ["", "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for label, key, digits in BENCH_COLUMNS:
-        cells = ["–" if s[key] is None else f"{s[key]:.{digits}f}" for s in report["scenarios"]]
+        cells = ["–" if s.get(key) is None else f"{s[key]:.{digits}f}" for s in report["scenarios"]]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     for name, values in report["ratios"].items():
@@ -209,6 +213,7 @@ def bench_markdown(report: dict) -> str:
         lines.append(f"- fidelity {name}: " + ("–" if share is None else f"{share:.0%} identical greedy tokens"))
     off = report["cache"]["found_off"]
     lines.append("- checkpoint cache as saved: " + ("off in " + ", ".join(off) if off else "on"))
+    lines += [f"- note: {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
 
 

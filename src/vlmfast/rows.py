@@ -4,10 +4,10 @@ or from an input that could not run (:func:`error_row`)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from .inputs import Request
+from .scoring import parse_reasoning
 
 
 @dataclass(frozen=True)
@@ -77,25 +77,6 @@ class BatchTiming:
     preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
     vision_s: float | None = None  # the vision tower's share of the prefill
     syncs: int = 0  # device read-backs during decode
-
-
-THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def parse_reasoning(text: str) -> tuple[str | None, str | None]:
-    """(think, answer) from GRPO-style ``<think>…</think><answer>…</answer>`` output.
-
-    An unclosed ``<think>`` keeps what was thought (truncated runs); a bare ``</think>`` (template
-    opened the tag) takes the text before it; an unclosed ``<answer>`` is no answer. Absent → None.
-    """
-    think = None
-    if (m := THINK.search(text)) is not None:
-        think = m.group(1).strip()
-    elif "</think>" in text:
-        think = text.split("</think>", 1)[0].strip()
-    answer = m.group(1).strip() if (m := ANSWER.search(text)) is not None else None
-    return think, answer
 
 
 def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,

@@ -200,5 +200,4 @@ def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions) ->
 
     for r in rows:
         truth, scorer = truths.get(r.id, (None, None))
-        r.extra = score_row(r.record(), truth, scorer or options.scorer, iou=options.iou,
-                            bbox_space=options.bbox_space or "resized")
+        r.extra = score_row(r.record(), truth, scorer or options.scorer, iou=options.iou, bbox_space=options.bbox_space)

@@ -1,27 +1,33 @@
-"""Score answers against ground truth, check the GRPO output format, and compare two runs.
+"""Score answers against ground truth and check the GRPO output format.
 
 Pure functions on strings and dicts (standard library only) so ``vlmfast score`` runs without a
 model. Scorers are picked by name; ``auto`` picks one from the shape of the ground truth.
-Malformed answers score 0 and never raise: a model's output is data, not a bug.
+Malformed answers score 0 and never raise: a model's output is data, not a bug. A row's think and
+answer are always read from its ``text`` (:func:`parse_reasoning`), whoever wrote the row.
+Figures over many rows, and comparing two runs, are :mod:`vlmfast.stats`'s.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 
 from .errors import UsageError
 
 SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains")
-BBOX_SPACES = ("resized", "original")
+# Where a predicted box's coordinates live. resized: pixels of the image the model saw (Qwen2.5-VL),
+# mapped back with the row's image_sizes / model_image_sizes; original: pixels of the image as given;
+# rel1000: 0–1000 relative to the image (Qwen2-VL, Qwen3-VL), x_pixel = x / 1000 * original width.
+BBOX_SPACES = ("resized", "original", "rel1000")
+DEFAULT_BBOX_SPACE = "resized"
 # The fields score_row adds to a result row (all null on error rows).
 ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK_TAG = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+_ANY_TAG = re.compile(r"</?(?:think|answer)>")
 _QUOTES = "\"'`“”‘’«»"
 _STRIP = ".,;:!?()[]{}<>*_~-" + _QUOTES
 _UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
@@ -47,8 +53,8 @@ _BOX_KEYS = ("bbox_2d", "bbox", "box")
 
 @dataclass(frozen=True)
 class Score:
-    """One scored answer. ``iou`` is set for bbox only; ``bbox_unmapped`` means a resized-space box
-    was compared as is because the image sizes needed to map it back were missing."""
+    """One scored answer. ``iou`` is set for bbox only; ``bbox_unmapped`` means a resized- or
+    rel1000-space box was compared as is because the image sizes needed to map it back were missing."""
 
     score: float
     correct: bool
@@ -56,6 +62,32 @@ class Score:
     parse_failed: bool
     iou: float | None = None
     bbox_unmapped: bool = False
+
+
+def parse_reasoning(text: str) -> tuple[str | None, str | None]:
+    """(think, answer) from GRPO-style ``<think>…</think><answer>…</answer>`` output.
+
+    An unclosed ``<think>`` keeps what was thought (truncated runs); a bare ``</think>`` (template
+    opened the tag) takes the text before it; an unclosed ``<answer>`` is no answer. Absent → None.
+    """
+    think = None
+    if (m := _THINK_TAG.search(text)) is not None:
+        think = m.group(1).strip()
+    elif "</think>" in text:
+        think = text.split("</think>", 1)[0].strip()
+    answer = m.group(1).strip() if (m := _ANSWER_TAG.search(text)) is not None else None
+    return think, answer
+
+
+def reasoning_ends(text: str) -> tuple[int | None, int | None]:
+    """Where the think part and the answer part of ``text`` end, as character offsets past their closing
+    tags (an unclosed think runs to the end of the text); None for a part :func:`parse_reasoning` finds absent."""
+    think_end = None
+    if (m := _THINK_TAG.search(text)) is not None:
+        think_end = m.end() if m.group(0).endswith("</think>") else len(text)
+    elif "</think>" in text:
+        think_end = text.index("</think>") + len("</think>")
+    return think_end, (m.end() if (m := _ANSWER_TAG.search(text)) is not None else None)
 
 
 def truth_text(value):
@@ -109,12 +141,13 @@ def resolve_scorer(truth, scorer: str = "auto") -> str:
 
 
 def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image_size=None, model_size=None,
-                 bbox_space: str = "resized", rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Score:
+                 bbox_space: str = DEFAULT_BBOX_SPACE, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Score:
     """Score one answer. ``image_size``/``model_size`` are (width, height) of the original image and of
-    the model's resized input; with ``bbox_space="resized"`` predicted boxes are mapped back to
-    original pixels before the IoU. ``answer=None`` (no answer) scores 0 with ``parse_failed``."""
-    if bbox_space not in BBOX_SPACES:
-        raise UsageError(f"unknown bbox space {bbox_space!r}", hint=f"choose one of: {', '.join(BBOX_SPACES)}")
+    the model's resized input. A predicted box is mapped to original pixels before the IoU (the truth
+    is in original pixels): from the resized image (``bbox_space="resized"``, needs both sizes), from
+    0–1000 relative coordinates (``"rel1000"``, needs ``image_size``) or taken as is (``"original"``).
+    ``answer=None`` (no answer) scores 0 with ``parse_failed``."""
+    check_bbox_space(bbox_space)
     truth = truth_text(truth)
     if truth is None:
         raise UsageError("no ground truth to score against", hint='give the record a "solution" or "answer"')
@@ -139,6 +172,12 @@ def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image
 def _check_scorer(scorer: str) -> None:
     if scorer not in SCORERS:
         raise UsageError(f"unknown scorer {scorer!r}", hint=f"choose one of: {', '.join(SCORERS)}")
+
+
+def check_bbox_space(bbox_space: str) -> None:
+    """UsageError unless ``bbox_space`` is one of :data:`BBOX_SPACES`."""
+    if bbox_space not in BBOX_SPACES:
+        raise UsageError(f"unknown bbox space {bbox_space!r}", hint=f"choose one of: {', '.join(BBOX_SPACES)}")
 
 
 def _binary(name: str, ok: bool, parse_failed: bool) -> Score:
@@ -262,8 +301,8 @@ def _score_bbox(answer: str, truth, threshold: float, image_size, model_size, bb
     want = parse_box(truth)
     got = parse_box(answer)
     unmapped = False
-    if got is not None and bbox_space == "resized":
-        scale = _scale(image_size, model_size)
+    if got is not None and bbox_space != "original":
+        scale = _scale(image_size, model_size if bbox_space == "resized" else (1000, 1000))
         if scale is None:
             unmapped = True  # compare as is, but say so: the IoU may be in the wrong pixel space
         else:
@@ -297,12 +336,15 @@ def format_ok(text: str | None) -> bool:
     return not outside.strip()
 
 
-def score_row(row: dict, truth, scorer: str | None = "auto", *, plain_fallback: bool = True, **opts) -> dict:
+def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str | None = None,
+              plain_fallback: bool = True, **opts) -> dict:
     """The scoring fields for one result row (see ``ROW_FIELDS``); ``opts`` go to :func:`score_answer`.
 
-    Error rows get all nulls; rows without ground truth get only ``format_ok``. With ``plain_fallback``
-    a row whose text carries no think/answer tags at all (a base model answering plainly) is scored
-    on its whole text, so checkpoint and base are compared on the same questions."""
+    The answer is read from the row's ``text`` (an ``answer`` field, if any, is not consulted: other
+    tools write none, or their own). Error rows get all nulls; rows without ground truth get only
+    ``format_ok``. With ``plain_fallback`` a row whose text carries no think/answer tags at all (a base
+    model answering plainly) is scored on its whole text, so checkpoint and base are compared on the
+    same questions. Boxes: see :func:`row_bbox_space`."""
     if row.get("error") is not None:
         return dict.fromkeys(ROW_FIELDS)
     text = row.get("text")
@@ -310,15 +352,24 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, plain_fallback: 
     fields["format_ok"] = format_ok(text)
     if truth_text(truth) is None:
         return fields
-    answer = row.get("answer")
-    if answer is None and plain_fallback and isinstance(text, str) and not re.search(r"</?(?:think|answer)>", text):
+    answer = parse_reasoning(text)[1] if isinstance(text, str) else None
+    if answer is None and plain_fallback and isinstance(text, str) and not _ANY_TAG.search(text):
         answer = text
     s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
-                     model_size=_first_size(row.get("model_image_sizes")), **opts)
+                     model_size=_first_size(row.get("model_image_sizes")),
+                     bbox_space=row_bbox_space(row, bbox_space), **opts)
     fields.update(score=s.score, correct=s.correct, scorer=s.scorer, parse_failed=s.parse_failed)
     if s.scorer == "bbox":
         fields.update(iou=round(s.iou, 6), bbox_unmapped=s.bbox_unmapped)
     return fields
+
+
+def row_bbox_space(row: dict, override: str | None = None) -> str:
+    """The coordinate space of a row's boxes: ``override`` when given (the caller knows better), else
+    the row's own ``bbox_space`` (infer writes it from the model family), else ``"resized"``."""
+    if override is not None:
+        return override
+    return row.get("bbox_space") or DEFAULT_BBOX_SPACE
 
 
 def _first_size(sizes):
@@ -328,10 +379,13 @@ def _first_size(sizes):
 
 
 def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "auto", iou: float = 0.5,
-            bbox_space: str = "resized", plain_fallback: bool = True) -> list[dict]:
+            bbox_space: str | None = None, plain_fallback: bool = True) -> list[dict]:
     """Copies of ``results_rows`` with the scoring fields set. ``truths`` maps row id → (truth, scorer);
-    ids missing from it are left unscored (null score, ``format_ok`` still set)."""
+    ids missing from it are left unscored (null score, ``format_ok`` still set). ``bbox_space`` None:
+    each row's own (see :func:`row_bbox_space`); given, it wins over every row's."""
     _check_scorer(default_scorer)
+    if bbox_space is not None:
+        check_bbox_space(bbox_space)
     out = []
     for row in results_rows:
         truth, scorer = truths.get(str(row.get("id")), (None, None))
@@ -339,85 +393,3 @@ def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "au
                            plain_fallback=plain_fallback)
         out.append({**row, **fields})
     return out
-
-
-def _mean(values):
-    values = [float(v) for v in values]
-    return sum(values) / len(values) if values else None
-
-
-def summarize(rows: list[dict]) -> dict:
-    """Accuracy, format rate and answer lengths over scored rows, overall and per scorer.
-
-    ``format_rate`` and the mean lengths are over successful rows (lengths over rows that have the
-    part); accuracy and scores over rows with ground truth. Nothing to average → null."""
-    ok = [r for r in rows if r.get("error") is None]
-    scored = [r for r in ok if r.get("score") is not None]
-    summary = {
-        **_score_stats(scored),
-        "format_rate": _mean(bool(r["format_ok"]) for r in ok if r.get("format_ok") is not None),
-        "mean_think_chars": _mean(len(r["think"]) for r in ok if isinstance(r.get("think"), str)),
-        "mean_answer_chars": _mean(len(r["answer"]) for r in ok if isinstance(r.get("answer"), str)),
-        "bbox_unmapped": sum(1 for r in scored if r.get("bbox_unmapped")),
-    }
-    names = sorted({r["scorer"] for r in scored if r.get("scorer")})
-    summary["by_scorer"] = {n: _score_stats([r for r in scored if r.get("scorer") == n]) for n in names}
-    return summary
-
-
-def _score_stats(scored: list[dict]) -> dict:
-    return {
-        "scored": len(scored),
-        "accuracy": _mean(bool(r.get("correct")) for r in scored),
-        "mean_score": _mean(r["score"] for r in scored),
-        "answer_parse_failures": sum(1 for r in scored if r.get("parse_failed")),
-    }
-
-
-def paired_comparison(a: dict, b: dict, *, resamples: int = 10_000, seed: int = 0, confidence: float = 0.95) -> dict:
-    """Compare two runs (e.g. checkpoint ``a`` vs base ``b``) on the ids both scored.
-
-    ``difference`` is mean(a) − mean(b) with a paired bootstrap percentile interval over ids
-    (deterministic for a seed). For 0/1 scores ``p_value`` is the exact two-sided McNemar test on the
-    discordant pairs; otherwise null. Ids whose score is None on either side are left out."""
-    if resamples < 1 or not 0 < confidence < 1:
-        raise UsageError("bad bootstrap settings", hint="resamples must be ≥ 1 and confidence between 0 and 1")
-    ids = sorted((k for k in a.keys() & b.keys() if a[k] is not None and b[k] is not None), key=str)
-    xs, ys = [float(a[k]) for k in ids], [float(b[k]) for k in ids]
-    n = len(ids)
-    result = {"n": n, "accuracy_a": _mean(xs), "accuracy_b": _mean(ys), "difference": None, "ci_low": None,
-              "ci_high": None, "confidence": confidence, "p_value": None, "discordant": None}
-    if n == 0:
-        return result
-    result["discordant"] = {"a_better": sum(x > y for x, y in zip(xs, ys)), "b_better": sum(y > x for x, y in zip(xs, ys))}
-    diffs = [x - y for x, y in zip(xs, ys)]
-    result["difference"] = sum(diffs) / n
-    result["ci_low"], result["ci_high"] = _bootstrap_interval(diffs, resamples, seed, confidence)
-    if all(v in (0.0, 1.0) for v in xs + ys):
-        result["p_value"] = mcnemar_exact(result["discordant"]["a_better"], result["discordant"]["b_better"])
-    return result
-
-
-def _bootstrap_interval(diffs: list[float], resamples: int, seed: int, confidence: float) -> tuple[float, float]:
-    rng = random.Random(seed)
-    n = len(diffs)
-    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
-    alpha = (1 - confidence) / 2
-    return _quantile(means, alpha), _quantile(means, 1 - alpha)
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def mcnemar_exact(a_only: int, b_only: int) -> float:
-    """Exact two-sided McNemar p-value: binomial(n = discordant pairs, p = ½), doubled tail, capped at 1."""
-    n = a_only + b_only
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
-    # Exact rational arithmetic: 0.5 ** n underflows long before n gets large.
-    return min(1.0, float(Fraction(2 * tail, 2 ** n)))

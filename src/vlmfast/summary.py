@@ -95,7 +95,7 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
     """The report from what ran: ``facts`` about the engine, every process's :class:`Share`, the run's
     :class:`~vlmfast.runner.Work` (skipped ids, notes) and ``rows``, every row of the results (this run's
     and, with ``--out``, earlier runs'), over which accuracy is computed."""
-    from .scoring import summarize as summarize_scores
+    from .stats import summarize as summarize_scores
 
     position = {rid: i for i, rid in enumerate(work.order)}
     results = sorted((r for s in shares for r in s.results), key=lambda r: position.get(r.id, len(position)))

@@ -41,6 +41,18 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def spread(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:
+    """(min, max, coefficient of variation in %) of repeated measurements. The CV is the sample
+    standard deviation (n − 1) over the mean: None for fewer than two values or a mean of zero."""
+    if not values:
+        return None, None, None
+    mean = sum(values) / len(values)
+    if len(values) < 2 or mean == 0:
+        return min(values), max(values), None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return min(values), max(values), 100 * sd / abs(mean)
+
+
 def reset_peak_memory(device) -> None:
     if str(device).startswith("cuda"):
         import torch
@@ -69,12 +81,12 @@ def summarize_timings(timings) -> dict:
     decode_s = sum(t.decode_s for t in timings)
     vision = [t.vision_s for t in timings if t.vision_s is not None]
     return {
-        "ttft_ms_p50": _round(percentile(ttft_ms, 50)),
-        "ttft_ms_p90": _round(percentile(ttft_ms, 90)),
-        "decode_ms_per_token": _round(decode_s * 1000 / steps) if steps else None,
-        "prefill_s": _round(sum(t.ttft_s for t in timings), 4),
-        "vision_s": _round(sum(vision), 4) if vision else None,
-        "decode_s": _round(decode_s, 4),
+        "ttft_ms_p50": rounded(percentile(ttft_ms, 50)),
+        "ttft_ms_p90": rounded(percentile(ttft_ms, 90)),
+        "decode_ms_per_token": rounded(decode_s * 1000 / steps) if steps else None,
+        "prefill_s": rounded(sum(t.ttft_s for t in timings), 4),
+        "vision_s": rounded(sum(vision), 4) if vision else None,
+        "decode_s": rounded(decode_s, 4),
         "decode_steps": steps,
         "device_syncs": sum(t.syncs for t in timings),
     }
@@ -157,5 +169,6 @@ def versions() -> dict:
             "python": platform.python_version()}
 
 
-def _round(value, digits=3):
+def rounded(value, digits=3):
+    """``value`` rounded for a report; None stays None."""
     return None if value is None else round(value, digits)

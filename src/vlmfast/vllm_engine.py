@@ -383,7 +383,7 @@ def open_vllm(options, found) -> VllmEngine:
     v = options.vllm
     return VllmEngine(found.source if found is not None else options.ckpt, options.generation, base=options.base,
                       min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                      dtype=None if options.dtype in (None, "auto") else options.dtype,
+                      dtype=options.dtype,
                       tensor_parallel_size=v.tensor_parallel_size, data_parallel_size=v.data_parallel_size,
                       gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.max_num_seqs,
                       trust_remote_code=options.trust_remote_code,

@@ -9,7 +9,7 @@ import typer
 
 from .common import (EXIT_CODES_HELP, FAST, GEN, INPUT, MODEL, OUTPUT, Attn, BboxSpace, Ckpt, Command, CudaGraphs,
                      Decoder, Device, Dtype, IgnoreEos, Images, Iou, Json, Manifest, MaxPixels, MinPixels, Prompt,
-                     Scorer, Template, UsageError, choice, command, guarded)
+                     Scorer, Template, command, from_params, guarded)
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
@@ -48,40 +48,20 @@ def bench(
 ):
     """The same workload on the checkpoint (vlmfast), as saved (plain generate) and on its base, side by side."""
 
-    def run():
-        from ..bench import BenchOptions, apply_gates, run_bench
-        from ..engine import DECODERS, GenerationSettings
-        from ..report import ProgressBar, print_json, render_bench, render_note, write_bench_dir
-        from ..scoring import BBOX_SPACES, SCORERS
+    params = dict(locals())
 
-        try:
-            sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
-        except ValueError:
-            sizes = ()
-        if not sizes or min(sizes) < 1:
-            raise UsageError(f"--batch-sizes {batch_sizes!r}: expected positive integers", hint="e.g. --batch-sizes 1,8")
-        engine_list = tuple(e.strip() for e in engines.split(",") if e.strip())
-        if not engine_list or any(e not in ("hf", "vllm") for e in engine_list):
-            raise UsageError(f"--engines {engines!r}: expected hf, vllm or hf,vllm", hint="e.g. --engines hf,vllm")
-        if not (images or manifest or synthetic):
-            raise UsageError("no workload", hint="give --images, --manifest or --synthetic N")
-        if (fail_if_slower is not None or fail_if_less_accurate is not None) and not compare_base:
-            raise UsageError("--fail-if-slower and --fail-if-less-accurate compare with the base", hint="add --compare-base BASE")
-        options = BenchOptions(
-            ckpt=ckpt, compare_base=compare_base, images=images, manifest=manifest, synthetic=synthetic,
-            synthetic_size=synthetic_size, prompt=prompt, template=template,
-            generation=GenerationSettings(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos),
-            batch_sizes=sizes, warmup=warmup, repeats=repeats, as_saved=as_saved, device=device, dtype=dtype,
-            attn=attn, max_pixels=max_pixels, min_pixels=min_pixels, compile=compile_, cuda_graphs=cuda_graphs,
-            decoder=choice("--decoder", decoder, DECODERS), engines=engine_list,
-            scorer=choice("--scorer", scorer, SCORERS), iou=iou, bbox_space=choice("--bbox-space", bbox_space, BBOX_SPACES) or "resized",
-        )
+    def run():
+        from ..bench import BenchOptions, run_bench
+        from ..report import ProgressBar, print_json, render_bench, render_note, write_bench_dir
+        from ..rows import GenerationSettings
+
+        options = from_params(BenchOptions, params, generation=GenerationSettings(max_new_tokens=max_new_tokens,
+                                                                                  ignore_eos=ignore_eos))
         bar = ProgressBar(unit="timed runs")
         try:
             report = run_bench(options, progress=bar, say=render_note if not bar.live else (lambda text: None))
         finally:
             bar.stop()
-        code = apply_gates(report, fail_if_slower, fail_on_cache_off, fail_if_less_accurate)
         render_bench(report, report["gates"]["messages"])
         if report_dir is not None:
             written, note = write_bench_dir(report, report_dir)
@@ -90,8 +70,8 @@ def bench(
                 render_note(note)
         if json_out:
             print_json(report)
-        if code:
-            raise typer.Exit(code)
+        if report["gates"]["exit_code"]:
+            raise typer.Exit(report["gates"]["exit_code"])
 
     guarded(run)
 

@@ -12,7 +12,7 @@ from .common import BboxSpace, Command, Iou, Json, Scorer, choice, command, guar
 
 @command(cls=Command, epilog="Exit codes: 0 ok · 2 unreadable results or manifest.")
 def score(
-    results: Annotated[Path, typer.Argument(help="A results JSONL written by vlmfast infer.", show_default=False)],
+    results: Annotated[Path, typer.Argument(help="A results JSONL: one object per line with \"id\" and \"text\" (vlmfast infer's --out, or another tool's rows).", show_default=False)],
     manifest: Annotated[str, typer.Option(help="The manifest with ground truth (solution / answer, optional scorer per row).")],
     scorer: Scorer = "auto",
     iou: Iou = 0.5,
@@ -24,11 +24,11 @@ def score(
 
     def run():
         from ..report import print_json, render_scores
-        from ..scoring import BBOX_SPACES, SCORERS
+        from ..scoring import SCORERS
         from ..rescore import rescore_file
 
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
-                               bbox_space=choice("--bbox-space", bbox_space, BBOX_SPACES) or "resized", out=out)
+                               bbox_space=bbox_space, out=out)
         render_scores(str(results), summary)
         if json_out:
             print_json(summary)

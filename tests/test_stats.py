@@ -1,0 +1,98 @@
+"""Figures over scored rows and the paired comparison of two runs: pure functions, no model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vlmfast.errors import UsageError
+from vlmfast.scoring import ROW_FIELDS
+from vlmfast.stats import mcnemar_exact, mean, paired_comparison, summarize
+
+
+def test_mean():
+    assert mean([1, 2, 6]) == 3.0 and mean(x for x in [True, False]) == 0.5 and mean([]) is None
+
+
+def _row(score, scorer, fmt, think, answer, parse_failed=False, error=None):
+    """A scored row whose text holds ``think`` and ``answer``; its own think/answer fields say something
+    else, and summarize must not read them (the text is the source of truth)."""
+    text = (f"<think>{think}</think>" if think is not None else "") + (f"<answer>{answer}</answer>" if answer is not None else "")
+    return {"error": error, "text": text, "score": score, "correct": None if score is None else score == 1.0, "scorer": scorer,
+            "format_ok": fmt, "think": "a stale field", "answer": None, "parse_failed": None if score is None else parse_failed}
+
+
+def test_summarize_small_table():
+    rows = [
+        _row(1.0, "number", True, "ab", "5"),
+        _row(0.0, "number", True, "abcd", "x", parse_failed=True),
+        _row(1.0, "choice", False, None, "B"),
+        _row(None, None, False, "abcdef", None),  # no ground truth
+        {"error": "boom", **dict.fromkeys(ROW_FIELDS), "text": None},
+    ]
+    s = summarize(rows)
+    assert s["scored"] == 3
+    assert s["accuracy"] == pytest.approx(2 / 3) and s["mean_score"] == pytest.approx(2 / 3)
+    assert s["format_rate"] == 0.5  # over the 4 successful rows
+    assert s["answer_parse_failures"] == 1
+    assert s["mean_think_chars"] == 4.0 and s["mean_answer_chars"] == 1.0
+    assert s["by_scorer"] == {
+        "choice": {"scored": 1, "accuracy": 1.0, "mean_score": 1.0, "answer_parse_failures": 0},
+        "number": {"scored": 2, "accuracy": 0.5, "mean_score": 0.5, "answer_parse_failures": 1},
+    }
+
+
+def test_summarize_nothing_to_average():
+    s = summarize([])
+    assert s["scored"] == 0 and s["by_scorer"] == {}
+    assert s["accuracy"] is s["mean_score"] is s["format_rate"] is s["mean_think_chars"] is None
+
+
+def _pairs():
+    # 20 shared ids: 7 only a correct, 1 only b correct, 8 both, 4 neither.
+    pattern = [(1, 0)] * 7 + [(0, 1)] + [(1, 1)] * 8 + [(0, 0)] * 4
+    a = {f"q{i}": x for i, (x, _) in enumerate(pattern)}
+    b = {f"q{i}": y for i, (_, y) in enumerate(pattern)}
+    a["only-a"], b["only-b"] = 1, 0  # not shared: ignored
+    return a, b
+
+
+def test_paired_comparison_binary():
+    a, b = _pairs()
+    r = paired_comparison(a, b, resamples=2000, seed=1)
+    assert r["n"] == 20
+    assert (r["accuracy_a"], r["accuracy_b"]) == (0.75, 0.45)
+    assert r["difference"] == pytest.approx(0.3)
+    assert r["ci_low"] < r["difference"] < r["ci_high"]
+    # normal approximation: 0.3 ± 1.96·sqrt(0.31/20) ≈ [0.056, 0.544]
+    assert r["ci_low"] == pytest.approx(0.056, abs=0.06) and r["ci_high"] == pytest.approx(0.544, abs=0.06)
+    assert r["discordant"] == {"a_better": 7, "b_better": 1}
+    # exact McNemar: 2 · (C(8,0) + C(8,1)) / 2^8 = 18/256
+    assert r["p_value"] == pytest.approx(18 / 256)
+    assert paired_comparison(a, b, resamples=2000, seed=1) == r  # deterministic for a seed
+
+
+def test_paired_comparison_edges():
+    empty = paired_comparison({"x": 1}, {"y": 0})
+    assert empty["n"] == 0
+    assert all(empty[k] is None for k in ("accuracy_a", "accuracy_b", "difference", "ci_low", "ci_high", "p_value", "discordant"))
+    one = paired_comparison({"x": 1}, {"x": 0}, resamples=50)
+    assert (one["n"], one["difference"], one["ci_low"], one["ci_high"]) == (1, 1.0, 1.0, 1.0)
+    assert one["p_value"] == 1.0  # one discordant pair: 2 · ½ = 1
+    graded = paired_comparison({"x": 0.5, "y": 1.0, "z": None}, {"x": 0.25, "y": 1.0, "z": 1.0}, resamples=50)
+    assert graded["n"] == 2 and graded["p_value"] is None and graded["difference"] == pytest.approx(0.125)
+    with pytest.raises(UsageError):
+        paired_comparison({}, {}, confidence=1.5)
+
+
+@pytest.mark.parametrize("a_only, b_only, p", [
+    (0, 0, 1.0), (5, 0, 2 / 32), (0, 5, 2 / 32), (3, 3, 1.0), (10, 2, 2 * (1 + 12 + 66) / 4096),
+])
+def test_mcnemar_exact(a_only, b_only, p):
+    assert mcnemar_exact(a_only, b_only) == pytest.approx(p)
+
+
+def test_mcnemar_large_counts_do_not_underflow():
+    p = mcnemar_exact(1500, 1400)
+    assert 0 < p < 1 and math.isfinite(p)
