@@ -115,8 +115,10 @@ class FakeBackend:
 
     device = "cpu"
 
-    def __init__(self, answers=None, tokens=4, fail_at=None, max_pixels=1003520, capped=False, too_long=()):
+    def __init__(self, answers=None, tokens=4, fail_at=None, interrupt_at=None, max_pixels=1003520, capped=False,
+                 too_long=()):
         self.answers, self.tokens, self.fail_at, self.too_long = answers or {}, tokens, fail_at, set(too_long)
+        self.interrupt_at = interrupt_at
         self.max_pixels, self.capped = max_pixels, capped
         self.batches_run, self.closed = 0, False
 
@@ -135,6 +137,8 @@ class FakeBackend:
         for k, indices in enumerate(planned):
             if k == self.fail_at:
                 raise RuntimeError(f"fake failure in batch {k}")
+            if k == self.interrupt_at:
+                raise KeyboardInterrupt
             rows = []
             for i in indices:
                 r = requests[i]

@@ -7,7 +7,6 @@ catch :class:`VlmfastError`.
 from __future__ import annotations
 
 # Exit codes (documented in README and `vlmfast --help`). Stable: CI scripts depend on them.
-EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected runtime failure (a bug or an environment problem)
 EXIT_BAD_INPUT = 2  # bad arguments, inputs or checkpoint; nothing was written
 EXIT_SLOWER_THAN_BASE = 3  # bench --fail-if-slower gate tripped
@@ -47,3 +46,9 @@ class CheckpointError(VlmfastError):
     """A checkpoint path that does not exist, holds no weights or cannot be loaded."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class Interrupted(VlmfastError):
+    """Ctrl-C during a run: what is on disk, and how to go on."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .errors import EXIT_FAILURE, UsageError, VlmfastError
+from .errors import EXIT_FAILURE, Interrupted, UsageError, VlmfastError
 from .inputs import BadInput, Collected, Problem, Request, collect, raise_for_problems
 from .options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from .parallel import Distributed
@@ -171,6 +171,8 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
                             timings += [timing] if timing else []
                     except Exception as exc:  # noqa: BLE001 - reported collectively below
                         failure = exc
+                    except KeyboardInterrupt:
+                        raise _interrupted(len(results), out) from None
                 if dist.any(failure is not None):
                     break
         finally:
@@ -180,6 +182,16 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     elif failure is not None:
         raise failure
     return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(backend.device))
+
+
+def _interrupted(written: int, out: Path | None) -> Interrupted:
+    """What Ctrl-C left: the rows already on disk (each batch is written whole), and how to go on."""
+    if out is None:
+        return Interrupted(f"interrupted after {written} row(s) on stdout", hint="rerun with --out FILE to be able to resume")
+    if not written:
+        return Interrupted(f"interrupted before this run wrote a row to {out}", hint="rerun the same command")
+    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}",
+                       hint="rerun the same command to resume where it stopped")
 
 
 def _fail_together(dist: Distributed, failure: BaseException | None, out: Path | None):

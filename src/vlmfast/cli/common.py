@@ -155,8 +155,7 @@ def guarded(fn):
             render_error(exc)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        stderr.print("[yellow]interrupted:[/yellow] rerun the same command to resume (finished batches are in the "
-                     "results file, if one was written).")
+        stderr.print("[yellow]interrupted[/yellow] before any result was written; rerun the same command.")
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 

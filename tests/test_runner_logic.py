@@ -1,0 +1,120 @@
+"""The runner, the summary and the report's arithmetic through a fake backend: no model, no torch."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from conftest import FakeBackend, read_jsonl
+from vlmfast.errors import Interrupted, UsageError
+from vlmfast.options import InferOptions
+from vlmfast.runner import infer
+
+
+def _images(tmp_path, sizes):
+    paths = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"im{i}.png"
+        Image.new("RGB", size, (i * 30 % 255, 40, 90)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture
+def small(tmp_path):
+    return _images(tmp_path, [(56, 56), (84, 84), (112, 56), (56, 112)])
+
+
+def _options(paths, out=None, **kw):
+    return InferOptions(ckpt="fake", images=paths, prompt="Which?", out=str(out) if out else None, **kw)
+
+
+def test_rows_written_scored_and_reported_in_input_order(small, tmp_path):
+    out = tmp_path / "r.jsonl"
+    report = infer(_options(small, out, batch_size=3), backend=FakeBackend(tokens=5))
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == small and all(r["answer"] == "A" and r["n_new_tokens"] == 5 for r in rows)
+    assert (report.samples, report.new_tokens, report.batches, report.batch_size) == (4, 20, 2, 3)
+    assert report.engine == "hf" and report.load_s == 0.5 and report.compile_s is None
+    assert [r.id for r in report.results] == small and report.scores["format_rate"] == 1.0
+
+
+def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatch):
+    import vlmfast.backends
+
+    out = tmp_path / "r.jsonl"
+    infer(_options(small, out), backend=FakeBackend())
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "use_cache": False}))
+    (ckpt / "model.safetensors").write_bytes(b"")
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine (and the model) should not be opened")
+
+    monkeypatch.setattr(vlmfast.backends, "open_backend", no_engine)
+    report = infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(out)))
+    assert report.samples == 0 and report.skipped_existing == 4 and report.load_s == 0.0
+    assert report.cache["found_off"] == ["config.json: use_cache"]
+    assert any("the model was not loaded" in n for n in report.notes)
+    assert report.scores["format_rate"] == 1.0  # the file's rows are still summarized
+
+
+def test_the_results_file_is_read_once_per_run(small, tmp_path, monkeypatch):
+    import vlmfast.results
+
+    out = tmp_path / "r.jsonl"
+    infer(_options(small[:2], out), backend=FakeBackend())
+    reads = []
+    real = vlmfast.results.read_existing
+    monkeypatch.setattr(vlmfast.results, "read_existing", lambda *a, **k: reads.append(a) or real(*a, **k))
+    report = infer(_options(small, out), backend=FakeBackend())
+    assert len(reads) == 1 and report.samples == 2 and report.skipped_existing == 2
+    assert [r["id"] for r in read_jsonl(out)] == small
+
+
+def test_max_pixels_cap_is_said_only_when_an_image_was_larger(tmp_path):
+    few = _images(tmp_path, [(56, 56), (84, 84)])
+    quiet = infer(_options(few), backend=FakeBackend(max_pixels=10_000, capped=True))
+    assert quiet.max_pixels_capped is False and not any("capped" in n for n in quiet.notes)
+    big = _images(tmp_path / ".." / tmp_path.name, [(56, 56), (200, 100)])  # 20,000 pixels > 10,000
+    loud = infer(_options(big), backend=FakeBackend(max_pixels=10_000, capped=True))
+    assert loud.max_pixels_capped is True and any("max_pixels capped at 10000" in n for n in loud.notes)
+
+
+def test_a_failing_batch_keeps_the_rows_before_it(small, tmp_path):
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(RuntimeError, match="fake failure in batch 1"):
+        infer(_options(small, out, batch_size=2), backend=FakeBackend(fail_at=1))
+    assert [r["id"] for r in read_jsonl(out)] == small[:2]
+
+
+def test_ctrl_c_says_what_is_on_disk(small, tmp_path):
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(Interrupted, match=r"this run's 2 finished row\(s\) are in") as err:
+        infer(_options(small, out, batch_size=2), backend=FakeBackend(interrupt_at=1))
+    assert err.value.exit_code == 130 and "resume" in err.value.hint and len(read_jsonl(out)) == 2
+    with pytest.raises(Interrupted, match="before this run wrote a row"):
+        infer(_options(small, tmp_path / "fresh.jsonl", batch_size=2), backend=FakeBackend(interrupt_at=0))
+
+
+def test_too_long_prompts_fail_before_running_or_become_error_rows(small, tmp_path):
+    with pytest.raises(Exception, match="prompt is too long"):
+        infer(_options(small), backend=FakeBackend(too_long=[small[1]]))
+    out = tmp_path / "r.jsonl"
+    report = infer(_options(small, out, skip_bad=True), backend=FakeBackend(too_long=[small[1]]))
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    assert report.errors == 1 and "too long" in rows[small[1]]["error"] and rows[small[0]]["error"] is None
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(overwrite=True, retry_errors=True, out="r.jsonl"), "--retry-errors resumes"),
+    (dict(retry_errors=True), "act on a results file"),
+    (dict(engine="vllm", device="cpu"), "--device applies to vlmfast's own engine"),
+    (dict(decoder="fast"), "--decoder fast: unknown"),
+    (dict(batch_size=0), "--batch-size 0"),
+    (dict(iou=1.5), "--iou 1.5"),
+])
+def test_options_check_themselves(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        InferOptions(ckpt="x", images=["a.png"], prompt="p", **kwargs)
