@@ -4,7 +4,7 @@ import os
 import pytest
 
 from vlmfast.errors import InputError, UsageError
-from vlmfast.inputs import R1_INSTRUCTION, collect, expand_images, raise_for_problems
+from vlmfast.inputs import R1_INSTRUCTION, check_images, collect, expand_images, raise_for_problems
 
 
 def test_directory_and_glob_expand_sorted(images):
@@ -82,8 +82,8 @@ def test_every_bad_input_is_listed_at_once(images, tmp_path):
 
 
 def test_duplicate_ids_and_missing_prompt_and_nothing_found(images, tmp_path):
-    with pytest.raises(InputError, match="duplicate ids"):
-        collect(images=[str(images[0]), str(images[0])], prompt="p")
+    with pytest.raises(InputError, match="duplicate id"):
+        raise_for_problems(collect(images=[str(images[0]), str(images[0])], prompt="p"))
     with pytest.raises(UsageError, match="no prompt"):
         collect(images=[str(images[0])])
     with pytest.raises(UsageError, match="no inputs"):
@@ -107,5 +107,35 @@ def test_a_bad_record_and_a_good_one_cannot_share_an_id(images, tmp_path):
     m = tmp_path / "m.jsonl"
     m.write_text(json.dumps({"id": "q1", "prompt": "no image"}) + "\n"
                  + json.dumps({"id": "q1", "image": str(images[0]), "prompt": "p"}) + "\n")
-    with pytest.raises(InputError, match="duplicate ids: q1"):
-        collect(manifest=str(m))
+    with pytest.raises(InputError, match="q1: duplicate id"):
+        raise_for_problems(collect(manifest=str(m)), skip_bad=True)  # no error row can stand for both
+
+
+def test_every_problem_of_a_manifest_in_one_error(images, tmp_path):
+    """A duplicate id, a line of bad JSON and a missing image: all three in one error, not the first alone."""
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "p"}) + "\n"
+                 + json.dumps({"id": "a", "image": str(images[1]), "prompt": "p"}) + "\n"
+                 + "{not json\n"
+                 + json.dumps({"id": "c", "image": str(tmp_path / "gone.png"), "prompt": "p"}) + "\n")
+    with pytest.raises(InputError) as err:
+        raise_for_problems(collect(manifest=str(m)))
+    text = err.value.message
+    assert "3 bad input(s)" in text and "a: duplicate id (2 records)" in text
+    assert f"{m}:3: invalid JSON" in text and "gone.png: file not found" in text
+
+
+def test_image_limits_name_the_pixel_count_and_warn_nothing(tmp_path):
+    import warnings
+
+    from PIL import Image
+
+    over, bomb = tmp_path / "over.png", tmp_path / "bomb.png"
+    Image.new("RGB", (100, 80)).save(over)  # 8,000 pixels: over 5,000, under twice that
+    Image.new("RGB", (200, 100)).save(bomb)  # 20,000: over twice the limit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Pillow's DecompressionBombWarning would raise here
+        sizes, problems = check_images([str(over), str(bomb)], max_image_pixels=5000)
+    assert sizes == {}
+    assert problems[str(over)] == "image has 8000 pixels, over the limit of 5000 (--max-image-pixels)"
+    assert problems[str(bomb)].startswith("image has 20000 pixels") and "decompression bomb" in problems[str(bomb)]

@@ -79,6 +79,7 @@ class Collected:
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (width, height)
     warnings: list[str] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # every id, good or bad, in input order
+    fatal: list[Problem] = field(default_factory=list)  # problems no --skip-bad can turn into rows (duplicate ids)
 
 
 def apply_template(prompt: str, template: str) -> str:
@@ -239,33 +240,40 @@ def check_images(paths: list[str], max_image_pixels: int | None = DEFAULT_MAX_IM
     """Open every distinct image header (cheap; no full decode). Returns sizes and problems by path."""
     from PIL import Image
 
-    Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees; Pillow refuses 2× this
     sizes: dict[str, tuple[int, int]] = {}
     problems: dict[str, str] = {}
-    for path in dict.fromkeys(paths):
-        if not os.path.exists(path):
-            problems[path] = "file not found"
-        elif not os.path.isfile(path):
-            problems[path] = "not a file"
-        elif not os.access(path, os.R_OK):
-            problems[path] = "not readable (permissions)"
-        elif os.path.getsize(path) == 0:
-            problems[path] = "empty file (0 bytes)"
-        else:
-            try:
-                with Image.open(path) as im:
-                    im.verify()
-                    sizes[path] = im.size
-            except Image.DecompressionBombError:
-                problems[path] = f"image too large (a decompression bomb?): over {max_image_pixels} pixels (--max-image-pixels)"
-            except Exception as exc:  # PIL raises many types for corrupt data
-                problems[path] = f"not a readable image ({type(exc).__name__}: {exc})"
-            else:
-                w, h = sizes[path]
-                if max_image_pixels is not None and w * h > max_image_pixels:
-                    problems[path] = f"image has {w * h} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
-                    del sizes[path]
+    Image.MAX_IMAGE_PIXELS = None  # headers only: the limit is checked below, with the pixel count in the message
+    try:
+        for path in dict.fromkeys(paths):
+            problem = _file_problem(path)
+            if problem is None:
+                try:
+                    with Image.open(path) as im:
+                        im.verify()
+                        sizes[path] = im.size
+                except Exception as exc:  # PIL raises many types for corrupt data
+                    problem = f"not a readable image ({type(exc).__name__}: {exc})"
+            if problem is None and max_image_pixels is not None and (n := sizes[path][0] * sizes[path][1]) > max_image_pixels:
+                problem = (f"image has {n} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
+                           + ("; over twice the limit: a decompression bomb?" if n > 2 * max_image_pixels else ""))
+                del sizes[path]
+            if problem is not None:
+                problems[path] = problem
+    finally:
+        Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees
     return sizes, problems
+
+
+def _file_problem(path: str) -> str | None:
+    if not os.path.exists(path):
+        return "file not found"
+    if not os.path.isfile(path):
+        return "not a file"
+    if not os.access(path, os.R_OK):
+        return "not readable (permissions)"
+    if os.path.getsize(path) == 0:
+        return "empty file (0 bytes)"
+    return None
 
 
 def collect(
@@ -301,13 +309,9 @@ def collect(
     seen: dict[str, int] = {}
     for e in entries:  # bad rows take an id (and a row) too
         seen[e.id] = seen.get(e.id, 0) + 1
-    dupes = {rid for rid, n in seen.items() if n > 1}
-    if dupes:
-        shown = ", ".join(sorted(dupes)[:5])
-        raise InputError(
-            f"duplicate ids: {shown}{' …' if len(dupes) > 5 else ''}",
-            hint='ids must be unique (they key resume); give each manifest record its own "id"',
-        )
+    # ids key the results file and resume: a repeated one cannot become a row of its own
+    fatal = [Problem(rid, f"duplicate id ({seen[rid]} records): give each record its own \"id\"")
+             for rid in sorted(rid for rid, n in seen.items() if n > 1)]
 
     requests = [e for e in entries if isinstance(e, Request)]
     sizes, image_problems = check_images([p for r in requests for p in r.images], max_image_pixels)
@@ -320,18 +324,19 @@ def collect(
             bad.append(BadInput(id=r.id, problems=mine, request=r))
         else:
             good.append(dataclasses.replace(r, image_sizes=tuple(sizes[p] for p in r.images)))
-    return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings, order=[e.id for e in entries])
+    return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings, order=[e.id for e in entries], fatal=fatal)
 
 
-def raise_for_problems(collected: Collected) -> None:
-    """The default policy: any bad input fails the whole run before anything is loaded or written."""
-    if not collected.bad:
+def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
+    """Any bad input fails the whole run before anything is loaded or written, every problem listed in
+    one error; with ``skip_bad`` only fatal problems (duplicate ids) do, with the others listed too."""
+    if not collected.fatal and (skip_bad or not collected.bad):
         return
-    problems = list(dict.fromkeys(p for b in collected.bad for p in b.problems))  # an image shared by requests: once
+    problems = list(dict.fromkeys([*collected.fatal, *(p for b in collected.bad for p in b.problems)]))  # once each
     listing = "\n".join(f"  - {p}" for p in problems[:50])
     more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
-    raise InputError(
-        f"{len(problems)} bad input(s); nothing was run:\n{listing}{more}",
-        hint="fix or remove them, or pass --skip-bad to record an error row for each and run the rest",
-        problems=problems,
-    )
+    hint = "fix or remove them, or pass --skip-bad to record an error row for each and run the rest"
+    if collected.fatal:
+        hint = "ids must be unique (they key the results file and resume); " + ("fix the rest too, or keep --skip-bad "
+                                                                               "for them" if skip_bad else hint)
+    raise InputError(f"{len(problems)} bad input(s); nothing was run:\n{listing}{more}", hint=hint, problems=problems)

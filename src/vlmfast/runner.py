@@ -93,8 +93,7 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
     )
-    if not options.skip_bad:
-        raise_for_problems(collected)
+    raise_for_problems(collected, skip_bad=options.skip_bad)
     if dist.world > 1 and options.out is None:
         raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
     notes = list(collected.warnings)
