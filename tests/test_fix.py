@@ -112,6 +112,16 @@ def test_dry_run_writes_nothing_and_shows_the_diff(base_ckpt, tmp_path):
     assert f"# copy {base_ckpt / 'tokenizer.json'} -> {d / 'tokenizer.json'}" in result.diff
 
 
+def test_dry_run_on_a_run_dir_names_the_checkpoint_it_changes_and_the_ones_it_leaves(grpo_ckpt, tmp_path):
+    run = tmp_path / "run"
+    for n in (100, 200):
+        shutil.copytree(grpo_ckpt, run / f"checkpoint-{n}")
+    result = apply_fix(plan_fix(run), dry_run=True)
+    assert result.diff.startswith(f"# checkpoint: {run / 'checkpoint-200'}\n")
+    assert "# not changed, also cache-off: checkpoint-100 (run vlmfast fix on each)" in result.diff
+    assert "# not changed" not in apply_fix(plan_fix(run / "checkpoint-200"), dry_run=True).diff  # named directly
+
+
 def test_edits_keep_formatting_and_key_order():
     original = '{\n    "b": 1,\n    "use_cache": false,\n    "a": {\n        "x": "\\u00e9"\n    }\n}'
     data = json.loads(original)

@@ -25,7 +25,8 @@ def test_checkpoint_n_picks_highest_numeric_with_weights(grpo_ckpt, tmp_path):
     (out / "checkpoint-1000").mkdir()  # empty
     found = require(locate(str(out)), "model")
     assert found.source == str(out / "checkpoint-10") and found.is_local
-    assert "checkpoint-10" in found.note and "skipped checkpoint-1000, checkpoint-100" in found.note
+    assert "checkpoint-10" in found.note
+    assert "skipped checkpoint-1000 (no config.json), checkpoint-100 (config.json but no weights)" in found.note
 
 
 def test_locate_errors(tmp_path):

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ckpt_files import (
-    IM_END, PROCESSOR_GROUP, TEMPLATE_FILES, TOKENIZER_FILES, has_chat_template, has_processor_config,
-    is_adapter_dir, read_json_object, saved_eos, token_id,
+    IM_END, PROCESSOR_GROUP, TEMPLATE_FILES, TOKENIZER_FILES, cache_off_locations, has_chat_template,
+    has_processor_config, is_adapter_dir, read_configs, read_json_object, saved_eos, token_id,
 )
 from .errors import CheckpointError
 from .files import atomic_write, publish_directory
@@ -53,6 +53,7 @@ class FixPlan:
     target: Path
     edits: list[FileEdit] = field(default_factory=list)
     copies: list[FileCopy] = field(default_factory=list)
+    others: list[Path] = field(default_factory=list)  # sibling checkpoints, also cache-off, that this plan leaves alone
 
     @property
     def empty(self) -> bool:
@@ -63,8 +64,13 @@ class FixPlan:
         return [c for e in self.edits for c in e.changes] + [f"copy {c.src} -> {c.dst.name}" for c in self.copies]
 
     def diff(self) -> str:
-        """Unified diff of every edit, then one line per copied file."""
-        parts = []
+        """Which checkpoint changes, the unified diff of every edit, then one line per copied file."""
+        if self.empty:
+            return ""
+        parts = [f"# checkpoint: {self.target}\n"]
+        if self.others:
+            parts.append(f"# not changed, also cache-off: {', '.join(p.name for p in self.others)} "
+                         f"(run vlmfast fix on each)\n")
         for e in self.edits:
             name = e.path.name
             parts += difflib.unified_diff((e.old or "").splitlines(keepends=True), e.new.splitlines(keepends=True),
@@ -88,6 +94,22 @@ def _local_dir(spec) -> Path:
     return require(locate(spec), "model", "fsdp", "incomplete").path
 
 
+def _cache_off_siblings(spec, d: Path) -> list[Path]:
+    """When ``spec`` is a run dir that resolved to one of its checkpoints: the other checkpoint dirs beside
+    ``d`` whose configs also turn the cache off (fix changes only ``d``)."""
+    if Path(spec).expanduser().resolve() == d.resolve():
+        return []
+    others = []
+    for sibling in sorted(p for p in d.parent.iterdir() if p.is_dir() and p != d and (p / "config.json").is_file()):
+        try:
+            config, generation = read_configs(sibling)
+        except Exception:  # noqa: BLE001 - an unreadable sibling is not this fix's business
+            continue
+        if cache_off_locations(config, generation):
+            others.append(sibling)
+    return others
+
+
 def plan_fix(ckpt, processor_from=None) -> FixPlan:
     """Plan the fixes for a local checkpoint (trainer output dirs resolve as in doctor). Reads only.
 
@@ -98,7 +120,7 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     """
     d = _local_dir(ckpt)
     base = _local_dir(processor_from) if processor_from is not None else None
-    plan = FixPlan(d)
+    plan = FixPlan(d, others=_cache_off_siblings(ckpt, d))
     if base is not None:
         plan.copies, created = _missing_files(d, base)
         plan.edits += created

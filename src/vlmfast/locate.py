@@ -138,13 +138,17 @@ def _numbered(path: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
     )
 
 
+SKIP_REASONS = {"incomplete": "config.json but no weights", "fsdp": "unmerged FSDP shards"}
+
+
 def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Located:
-    located = []
+    located, why = [], {}
     for n, child in numbered:
         try:
             located.append((n, child, walk(child)))
         except CheckpointError:
-            pass
+            why[child.name] = "no config.json"
+    why.update({d.name: SKIP_REASONS[f.kind] for _, d, f in located if f.kind in SKIP_REASONS})
     usable = [(n, d, found) for n, d, found in located if found.kind in ("model", "adapter")]
     if usable:
         n, chosen, found = usable[0]
@@ -153,9 +157,9 @@ def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Locate
             found = Located(merged, "model")
         where = found.path.relative_to(path).as_posix()
         note = f"using {where} (highest of {len(usable)} {label} dirs with weights in {path})"
-        skipped = [d.name for m, d in numbered if m > n]
+        skipped = [f"{d.name} ({why.get(d.name, 'no weights')})" for m, d in numbered if m > n]
         if skipped:
-            note += f"; skipped {', '.join(skipped)}: no config.json or weights"
+            note += f"; skipped {', '.join(skipped)}"
         return Located(found.path, found.kind, note, found.shards)
     unmerged = [found for _, _, found in located if found.kind == "fsdp"]
     if unmerged:  # EasyR1 before model_merger.py: say so rather than "no weights"
