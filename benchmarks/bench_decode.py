@@ -5,7 +5,7 @@ Workload: the demo GRPO-like checkpoint, 32 images of mixed sizes (224–640 px,
 
   loop-cache-on   the per-sample loop users write (processor → model.generate(use_cache=True)), one
                   image at a time
-  vlmfast         vlmfast.infer with its defaults (own decode loop, batch size auto = 8 on a CPU)
+  vlmfast         vlmfast.infer with its defaults (own decode loop, batch size auto = 32 on a CPU)
   vlmfast-hf      the same with --decoder hf (plain model.generate on the same batches and inputs)
 
 Figures: loop-cache-on ÷ vlmfast wall time (generate_s), and decode time per step of vlmfast-hf ÷

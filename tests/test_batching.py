@@ -1,6 +1,12 @@
 import pytest
 
-from vlmfast.batching import image_tokens, padding_waste, plan_batches, smart_resize
+from vlmfast.batching import image_tokens, plan_batches, smart_resize
+
+
+def padding_waste(costs, batches) -> float:
+    """Share of prefill slots that are padding under a plan (0 = none)."""
+    total = sum(len(b) * max(costs[i] for i in b) for b in batches if b)
+    return 0.0 if total == 0 else 1.0 - sum(costs) / total
 
 
 def test_plan_batches_sorts_by_cost_and_keeps_every_index_once():

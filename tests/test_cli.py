@@ -153,3 +153,17 @@ def test_options_of_the_other_engine_are_refused(grpo_ckpt, images):
     assert r.returncode == 2 and "--attn, --compile apply to vlmfast's own engine (--engine hf)" in r.stderr
     r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--tensor-parallel-size", 2)
     assert r.returncode == 2 and "apply to --engine vllm" in r.stderr
+
+
+def test_suggested_commands_name_a_vlmfast_the_shell_finds(monkeypatch):
+    """scripts/demo.sh never activates .venv: its suggestions must not call a bare `vlmfast` off PATH."""
+    import os
+    import shutil
+
+    from vlmfast.demo import console_script
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # not on PATH
+    command = console_script()
+    assert command != "vlmfast" and os.access(command, os.X_OK)
+    monkeypatch.setattr(shutil, "which", lambda name: str(VLMFAST))  # on PATH: the short name
+    assert console_script() == "vlmfast"

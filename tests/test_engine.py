@@ -220,16 +220,32 @@ def test_impossible_settings_are_usage_errors(loaded):
 
 
 def test_decode_attention_is_sdpa_whatever_the_model_loaded_with(grpo_ckpt, images):
-    """A model loaded with eager attention (or flash-attn, on CUDA) decodes through sdpa with the
-    loop's boolean mask; the loaded setting is restored, and the tokens are generate's."""
+    """A model loaded with eager attention (or flash-attn, on CUDA) decodes through vlmfast's sdpa decode
+    attention with the loop's mask — counted, per layer and step; the loaded setting is restored, and the
+    tokens are generate's."""
+    from transformers import AttentionInterface
+
+    from vlmfast import decode
     from vlmfast.checkpoint import load
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return decode.decode_attention(*args, **kwargs)
 
     eager = load(str(grpo_ckpt), device="cpu", attn="eager")
     reqs = _requests(images[:3])
-    engine = Engine(eager, GenerationSettings(max_new_tokens=16))
-    results = _run(engine, reqs, 3)
+    engine = Engine(eager, GenerationSettings(max_new_tokens=16, ignore_eos=True))
+    AttentionInterface.register(decode.DECODE_ATTENTION, counting)
+    try:
+        results = _run(engine, reqs, 3)
+    finally:
+        AttentionInterface.register(decode.DECODE_ATTENTION, decode.decode_attention)
+    layers = len(engine._decoder().layers)
+    assert len(calls) == layers * 15  # every layer of every step after the first token (prefill's is HF's own)
     assert engine._decoder().attention_config._attn_implementation == "eager"
-    reference = _hf_tokens(eager, model_inputs(engine, reqs), 16, eager.eos_token_ids)
+    reference = _hf_tokens(eager, model_inputs(engine, reqs), 16, [])
     assert [results[r.id].token_ids for r in reqs] == reference
 
 

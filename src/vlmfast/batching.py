@@ -53,9 +53,3 @@ def plan_batches(costs: Sequence[int], batch_size: int, max_tokens: int | None =
     if current:
         batches.append(current)
     return batches
-
-
-def padding_waste(costs: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
-    """Share of prefill slots that are padding under this plan (0 = none). For the report."""
-    total = sum(len(b) * max(costs[i] for i in b) for b in batches if b)
-    return 0.0 if total == 0 else 1.0 - sum(costs) / total

@@ -71,8 +71,27 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     stderr.print(f"first row ({first.id}): {first.n_new_tokens} tokens, finish={first.finish_reason}; "
                  "the text is noise — the weights are random.", markup=False)
     base = workdir / f"base-demo-tf{transformers.__version__.split('.')[0]}"
+    me = console_script()
     stderr.print("next, side by side with a base and a plot:\n"
-                 f"  vlmfast make-checkpoint {base} --preset demo --like base\n"
-                 f"  vlmfast bench --ckpt {ckpt} --compare-base {base} --images {images[0].parent} --report {workdir / 'bench'}",
+                 f"  {me} make-checkpoint {base} --preset demo --like base\n"
+                 f"  {me} bench --ckpt {ckpt} --compare-base {base} --images {images[0].parent} --report {workdir / 'bench'}",
                  markup=False)
     return report
+
+
+def console_script() -> str:
+    """How to call vlmfast from the user's shell: ``vlmfast`` when that is this environment's console
+    script on PATH, else its path (``scripts/demo.sh`` runs from a virtual environment it never activates)."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    mine = Path(sys.executable).parent / "vlmfast"
+    on_path = shutil.which("vlmfast")
+    if on_path and Path(on_path).resolve() == mine.resolve():
+        return "vlmfast"
+    try:
+        return os.path.relpath(mine) if not os.path.relpath(mine).startswith("..") else str(mine)
+    except ValueError:  # another drive (Windows)
+        return str(mine)
