@@ -127,24 +127,9 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Fast, honest inference for GRPO-trained vision-language checkpoints."""
 
 
-def _guarded(fn):
-    """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 with a resume hint."""
-    from .parallel import is_main_process
-    from .report import render_error, stderr
-
-    try:
-        return fn()
-    except VlmfastError as exc:
-        if is_main_process():  # every process of a parallel run hits the same input error: say it once
-            render_error(exc)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        stderr.print("[yellow]interrupted:[/yellow] finished batches are saved; rerun the same command to resume.")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-
-
 def guarded(fn):
-    """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 with a resume hint."""
+    """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 (the runner says what a run
+    left on disk; a Ctrl-C that reaches here came before any result was written)."""
     from ..parallel import is_main_process
     from ..report import render_error, stderr
 
