@@ -262,3 +262,39 @@ def test_prefill_in_groups_decodes_the_batch_as_one(loaded, images):
     reference = _hf_tokens(loaded, model_inputs(whole, ordered), 16, loaded.eos_token_ids)
     assert [b[r.id].token_ids for r in ordered] == [a[r.id].token_ids for r in ordered] == reference
     assert [b[r.id].n_prompt_tokens for r in ordered] == [a[r.id].n_prompt_tokens for r in ordered]
+
+
+def test_n_answers_per_request_share_one_prefill(loaded, images):
+    """--n: the prompt goes through the model (vision tower included) once; its cache serves n decode rows.
+    Greedy answers are all the one-answer tokens; sampled ones differ across samples and repeat with a seed."""
+    reqs = _requests(images[:3])
+    one = _run(Engine(loaded, GenerationSettings(max_new_tokens=12)), reqs, 3)
+    vision_calls = []
+    handle = loaded.model.model.visual.register_forward_hook(lambda *_: vision_calls.append(1))
+    try:
+        greedy = Engine(loaded, GenerationSettings(max_new_tokens=12, n=3))
+        rows = [r for _, rs, _ in Scheduler(greedy).run(reqs, {}, 3) for r in rs]
+    finally:
+        handle.remove()
+    assert len(vision_calls) == 1 and len(rows) == 9  # one prefill for 3 requests × 3 answers
+    assert [(r.id, r.sample) for r in rows] == [(q.id, k) for q in reqs for k in range(3)]
+    assert all(r.token_ids == one[r.id].token_ids for r in rows)
+
+    def sample(seed):
+        engine = Engine(loaded, GenerationSettings(max_new_tokens=12, temperature=1.0, n=4, seed=seed, ignore_eos=True))
+        return [(r.id, r.sample, tuple(r.token_ids)) for _, rs, _ in Scheduler(engine).run(reqs, {}, 3) for r in rs]
+
+    first = sample(5)
+    assert first == sample(5) and first != sample(6)
+    per_request = {}
+    for rid, _, tokens in first:
+        per_request.setdefault(rid, set()).add(tokens)
+    assert all(len(answers) > 1 for answers in per_request.values())  # the samples are not copies of one another
+
+
+def test_n_answers_through_plain_generate_too(loaded, images):
+    reqs = _requests(images[:2])
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=8, temperature=1.0, n=3, seed=1), decoder="hf")
+    rows = [r for _, rs, _ in Scheduler(engine).run(reqs, {}, 2) for r in rs]
+    assert [(r.id, r.sample) for r in rows] == [(q.id, k) for q in reqs for k in range(3)]
+    assert all(r.n_new_tokens >= 1 and r.error is None for r in rows)

@@ -80,3 +80,35 @@ def test_a_resume_only_run_reports_no_rate(loaded, grpo_ckpt, images, tmp_path):
     again = infer(_options(grpo_ckpt, images[:2], out), loaded=loaded)
     assert (again.samples, again.skipped_existing) == (0, 2)
     assert again.tokens_per_s is None and again.samples_per_s is None  # not "0.0 tokens/s"
+
+
+def test_n_sampled_answers_resume_by_id_and_sample(loaded, grpo_ckpt, images, tmp_path):
+    """--n 3: three rows per id (sample 0, 1, 2) in input order; a run killed part-way redoes only the
+    requests that lack an answer, and every (id, sample) ends up in the file once; a seed repeats a run."""
+    settings = GenerationSettings(max_new_tokens=6, temperature=1.0, n=3, seed=11, ignore_eos=True)
+    paths = [str(p) for p in images[:4]]
+
+    def run(out):
+        return infer(InferOptions(ckpt=str(grpo_ckpt), images=paths, prompt="Count.", out=str(out), batch_size=6,
+                                  generation=settings), loaded=loaded)
+
+    full = run(tmp_path / "full.jsonl")
+    rows = read_jsonl(tmp_path / "full.jsonl")
+    assert [(r["id"], r["sample"]) for r in rows] == [(p, k) for p in paths for k in range(3)]
+    assert full.samples == 12 and full.batches == 2  # 6 answers a batch: 2 requests × 3
+    rerun = run(tmp_path / "full.jsonl")  # everything done: nothing runs, the file stays as it was
+    assert (rerun.samples, rerun.skipped_existing) == (0, 4) and read_jsonl(tmp_path / "full.jsonl") == rows
+    out = tmp_path / "r.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))  # request 0 whole, request 1 one answer of 3
+    resumed = run(out)
+    assert resumed.skipped_existing == 1 and resumed.samples == 9
+    assert [(r["id"], r["sample"]) for r in read_jsonl(out)] == [(p, k) for p in paths for k in range(3)]
+    assert read_jsonl(out)[:3] == rows[:3]  # the finished request's answers are kept, not redone
+
+
+def test_greedy_n_says_the_answers_are_identical(loaded, grpo_ckpt, images, tmp_path):
+    report = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(images[0])], prompt="Count.", out=str(tmp_path / "r.jsonl"),
+                                generation=GenerationSettings(max_new_tokens=4, n=2)), loaded=loaded)
+    rows = read_jsonl(tmp_path / "r.jsonl")
+    assert [r["sample"] for r in rows] == [0, 1] and rows[0]["text"] == rows[1]["text"]
+    assert any("identical answers" in n for n in report.notes)

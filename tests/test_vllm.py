@@ -320,3 +320,21 @@ def test_the_overlay_supplies_a_missing_processor_and_never_touches_the_checkpoi
     # the shared engine has loaded and run the broken copy through its own overlay meanwhile
     assert Path(engine.model_dir).parent.name.startswith(OVERLAY_PREFIX) and rows
     assert (_snapshot(broken), _snapshot(demo)) == before
+
+
+def test_n_answers_map_to_vllms_n(engine, good):
+    """--n 3 with sampling: vLLM's own n, three rows per request (sample 0, 1, 2), reproducible with a seed;
+    greedy: one completion, three identical rows."""
+    def run(settings):
+        use_settings(engine, settings)
+        return [(r.id, r.sample, tuple(r.token_ids)) for _, results, _ in engine.run(good[:3], {}, 8) for r in results]
+
+    try:
+        sampled = run(GenerationSettings(max_new_tokens=8, temperature=1.0, n=3, seed=4, ignore_eos=True))
+        again = run(GenerationSettings(max_new_tokens=8, temperature=1.0, n=3, seed=4, ignore_eos=True))
+        greedy = run(GenerationSettings(max_new_tokens=8, n=3))
+    finally:
+        use_settings(engine, GenerationSettings(max_new_tokens=MAX_NEW))
+    assert [(rid, k) for rid, k, _ in sampled] == [(r.id, k) for r in good[:3] for k in range(3)]
+    assert sampled == again and len({tokens for _, _, tokens in sampled}) > 3
+    assert all(len({t for rid, _, t in greedy if rid == r.id}) == 1 for r in good[:3]) and len(greedy) == 9

@@ -120,9 +120,11 @@ class HfBackend:
                       f"{shape.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token)")
 
     def plan(self, requests, image_sizes, batch_size):
+        """Batches of ``batch_size`` decode rows: with n answers per request, batch_size // n requests."""
         from .scheduler import plan
 
-        return plan(self.engine, requests, image_sizes, batch_size, self.whole_batch_tokens)
+        per_batch = max(1, batch_size // self.engine.settings.n)
+        return plan(self.engine, requests, image_sizes, per_batch, self.whole_batch_tokens)
 
     def batches(self, requests, image_sizes, planned):
         try:

@@ -37,14 +37,18 @@ class StaticKV:
         self.length = 0
         self.index: torch.Tensor | None = None
 
-    def fill(self, caches, length: int) -> None:
+    def fill(self, caches, length: int, repeat: int = 1) -> None:
         """Copy prefill caches — (start row, end row, HF cache) per prefill group — into the first
-        ``length`` positions, each group right-aligned (its shorter prompts read as left padding)."""
+        ``length`` positions, each group right-aligned (its shorter prompts read as left padding). With
+        ``repeat`` each prompt row fills ``repeat`` consecutive rows (n answers from one prefill)."""
         for start, end, cache in caches:
             for i, layer in enumerate(cache.layers):
                 n = layer.keys.shape[2]
-                self.keys[i][start:end, :, length - n:length].copy_(layer.keys)
-                self.values[i][start:end, :, length - n:length].copy_(layer.values)
+                keys, values = layer.keys, layer.values
+                if repeat > 1:
+                    keys, values = keys.repeat_interleave(repeat, 0), values.repeat_interleave(repeat, 0)
+                self.keys[i][start * repeat:end * repeat, :, length - n:length].copy_(keys)
+                self.values[i][start * repeat:end * repeat, :, length - n:length].copy_(values)
         self.length = length
 
     def update(self, key, value, layer_idx: int, cache_kwargs=None):
@@ -211,12 +215,13 @@ class DecodeState:
         self.graph = None
         self.rows = self.t = 0
 
-    def load(self, *, first, next_position, key_valid, caches, prompt_len: int) -> None:
-        """Take a new batch: its prefill caches, first tokens, positions and padding. Spare rows (static
-        shapes) are not running and attend to everything (no empty softmax)."""
+    def load(self, *, first, next_position, key_valid, caches, prompt_len: int, repeat: int = 1) -> None:
+        """Take a new batch: its prefill caches (each prompt's copied to ``repeat`` rows), first tokens,
+        positions and padding (per decode row). Spare rows (static shapes) are not running and attend to
+        everything (no empty softmax)."""
         rows = first.shape[0]
         self.rows, self.t = rows, 1
-        self.cache.fill(caches, prompt_len)
+        self.cache.fill(caches, prompt_len, repeat)
         if self.static:
             self.cache.index.fill_(prompt_len)
         self.offset.zero_()

@@ -82,6 +82,7 @@ class Prefilled:
     caches: list[tuple[int, int, object]]  # (start row, end row, the group's HF cache)
     prompt_len: int
     vision_s: float | None = None  # the vision tower's share of the prefill
+    repeat: int = 1  # decode rows per prompt row (n answers per request; ``first`` … are per decode row)
 
 
 class Engine(Preparer):
@@ -141,18 +142,21 @@ class Engine(Preparer):
         t2 += self.policy.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
         if self.decoder_name == "vlmfast" and steps > 1:
             self.policy.observe(self.shape_key(self.last_shape), (t3 - t2) * 1000 / (steps - 1))
-        done = dict(errors)
-        done.update({r.id: self.result(r, prepared, tokens[row]) for row, r in enumerate(prepared.requests)})
+        n = self.settings.n
+        done = {rid: [row] for rid, row in errors.items()}
+        done.update({r.id: [self.result(r, prepared, tokens[i * n + k], k if n > 1 else None) for k in range(n)]
+                     for i, r in enumerate(prepared.requests)})
         worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
         marks = [t2, *steps_at]
         timing = BatchTiming(
             # waiting can outlast the worker's own time (it started late): count the longer of the two
             size=len(prepared.requests), preprocess_s=t1 - t0 + max(worker_s, waited_s), ttft_s=ttft_s,
-            decode_s=max(t3 - t2, 0.0), steps=steps, new_tokens=sum(done[r.id].n_new_tokens for r in prepared.requests),
+            decode_s=max(t3 - t2, 0.0), steps=steps,
+            new_tokens=sum(row.n_new_tokens for r in prepared.requests for row in done[r.id]),
             step_times_s=tuple(b - a for a, b in zip(marks, marks[1:])) if self.record_steps else (),
             preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, syncs=syncs,
         )
-        return [done[r.id] for r in batch], timing
+        return [row for r in batch for row in done[r.id]], timing
 
     # -- phase 1: prepare ------------------------------------------------------------------------
     def prepare(self, batch: Sequence[Request], prefetched: Prefetched | None = None) -> Prepared:
@@ -225,14 +229,17 @@ class Engine(Preparer):
                 inputs = self.on_device(g.inputs)
                 pos = rope_positions(model, inputs)
                 out = model(**inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
-                firsts.append(select(out.logits[:, -1, :].float(), self._suppress(), temperature=self.settings.temperature,
-                                     top_p=self.settings.top_p, generator=self._sampler()))
-                positions.append(pos[:, :, -1:] + 1)
-                masks.append(inputs["attention_mask"].bool())
+                n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
+                firsts.append(select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
+                                     temperature=self.settings.temperature, top_p=self.settings.top_p,
+                                     generator=self._sampler()))
+                positions.append(pos[:, :, -1:].repeat_interleave(n, 1) + 1)
+                masks.append(inputs["attention_mask"].bool().repeat_interleave(n, 0))
                 caches.append((g.start, g.end, out.past_key_values))
         length = max(m.shape[1] for m in masks)
         key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
-        return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length, vision.seconds)
+        return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length, vision.seconds,
+                         self.settings.n)
 
     # -- phase 3: decode -------------------------------------------------------------------------
     def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
@@ -249,7 +256,7 @@ class Engine(Preparer):
             static = self.cuda_graphs or self.policy.enabled
             state = self._static_state() if static else self._new_state(rows, length, static=False)
             state.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
-                       caches=prefilled.caches, prompt_len=prefilled.prompt_len)
+                       caches=prefilled.caches, prompt_len=prefilled.prompt_len, repeat=prefilled.repeat)
             prefilled.caches = []  # the prompts' keys now live in the decode state's cache
             clock = (lambda t: steps_at.append(now(self.device))) if self.record_steps and steps_at is not None else None
             return run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
@@ -308,10 +315,11 @@ class Engine(Preparer):
         return self.policy.cache.key(self.loaded.model, self.loaded.runtime.dtype, shape[0], shape[1], name)
 
     # -- phase 4: results ------------------------------------------------------------------------
-    def result(self, request: Request, prepared: Prepared, new_ids: list[int]) -> SampleResult:
+    def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None) -> SampleResult:
         n_prompt, n_image = prepared.counts[request.id]
         return result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
-                          n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id))
+                          n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
+                          sample=sample)
 
     # -- the reference path: plain generate ------------------------------------------------------
     def generate(self, inputs, clock=None):
@@ -335,8 +343,8 @@ class Engine(Preparer):
         )
         if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None)
+        else:  # n answers per request: generate expands each prompt n times itself
+            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None, num_return_sequences=s.n)
         return kwargs
 
     def _generate_hf(self, inputs, steps_at, t1):
@@ -348,7 +356,10 @@ class Engine(Preparer):
         prompt_len = inputs["input_ids"].shape[1]
         first = clock.times[0] if clock.times else end
         steps_at.extend(clock.times[1:])
-        return output[:, prompt_len:].tolist(), first - t1, first, output.shape[1] - prompt_len, 0
+        tokens = output[:, prompt_len:].tolist()
+        if self.settings.greedy and self.settings.n > 1:  # greedy answers are all alike: decoded once, n rows
+            tokens = [row for row in tokens for _ in range(self.settings.n)]
+        return tokens, first - t1, first, output.shape[1] - prompt_len, 0
 
     # -- pieces ----------------------------------------------------------------------------------
     def _eos(self) -> list[int]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .files import atomic_write
+from .rows import row_key
 
 
 ROW_KEYS = ("id", "text", "finish_reason", "error")  # every row vlmfast writes has these; a manifest does not
@@ -35,7 +36,8 @@ def _parts(out: Path) -> list[Path]:
 
 
 def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], str | None]:
-    """Rows already in ``path`` keyed by id, and a note if a torn last line was found (and, with
+    """Rows already in ``path`` keyed by :func:`~vlmfast.rows.row_key` (id, and sample when there are
+    several answers per request), and a note if a torn last line was found (and, with
     ``repair``, cut off). Any other malformed line means the file is not ours: an InputError."""
     if not path.exists():
         return {}, None
@@ -61,7 +63,7 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
                 f"{path}:{number}: not a vlmfast result row; refusing to append to this file",
                 hint="choose another --out file, or --overwrite to replace it",
             ) from None
-        rows[str(row["id"])] = row
+        rows[row_key(row["id"], row.get("sample"))] = row
         good_bytes += len(line) + 1
     return rows, None
 
@@ -90,10 +92,10 @@ def merge_parts(out: Path, rows: dict[str, dict]) -> tuple[int, list[str]]:
     for part in _parts(out):
         part_rows, note = read_existing(part, repair=False)  # a torn tail is simply not taken
         notes += [note] if note else []
-        new = [r for rid, r in part_rows.items() if rid not in rows]
+        new = [r for key, r in part_rows.items() if key not in rows]
         if new:
             _append(out, new)
-            rows.update((str(r["id"]), r) for r in new)
+            rows.update((row_key(r["id"], r.get("sample")), r) for r in new)
             merged += len(new)
         part.unlink()
     return merged, notes
@@ -170,6 +172,6 @@ def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -
     if not rows:
         return []
     rank = {rid: i for i, rid in enumerate(order)}
-    ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"])))
+    ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"]), r.get("sample") or 0))
     atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8"))
     return ordered

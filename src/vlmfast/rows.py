@@ -19,10 +19,13 @@ class GenerationSettings:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
+    n: int = 1  # answers per request: the prompt is prefilled once, its KV cache copied to n decode rows
 
     def __post_init__(self):
         from .errors import UsageError
 
+        if self.n < 1:
+            raise UsageError(f"--n {self.n}: expected at least 1 answer per request", hint="e.g. --n 8 --temperature 1.0")
         if self.max_new_tokens < 1:
             raise UsageError(f"--max-new-tokens {self.max_new_tokens}: expected at least 1", hint="e.g. --max-new-tokens 256")
         if self.temperature < 0:
@@ -52,6 +55,7 @@ class SampleResult:
     error: str | None = None
     image_sizes: list[list[int]] | None = None  # [width, height] of each image as given
     model_image_sizes: list[list[int]] | None = None  # [width, height] the model saw (after resizing)
+    sample: int | None = None  # which of the request's n answers (0…n−1); None when one answer per request
     token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
     extra: dict = field(default_factory=dict, repr=False)  # more row fields (scores), written after the rest
 
@@ -61,8 +65,33 @@ class SampleResult:
     )
 
     def record(self) -> dict:
-        """The JSONL row (token ids stay in memory)."""
-        return {**{name: getattr(self, name) for name in self.RECORD_FIELDS}, **self.extra}
+        """The JSONL row (token ids stay in memory; ``sample`` only with several answers per request)."""
+        row = {name: getattr(self, name) for name in self.RECORD_FIELDS}
+        if self.sample is not None:
+            row["sample"] = self.sample
+        return {**row, **self.extra}
+
+    @property
+    def key(self) -> str:
+        return row_key(self.id, self.sample)
+
+
+def row_key(rid, sample=None) -> str:
+    """What identifies a row in a results file (resume, order): its id, and its sample when there are several."""
+    return str(rid) if sample is None else f"{rid}\x00{sample}"
+
+
+def of_samples(rows: list[SampleResult], n: int) -> list[SampleResult]:
+    """Rows of a run with ``n`` answers per request: a request's error row stands for each of its n samples
+    (so a resume sees the request done); rows that already carry a sample are kept as they are."""
+    if n == 1:
+        return rows
+    import dataclasses
+
+    out = []
+    for r in rows:
+        out += [dataclasses.replace(r, sample=k) for k in range(n)] if r.sample is None else [r]
+    return out
 
 
 @dataclass(frozen=True)
@@ -80,7 +109,7 @@ class BatchTiming:
 
 
 def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,
-               model_sizes: list[list[int]] | None) -> SampleResult:
+               model_sizes: list[list[int]] | None, sample: int | None = None) -> SampleResult:
     """The row of one finished request: ids cut after the first EOS (kept, as generate keeps it), text
     decoded by the checkpoint's tokenizer without special tokens, think/answer parsed from the text."""
     eos = set(eos_ids)
@@ -93,7 +122,7 @@ def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_pr
         finish_reason="eos" if end is not None else "length", n_prompt_tokens=n_prompt, n_image_tokens=n_image,
         n_new_tokens=len(kept), token_ids=kept,
         image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
-        model_image_sizes=model_sizes,
+        model_image_sizes=model_sizes, sample=sample,
     )
 
 

@@ -23,7 +23,7 @@ from .inputs import BadInput, Collected, Problem, Request, collect, raise_for_pr
 from .options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from .parallel import Distributed
 from .results import ResultsWriter, finalize, part_path, prepare_out, read_existing
-from .rows import BatchTiming, SampleResult, error_row
+from .rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from .summary import InferReport, Share, summarize
 from .timing import peak_memory_mib, reset_peak_memory
 
@@ -80,7 +80,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     everyone = gathered if dist.is_main else [mine]  # the others report their own share
     rows = [r.record() for share in everyone for r in share.results]
     if options.out is not None and dist.is_main:
-        rows = finalize(Path(options.out), work.order, {**work.existing, **{str(r["id"]): r for r in rows}})
+        rows = finalize(Path(options.out), work.order, {**work.existing, **{row_key(r["id"], r.get("sample")): r for r in rows}})
     report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size)
     report.processes = [share.figures() for share in everyone] if dist.world > 1 else []
     return report
@@ -97,6 +97,9 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
     if dist.world > 1 and options.out is None:
         raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
     notes = list(collected.warnings)
+    if options.generation.n > 1 and options.generation.greedy:
+        notes.append(f"--n {options.generation.n} with greedy decoding gives {options.generation.n} identical answers "
+                     "per request: add --temperature (e.g. 1.0) to sample")
     if options.images and options.manifest:
         notes.append(f"--images and --manifest together: the run takes the requests of both "
                      f"({len(collected.order)} in all)")
@@ -111,7 +114,13 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
         dist.barrier()  # every process reads the same, repaired file
         if not dist.is_main:
             existing, _ = read_existing(out, repair=False)
-    done = {rid for rid, row in existing.items() if not (options.retry_errors and row.get("error") is not None)}
+    n = options.generation.n
+    kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
+    answers = {}  # id → how many of its n answers the file holds (a request is done with all n)
+    for row in kept:
+        if (row.get("sample") is None) == (n == 1):
+            answers[str(row["id"])] = answers.get(str(row["id"]), 0) + 1
+    done = {rid for rid, count in answers.items() if count >= n}
     todo = [r for r in collected.requests if r.id not in done]
     bad = [b for b in collected.bad if b.id not in done]
     skipped = len(collected.order) - len(todo) - len(bad)
@@ -146,9 +155,12 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     results: list[SampleResult] = []
     timings: list[BatchTiming] = []
 
+    n = options.generation.n
+
     def emit(rows: list[SampleResult], new_tokens: int) -> None:
+        rows = of_samples(rows, n)
         score_rows(rows, truths, options)
-        writer.write([r.record() for r in rows], [position[r.id] for r in rows])
+        writer.write([r.record() for r in rows], [position[r.id] * n + (r.sample or 0) for r in rows])
         results.extend(rows)
         if progress:
             progress.advance(len(rows), new_tokens)

@@ -224,7 +224,8 @@ class VllmEngine(Preparer):
         default = self.llm.get_default_sampling_params() if self.llm is not None else None
         try:
             return SamplingParams(
-                n=1, max_tokens=s.max_new_tokens, ignore_eos=s.ignore_eos,
+                n=1 if s.greedy else s.n,  # greedy answers are all alike: decoded once, n rows (see _results)
+                max_tokens=s.max_new_tokens, ignore_eos=s.ignore_eos,
                 temperature=0.0 if s.greedy else s.temperature, top_p=1.0 if s.greedy else s.top_p, top_k=0,
                 seed=None, repetition_penalty=getattr(default, "repetition_penalty", 1.0) or 1.0,
                 stop_token_ids=[] if s.ignore_eos else list(self.eos_token_ids),
@@ -294,29 +295,37 @@ class VllmEngine(Preparer):
             quiet_known_warnings()
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
         t2 = time.monotonic()
+        done = {rid: [row] for rid, row in done.items()}
         for r, out in zip(ok, outputs):
-            done[r.id] = self._result(r, out, images[r.id])
-        timing = chunk_timing([o.metrics for o in outputs], [done[r.id] for r in ok], t0, t1, t2, wall_minus_mono)
+            done[r.id] = self._results(r, out, images[r.id])
+        timing = chunk_timing([o.metrics for o in outputs], [row for r in ok for row in done[r.id]], t0, t1, t2,
+                              wall_minus_mono)
         if timing is None:
             note = "vLLM returned no per-request metrics: ttft is 0 and decode is the whole generate call"
             if note not in self.timing_notes:
                 self.timing_notes.append(note)
-            timing = BatchTiming(size=len(ok), preprocess_s=t1 - t0, ttft_s=0.0, decode_s=t2 - t1,
-                                 steps=max(len(done[r.id].token_ids) for r in ok),
-                                 new_tokens=sum(done[r.id].n_new_tokens for r in ok), preprocess_exposed_s=t1 - t0)
-        return [done[r.id] for r in batch], timing
+            rows = [row for r in ok for row in done[r.id]]
+            timing = BatchTiming(size=len(rows), preprocess_s=t1 - t0, ttft_s=0.0, decode_s=t2 - t1,
+                                 steps=max(len(row.token_ids) for row in rows),
+                                 new_tokens=sum(row.n_new_tokens for row in rows), preprocess_exposed_s=t1 - t0)
+        return [row for r in batch for row in done[r.id]], timing
 
-    def _result(self, request: Request, out, images: list) -> SampleResult:
-        completion = out.outputs[0] if out.outputs else None
-        if completion is None or completion.finish_reason not in ("stop", "length"):
-            reason = completion.finish_reason if completion is not None else "no output"
-            return error_row(request.id, request, f"vLLM did not finish the request ({reason})")
+    def _results(self, request: Request, out, images: list) -> list[SampleResult]:
+        """The request's rows: one per completion (``n``; greedy: the one completion n times)."""
+        n = self.settings.n
+        completions = list(out.outputs or [])
+        if self.settings.greedy:
+            completions = completions[:1] * n
+        if len(completions) < n or any(c.finish_reason not in ("stop", "length") for c in completions):
+            reasons = sorted({str(c.finish_reason) for c in completions}) or ["no output"]
+            return [error_row(request.id, request, f"vLLM did not finish the request ({', '.join(reasons)})")]
         prompt_ids = list(out.prompt_token_ids or [])
         # vLLM keeps the stop token in token_ids, as generate does: the same cut and decoding as the HF engine
-        return result_row(request, list(completion.token_ids), eos_ids=[] if self.settings.ignore_eos else self.eos_token_ids,
-                          tokenizer=self.tokenizer, n_prompt=len(prompt_ids),
-                          n_image=sum(1 for t in prompt_ids if t == self.image_token_id),
-                          model_sizes=[list(im.size) for im in images])
+        return [result_row(request, list(c.token_ids), eos_ids=[] if self.settings.ignore_eos else self.eos_token_ids,
+                           tokenizer=self.tokenizer, n_prompt=len(prompt_ids),
+                           n_image=sum(1 for t in prompt_ids if t == self.image_token_id),
+                           model_sizes=[list(im.size) for im in images], sample=k if n > 1 else None)
+                for k, c in enumerate(completions)]
 
     # -- reporting and lifetime -----------------------------------------------------------------
     def describe(self) -> dict:

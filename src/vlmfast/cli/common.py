@@ -94,6 +94,7 @@ MaxNew = Annotated[int, typer.Option(help="Cap on new tokens per sample.", rich_
 Temperature = Annotated[float, typer.Option(help="0 = greedy (default).", rich_help_panel=GEN)]
 TopP = Annotated[float, typer.Option(help="Nucleus sampling (with --temperature > 0).", rich_help_panel=GEN)]
 Seed = Annotated[Optional[int], typer.Option(help="Random seed (sampling).", rich_help_panel=GEN)]
+Samples = Annotated[int, typer.Option("--n", help="Answers per request (sampled: add --temperature). The prompt is prefilled once; rows gain \"sample\" 0…n−1; --batch-size counts answers.", rich_help_panel=GEN)]
 IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Always decode --max-new-tokens (benchmarks).", rich_help_panel=GEN)]
 Decoder = Annotated[str, typer.Option(help="vlmfast (its own decode loop) | hf (plain model.generate: the reference).", rich_help_panel=FAST)]
 CudaGraphs = Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="Replay the decode step from CUDA graphs (default: on CUDA).", rich_help_panel=FAST)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
                      CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, GpuMemory, IgnoreEos, Images, Iou, Json,
                      Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
-                     Overlap, Overwrite, Prompt, PromptFile, RetryErrors, Scorer, Seed, SkipBad, System, Temperature,
+                     Overlap, Overwrite, Prompt, PromptFile, RetryErrors, Samples, Scorer, Seed, SkipBad, System, Temperature,
                      Template, TensorParallel, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
                      guarded)
 
@@ -30,6 +30,7 @@ def infer(
     top_p: TopP = 1.0,
     seed: Seed = None,
     ignore_eos: IgnoreEos = False,
+    n: Samples = 1,
     decoder: Decoder = "vlmfast",
     cuda_graphs: CudaGraphs = None,
     compile_: Compile = None,
