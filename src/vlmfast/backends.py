@@ -83,17 +83,22 @@ class HfBackend:
     and run by the scheduler (prefetch, out-of-memory halving), the compile decision after the first batch."""
 
     def __init__(self, options, loaded, compile_cache=None, notes: Sequence[str] = ()):
-        from .engine import Engine
-        from .scheduler import Scheduler
-
-        self.loaded = loaded
-        self.engine = Engine(loaded, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                             decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
-                             compile_cache=compile_cache, prefill_tokens=options.max_batch_tokens)
-        self.scheduler = Scheduler(self.engine, overlap=options.overlap)
+        self.options, self.compile_cache = options, compile_cache
+        self._build(loaded)
         self.device = self.engine.device
         self.whole_batch_tokens = options.max_batch_tokens if options.decoder == "hf" else None
         self.notes = list(notes) + list(loaded.notes) + ([compile_cache.note] if compile_cache is not None and compile_cache.note else [])
+
+    def _build(self, loaded) -> None:
+        from .engine import Engine
+        from .scheduler import Scheduler
+
+        o = self.options
+        self.loaded = loaded
+        self.engine = Engine(loaded, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, decoder=o.decoder,
+                             cuda_graphs=o.cuda_graphs, compile=o.compile, compile_cache=self.compile_cache,
+                             prefill_tokens=o.max_batch_tokens)
+        self.scheduler = Scheduler(self.engine, overlap=o.overlap)
 
     def context_problems(self, requests, image_sizes):
         return self.engine.context_problems(requests, image_sizes)
@@ -154,6 +159,34 @@ class HfBackend:
             model_shape=shape_from_model(loaded.model, runtime.dtype), device_name=device_name,
             notes=self.notes + engine.policy.notes,
         )
+
+    def switch_to(self, found) -> tuple[str, float, str | None]:
+        """Run the next checkpoint ``found`` on this backend: its weights copied into the loaded model when
+        the shapes allow (CUDA graphs and compiled steps stay valid), else a full load. Returns
+        ("swap" | "load", seconds, why a swap was not possible)."""
+        from .swap import plan_swap, swap_into
+
+        plan = plan_swap(self.loaded, found.path) if found.is_local else None
+        if plan is not None and plan.files is not None:
+            swapped = swap_into(self.loaded, found, plan)
+            if swapped.eos_token_ids != self.loaded.eos_token_ids:
+                self.engine.forget_shapes()  # decode states hold the EOS list
+            self.loaded = self.engine.loaded = swapped
+            self.notes = list(swapped.notes)
+            return "swap", swapped.load_s, None
+        from .checkpoint import load
+
+        o, runtime = self.options, self.loaded.runtime
+        self.close()
+        self.loaded = self.engine = self.scheduler = None  # the old model goes before the new one loads
+        from .timing import free_memory
+
+        free_memory()
+        loaded = load(found, device=runtime.device, dtype=o.dtype, attn=o.attn, trust_remote_code=o.trust_remote_code,
+                      allow_pickle=o.allow_pickle, base=o.base, merge=o.merge)
+        self._build(loaded)
+        self.notes = list(loaded.notes)
+        return "load", loaded.load_s, plan.reason if plan is not None else "not a local checkpoint"
 
     def close(self) -> None:
         self.engine.forget_shapes()

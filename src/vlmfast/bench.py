@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from .rows import GenerationSettings, SampleResult
 from .errors import UsageError
 from .inputs import TEMPLATES
 from .scoring import BBOX_SPACES, SCORERS
-from .timing import now, peak_memory_mib, reset_peak_memory
+from .timing import free_memory, now, peak_memory_mib, reset_peak_memory
 
 ENGINES = ("hf", "vllm")
 
@@ -254,7 +253,7 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     if options.as_saved:
         measure(AS_SAVED, on(AsSavedEngine(loaded, settings, saved_generation_config(loaded), **common), 1), 1, tokenizer, loaded)
     del loaded
-    _free_memory()
+    free_memory()
     if "vllm" in engines:
         with vllm_workload(found, options, requests, sizes) as (run_vllm, described):
             notes.append(f"vLLM {described['vllm_version']}: start-up {described['startup_s']} s (not timed), "
@@ -262,7 +261,7 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
             notes += described["notes"]
             for bs in options.batch_sizes:
                 measure(VLLM, lambda bs=bs: run_vllm(bs), bs, tokenizer)
-        _free_memory()
+        free_memory()
     base_cache = None
     if base_found is not None:
         base = load(base_found, device=options.device, dtype=options.dtype, attn=options.attn)
@@ -270,7 +269,7 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
         for bs in options.batch_sizes:
             measure(BASE, on(Engine(base, settings, **fast), bs), bs, base.processor.tokenizer, base)
         del base
-        _free_memory()
+        free_memory()
     return _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions())
 
 
@@ -339,18 +338,6 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
         "notes": notes + noise_notes(scenarios),
         "versions": versions_,
     }
-
-
-def _free_memory() -> None:
-    """Drop the first model before loading the next, so base and ckpt never share the GPU."""
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
 
 
 def _workload(options: BenchOptions, scratch: str):

@@ -149,6 +149,15 @@ def free_device_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def free_memory() -> None:
+    """What a dropped model held, given back now (the GPU's cached blocks too), before the next one loads."""
+    import gc
+
+    gc.collect()
+    if "torch" in sys.modules:
+        free_device_cache()
+
+
 def versions() -> dict:
     """What measured the figures: vlmfast, torch, transformers and Python versions (read from the installed
     packages' metadata: the report needs no torch import)."""
