@@ -69,7 +69,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
         return summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
                          rows=list(work.existing.values()), batch_size=options.batch_size or 0)
-    with contextlib.closing(backend or open_backend(options, found, loaded, dist)) as backend:
+    owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
+    with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
         batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
         work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
