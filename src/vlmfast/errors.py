@@ -47,3 +47,8 @@ class CheckpointError(VlmfastError):
     """A checkpoint path that does not exist, holds no weights or cannot be loaded."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class RewardError(VlmfastError):
+    """A user's reward function raised, or returned something that is not a reward. Exit code 1 (the
+    base class's): the inputs were valid, the user's code failed at run time."""
