@@ -254,7 +254,8 @@ def load_reward(spec: str, *, threshold: float = 1.0) -> Reward:
                          hint="name the file and the function, e.g. --reward rewards/r1v.py:compute_score")
     path = Path(path_text).expanduser()
     if not path.is_file():
-        raise UsageError(f"--reward: {path}: no such file", hint="give the path of the Python file holding the reward function")
+        raise UsageError(f"--reward: {path}: no such file",
+                         hint="give the path of the Python file holding the reward function")
     module = _import(path)
     if not hasattr(module, name):
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
