@@ -47,6 +47,16 @@ def test_locate_errors(tmp_path):
     assert "huggingface-cli download Qwen/Qwen2.5-VL-3B-Instruct" in err.value.hint
 
 
+def test_training_args_bin_alone_is_not_weights(tmp_path):
+    d = tmp_path / "checkpoint-3"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "training_args.bin").write_bytes(b"pickled TrainingArguments")  # HF Trainer writes it into every checkpoint
+    assert locate(str(d)).kind == "incomplete"
+    with pytest.raises(CheckpointError, match="none of its checkpoint-N dirs"):
+        locate(str(tmp_path))
+
+
 class _Hub(http.server.BaseHTTPRequestHandler):
     """A hub that knows no model: answers every request the way the real one answers a missing repo."""
 

@@ -20,6 +20,7 @@ TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json")
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+NOT_WEIGHTS = ("training_args.bin",)  # HF Trainer pickles its arguments into every checkpoint-N
 
 # ChatML, one block per turn; image/video parts become vision placeholder runs. The tiny test
 # checkpoints ship it, and the loader falls back to it for checkpoints that lost their template.
@@ -77,8 +78,9 @@ def read_configs(directory: Path) -> tuple[dict, dict | None]:
 
 # -- what the directory holds --------------------------------------------------------------------
 def has_weights(directory: Path) -> bool:
-    """Full-model weights (a LoRA ``adapter_model.*`` alone does not count)."""
-    return any(not p.name.startswith("adapter_model") for pattern in WEIGHT_GLOBS for p in Path(directory).glob(pattern))
+    """Full-model weights (a LoRA ``adapter_model.*`` or HF Trainer's ``training_args.bin`` alone does not count)."""
+    return any(not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS
+               for pattern in WEIGHT_GLOBS for p in Path(directory).glob(pattern))
 
 
 def is_adapter_dir(path) -> bool:
@@ -170,11 +172,26 @@ def text_setting(config: dict, key: str):
 # -- weights -------------------------------------------------------------------------------------
 def safetensors_header(path: Path) -> dict:
     """The JSON header of a safetensors file: tensor name → dtype, shape, data_offsets. Reads no tensors."""
+    return _safetensors_head(path)[1]
+
+
+def safetensors_length(path: Path) -> int:
+    """The byte length the file has once fully written: the 8-byte header size, the header, and the
+    data up to the end offset of its last tensor. Raises (OSError, ValueError) on an unreadable header."""
+    size, header = _safetensors_head(path)
+    ends = [int(meta["data_offsets"][1]) for name, meta in header.items() if name != "__metadata__"]
+    return 8 + size + max(ends, default=0)
+
+
+def _safetensors_head(path: Path) -> tuple[int, dict]:
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         if not 0 < size < 2**27:
             raise ValueError(f"implausible header size {size}")
-        return json.loads(f.read(size))
+        header = json.loads(f.read(size))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    return size, header
 
 
 def tensor_index(d: Path) -> dict[str, tuple[str, list[int], int]]:

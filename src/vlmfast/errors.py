@@ -52,3 +52,8 @@ class Interrupted(VlmfastError):
     """Ctrl-C during a run: what is on disk, and how to go on."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class RewardError(VlmfastError):
+    """A user's reward function raised, or returned something that is not a reward. Exit code 1 (the
+    base class's): the inputs were valid, the user's code failed at run time."""

@@ -117,9 +117,9 @@ def walk(path: Path) -> Located:
             found = walk(path / sub)
             return Located(found.path, found.kind, f"using {sub}", found.shards)
     for pattern, label in ((CHECKPOINT_DIR, "checkpoint-N"), (GLOBAL_STEP_DIR, "global_step_N")):
-        if numbered := _numbered(path, pattern):
+        if numbered := numbered_subdirs(path, pattern):
             return _highest(path, numbered, label)
-    if runs := _numbered(path, SWIFT_RUN_DIR):
+    if runs := numbered_subdirs(path, SWIFT_RUN_DIR):
         return _latest_swift_run(path, runs)
     if (path / "config.json").is_file():
         shards = tuple(sorted(path.parent.glob(FSDP_SHARDS))) if path.name == "huggingface" else ()
@@ -130,8 +130,9 @@ def walk(path: Path) -> Located:
     )
 
 
-def _numbered(path: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
-    """Subdirectories whose name matches ``pattern`` (group 1 a number), highest number first."""
+def numbered_subdirs(path: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
+    """``(number, dir)`` for the subdirectories whose name matches ``pattern`` (group 1 a number),
+    highest number first."""
     return sorted(
         ((int(m.group(1)), child) for child in path.iterdir() if child.is_dir() and (m := pattern.match(child.name))),
         key=lambda item: (item[0], item[1].name), reverse=True,

@@ -1,0 +1,126 @@
+"""vlmfast.samples: pass@k, maj@k, solve rates and the Wilson interval, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vlmfast.samples import SUMMARY_KEYS, accuracy_interval, ks_for, majority_correct, pass_at_k, summarize_samples
+
+
+def _comb_pass_at_k(n, c, k):
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@pytest.mark.parametrize(("n", "c", "k", "expected"), [
+    (10, 3, 1, 0.3),
+    (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    (4, 0, 1, 0.0),
+    (4, 0, 4, 0.0),  # c = 0: no draw holds a correct sample
+    (4, 4, 1, 1.0),  # c = n
+    (4, 1, 4, 1.0),  # k = n: the one correct sample is always drawn
+    (8, 6, 3, 1.0),  # n - c < k
+    (200, 1, 100, 0.5),  # binomials of this size overflow float; the product form does not
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_the_binomial_definition():
+    for n in range(1, 12):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(_comb_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 0), (4, 1, 5), (4, 5, 1), (4, -1, 1)])
+def test_pass_at_k_rejects_impossible_arguments(n, c, k):
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)
+
+
+def test_ks_for():
+    assert ks_for(1) == [1]
+    assert ks_for(2) == [1, 2]
+    assert ks_for(6) == [1, 2, 4, 6]
+    assert ks_for(8) == [1, 2, 4, 8]
+    assert ks_for(16) == [1, 2, 4, 8, 16]
+    assert ks_for(17) == [1, 2, 4, 8, 16, 17]
+    with pytest.raises(ValueError):
+        ks_for(0)
+
+
+def _rows(rid, corrects, answers, scores=None):
+    scores = scores or [float(c) for c in corrects]
+    return [{"id": rid, "sample": i, "correct": bool(c), "score": s, "answer": a}
+            for i, (c, a, s) in enumerate(zip(corrects, answers, scores))]
+
+
+def test_summarize_samples_hand_computed():
+    rows = (_rows("a", [1, 1, 0, 0], ["5", "5 ", "7", "7"])  # tie 2-2: "5" came first and is correct
+            + _rows("b", [0, 0, 0, 0], ["x", None, "y", "y"])
+            + _rows("c", [1, 1, 1, 1], ["A", "a", "(A)", None])
+            + [{"id": "d", "sample": 0, "correct": None, "score": None, "answer": "q"},  # no ground truth
+               {"id": "e", "sample": 0, "error": "OOM", "correct": None, "score": None, "answer": None}])
+    rows.reverse()  # sample order comes from the "sample" field, not from file order
+    s = summarize_samples(rows)
+    assert set(s) == set(SUMMARY_KEYS)
+    assert s["samples_per_request"] == 4 and s["requests"] == 3
+    assert s["mean_at_k"] == pytest.approx(6 / 12)
+    assert s["pass_at_k"] == pytest.approx({"1": 0.5, "2": (5 / 6 + 0 + 1) / 3, "4": 2 / 3})
+    assert list(s["pass_at_k"]) == ["1", "2", "4"]
+    assert s["maj_at_k"] == pytest.approx(2 / 3)
+    assert s["solve_rate_histogram"] == [1, 0, 1, 0, 1]
+    assert s["all_same_rate"] == pytest.approx(2 / 3)
+    assert s["reward_mean"] == pytest.approx(0.5) and s["reward_std"] == pytest.approx(0.5)
+
+
+def test_summarize_samples_uneven_counts_use_each_requests_n():
+    s = summarize_samples(_rows("x", [1, 0], ["1", "2"]) + _rows("y", [1, 1, 0, 0], ["1", "1", "2", "2"]))
+    assert s["samples_per_request"] == 2
+    assert s["pass_at_k"] == pytest.approx({"1": 0.5, "2": (1.0 + 5 / 6) / 2})
+    assert s["solve_rate_histogram"] == [0, 1, 1, 0, 0]
+
+
+def test_summarize_samples_reward_spread_and_all_same():
+    rows = _rows("a", [0, 0, 1], ["1", "2", "3"], scores=[0.5, 0.5, 1.0]) + _rows("b", [0, 0], ["1", "1"], [0.2, 0.2])
+    s = summarize_samples(rows)
+    mean = (0.5 + 0.5 + 1.0 + 0.2 + 0.2) / 5
+    assert s["reward_mean"] == pytest.approx(mean)
+    assert s["reward_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in (0.5, 0.5, 1.0, 0.2, 0.2)) / 5))
+    assert s["all_same_rate"] == pytest.approx(0.5)  # a's scores differ although no sample of b is correct
+
+
+def test_summarize_samples_empty():
+    s = summarize_samples([{"id": "a", "sample": 0, "correct": None, "score": None}])
+    assert s == {"samples_per_request": None, "requests": 0, "mean_at_k": None, "pass_at_k": {}, "maj_at_k": None,
+                 "solve_rate_histogram": [], "all_same_rate": None, "reward_mean": None, "reward_std": None}
+    assert summarize_samples([]) == s
+
+
+def test_majority_vote_ties_and_missing_answers():
+    assert majority_correct(_rows("a", [0, 0, 1, 1], [None, "3", "4", "4"]))  # "4" outvotes "3"; None does not vote
+    assert not majority_correct(_rows("a", [0, 1, 1], ["b", "a", None]))  # b/a tie: "b" first, and wrong
+    assert majority_correct(_rows("a", [0, 1, 1], [None, "a", "b"]))  # the first answer in sample order wins
+    assert not majority_correct(_rows("a", [1, 1], [None, "  "]))  # no answer at all: wrong
+    # the voted answer's own samples decide (a reward that weighs the format scores one answer differently)
+    assert not majority_correct(_rows("a", [1, 0, 0], ["5", "5", "5"]))
+    assert not majority_correct(_rows("a", [0, 1], ["5", "5"]))  # 1 of 2: the first sample decides
+    assert majority_correct(_rows("a", [1, 0], ["5", "5"]))
+
+
+def test_wilson_interval_known_values():
+    assert accuracy_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert accuracy_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert accuracy_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert accuracy_interval(0, 3)[0] == 0.0 and accuracy_interval(3, 3)[1] == 1.0
+    assert accuracy_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert accuracy_interval(5, 10, confidence=0.99)[0] < accuracy_interval(5, 10)[0]
+    assert accuracy_interval(0, 0) == (None, None)
+    for bad in ((11, 10), (-1, 10)):
+        with pytest.raises(ValueError):
+            accuracy_interval(*bad)
+    with pytest.raises(ValueError):
+        accuracy_interval(1, 2, confidence=1.0)
