@@ -118,3 +118,60 @@ def test_too_long_prompts_fail_before_running_or_become_error_rows(small, tmp_pa
 def test_options_check_themselves(kwargs, message):
     with pytest.raises(UsageError, match=message):
         InferOptions(ckpt="x", images=["a.png"], prompt="p", **kwargs)
+
+
+REWARD = '''
+def accuracy(completions, solution, **kwargs):
+    """TRL / VLM-R1 form: 1.0 when the <answer> equals the solution."""
+    import re
+    out = []
+    for completion, truth in zip(completions, solution):
+        text = completion[0]["content"]
+        if "BOOM" in text:
+            raise ValueError("the reward function broke")
+        found = re.search(r"<answer>(.*?)</answer>", text)
+        out.append(1.0 if found and found.group(1).strip() == truth else 0.0)
+    return out
+'''
+
+
+def _manifest(tmp_path, paths, truths):
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps({"id": f"q{i}", "image": p, "prompt": "Which?", "solution": t}) + "\n"
+                         for i, (p, t) in enumerate(zip(paths, truths))))
+    return m
+
+
+def test_reward_function_scores_infer_and_score_alike(small, tmp_path):
+    from vlmfast.rescore import rescore_file
+    from vlmfast.rewards import load_reward
+
+    (tmp_path / "reward.py").write_text(REWARD)
+    manifest = _manifest(tmp_path, small, ["A", "B", "A", "C"])
+    out = tmp_path / "r.jsonl"
+    spec = f"{tmp_path / 'reward.py'}:accuracy"
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=spec),
+                   backend=FakeBackend(answers={"q1": "B", "q3": "D"}))
+    rows = read_jsonl(out)
+    assert [r["score"] for r in rows] == [1.0, 1.0, 1.0, 0.0] and [r["correct"] for r in rows] == [True, True, True, False]
+    assert {r["scorer"] for r in rows} == {"reward:accuracy"} and report.scores["accuracy"] == 0.75
+    again = rescore_file(out, str(manifest), reward=load_reward(spec), out=tmp_path / "again.jsonl")
+    assert read_jsonl(tmp_path / "again.jsonl") == rows and again["accuracy"] == 0.75
+
+
+def test_a_reward_function_that_raises_stops_the_run_naming_it(small, tmp_path):
+    from vlmfast.errors import RewardError
+
+    (tmp_path / "reward.py").write_text(REWARD)
+    manifest = _manifest(tmp_path, small, ["A", "A", "A", "A"])
+    out = tmp_path / "r.jsonl"
+    options = InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), batch_size=2,
+                           reward=f"{tmp_path / 'reward.py'}:accuracy")
+    with pytest.raises(RewardError, match=r"accuracy.*q2.*ValueError: the reward function broke"):
+        infer(options, backend=FakeBackend(answers={"q2": "BOOM"}))
+    assert [r["id"] for r in read_jsonl(out)] == ["q0", "q1"]  # the failing batch wrote nothing
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(tmp_path / "s.jsonl"), batch_size=2,
+                                skip_bad=True, reward=options.reward), backend=FakeBackend(answers={"q2": "BOOM"}))
+    rows = {r["id"]: r for r in read_jsonl(tmp_path / "s.jsonl")}
+    assert "the reward function broke" in rows["q2"]["reward_error"] and rows["q2"]["score"] is None
+    assert rows["q3"]["score"] == 1.0 and report.samples == 4

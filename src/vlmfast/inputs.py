@@ -30,7 +30,8 @@ R1_INSTRUCTION = (
 TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION}
 
 # Manifest keys we understand; anything else is ignored (and reported once).
-MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages", "solution", "answer", "scorer"})
+MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages", "solution", "answer", "scorer",
+                           "data_source"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Request:
     truth: object = None
     scorer: str | None = None
     image_sizes: tuple[tuple[int, int], ...] = ()
+    data_source: str | None = None  # verl reward functions take it (the dataset's name)
+
+    def truth_record(self) -> dict:
+        """What a reward function or scorer needs of this request's ground truth."""
+        return {"ground_truth": self.truth, "scorer": self.scorer, "data_source": self.data_source}
 
 
 @dataclass(frozen=True)
@@ -199,8 +205,9 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     rid = record.get("id", images[0])
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise ValueError('"id" must be a string or an integer')
+    source = record.get("data_source")
     return Request(id=str(rid), images=tuple(images), prompt=prompt, system=system, truth=truth_text(truth),
-                   scorer=scorer)
+                   scorer=scorer, data_source=str(source) if source is not None else None)
 
 
 def parse_messages(messages, system=None):

@@ -82,7 +82,9 @@ class InferOptions:
     compile: bool | None = None  # None: decided after the first batch, by what the workload would save
     scorer: str = "auto"  # default scorer for rows with ground truth and no scorer of their own
     iou: float = 0.5
-    bbox_space: str | None = None  # None: the model family's convention
+    bbox_space: str | None = None  # None: each row's own (the model family's convention), else resized
+    reward: str | None = None  # FILE.py:FUNCTION, the trainer's reward function, instead of the built-in scorers
+    reward_threshold: float = 1.0  # a rewarded row is correct when its reward is at least this
     engine: str = "hf"  # "hf" (vlmfast's engine on transformers) | "vllm"
     vllm: VllmSettings = field(default_factory=VllmSettings)
 

@@ -88,19 +88,23 @@ def _row_problem(row) -> str | None:
 
 
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
-                 out: Path | None = None) -> dict:
+                 out: Path | None = None, reward=None, skip_bad: bool = False) -> dict:
     """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
     ``manifest``: the summary (:func:`vlmfast.stats.summarize`) plus what was matched. ``bbox_space``
     None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
     the rows are written there with their scoring fields (atomically, in the results file's order,
-    every other field unchanged)."""
+    every other field unchanged). ``reward`` (a :class:`vlmfast.rewards.Reward`) scores instead of the
+    built-in scorers, as ``infer --reward`` does; ``skip_bad`` records its failures in the rows."""
     results = Path(results)
     if not results.is_file():
         raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
                          'with "id" and "text" per row')
     rows, notes = read_result_rows(results)
     truths = read_truths(manifest)
-    scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)
+    if reward is not None:
+        scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, truths, skip_bad=skip_bad))]
+    else:
+        scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)
     if out is not None:
         atomic_write(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored).encode("utf-8"))
     unknown = [str(r["id"]) for r in scored if str(r["id"]) not in truths]

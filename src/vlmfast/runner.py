@@ -22,6 +22,7 @@ from .errors import EXIT_FAILURE, Interrupted, UsageError, VlmfastError
 from .inputs import BadInput, Collected, Problem, Request, collect, raise_for_problems
 from .options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from .parallel import Distributed
+from .rewards import load_reward
 from .results import ResultsWriter, finalize, part_path, prepare_out, read_existing
 from .rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from .summary import InferReport, Share, summarize
@@ -65,6 +66,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
     dist = Distributed()
+    reward = load_reward(options.reward, threshold=options.reward_threshold) if options.reward else None  # fails early
     work = collect_work(options, dist)
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
         return summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
@@ -74,7 +76,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
         batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
         work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
-        mine = run_batches(backend, options, work, batch_size, dist, progress)
+        mine = run_batches(backend, options, work, batch_size, dist, progress, reward)
         facts = backend.facts()
     dist.barrier()
     gathered = dist.gather(mine)  # a collective: every process takes part (a no-op for one process)
@@ -142,7 +144,8 @@ def drop_too_long(backend, work: Work, skip_bad: bool) -> Work:
     return dataclasses.replace(work, todo=[r for r in work.todo if r.id not in too_long], bad=work.bad + long_bad)
 
 
-def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dist: Distributed, progress) -> Share:
+def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dist: Distributed, progress,
+                reward=None) -> Share:
     """This process's share: error rows first, then every batch — written (fsync'd) and scored as it
     finishes. Each batch boundary is a collective check, so a failure on any process ends the run on
     every process at once, with the rows written so far kept for a resume."""
@@ -152,7 +155,7 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     out = Path(options.out) if options.out is not None else None
     writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out)
     position = {rid: i for i, rid in enumerate(work.order)}
-    truths = {r.id: (r.truth, r.scorer) for r in my_todo}
+    truths = {r.id: r.truth_record() for r in my_todo}
     results: list[SampleResult] = []
     timings: list[BatchTiming] = []
 
@@ -160,7 +163,7 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
 
     def emit(rows: list[SampleResult], new_tokens: int) -> None:
         rows = of_samples(rows, n)
-        score_rows(rows, truths, options)
+        score_rows(rows, truths, options, reward)  # a reward function that raises: nothing of the batch is written
         writer.write([r.record() for r in rows], [position[r.id] * n + (r.sample or 0) for r in rows])
         results.extend(rows)
         if progress:
@@ -218,10 +221,16 @@ def _fail_together(dist: Distributed, failure: BaseException | None, out: Path |
                     hint=f"finished batches are kept{f' beside {out}' if out else ''}; rerun the same command to resume")
 
 
-def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions) -> None:
-    """The scoring fields of each row (nulls where there is no ground truth; see vlmfast.scoring)."""
+def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, reward=None) -> None:
+    """The scoring fields of each row: the trainer's ``reward`` function when given (vlmfast.rewards), else
+    the built-in scorers (vlmfast.scoring); nulls where there is no ground truth."""
     from .scoring import score_row
 
+    if reward is not None:
+        for r, fields in zip(rows, reward.score_rows([r.record() for r in rows], truths, skip_bad=options.skip_bad)):
+            r.extra = fields
+        return
     for r in rows:
-        truth, scorer = truths.get(r.id, (None, None))
-        r.extra = score_row(r.record(), truth, scorer or options.scorer, iou=options.iou, bbox_space=options.bbox_space)
+        truth = truths.get(r.id, {})
+        r.extra = score_row(r.record(), truth.get("ground_truth"), truth.get("scorer") or options.scorer, iou=options.iou,
+                            bbox_space=options.bbox_space)

@@ -21,7 +21,8 @@ def mean(values) -> float | None:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Accuracy, format rate and answer lengths over scored rows, overall and per scorer.
+    """Accuracy, format rate and answer lengths over scored rows, overall and per scorer; with several
+    answers per request (rows carry ``sample``) also ``samples`` (:func:`vlmfast.samples.summarize_samples`).
 
     ``format_rate`` and the mean lengths are over successful rows (lengths over rows whose ``text``
     has the part); accuracy and scores over rows with ground truth. Nothing to average → null."""
@@ -37,6 +38,10 @@ def summarize(rows: list[dict]) -> dict:
     }
     names = sorted({r["scorer"] for r in scored if r.get("scorer")})
     summary["by_scorer"] = {n: _score_stats([r for r in scored if r.get("scorer") == n]) for n in names}
+    if any(r.get("sample") is not None for r in rows):  # n answers per request: pass@k, maj@k, solve rates
+        from .samples import summarize_samples
+
+        summary["samples"] = summarize_samples(rows)
     return summary
 
 

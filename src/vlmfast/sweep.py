@@ -156,7 +156,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
 
 
 def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:
-    from .samples import accuracy_interval, summarize_samples
+    from .samples import accuracy_interval
     from .stats import summarize
 
     scores = summarize(rows)
@@ -174,8 +174,8 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
         "tokens_per_s": report.tokens_per_s, f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
         "errors": len(rows) - len(ok),
     }
-    if any(r.get("sample") is not None for r in rows):
-        figures["samples"] = summarize_samples(rows)
+    if "samples" in scores:
+        figures["samples"] = scores["samples"]
     return figures
 
 

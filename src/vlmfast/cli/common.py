@@ -103,6 +103,8 @@ Overlap = Annotated[Optional[bool], typer.Option("--overlap/--no-overlap", help=
 Scorer = Annotated[str, typer.Option(help="Default scorer for rows with ground truth: auto | exact | number | choice | bbox | contains.", rich_help_panel=SCORE)]
 Iou = Annotated[float, typer.Option(help="bbox scorer: IoU needed to count as correct.", rich_help_panel=SCORE)]
 BboxSpace = Annotated[Optional[str], typer.Option(help="Where predicted boxes live: resized (Qwen2.5-VL: pixels of the resized input) | original (pixels of the image as given) | rel1000 (Qwen2-VL, Qwen3-VL: 0–1000 relative). Default: each row's bbox_space (the model family's), else resized.", rich_help_panel=SCORE)]
+Reward = Annotated[Optional[str], typer.Option(help="FILE.py:FUNCTION — score with the trainer's own reward function (EasyR1 compute_score(reward_input) / (reward_inputs), TRL/VLM-R1 f(completions, solution, **kwargs), verl compute_score(data_source, solution_str, ground_truth)).", rich_help_panel=SCORE)]
+RewardThreshold = Annotated[float, typer.Option(help="--reward: a row is correct when its reward is at least this (1.0 suits 0/1 rewards).", rich_help_panel=SCORE)]
 Out = Annotated[Optional[str], typer.Option(help="JSONL results file (default: stdout). Rerunning skips ids already there.", rich_help_panel=OUTPUT)]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Redo ids already in --out.", rich_help_panel=OUTPUT)]
 RetryErrors = Annotated[bool, typer.Option("--retry-errors", help="Resume, and redo the ids whose earlier row is an error row.", rich_help_panel=OUTPUT)]

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import BboxSpace, Command, Iou, Json, Scorer, choice, command, guarded
+from .common import BboxSpace, Command, Iou, Json, Reward, RewardThreshold, Scorer, choice, command, guarded
 
 
 @command(cls=Command, epilog="Exit codes: 0 ok · 2 unreadable results or manifest.")
@@ -17,6 +17,9 @@ def score(
     scorer: Scorer = "auto",
     iou: Iou = 0.5,
     bbox_space: BboxSpace = None,
+    reward: Reward = None,
+    reward_threshold: RewardThreshold = 1.0,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="--reward: a row whose reward function raises gets reward_error instead of stopping the command.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL).")] = None,
     json_out: Json = False,
 ):
@@ -24,11 +27,13 @@ def score(
 
     def run():
         from ..report import print_json, render_scores
-        from ..scoring import SCORERS
         from ..rescore import rescore_file
+        from ..rewards import load_reward
+        from ..scoring import SCORERS
 
+        scoring = load_reward(reward, threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
-                               bbox_space=bbox_space, out=out)
+                               bbox_space=bbox_space, out=out, reward=scoring, skip_bad=skip_bad)
         render_scores(str(results), summary)
         if json_out:
             print_json(summary)
