@@ -45,3 +45,34 @@ def write_plot(report: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_sweep_plot(report: dict, path: Path) -> Path:
+    """Accuracy (with its 95 % interval) and format rate against the training step, one point per checkpoint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [c for c in report["checkpoints"] if c["accuracy"] is not None]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps = [c["step"] for c in points]
+    accuracy = [c["accuracy"] for c in points]
+    below = [c["accuracy"] - c["ci_low"] for c in points]
+    above = [c["ci_high"] - c["accuracy"] for c in points]
+    ax.errorbar(steps, accuracy, yerr=[below, above], marker="o", capsize=3, label="accuracy (95 % interval)")
+    formats = [(c["step"], c["format_rate"]) for c in report["checkpoints"] if c["format_rate"] is not None]
+    if formats:
+        ax.plot(*zip(*formats), marker="s", linestyle="--", label="format rate")
+    if report.get("best"):
+        ax.annotate("best", (report["best"]["step"], report["best"]["accuracy"]), textcoords="offset points",
+                    xytext=(0, 10), ha="center")
+    ax.set_xlabel("training step (0: base)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"vlmfast sweep — {Path(report['run_dir']).name}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -90,6 +90,26 @@ def render_note(text: str) -> None:
     stderr.print(f"[yellow]note:[/yellow] {escape(text)}")
 
 
+def render_sweep(report: dict) -> None:
+    """``vlmfast sweep``: one line per checkpoint, the best one, the gate, on stderr."""
+    table = Table(title=f"vlmfast sweep: {escape(report['run_dir'])}", title_justify="left")
+    for column in ("step", "accuracy (95 % CI)", "format", "new tokens", "no answer", "tokens/s", "load / swap"):
+        table.add_column(column, justify="right")
+    for c in report["checkpoints"]:
+        ci = f" ({_pct(c['ci_low'])}–{_pct(c['ci_high'])})" if c["ci_low"] is not None else ""
+        switch = (f"swap {_fmt(c['swap_s'], ' s')}" if "swap_s" in c else f"load {_fmt(c.get('load_s'), ' s')}")
+        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, _pct(c["format_rate"]),
+                      _fmt(c["mean_new_tokens"], "", 1), _pct(c["no_answer_rate"]), _fmt(c["tokens_per_s"], "", 1), switch)
+    stderr.print(table)
+    best = report["best"]
+    stderr.print(f"best: step {best['step']} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
+                 else "best: none (no row had ground truth to score)")
+    if report["gate"] and report["gate"]["failed"]:
+        stderr.print(f"[red]gate:[/red] {escape(report['gate']['message'])}")
+    for note in report["notes"]:
+        render_note(note)
+
+
 def render_scores(source: str, summary: dict) -> None:
     """``vlmfast score``: accuracy and format rate overall and per scorer, on stderr."""
     table = Table(title=f"vlmfast score: {escape(source)}", title_justify="left")

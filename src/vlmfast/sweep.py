@@ -62,32 +62,18 @@ class _Models:
 
     def __init__(self, options: SweepOptions, say):
         self.options, self.say = options, say
-        self.backend = None
+        self.backend = self.current = None
         self.how: tuple[str, float] | None = None  # ("load" | "swap", seconds) of the last switch
 
-    def for_checkpoint(self, found):
-        models = self
-
-        class Switching:
-            """A Backend that switches the engine to ``found`` on first use."""
-
-            def __getattr__(self, name):
-                if models.current is not found:
-                    models.switch(found)
-                return getattr(models.backend, name)
-
-            def close(self):  # the engine outlives each checkpoint's run
-                pass
-
-        self.current_wanted = found
-        return Switching()
-
-    current = None
+    def at(self, found) -> _SwitchOnUse:
+        return _SwitchOnUse(self, found)
 
     def switch(self, found) -> None:
         from .backends import open_backend
         from .parallel import Distributed
 
+        if self.current is found:
+            return
         if self.backend is None:
             start = time.perf_counter()
             self.backend = open_backend(self.options.infer, found, None, Distributed())
@@ -102,6 +88,20 @@ class _Models:
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()
+
+
+class _SwitchOnUse:
+    """A :class:`~vlmfast.backends.Backend` for one checkpoint: the sweep's engine, switched to it on first use."""
+
+    def __init__(self, models: _Models, found):
+        self._models, self._found = models, found
+
+    def __getattr__(self, name):
+        self._models.switch(self._found)
+        return getattr(self._models.backend, name)
+
+    def close(self) -> None:  # the engine outlives each checkpoint's run
+        pass
 
 
 def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = lambda text: None,
@@ -149,7 +149,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     say(f"step {entry.step}: {entry.path}")
     models.how = None
     report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out)), progress=progress,
-                   backend=models.for_checkpoint(found))
+                   backend=models.at(found))
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     return _figures(entry, out, rows, report, how, seconds)
@@ -200,3 +200,22 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str]) -> dic
         "best": {"step": best["step"], "path": best["path"], "accuracy": best["accuracy"]} if best else None,
         "gate": gate, "exit_code": EXIT_LESS_ACCURATE if gate and gate["failed"] else 0, "notes": notes,
     }
+
+
+def write_sweep_dir(report: dict, directory) -> list[str]:
+    """``report.json`` and (with the plot extra) ``plot.png`` in the sweep's output dir; what was written."""
+    import json
+
+    from .files import atomic_write
+    from .plot import plot_available, write_sweep_plot
+
+    directory = Path(directory)
+    atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
+    said = [f"wrote {directory / 'report.json'}"]
+    if not any(c["accuracy"] is not None for c in report["checkpoints"]):
+        return said
+    if plot_available():
+        said.append(f"wrote {write_sweep_plot(report, directory / 'plot.png')}")
+    else:
+        said.append("no plot: matplotlib is not installed (pip install 'vlmfast[plot]')")
+    return said

@@ -1,0 +1,82 @@
+"""``vlmfast sweep``: the command line of :func:`vlmfast.sweep.sweep`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import (EXIT_CODES_HELP, GEN, INPUT, OUTPUT, Attn, AutoBatchSize, BboxSpace, Command, Compile, CudaGraphs,
+                     Decoder, Device, Dtype, IgnoreEos, Iou, Json, MaxBatchTokens, MaxNew, MaxPixels, MinPixels,
+                     Reward, RewardThreshold, Samples, Scorer, Seed, SkipBad, System, Temperature, Template, TopP,
+                     batch_size_value, command, from_params, guarded)
+
+
+@command(cls=Command, epilog=EXIT_CODES_HELP)
+def sweep(
+    run_dir: Annotated[str, typer.Argument(help="A training run's output dir: checkpoint-N (HF Trainer, VLM-R1, TRL), vX-*/checkpoint-N (ms-swift) or global_step_N/actor/huggingface (EasyR1, verl).", show_default=False)],
+    manifest: Annotated[str, typer.Option(help="The evaluation set: JSONL with ground truth (see infer --manifest).", rich_help_panel=INPUT)],
+    out_dir: Annotated[Path, typer.Option(help="Where each checkpoint's results file, report.json and plot.png go (rerun to resume).", rich_help_panel=OUTPUT)],
+    base: Annotated[Optional[str], typer.Option(help="The model the run started from, evaluated as step 0: did RL help?", rich_help_panel=INPUT)] = None,
+    steps: Annotated[Optional[str], typer.Option(help="Only these steps, comma-separated (e.g. 100,300).", rich_help_panel=INPUT)] = None,
+    watch: Annotated[bool, typer.Option("--watch", help="Keep polling RUN_DIR and evaluate new checkpoints as the trainer writes them (once their weights are complete), until Ctrl-C.", rich_help_panel=INPUT)] = False,
+    poll: Annotated[float, typer.Option(help="--watch: seconds between looks at RUN_DIR.", rich_help_panel=INPUT)] = 60.0,
+    template: Template = "plain",
+    system: System = None,
+    max_pixels: MaxPixels = None,
+    min_pixels: MinPixels = None,
+    skip_bad: SkipBad = False,
+    batch_size: AutoBatchSize = "auto",
+    max_batch_tokens: MaxBatchTokens = None,
+    max_new_tokens: MaxNew = 1024,
+    temperature: Temperature = 0.0,
+    top_p: TopP = 1.0,
+    seed: Seed = None,
+    n: Samples = 1,
+    ignore_eos: IgnoreEos = False,
+    decoder: Decoder = "vlmfast",
+    cuda_graphs: CudaGraphs = None,
+    compile_: Compile = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    attn: Attn = None,
+    scorer: Scorer = "auto",
+    iou: Iou = 0.5,
+    bbox_space: BboxSpace = None,
+    reward: Reward = None,
+    reward_threshold: RewardThreshold = 1.0,
+    fail_if_best_below: Annotated[Optional[float], typer.Option(help="Exit 5 when the best checkpoint's accuracy is below X (CI after training).", rich_help_panel="Gates")] = None,
+    json_out: Json = False,
+):
+    """Evaluate every checkpoint of a training run (and its base) on one manifest: which step is best?"""
+    params = dict(locals())
+
+    def run():
+        from ..options import InferOptions
+        from ..report import ProgressBar, print_json, render_note, render_sweep
+        from ..sweep import SweepOptions, sweep as run_sweep, write_sweep_dir
+
+        from ..errors import UsageError
+
+        try:
+            wanted = tuple(int(s) for s in steps.split(",") if s.strip()) if steps else None
+        except ValueError:
+            raise UsageError(f"--steps {steps!r}: expected step numbers", hint="e.g. --steps 100,300") from None
+        infer = from_params(InferOptions, params, ckpt=run_dir, batch_size=batch_size_value(batch_size))
+        options = SweepOptions(run_dir=run_dir, out_dir=str(out_dir), infer=infer, base=base, steps=wanted,
+                               fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll)
+        bar = ProgressBar()
+        try:
+            report = run_sweep(options, progress=bar, say=render_note if not bar.live else (lambda text: None))
+        finally:
+            bar.stop()
+        render_sweep(report)
+        for line in write_sweep_dir(report, out_dir):
+            render_note(line)
+        if json_out:
+            print_json(report)
+        if report["exit_code"]:
+            raise typer.Exit(report["exit_code"])
+
+    guarded(run)

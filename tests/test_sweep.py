@@ -1,0 +1,130 @@
+"""vlmfast sweep: every checkpoint of a made run (three checkpoints with different weights and a base),
+each one's rows equal to a fresh infer of it, the best step, resume, weight swaps and full loads, --watch."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import cli, read_jsonl
+from vlmfast.options import InferOptions
+from vlmfast.rows import GenerationSettings
+
+SETTINGS = GenerationSettings(max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, images):
+    """A run dir with checkpoint-100/200/300 (tiny, GRPO-like, different weight seeds), a base and a manifest
+    whose ground truth is checkpoint-200's own answers (so step 200 is the best, by construction)."""
+    from vlmfast.runner import infer
+    from vlmfast.tiny import build_checkpoint
+
+    root = tmp_path_factory.mktemp("sweep")
+    for step, seed in ((100, 1), (200, 2), (300, 3)):
+        build_checkpoint(root / "run" / f"checkpoint-{step}", preset="tiny", like="grpo", seed=seed)
+    base = build_checkpoint(root / "base", preset="tiny", like="base", seed=0)
+    plain = root / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"id": f"q{i}", "image": str(p), "prompt": "Count."}) + "\n"
+                             for i, p in enumerate(images[:4])))
+    fresh = {}
+    for step in (100, 200, 300):
+        out = root / f"fresh-{step}.jsonl"
+        infer(InferOptions(ckpt=str(root / "run" / f"checkpoint-{step}"), manifest=str(plain), out=str(out),
+                           generation=SETTINGS, device="cpu"))
+        fresh[step] = read_jsonl(out)
+    manifest = root / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": r["id"], "image": r["images"][0], "prompt": "Count.",
+                                            "solution": r["text"], "scorer": "exact"}) + "\n" for r in fresh[200]))
+    return {"root": root, "run": root / "run", "base": base, "manifest": manifest, "fresh": fresh}
+
+
+def _options(run, out_dir, **kw):
+    from vlmfast.sweep import SweepOptions
+
+    infer = InferOptions(ckpt=str(run["run"]), manifest=str(run["manifest"]), generation=SETTINGS, device="cpu")
+    return SweepOptions(run_dir=str(run["run"]), out_dir=str(out_dir), infer=infer, **kw)
+
+
+def _tokens(rows):
+    return [(r["id"], r["text"], r["n_new_tokens"]) for r in rows]
+
+
+def test_every_checkpoint_once_rows_equal_fresh_loads_and_the_best_step(run, tmp_path):
+    from vlmfast.sweep import sweep
+
+    report = sweep(_options(run, tmp_path / "s", base=str(run["base"])))
+    steps = [c["step"] for c in report["checkpoints"]]
+    assert steps == [0, 100, 200, 300] and report["checkpoints"][0]["label"] == "base"
+    for c in report["checkpoints"][1:]:
+        assert _tokens(read_jsonl(c["results"])) == _tokens(run["fresh"][c["step"]])  # swapped weights = a fresh load
+    by_step = {c["step"]: c for c in report["checkpoints"]}
+    assert by_step[200]["accuracy"] == 1.0 and by_step[100]["accuracy"] < 1.0
+    assert report["best"] == {"step": 200, "path": str(run["run"] / "checkpoint-200"), "accuracy": 1.0}
+    assert "load_s" in by_step[0] and all("swap_s" in by_step[s] for s in (100, 200, 300))  # loaded once
+    assert 0 <= by_step[100]["ci_low"] <= by_step[100]["accuracy"] <= by_step[100]["ci_high"] <= 1
+    assert report["schema"] == "vlmfast.sweep/1" and report["exit_code"] == 0
+
+
+def test_a_killed_sweep_resumes_without_redoing_a_row(run, tmp_path):
+    from vlmfast.sweep import sweep
+
+    out = tmp_path / "s"
+    first = sweep(_options(run, out, steps=(100, 200)))
+    rows_200 = read_jsonl(out / "step-200.jsonl")
+    (out / "step-200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_200[:2]))  # killed mid-checkpoint
+    again = sweep(_options(run, out))
+    by_step = {c["step"]: c for c in again["checkpoints"]}
+    assert by_step[100]["rows"] == 4 and by_step[100]["load_s"] == 0.0  # finished: read back, nothing loaded
+    assert [r["id"] for r in read_jsonl(out / "step-200.jsonl")] == ["q0", "q1", "q2", "q3"]  # every row once
+    assert _tokens(read_jsonl(out / "step-200.jsonl")) == _tokens(rows_200) and first["best"]["step"] == 200
+    assert len(read_jsonl(out / "step-300.jsonl")) == 4
+
+
+def test_a_checkpoint_of_another_shape_is_loaded_afresh_and_said(run, tmp_path):
+    from vlmfast.sweep import sweep
+    from vlmfast.tiny import build_checkpoint
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run["run"] / "checkpoint-100", mixed / "checkpoint-100")
+    build_checkpoint(mixed / "checkpoint-200", preset="demo", like="grpo", seed=2)  # bigger shapes
+    said = []
+    options = _options(run, tmp_path / "s", fail_if_best_below=1.0)
+    options = type(options)(**{**options.__dict__, "run_dir": str(mixed)})
+    report = sweep(options, say=said.append)
+    by_step = {c["step"]: c for c in report["checkpoints"]}
+    assert "load_s" in by_step[200] and by_step[200]["rows"] == 4
+    assert any("checkpoint-200: loaded afresh (its config differs" in s for s in said)
+    assert report["exit_code"] == 5 and report["gate"]["failed"]  # nothing here answers like checkpoint-200 did
+
+
+def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
+    from vlmfast.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-100")
+    looks = []
+
+    def wait(seconds):
+        looks.append(seconds)
+        if len(looks) == 1:  # the trainer saves a new checkpoint meanwhile
+            shutil.copytree(run["run"] / "checkpoint-300", live / "checkpoint-300")
+        return len(looks) < 2
+
+    options = _options(run, tmp_path / "s", watch=True, poll_s=5)
+    report = sweep(type(options)(**{**options.__dict__, "run_dir": str(live)}), wait=wait)
+    assert [c["step"] for c in report["checkpoints"]] == [100, 300] and looks == [5, 5]
+    assert _tokens(read_jsonl(tmp_path / "s" / "step-300.jsonl")) == _tokens(run["fresh"][300])
+
+
+def test_sweep_cli_json_report_plot_and_gate(run, tmp_path):
+    out = tmp_path / "s"
+    r = cli("sweep", run["run"], "--manifest", run["manifest"], "--out-dir", out, "--steps", "200,300",
+            "--max-new-tokens", 6, "--device", "cpu", "--json", "--fail-if-best-below", 0.5)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert [c["step"] for c in report["checkpoints"]] == [200, 300] and report["best"]["step"] == 200
+    assert json.loads((out / "report.json").read_text())["best"] == report["best"]
+    assert "best: step 200" in r.stderr
+    bad = cli("sweep", run["run"], "--manifest", run["manifest"], "--out-dir", out, "--steps", "7")
+    assert bad.returncode == 2 and "7" in bad.stderr
