@@ -195,7 +195,7 @@ def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int, family: Famil
     from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
-    from .tiny_families import model_class, model_config
+    from .tiny_families import adjust_weights, model_class, model_config
 
     model_cls = model_class(family)  # before any file is written: a UsageError on a transformers without it
     real_size = "vocab_size" in spec
@@ -215,6 +215,7 @@ def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int, family: Famil
             torch.set_default_dtype(dtype)
     else:
         model = model_cls(config)
+    adjust_weights(model, family)
     eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
     model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot)
     bars = hf_logging.is_progress_bar_enabled()
