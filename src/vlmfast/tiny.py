@@ -18,7 +18,7 @@ import shutil
 import tempfile
 
 from .ckpt_files import CHAT_TEMPLATE
-from .families import BY_KEY, Family, family_by_key
+from .families import BY_KEY, QWEN_SPECIAL, Family, family_by_key
 from .files import publish_directory
 
 # initializer_range: greedy decoding must not flip between batch/single or cache on/off. What
@@ -116,7 +116,7 @@ def _corpus() -> str:
     return "".join(lines)
 
 
-def _train_tokenizer(pad_to: int | None = None, family: Family = BY_KEY[DEFAULT_FAMILY]):
+def _train_tokenizer(pad_to: int | None = None, special_tokens=QWEN_SPECIAL, regex: str = _PRETOKENIZE_REGEX):
     """Train the byte-level BPE (deterministic: same corpus and settings give the same merges). With
     ``pad_to``, filler entries (never produced: no merge leads to them) fill the vocabulary up to that
     size before the special tokens are added, so those get the ids they have in Qwen's tokenizer."""
@@ -128,8 +128,7 @@ def _train_tokenizer(pad_to: int | None = None, family: Family = BY_KEY[DEFAULT_
                         fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX_QWEN3_5 if family.vocabulary == "qwen3_5" else _PRETOKENIZE_REGEX),
-                             behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -141,7 +140,7 @@ def _train_tokenizer(pad_to: int | None = None, family: Family = BY_KEY[DEFAULT_
         vocab = data["model"]["vocab"]
         vocab.update({f"<|vlmfast_filler_{i}|>": i for i in range(len(vocab), pad_to)})
         tok = Tokenizer.from_str(json.dumps(data))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.special_tokens])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _REASONING_TAGS])
     return tok
 
@@ -160,7 +159,8 @@ def _save_tokenizer_and_processor(d: pathlib.Path, pad_to: int | None, family: F
 
     from .tiny_families import make_processor
 
-    backend = _train_tokenizer(pad_to, family)
+    regex = _PRETOKENIZE_REGEX_QWEN3_5 if family.vocabulary == "qwen3_5" else _PRETOKENIZE_REGEX
+    backend = _train_tokenizer(pad_to, family.special_tokens, regex)
     with tempfile.TemporaryDirectory() as scratch:
         # Save a generic fast tokenizer, relabel it Qwen2Tokenizer and reload it, so the processor gets
         # the class each transformers version expects (Qwen2TokenizerFast in 4.x, Qwen2Tokenizer in 5.x).
