@@ -34,6 +34,7 @@ def build_glm4v(out: pathlib.Path, seed: int = 0) -> pathlib.Path:
     import torch
     from transformers import (AutoTokenizer, Glm4vConfig, Glm4vForConditionalGeneration, Glm4vImageProcessor,
                               Glm4vProcessor, Glm4vVideoProcessor, GenerationConfig, PreTrainedTokenizerFast)
+    from transformers.utils import logging as hf_logging
 
     out = pathlib.Path(out)
     with tempfile.TemporaryDirectory() as scratch:
@@ -62,6 +63,7 @@ def build_glm4v(out: pathlib.Path, seed: int = 0) -> pathlib.Path:
     torch.manual_seed(seed)
     model = Glm4vForConditionalGeneration(config)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=ids["<|endoftext|>"], use_cache=False)
+    hf_logging.disable_progress_bar()  # 5.x draws a "Writing model shards" bar
     model.save_pretrained(str(out))
     cfg = _read_json(out / "config.json")  # saved as a GRPO run leaves it: cache off everywhere
     cfg["use_cache"] = cfg["text_config"]["use_cache"] = False
