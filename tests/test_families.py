@@ -288,3 +288,17 @@ def test_untested_family_runs_through_plain_generate_with_a_note(glm, images):
     assert loaded.eos_token_ids == [tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
     assert set(loaded.suppress_token_ids) >= {tok.convert_tokens_to_ids(t) for t in ("<|image|>", "<|begin_of_image|>")}
     assert {f.code for f in diagnose(d)} == {"cache-off", "untested-family"}  # saved GRPO-like, cache off
+
+
+def test_rel1000_boxes_are_mapped_to_the_images_pixels():
+    """Qwen2-VL, Qwen3-VL and Qwen3.5 answer in thousandths of the image (the family's box_space)."""
+    from vlmfast.scoring import score_answer
+
+    assert BY_KEY["qwen3_vl"].box_space == "rel1000"
+    exact = score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space="rel1000",
+                         image_size=(1000, 600), model_size=(448, 280))
+    assert (exact.iou, exact.correct, exact.bbox_unmapped) == (pytest.approx(1.0), True, False)
+    as_pixels = score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space="resized",
+                             image_size=(1000, 600), model_size=(1000, 600))
+    assert as_pixels.iou < 0.6  # the same numbers read as pixels miss
+    assert score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space="rel1000").bbox_unmapped

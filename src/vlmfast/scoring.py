@@ -17,7 +17,7 @@ from fractions import Fraction
 from .errors import UsageError
 
 SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains")
-BBOX_SPACES = ("resized", "original")
+BBOX_SPACES = ("resized", "original", "rel1000")  # rel1000: 0-1000 of the image (Qwen2-VL, Qwen3-VL, Qwen3.5)
 # The fields score_row adds to a result row (all null on error rows).
 ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")
 
@@ -112,7 +112,7 @@ def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image
                  bbox_space: str = "resized", rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Score:
     """Score one answer. ``image_size``/``model_size`` are (width, height) of the original image and of
     the model's resized input; with ``bbox_space="resized"`` predicted boxes are mapped back to
-    original pixels before the IoU. ``answer=None`` (no answer) scores 0 with ``parse_failed``."""
+    original pixels before the IoU, with ``"rel1000"`` from thousandths of the image to its pixels. ``answer=None`` (no answer) scores 0 with ``parse_failed``."""
     if bbox_space not in BBOX_SPACES:
         raise UsageError(f"unknown bbox space {bbox_space!r}", hint=f"choose one of: {', '.join(BBOX_SPACES)}")
     truth = truth_text(truth)
@@ -262,8 +262,8 @@ def _score_bbox(answer: str, truth, threshold: float, image_size, model_size, bb
     want = parse_box(truth)
     got = parse_box(answer)
     unmapped = False
-    if got is not None and bbox_space == "resized":
-        scale = _scale(image_size, model_size)
+    if got is not None and bbox_space != "original":
+        scale = _scale(image_size, (1000, 1000) if bbox_space == "rel1000" else model_size)
         if scale is None:
             unmapped = True  # compare as is, but say so: the IoU may be in the wrong pixel space
         else:
