@@ -302,3 +302,13 @@ def test_rel1000_boxes_are_mapped_to_the_images_pixels():
                              image_size=(1000, 600), model_size=(1000, 600))
     assert as_pixels.iou < 0.6  # the same numbers read as pixels miss
     assert score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space="rel1000").bbox_unmapped
+
+
+def test_capacity_counts_keys_and_values_of_full_attention_layers_only(family_loaded):
+    if not _has_class("qwen3_5"):
+        pytest.skip("Qwen3.5 is not in this transformers")
+    from vlmfast.capacity import shape_from_model
+
+    shape = shape_from_model(family_loaded("qwen3_5").model, "float32")
+    assert shape.layers == 1 and shape.kv_bytes_per_token == 1 * 2 * 32 * 2 * 4  # 1 of 4 layers, 2 kv heads of 32
+    assert shape_from_model(family_loaded("qwen3_vl").model, "float32").layers == 2

@@ -184,8 +184,8 @@ def _family(d: Path, config: dict) -> list[Finding]:
     owner = next((f for f in FAMILIES if f.processor_class == named), None)
     if owner is not None and named != family.processor_class:
         out.append(Finding("warning", "processor-family-mismatch", where,
-                           f"{named} is {owner.name}'s processor, but the model is {family.name} ({family.processor_class}): "
-                           "prompts may get the wrong vision tokens or positions",
+                           f"{named} is {owner.name}'s processor, but the model is {family.name} "
+                           f"({family.processor_class}): prompts may get the wrong vision tokens or positions",
                            f"copy the processor files from a {family.name} base model"))
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
     (where, patch), model_patch = settings.get("patch_size", ("", None)), vision.get("patch_size", family.patch_size)

@@ -93,8 +93,8 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
 
     config.json: ``use_cache`` false → true (top level, ``text_config``); generation_config.json:
     ``use_cache`` false → true, and an EOS list that lacks the family's chat stop (``<|im_end|>``) becomes
-    the family's base list (the base's own when ``processor_from`` is given). ``processor_from`` (the base model dir) also supplies processor,
-    tokenizer and chat-template files the checkpoint lacks.
+    the family's base list (the base's own when ``processor_from`` is given). ``processor_from`` (the
+    base model dir) also supplies processor, tokenizer and chat-template files the checkpoint lacks.
     """
     d = _local_dir(ckpt)
     base = _local_dir(processor_from) if processor_from is not None else None

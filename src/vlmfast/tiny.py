@@ -250,7 +250,8 @@ def _existing_checkpoint(out: pathlib.Path, want: dict) -> bool:
         found = None
     if found is None:
         reason = "files that are not a vlmfast tiny checkpoint"
-    elif {k: found.get(k) for k in want} != want or found.get("family", DEFAULT_FAMILY) != want.get("family", DEFAULT_FAMILY):
+    elif ({k: found.get(k) for k in want} != want
+          or found.get("family", DEFAULT_FAMILY) != want.get("family", DEFAULT_FAMILY)):
         what = ", ".join(f"{k}={found.get(k, DEFAULT_FAMILY if k == 'family' else None)!r}"
                          for k in ("family", "preset", "like", "seed", "transformers_version"))
         reason = f"a different tiny checkpoint ({what})"

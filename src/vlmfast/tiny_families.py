@@ -62,11 +62,13 @@ def transformers_class(name: str, family: Family):
     if cls is None:
         hint = (f"{family.name} needs transformers >= 5 (it ships in the 5.x line only)" if family.since == "5"
                 else f"{family.name} needs transformers >= {family.since}")
-        raise UsageError(f"transformers {transformers.__version__} has no {name}", hint=hint + ": pip install -U transformers")
+        raise UsageError(f"transformers {transformers.__version__} has no {name}",
+                         hint=hint + ": pip install -U transformers")
     return cls
 
 
 def model_class(family: Family):
+    """The family's model class in the installed transformers (UsageError with a hint when absent)."""
     return transformers_class(family.model_class, family)
 
 
@@ -101,7 +103,8 @@ def model_config(family: Family, spec: dict, like: str, ids: dict, vocab_size: i
     t = dict(spec["text"])
     eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
     text = {
-        "vocab_size": vocab_size, "hidden_act": "silu", "max_position_embeddings": spec.get("max_position_embeddings", 32768),
+        "vocab_size": vocab_size, "hidden_act": "silu",
+        "max_position_embeddings": spec.get("max_position_embeddings", 32768),
         "tie_word_embeddings": spec.get("tie_word_embeddings", False), "rms_norm_eps": 1e-6,
         "initializer_range": spec["initializer_range"],
         # GRPO trainers turn the cache off for gradient checkpointing and save it that way.
