@@ -26,17 +26,20 @@ def linear_modules(layers) -> dict[int, torch.nn.Module]:
 
 
 def check_cache_api() -> None:
-    """Raise NotImplementedError when the installed transformers reads linear-attention states through
-    another cache interface than the one :class:`LinearStateCache` answers (checked on 5.23)."""
+    """A UsageError when the installed transformers reads linear-attention states through another cache
+    interface than the one :class:`LinearStateCache` answers (the one of 5.23)."""
     from transformers.cache_utils import Cache
+
+    from .errors import UsageError
 
     missing = [m for m in ("get_conv_state", "get_recurrent_state", "update_recurrent_state", "is_recording_past")
                if not hasattr(Cache, m)]
     if missing:
         import transformers
 
-        raise NotImplementedError(f"transformers {transformers.__version__}'s cache has no {', '.join(missing)}: "
-                                  "vlmfast's loop cannot hold this model's linear-attention states")
+        raise UsageError(f"transformers {transformers.__version__}'s cache has no {', '.join(missing)}: "
+                         "vlmfast's decode loop cannot hold this model's linear-attention states",
+                         hint="decode with plain generate (--decoder hf), or pip install -U transformers")
 
 
 class LinearStateCache:
