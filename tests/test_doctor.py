@@ -134,6 +134,21 @@ def _lora_base_missing(ctx):
     return d, {}
 
 
+def _other_family_processor(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")  # a Qwen2.5-VL save holding Qwen3-VL's processor files
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        if (d / name).is_file():
+            edit_json(d / name, lambda c: (c.update(processor_class="Qwen3VLProcessor"),
+                                           (c.get("image_processor") or c).update(patch_size=16)))
+    return d, {}
+
+
+def _untested_family(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")  # doctor reads files only: the model type alone decides
+    edit_json(d / "config.json", lambda c: c.update(model_type="glm4v"))
+    return d, {}
+
+
 def _unreadable(ctx):
     d = _copy(ctx.base, ctx.tmp / "c")
     (d / "model.safetensors").write_bytes(b"\xff" * 16)
@@ -164,6 +179,8 @@ CASES = {
     "trainer-state": (lambda ctx: (ctx.layouts["vlmr1"].root, {}), [("info", "trainer_state.json")]),
     "swift-args": (lambda ctx: (ctx.layouts["swift"].root, {}), [("info", "args.json")]),
     "resolved": (lambda ctx: (ctx.layouts["vlmr1"].root, {}), None),
+    "processor-family-mismatch": (_other_family_processor, None),  # file names differ by version: checked below
+    "untested-family": (_untested_family, [("info", "config.json: model_type")]),
 }
 
 
@@ -210,6 +227,16 @@ def test_fixes_name_the_exact_command(grpo_ckpt, layouts, base_ckpt, tmp_path):
     assert set(fixes) >= {"tokenizer_class"} and any("'Qwen2VLImageProcessor'" in fx for fx in fixes.values())
     lora = next(f for f in diagnose(layouts["swift-lora"].root) if f.code == "lora-adapter")
     assert f"--base {layouts['swift-lora'].base}" in lora.fix and "--merge-lora" in lora.fix
+
+
+def test_processor_of_another_family_names_both_places(base_ckpt, tmp_path):
+    found = [f for f in diagnose(_other_family_processor(_Ctx(base_ckpt, None, None, tmp_path))[0])
+             if f.code == "processor-family-mismatch"]
+    by = {f.severity: f for f in found}  # errors come first
+    assert len(found) == 2 and by["warning"].location.endswith(": processor_class")
+    assert by["error"].location.split(": ")[1] in ("patch_size", "image_processor.patch_size")
+    assert "Qwen3-VL's processor" in by["warning"].message and "16-pixel patches" in by["error"].message
+    assert "takes 14" in by["error"].message
 
 
 def test_float32_is_quiet_below_the_threshold_and_reports_sizes(base_ckpt):

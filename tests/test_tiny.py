@@ -8,6 +8,8 @@ import pathlib
 
 import pytest
 
+from vlmfast.errors import UsageError
+
 from vlmfast import tiny
 
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -73,8 +75,9 @@ def test_existing_dir_reused_rejected_or_overwritten(tmp_path):
     mtime = (d / "model.safetensors").stat().st_mtime_ns
     assert tiny.build_checkpoint(d) == d
     assert (d / "model.safetensors").stat().st_mtime_ns == mtime  # not rebuilt
-    with pytest.raises(ValueError, match="overwrite=True"):
+    with pytest.raises(UsageError, match="already holds a different tiny checkpoint") as err:
         tiny.build_checkpoint(d, like="base")
+    assert "--overwrite" in err.value.hint
     assert _load_json(d / "vlmfast_tiny.json")["like"] == "grpo"  # untouched
     tiny.build_checkpoint(d, like="base", overwrite=True)
     assert _load_json(d / "vlmfast_tiny.json")["like"] == "base"

@@ -22,6 +22,8 @@ _EXPORTS = {
     "InferOptions": "options",
     "InferReport": "summary",
     "VlmfastError": "errors",
+    "Family": "families",
+    "family_for": "families",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -70,8 +70,11 @@ def shape_from_model(model, dtype: str) -> ModelShape:
     embed = model.get_input_embeddings()
     if embed is not None and embed.weight is not model.get_output_embeddings().weight:
         vision_params += embed.weight.numel()
+    # Qwen3.5's linear-attention layers keep a fixed-size state, no keys or values: they hold no KV cache
+    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     return ModelShape(
-        layers=text.num_hidden_layers, kv_heads=getattr(text, "num_key_value_heads", heads), head_dim=head_dim,
+        layers=sum(kind != "linear_attention" for kind in kinds), kv_heads=getattr(text, "num_key_value_heads", heads),
+        head_dim=head_dim,
         hidden_size=text.hidden_size, vocab_size=text.vocab_size, lm_params=total - vision_params,
         dtype_bytes=DTYPE_BYTES[dtype],
     )

@@ -13,11 +13,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .ckpt_files import CHAT_TEMPLATE, IM_END, cache_off_locations, read_configs, saved_cache_enabled
+from .ckpt_files import CHAT_TEMPLATE, cache_off_locations, read_configs, saved_cache_enabled
 from .errors import CheckpointError, UsageError
+from .families import CHAT_STOP, Family, family_of, untested_note
 from .locate import Located, locate, require
-
-TESTED_MODEL_TYPES = ("qwen2_5_vl",)
 
 DTYPE_ALIASES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -131,6 +130,7 @@ class Loaded:
     config_dir: Path  # where config.json and generation_config.json live (a LoRA adapter's: its base's)
     notes: list[str] = field(default_factory=list)
     base_source: str | None = None  # LoRA adapter loads: the base model
+    family: Family | None = None  # None: a model type vlmfast has not tested (runs with plain generate)
 
 
 def load(
@@ -212,19 +212,19 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
         cache.found_off.append("model.generation_config.use_cache (as loaded)")
     model.generation_config.use_cache = True
 
-    eos, eos_note = eos_list(model.generation_config.eos_token_id, tokenizer)
+    family = family_of(config)
+    eos, eos_note = eos_list(model.generation_config.eos_token_id, tokenizer, family)
     if eos_note:
         notes.append(eos_note)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.generation_config.pad_token_id
     if pad is None:
         pad = eos[0]
-    model_type = config.get("model_type", "")
-    if model_type not in TESTED_MODEL_TYPES:
-        notes.append(f"model_type {model_type!r} is not one vlmfast is tested on ({', '.join(TESTED_MODEL_TYPES)})")
+    if family is None:
+        notes.append(untested_note(config.get("model_type")))
     return Loaded(
         model=model, processor=processor, source=source, runtime=runtime, cache=cache, eos_token_ids=eos,
-        pad_token_id=int(pad), suppress_token_ids=vision_placeholder_ids(model.config), load_s=0.0,
-        config_dir=config_dir, notes=notes,
+        pad_token_id=int(pad), suppress_token_ids=vision_placeholder_ids(model.config, tokenizer, family), load_s=0.0,
+        config_dir=config_dir, notes=notes, family=family,
     )
 
 
@@ -285,21 +285,28 @@ def load_processor(path, *, trust_remote_code: bool, hint: str, template: str | 
     return processor, notes
 
 
-def eos_list(saved, tokenizer) -> tuple[list[int], str | None]:
-    """The checkpoint's EOS ids plus ``<|im_end|>``: merged checkpoints that lost it run away."""
+def eos_list(saved, tokenizer, family: Family | None = None) -> tuple[list[int], str | None]:
+    """The checkpoint's EOS ids plus the family's chat stop (``<|im_end|>``; its id is the
+    tokenizer's): merged checkpoints that lost it run away."""
     ids = [saved] if isinstance(saved, int) else list(saved or [])
-    im_end = tokenizer.convert_tokens_to_ids(IM_END)
-    extra = [i for i in dict.fromkeys((im_end, tokenizer.eos_token_id))
+    stop = family.chat_stop if family else CHAT_STOP
+    stop_id = tokenizer.convert_tokens_to_ids(stop)
+    extra = [i for i in dict.fromkeys((stop_id, tokenizer.eos_token_id))
              if isinstance(i, int) and i != tokenizer.unk_token_id and i not in ids]
-    note = f"EOS list {ids} lacks {IM_END}: stopping on {ids + extra}" if im_end in extra else None
+    note = f"EOS list {ids} lacks {stop}: stopping on {ids + extra}" if stop_id in extra else None
     return ids + extra, note
 
 
-def vision_placeholder_ids(config) -> list[int]:
-    """Image/video/vision start-end token ids: random or undertrained weights can emit them, which
+def vision_placeholder_ids(config, tokenizer=None, family: Family | None = None) -> list[int]:
+    """Vision placeholder ids — the family's placeholder tokens (by the tokenizer) and the image/video
+    (start, end) token ids the config names: random or undertrained weights can emit them, which
     makes generate fail ("Image features and image tokens do not match"), so they are suppressed."""
-    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     ids = []
+    if family is not None and tokenizer is not None:
+        found = (tokenizer.convert_tokens_to_ids(t) for t in family.vision_tokens)
+        ids = [i for i in found if isinstance(i, int) and i != tokenizer.unk_token_id]
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+             "image_start_token_id", "image_end_token_id", "video_start_token_id", "video_end_token_id")
     for name in names:
         value = getattr(config, name, None)
         if value is None and hasattr(config, "get_text_config"):

@@ -1,8 +1,8 @@
 """Pure readers of a checkpoint directory's files: JSON configs, special-token ids, the saved EOS list,
 where the KV cache is switched off, safetensors headers, adapter configs.
 
-No torch, no transformers, no other vlmfast module but errors: the loader, doctor, fix and LoRA code
-all read checkpoints through here, so reading a config costs a file read and nothing more.
+No torch, no transformers, no other vlmfast module but errors and the family table: the loader, doctor,
+fix and LoRA code all read checkpoints through here, so reading a config costs a file read and nothing more.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 from .errors import CheckpointError
+from .families import CHAT_STOP, family_of
 
-IM_END = "<|im_end|>"
+IM_END = CHAT_STOP
 ADAPTER_CONFIG = "adapter_config.json"
 PROCESSOR_CONFIGS = ("preprocessor_config.json", "processor_config.json")
 PROCESSOR_GROUP = (*PROCESSOR_CONFIGS, "video_preprocessor_config.json")
@@ -167,6 +168,37 @@ def text_setting(config: dict, key: str):
     """A language-model setting, top level first, then ``text_config`` (flat and nested layouts)."""
     text = config.get("text_config")
     return config.get(key, text.get(key) if isinstance(text, dict) else None)
+
+
+def chat_stop(d: Path, config: dict, base: Path | None = None) -> tuple[str, int | None]:
+    """The token that ends a chat turn in this checkpoint's family (``<|im_end|>``) and its id: from the
+    tokenizer files, else the base's, else the family's released vocabulary when ``vocab_size`` is that
+    vocabulary's (the id differs per family: 151645 in Qwen2 to Qwen3-VL, 248046 in Qwen3.5)."""
+    family = family_of(config)
+    stop = family.chat_stop if family else CHAT_STOP
+    found = token_id(d, stop)
+    if found is None and base is not None:
+        found = token_id(base, stop)
+    if found is None and family is not None:
+        found = family.real_token_id(stop, text_setting(config, "vocab_size"))
+    return stop, found
+
+
+def family_eos(d: Path, config: dict, eos: list[int], stop_id: int) -> list[int]:
+    """``eos`` completed to the EOS list the family's base model ships (``<|im_end|>``, ``<|endoftext|>``
+    for the Qwen families, ids by this tokenizer), then what ``eos`` has beyond it; for a model type the
+    table does not know, the chat stop first, then ``eos``."""
+    family = family_of(config)
+    if family is None:
+        return [stop_id] + [i for i in eos if i != stop_id]
+    vocab = text_setting(config, "vocab_size")
+
+    def resolved(token: str) -> int | None:
+        found = stop_id if token == family.chat_stop else token_id(d, token)
+        return found if found is not None else family.real_token_id(token, vocab)
+
+    base = [i for i in dict.fromkeys(resolved(t) for t in family.eos_tokens) if isinstance(i, int)]
+    return base + [i for i in eos if i not in base]
 
 
 # -- weights -------------------------------------------------------------------------------------

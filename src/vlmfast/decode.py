@@ -18,21 +18,26 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 
-CUDA_SYNC_EVERY = 8  # CUDA: one read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
+from .linear_states import LinearStateCache, check_cache_api, linear_modules
 
 
-class StaticKV:
-    """Keys and values of every layer, preallocated for ``max_len`` positions of ``batch`` rows.
+class StaticKV(LinearStateCache):
+    """Keys and values of every full-attention layer, preallocated for ``max_len`` positions of ``batch``
+    rows; a hybrid model's linear-attention layers (``linear``: layer index → module) keep their
+    states instead (:class:`~vlmfast.linear_states.LinearStateCache`).
 
     The attention modules call ``update(key, value, layer_idx[, cache_kwargs])`` — the only cache
     method a decoder layer uses on transformers 4.57 and 5.x. Eager mode writes at the host-side
     ``length`` and returns the filled slice; static mode (``index`` set) writes at a device-side index
     and returns the whole buffer, to be masked."""
 
-    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
+                 linear: dict | None = None):
         shape = (batch, kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        linear = linear or {}
+        self.keys = [None if i in linear else torch.zeros(shape, dtype=dtype, device=device) for i in range(layers)]
+        self.values = [None if i in linear else torch.zeros(shape, dtype=dtype, device=device) for i in range(layers)]
+        self.init_linear_states(linear, batch, device)
         self.batch, self.max_len = batch, max_len
         self.length = 0
         self.index: torch.Tensor | None = None
@@ -41,8 +46,11 @@ class StaticKV:
         """Copy prefill caches — (start row, end row, HF cache) per prefill group — into the first
         ``length`` positions, each group right-aligned (its shorter prompts read as left padding). With
         ``repeat`` each prompt row fills ``repeat`` consecutive rows (n answers from one prefill)."""
+        self.fill_linear_states(caches, repeat)
         for start, end, cache in caches:
             for i, layer in enumerate(cache.layers):
+                if self.keys[i] is None:
+                    continue
                 n = layer.keys.shape[2]
                 keys, values = layer.keys, layer.values
                 if repeat > 1:
@@ -71,30 +79,38 @@ class StaticKV:
 
 
 class TextDecoder:
-    """The language model of a Qwen2.5-VL model called layer by layer for new tokens: embedding,
-    3-D rotary positions, the decoder layers with a caller-made mask, final norm, LM head."""
+    """The language model of a Qwen-VL model (Qwen2-VL to Qwen3.5) called layer by layer for new
+    tokens: embedding, 3-D rotary positions, the decoder layers with a caller-made mask, final norm, LM
+    head. Qwen3.5's linear-attention layers get no mask (a new token is never padding) and keep their
+    states in the cache's linear half."""
 
     def __init__(self, model):
         text = model.model.language_model
         self.embed, self.rotary, self.layers, self.norm = text.embed_tokens, text.rotary_emb, text.layers, text.norm
         self.lm_head = model.lm_head
         config = model.config.get_text_config()
-        self.attention_config = self.layers[0].self_attn.config  # what the attention modules read per call
+        self.linear = linear_modules(self.layers)
+        if self.linear:
+            check_cache_api()
+        attention = next(layer.self_attn for layer in self.layers if hasattr(layer, "self_attn"))
+        self.attention_config = attention.config  # what the attention modules read per call
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.vocab = config.vocab_size
 
     def new_cache(self, batch: int, max_len: int) -> StaticKV:
         weight = self.lm_head.weight
-        return StaticKV(len(self.layers), batch, self.kv_heads, max_len, self.head_dim, weight.dtype, weight.device)
+        return StaticKV(len(self.layers), batch, self.kv_heads, max_len, self.head_dim, weight.dtype, weight.device,
+                        linear=self.linear)
 
     def __call__(self, tokens, positions, mask, cache: StaticKV):
         """Logits (batch, vocab, float32) of the next token after ``tokens`` (batch, 1) at ``positions``
         (3, batch, 1); ``mask`` (batch, 1, 1, keys) bool or None (no padding: every key is seen)."""
         hidden = self.embed(tokens)
         rotary = self.rotary(hidden, positions)
-        for layer in self.layers:
-            out = layer(hidden, attention_mask=mask, position_embeddings=rotary, past_key_values=cache, use_cache=True)
+        for i, layer in enumerate(self.layers):
+            out = layer(hidden, attention_mask=None if i in self.linear else mask, position_embeddings=rotary,
+                        past_key_values=cache, use_cache=True)
             hidden = out[0] if isinstance(out, tuple) else out  # 4.57 layers return a tuple
         return self.lm_head(self.norm(hidden)[:, -1, :]).float()
 

@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .ckpt_files import (
-    IM_END, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, has_chat_template,
-    has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting, token_id,
+    PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
+    has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting,
 )
+from .families import FAMILIES, classes_in_every_version, family_of, untested_note
 from .locate import HUB_ID, Located, fsdp_merge_hint, locate, require
 
 SEVERITIES = ("error", "warning", "info")
@@ -24,17 +25,14 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "tokenizer-missing", "chat-template-missing", "unknown-class", "fsdp-unmerged", "weights-missing",
     "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
-    "trainer-state", "swift-args",
+    "trainer-state", "swift-args", "processor-family-mismatch", "untested-family",
 )
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
 # Classes transformers renamed or never had, and what the checkpoint should say instead.
 RENAMED = {"Qwen2_5_VLImageProcessor": "Qwen2VLImageProcessor"}
 # Exported by every transformers vlmfast supports (4.57 and 5.x; the Fast names as aliases in 5.x):
 # checking these needs no import of transformers, which costs seconds (on 4.57 it imports torch).
-ALWAYS_KNOWN = frozenset({
-    "Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2_5_VLProcessor", "Qwen2VLProcessor",
-    "Qwen2Tokenizer", "Qwen2TokenizerFast", "Qwen2VLVideoProcessor",
-})
+ALWAYS_KNOWN = classes_in_every_version() | {"Qwen2VLImageProcessorFast", "Qwen2TokenizerFast"}
 # HF Trainer pickles these next to the weights; they are not weights and never loaded for inference.
 NOT_WEIGHTS = ("training_args.bin",)
 
@@ -84,6 +82,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> 
     found += _cache(d, config, generation)
     found += _eos(d, config, generation, base_dir, base_cfg)
     found += _files(d, base_dir)
+    found += _family(d, config)
     found += _classes(d)
     found += _weights(target, base_dir, float32_min_bytes)
     found += _remote_code(d)
@@ -121,15 +120,13 @@ def _cache(d: Path, config: dict, generation: dict | None) -> list[Finding]:
 
 def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
     eos, where = saved_eos(config, generation)
-    im_end = token_id(d, IM_END)
-    if im_end is None and base_dir is not None:
-        im_end = token_id(base_dir, IM_END)
+    stop, stop_id = chat_stop(d, config, base_dir)
     base_eos = saved_eos(base_cfg, maybe_json(base_dir / "generation_config.json") or None)[0] if base_dir else None
     fix = _fix_cmd(d, base_dir)
-    if im_end is not None and im_end not in eos:
-        wanted = f"the base's {base_eos}" if base_eos else f"{[im_end] + eos}"
+    if stop_id is not None and stop_id not in eos:
+        wanted = f"the base's {base_eos}" if base_eos else f"{family_eos(d, config, eos, stop_id)}"
         return [Finding("error", "eos-missing-im-end", where,
-                        f"EOS list {eos} lacks {IM_END} (id {im_end}): chat replies never stop and run to the token cap",
+                        f"EOS list {eos} lacks {stop} (id {stop_id}): chat replies never stop and run to the token cap",
                         f"{fix} (sets it to {wanted})")]
     if base_eos and set(eos) != set(base_eos):
         return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",
@@ -154,6 +151,63 @@ def _files(d: Path, base_dir: Path | None) -> list[Finding]:
                            "no chat template: tools other than vlmfast (which falls back to ChatML) cannot build prompts",
                            f"{fix} (copies it from the base model)"))
     return out
+
+
+def _processor_settings(d: Path) -> dict[str, tuple[str, object]]:
+    """``processor_class`` and ``patch_size`` → (``file: key`` location, value), wherever this layout keeps
+    them: preprocessor_config.json (4.x) or processor_config.json with a nested ``image_processor`` (5.x)."""
+    found = {}
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        data = maybe_json(d / name)
+        nested = data.get("image_processor") if isinstance(data.get("image_processor"), dict) else {}
+        candidates = (("processor_class", "processor_class", data.get("processor_class")),
+                      ("patch_size", "patch_size", data.get("patch_size")),
+                      ("patch_size", "image_processor.patch_size", nested.get("patch_size")))
+        for key, where, value in candidates:
+            if value is not None:
+                found.setdefault(key, (f"{name}: {where}", value))
+    return found
+
+
+def _family(d: Path, config: dict) -> list[Finding]:
+    family = family_of(config)
+    if family is None:
+        return [Finding("info", "untested-family", "config.json: model_type", untested_note(config.get("model_type")), "")]
+    out, settings = [], _processor_settings(d)
+    installed = _installed_transformers()
+    if installed is not None and installed < _version(family.since):
+        out.append(Finding("error", "unknown-class", "config.json: model_type",
+                           f"{family.name} ({family.model_class}) is not in the installed transformers "
+                           f"{'.'.join(map(str, installed))}: it needs transformers >= {family.since}",
+                           "pip install -U transformers"))
+    where, named = settings.get("processor_class", ("", None))
+    owner = next((f for f in FAMILIES if f.processor_class == named), None)
+    if owner is not None and named != family.processor_class:
+        out.append(Finding("warning", "processor-family-mismatch", where,
+                           f"{named} is {owner.name}'s processor, but the model is {family.name} "
+                           f"({family.processor_class}): prompts may get the wrong vision tokens or positions",
+                           f"copy the processor files from a {family.name} base model"))
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    (where, patch), model_patch = settings.get("patch_size", ("", None)), vision.get("patch_size", family.patch_size)
+    if isinstance(patch, int) and patch != model_patch:
+        out.append(Finding("error", "processor-family-mismatch", where,
+                           f"the image processor cuts {patch}-pixel patches but {family.name}'s vision tower takes "
+                           f"{model_patch}: image token counts will not match the features",
+                           f"copy the processor files from a {family.name} base model"))
+    return out
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+def _installed_transformers() -> tuple[int, ...] | None:
+    from importlib.metadata import PackageNotFoundError, version  # the version without importing transformers
+
+    try:
+        return _version(version("transformers"))
+    except PackageNotFoundError:
+        return None
 
 
 def _class_keys(d: Path):
@@ -252,8 +306,8 @@ def _remote_code(d: Path) -> list[Finding]:
             out.append(Finding("warning", "remote-code", f"{name}: auto_map",
                                f"auto_map names the checkpoint's own Python code ({', '.join(py) or 'files not here'}): "
                                "it runs only with --trust-remote-code",
-                               "read the .py files before passing --trust-remote-code; Qwen2.5-VL needs no remote code: "
-                               "delete auto_map to use transformers' own classes"))
+                               "read the .py files before passing --trust-remote-code; the Qwen-VL families need no "
+                               "remote code: delete auto_map to use transformers' own classes"))
     return out
 
 

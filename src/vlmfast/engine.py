@@ -1,7 +1,7 @@
 """Batched generation for one batch at a time, phase by phase, with honest clocks:
 
 - ``prepare``  images decoded and resized (Qwen's rule, our pixel limits), chat template, processor:
-               padded tensors on the device.
+               padded CPU tensors (a prefetch worker may make them; prefill moves them to the device).
 - ``prefill``  vision tower + prompt through the HF model, the first new token chosen on the device.
                Its end is the time to first token (TTFT).
 - ``decode``   the step loop of :mod:`vlmfast.decode` over the language model's own modules; on CUDA
@@ -32,6 +32,7 @@ from .timing import StepClock, free_device_cache, now, vision_clock
 # 224–640 px images): prefill of 32 images slows by a third past ~4k tokens at once (the vision
 # tower's activations leave the caches), while decode keeps gaining from all 32 rows. A GPU prefills
 # far more at once; its limit is activation memory.
+CUDA_SYNC_EVERY = 8  # CUDA: one EOS read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
 CPU_PREFILL_TOKENS = 2048
 CUDA_PREFILL_TOKENS = 32768
 RESIDENT_SHAPES = {"cuda": 2, "cpu": 3}  # static decode shapes kept built at once: each holds a KV cache
@@ -93,11 +94,15 @@ class Engine(Preparer):
                  max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
                  cuda_graphs: bool | None = None, compile: bool | None = False, sync_every: int | None = None,
                  compile_cache=None, prefill_tokens: int | None = None, compiler=None):
+        from .families import decode_choice
+
         if decoder not in DECODERS:
             raise UsageError(f"--decoder {decoder}: unknown", hint=f"use one of: {', '.join(DECODERS)}")
         if decoder == "hf" and (compile or cuda_graphs):
             raise UsageError("--compile and --cuda-graphs apply to vlmfast's decoder; --decoder hf is plain generate",
                              hint="drop --decoder hf, or drop --compile / --cuda-graphs")
+        # what the model's family allows (a family the loop does not know runs plain generate), said aloud
+        decoder, compile, cuda_graphs, self.notes = decode_choice(loaded.family, decoder, compile, cuda_graphs)
         self.loaded = loaded
         self.settings = settings
         self.device = loaded.runtime.device
@@ -108,7 +113,7 @@ class Engine(Preparer):
             raise UsageError("--cuda-graphs needs a CUDA device", hint="drop --cuda-graphs on a CPU")
         self.policy = CompilePolicy(compile if decoder == "vlmfast" else False, device=self.device,
                                     cache=compile_cache, compiler=compiler)
-        self.sync_every = sync_every or (_cuda_sync_every() if self.on_cuda else 1)
+        self.sync_every = sync_every or (CUDA_SYNC_EVERY if self.on_cuda else 1)
         self.record_steps = record_steps
         self.prefill_tokens = prefill_tokens or (CUDA_PREFILL_TOKENS if self.on_cuda else CPU_PREFILL_TOKENS)
         super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
@@ -317,9 +322,10 @@ class Engine(Preparer):
     # -- phase 4: results ------------------------------------------------------------------------
     def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None) -> SampleResult:
         n_prompt, n_image = prepared.counts[request.id]
+        family = self.loaded.family
         return result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
                           n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
-                          sample=sample)
+                          sample=sample, bbox_space=family.box_space if family else None)
 
     # -- the reference path: plain generate ------------------------------------------------------
     def generate(self, inputs, clock=None):
@@ -392,9 +398,3 @@ class Engine(Preparer):
             else:
                 self._generator.seed()
         return self._generator
-
-
-def _cuda_sync_every() -> int:
-    from .decode import CUDA_SYNC_EVERY
-
-    return CUDA_SYNC_EVERY

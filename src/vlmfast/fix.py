@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ckpt_files import (
-    IM_END, PROCESSOR_GROUP, TEMPLATE_FILES, TOKENIZER_FILES, cache_off_locations, has_chat_template,
-    has_processor_config, is_adapter_dir, read_configs, read_json_object, saved_eos, token_id,
+    PROCESSOR_GROUP, TEMPLATE_FILES, TOKENIZER_FILES, cache_off_locations, chat_stop, family_eos, has_chat_template,
+    has_processor_config, is_adapter_dir, read_configs, read_json_object, saved_eos,
 )
 from .errors import CheckpointError
 from .files import atomic_write, publish_directory
@@ -114,9 +114,9 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     """Plan the fixes for a local checkpoint (trainer output dirs resolve as in doctor). Reads only.
 
     config.json: ``use_cache`` false → true (top level, ``text_config``); generation_config.json:
-    ``use_cache`` false → true, and the EOS list gains ``<|im_end|>`` when it lacks it (the base's list
-    when ``processor_from`` is given). ``processor_from`` (the base model dir) also supplies processor,
-    tokenizer and chat-template files the checkpoint lacks.
+    ``use_cache`` false → true, and an EOS list that lacks the family's chat stop (``<|im_end|>``) becomes
+    the family's base list (the base's own when ``processor_from`` is given). ``processor_from`` (the
+    base model dir) also supplies processor, tokenizer and chat-template files the checkpoint lacks.
     """
     d = _local_dir(ckpt)
     base = _local_dir(processor_from) if processor_from is not None else None
@@ -173,9 +173,7 @@ def _generation_edits(d: Path, config: dict, base: Path | None, copies: list[Fil
     path = d / "generation_config.json"
     text = path.read_text(encoding="utf-8") if path.is_file() else None
     gen = _read(path) if text is not None else None
-    im_end = token_id(d, IM_END)
-    if im_end is None and base is not None:  # tokenizer files missing here: the base's say it
-        im_end = token_id(base, IM_END)
+    _, im_end = chat_stop(d, config, base)  # tokenizer files missing here: the base's say it
     base_eos = None
     if base is not None:
         base_gen = base / "generation_config.json"
@@ -184,7 +182,7 @@ def _generation_edits(d: Path, config: dict, base: Path | None, copies: list[Fil
     if base_eos:
         target = base_eos + ([im_end] if im_end is not None and im_end not in base_eos else [])
     else:
-        target = ([im_end] if im_end is not None and im_end not in eos else []) + eos  # Qwen's order: <|im_end|> first
+        target = family_eos(d, config, eos, im_end) if im_end is not None and im_end not in eos else eos
     wanted = target if set(target) != set(eos) else None  # order does not matter to stopping: no churn
     if gen is None:
         if wanted is None:

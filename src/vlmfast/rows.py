@@ -55,13 +55,14 @@ class SampleResult:
     error: str | None = None
     image_sizes: list[list[int]] | None = None  # [width, height] of each image as given
     model_image_sizes: list[list[int]] | None = None  # [width, height] the model saw (after resizing)
+    bbox_space: str | None = None  # where the model family puts box coordinates (vlmfast.scoring.BBOX_SPACES)
     sample: int | None = None  # which of the request's n answers (0…n−1); None when one answer per request
     token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
     extra: dict = field(default_factory=dict, repr=False)  # more row fields (scores), written after the rest
 
     RECORD_FIELDS = (
         "id", "images", "prompt", "text", "think", "answer", "finish_reason",
-        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes",
+        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes", "bbox_space",
     )
 
     def record(self) -> dict:
@@ -109,7 +110,8 @@ class BatchTiming:
 
 
 def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,
-               model_sizes: list[list[int]] | None, sample: int | None = None) -> SampleResult:
+               model_sizes: list[list[int]] | None, sample: int | None = None,
+               bbox_space: str | None = None) -> SampleResult:
     """The row of one finished request: ids cut after the first EOS (kept, as generate keeps it), text
     decoded by the checkpoint's tokenizer without special tokens, think/answer parsed from the text."""
     eos = set(eos_ids)
@@ -122,7 +124,7 @@ def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_pr
         finish_reason="eos" if end is not None else "length", n_prompt_tokens=n_prompt, n_image_tokens=n_image,
         n_new_tokens=len(kept), token_ids=kept,
         image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
-        model_image_sizes=model_sizes, sample=sample,
+        model_image_sizes=model_sizes, sample=sample, bbox_space=bbox_space,
     )
 
 

@@ -19,7 +19,7 @@ from .errors import UsageError
 SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains")
 # Where a predicted box's coordinates live. resized: pixels of the image the model saw (Qwen2.5-VL),
 # mapped back with the row's image_sizes / model_image_sizes; original: pixels of the image as given;
-# rel1000: 0–1000 relative to the image (Qwen2-VL, Qwen3-VL), x_pixel = x / 1000 * original width.
+# rel1000: 0–1000 relative to the image (Qwen2-VL, Qwen3-VL, Qwen3.5), x_pixel = x / 1000 * original width.
 BBOX_SPACES = ("resized", "original", "rel1000")
 DEFAULT_BBOX_SPACE = "resized"
 # The fields score_row adds to a result row (all null on error rows).

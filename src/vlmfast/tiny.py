@@ -1,7 +1,9 @@
-"""Tiny random-weight Qwen2.5-VL checkpoints, built fully offline for tests and the demo.
+"""Tiny random-weight Qwen-VL checkpoints, built fully offline for tests and the demo.
 
-A real ``Qwen2_5_VLForConditionalGeneration`` with a locally trained byte-level BPE tokenizer, the stock
-Qwen2.5-VL processor and our own ChatML template; builds and loads with transformers 4.57 and 5.x.
+The real model class of a family (Qwen2.5-VL by default; Qwen2-VL, Qwen3-VL dense and MoE, Qwen3.5 dense
+and MoE: see :mod:`vlmfast.tiny_families`) with a locally trained byte-level BPE tokenizer holding the
+family's special tokens, the family's stock processor and our own ChatML template; builds and loads with
+transformers 4.57 and 5.x (Qwen3.5: 5.x only).
 ``like="grpo"`` saves ``use_cache: false`` where GRPO trainers leave it (config.json top level and
 ``text_config``, generation_config.json); ``like="base"`` has none. torch/transformers/PIL are imported
 inside functions so that importing this module stays cheap.
@@ -16,6 +18,8 @@ import shutil
 import tempfile
 
 from .ckpt_files import CHAT_TEMPLATE
+from .errors import UsageError
+from .families import BY_KEY, QWEN_SPECIAL, Family, family_by_key
 from .files import publish_directory
 
 # initializer_range: greedy decoding must not flip between batch/single or cache on/off. What
@@ -61,22 +65,22 @@ PRESETS: dict[str, dict] = {
     },
 }
 LIKES = ("grpo", "base")
-QWEN_FIRST_SPECIAL_ID = 151643  # <|endoftext|> in Qwen2.5's tokenizer; the special tokens follow in order
-
-# Qwen's special tokens, in Qwen's order, so relative ids line up with the real vocabulary.
-_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)
+DEFAULT_FAMILY = "qwen2_5_vl"
+# Filler entries before the special tokens, per family, so a tiny vocabulary puts <|im_end|> at an id of
+# its own (real vocabularies differ too: 151645 in Qwen2/2.5/3-VL, 248046 in Qwen3.5).
+_TINY_PAD_TO = {"qwen3_5": 700, "qwen3_5_moe": 700}
 _REASONING_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # Qwen2's pre-tokenizer regex; transformers 5 rebuilds Qwen2Tokenizer with it, so we train with it too.
 _PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+# Qwen3.5's: letters may carry combining marks. transformers 5 builds Qwen3_5Tokenizer with it.
+_PRETOKENIZE_REGEX_QWEN3_5 = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 _STAMP = "vlmfast_tiny.json"
-_MIN_PIXELS, _MAX_PIXELS = 3136, 12845056  # Qwen2.5-VL's released preprocessor defaults
 _IMAGE_SIZES = [(56, 56), (112, 84), (84, 112), (112, 112)]  # (width, height)
 
 _CORPUS = """\
@@ -113,7 +117,7 @@ def _corpus() -> str:
     return "".join(lines)
 
 
-def _train_tokenizer(pad_to: int | None = None):
+def _train_tokenizer(pad_to: int | None = None, special_tokens=QWEN_SPECIAL, regex: str = _PRETOKENIZE_REGEX):
     """Train the byte-level BPE (deterministic: same corpus and settings give the same merges). With
     ``pad_to``, filler entries (never produced: no merge leads to them) fill the vocabulary up to that
     size before the special tokens are added, so those get the ids they have in Qwen's tokenizer."""
@@ -125,7 +129,7 @@ def _train_tokenizer(pad_to: int | None = None):
                         fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -137,7 +141,7 @@ def _train_tokenizer(pad_to: int | None = None):
         vocab = data["model"]["vocab"]
         vocab.update({f"<|vlmfast_filler_{i}|>": i for i in range(len(vocab), pad_to)})
         tok = Tokenizer.from_str(json.dumps(data))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _REASONING_TAGS])
     return tok
 
@@ -150,32 +154,30 @@ def _read_json(path: pathlib.Path):
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _save_tokenizer_and_processor(d: pathlib.Path, pad_to: int | None = None):
+def _save_tokenizer_and_processor(d: pathlib.Path, pad_to: int | None, family: Family):
     """Write tokenizer, processor and chat template files into ``d``; return the loaded tokenizer."""
-    from transformers import (AutoTokenizer, PreTrainedTokenizerFast, Qwen2_5_VLProcessor,
-                              Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    backend = _train_tokenizer(pad_to)
+    from .tiny_families import make_processor
+
+    regex = _PRETOKENIZE_REGEX_QWEN3_5 if family.vocabulary == "qwen3_5" else _PRETOKENIZE_REGEX
+    backend = _train_tokenizer(pad_to, family.special_tokens, regex)
     with tempfile.TemporaryDirectory() as scratch:
         # Save a generic fast tokenizer, relabel it Qwen2Tokenizer and reload it, so the processor gets
         # the class each transformers version expects (Qwen2TokenizerFast in 4.x, Qwen2Tokenizer in 5.x).
         PreTrainedTokenizerFast(
             tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-            additional_special_tokens=list(_SPECIAL_TOKENS[1:]), padding_side="left",
+            additional_special_tokens=list(family.special_tokens[1:]), padding_side="left",
             model_max_length=32768, clean_up_tokenization_spaces=False,
         ).save_pretrained(scratch)
         cfg_path = pathlib.Path(scratch) / "tokenizer_config.json"
         cfg = _read_json(cfg_path)
         # unk_token null as in Qwen's release (the Qwen2 classes would otherwise default it).
-        cfg.update(tokenizer_class="Qwen2Tokenizer", unk_token=None)
+        cfg.update(tokenizer_class=family.tokenizer_class, unk_token=None)
         _write_json(cfg_path, cfg)
         tokenizer = AutoTokenizer.from_pretrained(scratch)
     tokenizer.chat_template = CHAT_TEMPLATE  # the tokenizer alone must also find the template
-    processor = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(min_pixels=_MIN_PIXELS, max_pixels=_MAX_PIXELS),
-        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE,
-    )
-    processor.save_pretrained(str(d))
+    make_processor(family, tokenizer, CHAT_TEMPLATE).save_pretrained(str(d))
     # transformers 5 records how the scratch copy was loaded; that is not a tokenizer setting.
     cfg = _read_json(d / "tokenizer_config.json")
     for key in ("is_local", "local_files_only"):
@@ -189,50 +191,19 @@ def _save_tokenizer_and_processor(d: pathlib.Path, pad_to: int | None = None):
     return tokenizer
 
 
-def _model_config(spec: dict, like: str, ids: dict, vocab_size: int):
-    from transformers import Qwen2_5_VLConfig
-
-    t, v = spec["text"], spec["vision"]
-    head_dim = t["hidden_size"] // t["num_attention_heads"]
-    if 2 * sum(t["mrope_section"]) != head_dim:
-        raise ValueError(f"mrope_section {t['mrope_section']} must sum to head_dim/2 = {head_dim // 2}")
-    eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
-    text = {
-        "vocab_size": vocab_size, "hidden_act": "silu", "max_position_embeddings": spec.get("max_position_embeddings", 32768),
-        "tie_word_embeddings": spec.get("tie_word_embeddings", False),
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False,
-        "max_window_layers": t["num_hidden_layers"], "initializer_range": spec["initializer_range"],
-        "rope_scaling": {"type": "mrope", "mrope_section": list(t["mrope_section"])},
-        # GRPO trainers turn the cache off for gradient checkpointing and save it that way.
-        "use_cache": like != "grpo",
-        "bos_token_id": eot, "eos_token_id": im_end, "pad_token_id": eot,
-        **{k: t[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                             "num_attention_heads", "num_key_value_heads")},
-    }
-    vision = {
-        # patch 14, merge 2, temporal 2 as the real model: one image token per 28x28 pixel block.
-        "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-        "tokens_per_second": 2, "window_size": 112, "hidden_act": "silu",
-        "out_hidden_size": t["hidden_size"], "initializer_range": spec["initializer_range"],
-        **{k: (list(v[k]) if isinstance(v[k], list) else v[k]) for k in v},
-    }
-    return Qwen2_5_VLConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], bos_token_id=eot, eos_token_id=im_end,
-        tie_word_embeddings=spec.get("tie_word_embeddings", False),
-    )
-
-
-def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int) -> None:
+def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int, family: Family = BY_KEY[DEFAULT_FAMILY]) -> None:
     import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
+    from .tiny_families import adjust_weights, model_class, model_config
+
+    model_cls = model_class(family)  # before any file is written: a UsageError on a transformers without it
     real_size = "vocab_size" in spec
-    tokenizer = _save_tokenizer_and_processor(d, pad_to=QWEN_FIRST_SPECIAL_ID if real_size else None)
-    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in _SPECIAL_TOKENS}
-    config = _model_config(spec, like, ids, vocab_size=spec.get("vocab_size", len(tokenizer)))
+    pad_to = family.real_first_special if real_size else _TINY_PAD_TO.get(family.key)
+    tokenizer = _save_tokenizer_and_processor(d, pad_to, family)
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in family.special_tokens}
+    config = model_config(family, spec, like, ids, vocab_size=spec.get("vocab_size", len(tokenizer)))
     torch.manual_seed(seed)
     if real_size:  # billions of parameters: made where they are fastest to make, in the dtype they ship in
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -240,11 +211,12 @@ def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int) -> None:
         torch.set_default_dtype(torch.bfloat16)
         try:
             with torch.device(device):
-                model = Qwen2_5_VLForConditionalGeneration(config)
+                model = model_cls(config)
         finally:
             torch.set_default_dtype(dtype)
     else:
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = model_cls(config)
+    adjust_weights(model, family)
     eot, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
     model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot)
     bars = hf_logging.is_progress_bar_enabled()
@@ -279,45 +251,58 @@ def _existing_checkpoint(out: pathlib.Path, want: dict) -> bool:
         found = None
     if found is None:
         reason = "files that are not a vlmfast tiny checkpoint"
-    elif {k: found.get(k) for k in want} != want:
-        what = ", ".join(f"{k}={found.get(k)!r}" for k in ("preset", "like", "seed", "transformers_version"))
+    elif ({k: found.get(k) for k in want} != want
+          or found.get("family", DEFAULT_FAMILY) != want.get("family", DEFAULT_FAMILY)):
+        what = ", ".join(f"{k}={found.get(k, DEFAULT_FAMILY if k == 'family' else None)!r}"
+                         for k in ("family", "preset", "like", "seed", "transformers_version"))
         reason = f"a different tiny checkpoint ({what})"
     elif found.get("files") and all((out / f).is_file() for f in found["files"]):
         return True
     else:
         reason = "an incomplete tiny checkpoint"
-    raise ValueError(
-        f"{out} already holds {reason}; wanted preset={want['preset']!r}, like={want['like']!r}, "
-        f"seed={want['seed']!r} with transformers {want['transformers_version']}. "
-        "Pass overwrite=True to replace it, or choose another directory."
+    raise UsageError(
+        f"{out} already holds {reason}; wanted family={want.get('family', DEFAULT_FAMILY)!r}, "
+        f"preset={want['preset']!r}, like={want['like']!r}, seed={want['seed']!r} with transformers "
+        f"{want['transformers_version']}",
+        hint="choose another directory, or replace it: --overwrite (Python: overwrite=True)",
     )
 
 
 def build_checkpoint(out_dir, preset: str = "tiny", like: str = "grpo", seed: int = 0,
-                     overwrite: bool = False) -> pathlib.Path:
-    """Build a tiny random-weight Qwen2.5-VL checkpoint in ``out_dir`` and return its path.
+                     overwrite: bool = False, family: str = DEFAULT_FAMILY) -> pathlib.Path:
+    """Build a tiny random-weight checkpoint of ``family`` in ``out_dir`` and return its path.
 
-    ``preset`` is a key of :data:`PRESETS`; ``like`` is ``"grpo"`` (saved with ``use_cache: false``
+    ``family`` is a key of :data:`vlmfast.families.BY_KEY` (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``,
+    ``qwen3_vl_moe``, ``qwen3_5``, ``qwen3_5_moe``); a family the installed transformers lacks (Qwen3.5 on
+    4.57) is a UsageError. ``preset`` is a key of :data:`PRESETS` for Qwen2.5-VL, ``"tiny"`` for the other
+    families; ``like`` is ``"grpo"`` (saved with ``use_cache: false``
     like GRPO trainers do) or ``"base"``. Same arguments in the same environment give byte-identical
     files. An existing complete build with the same arguments (per its ``vlmfast_tiny.json`` stamp) is
     returned as is; any other existing content raises ValueError unless ``overwrite`` is true.
     The build happens in a sibling temporary directory and is moved into place when complete.
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    from .tiny_families import FAMILY_PRESETS, model_class
+
+    fam = family_by_key(family)
+    presets = PRESETS if family == DEFAULT_FAMILY else FAMILY_PRESETS[family]
+    if preset not in presets:
+        raise ValueError(f"unknown preset {preset!r} for {fam.name}; valid presets: {', '.join(presets)}")
     if like not in LIKES:
         raise ValueError(f"unknown like {like!r}; valid choices: {', '.join(LIKES)}")
+    model_class(fam)  # UsageError now, before anything is written, if this transformers lacks the family
     import transformers
 
     out = pathlib.Path(out_dir)
     stamp = {"builder": "vlmfast.tiny", "format": 1, "like": like, "preset": preset, "seed": int(seed),
              "transformers_version": transformers.__version__}
+    if family != DEFAULT_FAMILY:  # Qwen2.5-VL stamps stay as they were: same bytes as before families
+        stamp["family"] = family
     if not overwrite and _existing_checkpoint(out, stamp):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
-        _build_into(tmp, PRESETS[preset], like, int(seed))
+        _build_into(tmp, presets[preset], like, int(seed), fam)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         _write_json(tmp / _STAMP, {**stamp, "files": files})  # written last: marks the build complete
         if not overwrite and _existing_checkpoint(out, stamp):  # a concurrent build finished first

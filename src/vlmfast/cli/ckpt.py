@@ -78,19 +78,20 @@ def make_checkpoint(
     preset: Annotated[str, typer.Option(help="tiny (tests) | demo (~6M params, cache-off cost visible on a CPU) | 3b | 7b (the real shapes; GPU benchmarks)")] = "tiny",
     like: Annotated[str, typer.Option(help="grpo (use_cache false everywhere, as trainers save) | base")] = "grpo",
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    family: Annotated[str, typer.Option(help="qwen2_vl | qwen2_5_vl | qwen3_vl | qwen3_vl_moe | qwen3_5 | qwen3_5_moe (Qwen3.5: transformers 5.x only; families other than qwen2_5_vl: preset tiny)")] = "qwen2_5_vl",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing directory.")] = False,
 ):
-    """Build a random-weight Qwen2.5-VL checkpoint offline (real model class and processor)."""
+    """Build a random-weight Qwen-VL checkpoint offline (the family's real model and processor classes)."""
 
     def run():
         from ..report import stderr
         from ..tiny import build_checkpoint
 
         try:
-            path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite)
+            path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite, family=family)
         except ValueError as exc:
             raise UsageError(str(exc), hint="see vlmfast make-checkpoint --help") from None
-        stderr.print(f"checkpoint ({preset}, like {like}) in {path}", markup=False)
+        stderr.print(f"checkpoint ({family}, {preset}, like {like}) in {path}", markup=False)
         typer.echo(str(path))
 
     guarded(run)
