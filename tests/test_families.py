@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from conftest import edit_json
+from conftest import edit_json, model_inputs
 from vlmfast.families import BY_KEY, FAMILIES, decoder_for, family_for
 from vlmfast.inputs import Request
 
@@ -154,9 +154,11 @@ def test_qwen3_5_on_transformers_4_is_a_usage_error_with_a_hint(tmp_path):
 def test_unknown_family_or_preset_lists_the_valid_ones(tmp_path):
     from vlmfast.tiny import build_checkpoint
 
-    with pytest.raises(ValueError, match="qwen3_vl_moe"):
+    from vlmfast.errors import UsageError
+
+    with pytest.raises(UsageError, match="qwen3_vl_moe"):
         build_checkpoint(tmp_path / "x", family="llava")
-    with pytest.raises(ValueError, match="valid presets: tiny"):
+    with pytest.raises(UsageError, match="valid presets: tiny"):
         build_checkpoint(tmp_path / "x", family="qwen2_vl", preset="demo")
 
 
@@ -171,7 +173,7 @@ def test_loop_gives_generate_tokens_batch_1_and_n_rows_ending_apart(key, family_
     stopping = dataclasses.replace(loaded, eos_token_ids=eos)
     engine = Engine(stopping, GenerationSettings(max_new_tokens=12), sync_every=1)
     batch, single = _run(engine, reqs, 3), _run(engine, reqs, 1)
-    reference = _generate(stopping, engine.preprocess(reqs), 12, eos)
+    reference = _generate(stopping, model_inputs(engine, reqs), 12, eos)
     assert [r.token_ids for r in batch] == [r.token_ids for r in single] == reference
     assert len({len(t) for t in reference}) >= 2 and min(len(t) for t in reference) < 12  # ended apart, early
     assert len({r.n_prompt_tokens for r in batch}) > 1  # images of different sizes: left padding in play
@@ -186,8 +188,7 @@ def test_static_shapes_give_the_eager_tokens(key, family_loaded, images):
     loaded, reqs = family_loaded(key), [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
     settings = GenerationSettings(max_new_tokens=10, ignore_eos=True)
     eager = [r.token_ids for r in _run(Engine(loaded, settings), reqs, 3)]
-    static = Engine(loaded, settings)
-    static.compile, static._compile_fn = True, lambda: None
+    static = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)  # static shapes, not compiled
     assert [r.token_ids for r in _run(static, reqs, 3)] == eager == [r.token_ids for r in _run(static, reqs[::-1], 3)][::-1]
 
 
@@ -204,8 +205,8 @@ def test_qwen3_5_loop_reads_the_prompts_linear_attention_states(family_loaded, i
     kept = [r.token_ids for r in _run(Engine(loaded, settings), reqs, 3)]
     fill = LinearStateCache.fill_linear_states
     for states in ("conv_states", "recurrent_states"):
-        def forget(self, caches, states=states):
-            fill(self, caches)
+        def forget(self, caches, repeat=1, states=states):
+            fill(self, caches, repeat)
             for t in getattr(self, states).values():
                 t.zero_()
         monkeypatch.setattr(LinearStateCache, "fill_linear_states", forget)
@@ -280,9 +281,10 @@ def test_untested_family_runs_through_plain_generate_with_a_note(glm, images):
     decoder, why = decoder_for(loaded.family, "vlmfast")
     assert decoder == "hf" and "untested" in why
     reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
-    engine = Engine(loaded, GenerationSettings(max_new_tokens=8), decoder=decoder)
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=8))  # the engine itself turns to plain generate
+    assert engine.decoder_name == "hf" and any("untested" in n for n in engine.notes)
     results = _run(engine, reqs, 3)
-    assert [r.token_ids for r in results] == _generate(loaded, engine.preprocess(reqs), 8, loaded.eos_token_ids)
+    assert [r.token_ids for r in results] == _generate(loaded, model_inputs(engine, reqs), 8, loaded.eos_token_ids)
     assert all(r.error is None and r.n_new_tokens > 0 and r.n_image_tokens > 0 for r in results)
     tok = loaded.processor.tokenizer
     assert loaded.eos_token_ids == [tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]

@@ -83,13 +83,13 @@ def test_existing_dir_reused_rejected_or_overwritten(tmp_path):
     assert _load_json(d / "vlmfast_tiny.json")["like"] == "base"
 
     (d / "model.safetensors").unlink()  # incomplete build: refuse rather than silently reuse
-    with pytest.raises(ValueError, match="incomplete"):
+    with pytest.raises(UsageError, match="incomplete"):
         tiny.build_checkpoint(d, like="base")
 
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="not a vlmfast tiny checkpoint"):
+    with pytest.raises(UsageError, match="not a vlmfast tiny checkpoint"):
         tiny.build_checkpoint(other)
     assert (other / "notes.txt").read_text() == "mine"
 
@@ -100,7 +100,7 @@ def test_existing_dir_reused_rejected_or_overwritten(tmp_path):
 
 @pytest.mark.parametrize("kwargs, word", [({"preset": "huge"}, "tiny"), ({"like": "sft"}, "grpo")])
 def test_unknown_choices_list_valid_ones(tmp_path, kwargs, word):
-    with pytest.raises(ValueError, match=word):
+    with pytest.raises(UsageError, match=word):
         tiny.build_checkpoint(tmp_path / "x", **kwargs)
     assert not (tmp_path / "x").exists()
 

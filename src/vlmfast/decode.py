@@ -38,7 +38,7 @@ class StaticKV(LinearStateCache):
         self.keys = [None if i in linear else torch.zeros(shape, dtype=dtype, device=device) for i in range(layers)]
         self.values = [None if i in linear else torch.zeros(shape, dtype=dtype, device=device) for i in range(layers)]
         self.init_linear_states(linear, batch, device)
-        self.batch, self.max_len = batch, max_len
+        self.batch, self.max_len, self.dtype = batch, max_len, dtype
         self.length = 0
         self.index: torch.Tensor | None = None
 
@@ -323,7 +323,7 @@ def forward_static(state: DecodeState):
     every layer)."""
     cache = state.cache
     seen = state.key_valid & (state.keys <= cache.index)
-    dtype = cache.keys[0].dtype
+    dtype = cache.dtype
     mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
     return state.decoder(state.tokens, state.next_position + state.offset, mask[:, None, None, :], cache)
 

@@ -112,9 +112,11 @@ def family_of(config: dict) -> Family | None:
 
 
 def family_by_key(key: str) -> Family:
-    """The family named ``key`` (``qwen2_5_vl`` …); ValueError listing the valid keys otherwise."""
+    """The family named ``key`` (``qwen2_5_vl`` …); a UsageError listing the valid keys otherwise."""
     if key not in BY_KEY:
-        raise ValueError(f"unknown family {key!r}; valid families: {', '.join(BY_KEY)}")
+        from .errors import UsageError
+
+        raise UsageError(f"unknown family {key!r}; valid families: {', '.join(BY_KEY)}", hint="e.g. --family qwen3_vl")
     return BY_KEY[key]
 
 

@@ -242,7 +242,7 @@ def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int, family: Famil
 
 def _existing_checkpoint(out: pathlib.Path, want: dict) -> bool:
     """True if ``out`` holds a complete build with the same arguments, False if it is missing or an
-    empty directory; ValueError if it holds anything else."""
+    empty directory; UsageError if it holds anything else."""
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return False
     try:
@@ -278,7 +278,7 @@ def build_checkpoint(out_dir, preset: str = "tiny", like: str = "grpo", seed: in
     families; ``like`` is ``"grpo"`` (saved with ``use_cache: false``
     like GRPO trainers do) or ``"base"``. Same arguments in the same environment give byte-identical
     files. An existing complete build with the same arguments (per its ``vlmfast_tiny.json`` stamp) is
-    returned as is; any other existing content raises ValueError unless ``overwrite`` is true.
+    returned as is; any other existing content raises UsageError unless ``overwrite`` is true.
     The build happens in a sibling temporary directory and is moved into place when complete.
     """
     from .tiny_families import FAMILY_PRESETS, model_class
@@ -286,9 +286,10 @@ def build_checkpoint(out_dir, preset: str = "tiny", like: str = "grpo", seed: in
     fam = family_by_key(family)
     presets = PRESETS if family == DEFAULT_FAMILY else FAMILY_PRESETS[family]
     if preset not in presets:
-        raise ValueError(f"unknown preset {preset!r} for {fam.name}; valid presets: {', '.join(presets)}")
+        raise UsageError(f"unknown preset {preset!r} for {fam.name}; valid presets: {', '.join(presets)}",
+                         hint="vlmfast make-checkpoint --help lists them")
     if like not in LIKES:
-        raise ValueError(f"unknown like {like!r}; valid choices: {', '.join(LIKES)}")
+        raise UsageError(f"unknown like {like!r}; valid choices: {', '.join(LIKES)}", hint="grpo saves the cache off, as trainers do")
     model_class(fam)  # UsageError now, before anything is written, if this transformers lacks the family
     import transformers
 

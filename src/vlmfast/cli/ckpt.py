@@ -87,10 +87,7 @@ def make_checkpoint(
         from ..report import stderr
         from ..tiny import build_checkpoint
 
-        try:
-            path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite, family=family)
-        except ValueError as exc:
-            raise UsageError(str(exc), hint="see vlmfast make-checkpoint --help") from None
+        path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite, family=family)
         stderr.print(f"checkpoint ({family}, {preset}, like {like}) in {path}", markup=False)
         typer.echo(str(path))
 
