@@ -9,7 +9,8 @@
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
 # GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
 # modes — default (CUDA graphs), --compile, --decoder hf (plain generate) — then a compiled `infer` twice
-# (the second finds the kernels in the compile cache). A step whose report is in OUT_DIR is skipped, so
+# (the second finds the kernels in the compile cache). First, once: the vision tower's attention per
+# window vs merged (benchmarks/bench_vision.py). A step whose report is in OUT_DIR is skipped, so
 # a killed or timed-out slice loses only its running step. After every slice one table is rebuilt from
 # every report in OUT_DIR (OUT_DIR/table.md and the GPU section of benchmarks/RESULTS.md).
 #
@@ -92,6 +93,10 @@ else
   ckpts=()
   for size in ${SIZES:-3b 7b}; do ckpts+=("$out/ckpt/qwen2.5-vl-$size-grpo"); done
 fi
+# the vision tower of the 3B and 7B (the same config), per-window vs merged attention: 2 workloads ×
+# 8 forwards × 2 ways of a 670M-parameter tower on 8k patches, random weights made on the GPU
+step vision 120 "$out/reports/vision.json" "$py" benchmarks/bench_vision.py --preset 3b --device cuda --dtype bfloat16 \
+  --json "$out/reports/vision.json"
 est() { echo $(( $1 + large * $1 / 6 )); }  # the 7B steps take ~1/6 longer: 48 vs 42 ms per token, a longer load
 for ckpt in "${ckpts[@]}"; do
   name=$(basename "$ckpt")

@@ -4,7 +4,8 @@ benchmarks/RESULTS.md.
   python benchmarks/gpu_table.py OUT_DIR [--write]
 
 Reads OUT_DIR/reports/*/report.json (``vlmfast bench --report``), OUT_DIR/reports/*/first.json and
-second.json (``vlmfast infer --json``, a compiled run and the run after it) and OUT_DIR/device.json.
+second.json (``vlmfast infer --json``, a compiled run and the run after it), OUT_DIR/reports/vision.json
+(benchmarks/bench_vision.py) and OUT_DIR/device.json.
 Prints the table, writes it to OUT_DIR/table.md and, with --write, into RESULTS.md. Reports from
 earlier slices count as much as this one's: the table is rebuilt from all of them every time.
 
@@ -64,7 +65,19 @@ def rows(benches: list[dict]) -> list[list[str]]:
     return [cells for _, cells in sorted(found)]
 
 
-def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None) -> str:
+def vision_lines(vision: dict) -> list[str]:
+    """benchmarks/bench_vision.py's figures: the vision tower per window vs merged."""
+    lines = ["", f"Vision tower ({vision['preset']} config, {vision['dtype']}, random weights), 8 images per forward; "
+             "medians (benchmarks/bench_vision.py):", "",
+             "| images | patches | per-window ms | SDPA calls | merged ms | SDPA calls | speed-up |", "|---|---|---|---|---|---|---|"]
+    for workload, f in vision["workloads"].items():
+        ms, calls = f["ms_median"], f["sdpa_calls"]
+        lines.append(f"| {workload} | {f['patches']} | {ms['per-window']:.1f} | {calls['per-window']} | {ms['merged']:.1f} | "
+                     f"{calls['merged']} | {ms['per-window'] / ms['merged']:.2f}× |")
+    return lines
+
+
+def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None) -> str:
     everything = benches + [r for pair in infers.values() for r in pair]
     stacks = sorted({f"transformers {v['transformers']}, torch {v['torch']}" for r in everything if (v := r.get("versions"))})
     gpu = f"{device['gpu']} (CUDA {device['cuda']})" if device else "GPU"
@@ -87,7 +100,9 @@ def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dic
             cache = ",".join(c["cache"] for c in (b.get("compile_cache") or {}).get("compiles", [])) or "–"
             lines.append(f"| {name} | {a.get('compile_s') or 0:.1f} | {b.get('compile_s') or 0:.1f} | {cache} | "
                          f"{b.get('tokens_per_s') or 0:.1f} |")
-    if not benches and not infers:
+    if vision:
+        lines += vision_lines(vision)
+    if not benches and not infers and not vision:
         lines.append("No finished report yet.")
     return "\n".join(lines) + "\n"
 
@@ -98,8 +113,9 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="also replace the GPU section of RESULTS.md")
     args = parser.parse_args()
     benches, infers = collect(args.out_dir)
-    device_file = args.out_dir / "device.json"
-    text = table(benches, infers, _read(device_file) if device_file.exists() else None)
+    device_file, vision_file = args.out_dir / "device.json", args.out_dir / "reports" / "vision.json"
+    text = table(benches, infers, _read(device_file) if device_file.exists() else None,
+                 _read(vision_file) if vision_file.exists() else None)
     print(text)
     (args.out_dir / "table.md").write_text(text, encoding="utf-8")
     if args.write:

@@ -39,7 +39,7 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
     r = gpu_sh(out, "--dry-run", PYTHON="/nonexistent/python")  # the plan needs neither Python nor a GPU
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
-    assert [name for _, name, _ in steps] == [f"qwen2.5-vl-{size}-grpo/{s}" for size in ("3b", "7b") for s in STEPS]
+    assert [name for _, name, _ in steps] == ["vision"] + [f"qwen2.5-vl-{size}-grpo/{s}" for size in ("3b", "7b") for s in STEPS]
     assert {name for action, name, _ in steps if action == "skip"} == {
         "qwen2.5-vl-3b-grpo/build", "qwen2.5-vl-3b-grpo/default-b1", "qwen2.5-vl-3b-grpo/infer"}
     runs = {name: rest for action, name, rest in steps if action == "run"}
@@ -59,8 +59,8 @@ def test_dry_run_with_a_checkpoint_and_chosen_modes(tmp_path):
     r = gpu_sh(tmp_path / "out", "--dry-run", "/models/my-ckpt", MODES="compile")
     assert r.returncode == 0, r.stderr
     assert [(a, n) for a, n, _ in plan(r.stdout)] == [
-        ("run", "my-ckpt/compile-b1"), ("run", "my-ckpt/compile-b8-32"), ("run", "my-ckpt/infer")]
-    assert "--ckpt /models/my-ckpt" in plan(r.stdout)[0][2]
+        ("run", "vision"), ("run", "my-ckpt/compile-b1"), ("run", "my-ckpt/compile-b8-32"), ("run", "my-ckpt/infer")]
+    assert "--ckpt /models/my-ckpt" in plan(r.stdout)[1][2]
     bad = gpu_sh(tmp_path / "out", "--dry-run", MODES="fast")
     assert bad.returncode == 2 and "unknown mode 'fast'" in bad.stderr
 
@@ -83,7 +83,7 @@ def test_a_missing_package_fails_loudly(tmp_path):
 FAKE_PYTHON = """#!{python}
 import json, os, sys
 sys.path.insert(0, {tests!r})
-from test_gpu_script import _bench_report, _infer_report
+from test_gpu_script import _bench_report, _infer_report, _vision_report
 
 args = sys.argv[1:]
 if args[:1] == ["-"]:  # a script on stdin: the package check (nothing missing) or the device file
@@ -91,6 +91,8 @@ if args[:1] == ["-"]:  # a script on stdin: the package check (nothing missing) 
         json.dump({{"gpu": "Fake GPU", "cuda": "0.0"}}, open(args[1], "w"))
 elif args[:1] == ["-c"]:
     pass
+elif args[0].endswith("bench_vision.py"):
+    json.dump(_vision_report(), open(args[args.index("--json") + 1], "w"))
 elif args[:2] == ["-m", "vlmfast"]:
     command, rest = args[2], args[3:]
     opt = lambda name: rest[rest.index(name) + 1]
@@ -126,8 +128,8 @@ def _fake_python(tmp_path: Path) -> Path:
 def test_slices_run_steps_until_every_report_is_there(tmp_path):
     out, fake = tmp_path / "out", _fake_python(tmp_path)
     knobs = dict(PYTHON=fake, SIZES="3b", MODES="hf", SLICE_S="0")  # a slice of 0 s: one step per invocation
-    codes = [gpu_sh(out, **knobs).returncode for _ in range(4)]
-    assert codes == [75, 75, 75, 0]  # build, hf-b1, hf-b32, infer
+    codes = [gpu_sh(out, **knobs).returncode for _ in range(5)]
+    assert codes == [75, 75, 75, 75, 0]  # vision, build, hf-b1, hf-b32, infer
     assert (out / "reports/qwen2.5-vl-3b-grpo-infer/second.json").exists() and (out / "images-8/img_007.png").exists()
     table = (out / "table.md").read_text()
     assert "### Fake GPU (CUDA 0.0)" in table
@@ -166,6 +168,14 @@ def _bench_report(ckpt: str, samples: int, batches: list[int], *, decoder="vlmfa
     }
 
 
+def _vision_report() -> dict:
+    """What benchmarks/bench_vision.py --json writes."""
+    figures = lambda patches, calls, ms: {"patches": patches, "sdpa_calls": dict(zip(("per-window", "merged"), calls)),
+                                          "ms_runs": {}, "ms_median": dict(zip(("per-window", "merged"), ms))}
+    return {"preset": "3b", "device": "Fake GPU", "dtype": "bfloat16", "transformers": "5.23.0", "torch": "2.11.0",
+            "workloads": {"mixed": figures(8052, (3952, 60), (80.0, 20.0)), "same": figures(8192, (3616, 32), (75.0, 30.0))}}
+
+
 def _infer_report(ckpt: str, compile_s: float, cache: str, tps: float) -> dict:
     """`vlmfast infer --json` output (the keys the table reads, and some it does not)."""
     return {"checkpoint": ckpt, "samples": 32, "compile_s": compile_s, "tokens_per_s": tps, "compiled": True,
@@ -188,6 +198,7 @@ def test_table_is_rebuilt_from_every_report_in_the_directory(tmp_path):
     _touch(out / "reports/qwen2.5-vl-3b-grpo-infer/second.json", json.dumps(_infer_report("/x/qwen2.5-vl-3b-grpo", 7.9, "hit", 1650.4)))
     _touch(out / "reports/qwen2.5-vl-7b-grpo-infer/first.json", json.dumps(_infer_report("/x/qwen2.5-vl-7b-grpo", 50.0, "miss", 900.0)))
     _touch(out / "device.json", json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}))
+    _touch(out / "reports/vision.json", json.dumps(_vision_report()))
 
     r = subprocess.run([sys.executable, str(TABLE), str(out)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -201,4 +212,6 @@ def test_table_is_rebuilt_from_every_report_in_the_directory(tmp_path):
         "| qwen2.5-vl-7b-grpo | compile | 1 | 8 | 110.0 | 51.0 | 10.01 | 600 | 17.9 |",
         "| qwen2.5-vl-3b-grpo | 41.2 | 7.9 | hit | 1650.4 |",  # the 7B infer has no second run yet
     ]
+    assert [line for line in lines if line.startswith(("| mixed", "| same"))] == [
+        "| mixed | 8052 | 80.0 | 3952 | 20.0 | 60 | 4.00× |", "| same | 8192 | 75.0 | 3616 | 30.0 | 32 | 2.50× |"]
     assert (out / "table.md").read_text() == r.stdout[:-1]  # print() adds a newline after the table's own
