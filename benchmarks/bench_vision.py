@@ -73,7 +73,8 @@ def measure(tower, sides: list[int], runs: int) -> dict:
                 times[way].append(forward(way == "merged")[0] * 1000)
     finally:
         torch.nn.functional.scaled_dot_product_attention = sdpa
-    return {"patches": int(pixels.shape[0]), "sdpa_calls": counts, "ms_runs": {w: [round(t, 1) for t in v] for w, v in times.items()},
+    return {"patches": int(pixels.shape[0]), "sdpa_calls": counts,
+            "ms_runs": {w: [round(t, 1) for t in v] for w, v in times.items()},
             "ms_median": {w: round(statistics.median(v), 1) for w, v in times.items()}}
 
 

@@ -50,10 +50,12 @@ python_ready() {
   local missing pkg
   missing=$(missing_packages) || die "$py cannot run" 2
   for pkg in $missing; do
-    [ -n "${WHEELS:-}" ] || die "missing Python package '$pkg' and no WHEELS=DIR to install it from (pip download '$pkg' -d DIR where an index is reachable)" 2
+    [ -n "${WHEELS:-}" ] || die "missing Python package '$pkg' and no WHEELS=DIR to install it from \
+(pip download '$pkg' -d DIR where an index is reachable)" 2
     say "installing $pkg from $WHEELS"
     "$py" -m pip install --no-index --find-links "$WHEELS" "$pkg" \
-      || die "pip could not install '$pkg' from $WHEELS: a wheel it needs is not there, or this Python is externally managed (PYTHON=a venv's python); pip's message is above" 2
+      || die "pip could not install '$pkg' from $WHEELS: a wheel it needs is not there, or this Python is \
+externally managed (PYTHON=a venv's python); pip's message is above" 2
   done
   missing=$(missing_packages) || die "$py cannot run" 2
   [ -z "$missing" ] || die "still missing after installing: $missing" 2

@@ -69,7 +69,8 @@ def vision_lines(vision: dict) -> list[str]:
     """benchmarks/bench_vision.py's figures: the vision tower per window vs merged."""
     lines = ["", f"Vision tower ({vision['preset']} config, {vision['dtype']}, random weights), 8 images per forward; "
              "medians (benchmarks/bench_vision.py):", "",
-             "| images | patches | per-window ms | SDPA calls | merged ms | SDPA calls | speed-up |", "|---|---|---|---|---|---|---|"]
+             "| images | patches | per-window ms | SDPA calls | merged ms | SDPA calls | speed-up |",
+             "|---|---|---|---|---|---|---|"]
     for workload, f in vision["workloads"].items():
         ms, calls = f["ms_median"], f["sdpa_calls"]
         lines.append(f"| {workload} | {f['patches']} | {ms['per-window']:.1f} | {calls['per-window']} | {ms['merged']:.1f} | "

@@ -194,9 +194,11 @@ def test_table_is_rebuilt_from_every_report_in_the_directory(tmp_path):
     for name, report in reports.items():  # each written by a different slice
         _touch(out / "reports" / name / "report.json", json.dumps(report))
     (out / "reports/qwen2.5-vl-7b-grpo-hf-b1").mkdir()  # unfinished: no report.json
-    _touch(out / "reports/qwen2.5-vl-3b-grpo-infer/first.json", json.dumps(_infer_report("/x/qwen2.5-vl-3b-grpo", 41.2, "miss", 1500.0)))
-    _touch(out / "reports/qwen2.5-vl-3b-grpo-infer/second.json", json.dumps(_infer_report("/x/qwen2.5-vl-3b-grpo", 7.9, "hit", 1650.4)))
-    _touch(out / "reports/qwen2.5-vl-7b-grpo-infer/first.json", json.dumps(_infer_report("/x/qwen2.5-vl-7b-grpo", 50.0, "miss", 900.0)))
+    infers = {"3b-grpo-infer/first": (41.2, "miss", 1500.0), "3b-grpo-infer/second": (7.9, "hit", 1650.4),
+              "7b-grpo-infer/first": (50.0, "miss", 900.0)}  # the 7B's second run has not happened yet
+    for where, figures in infers.items():
+        ckpt = "/x/qwen2.5-vl-" + where.split("-infer")[0]
+        _touch(out / f"reports/qwen2.5-vl-{where}.json", json.dumps(_infer_report(ckpt, *figures)))
     _touch(out / "device.json", json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}))
     _touch(out / "reports/vision.json", json.dumps(_vision_report()))
 
