@@ -124,7 +124,7 @@ class BatchMemory:
         return self.static_bytes * self.resident_shapes + self.prefill_cache_bytes + self.activation_bytes
 
 
-def round_up(value: int, multiple: int) -> int:
+def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
@@ -137,7 +137,7 @@ def batch_memory(shape: ModelShape, rows: int, context_tokens: int, *, prompt_to
     with float32 logits and a processed copy per row; the prefill cache of one group (its padded
     tokens: ``prefill_group_tokens`` at most, rows × ``prompt_tokens`` when fewer); vision activations."""
     run_rows = next((b for b in buckets if b >= rows), rows)
-    cache_len = round_up(context_tokens, length_multiple)
+    cache_len = _round_up(context_tokens, length_multiple)
     logits = shape.vocab_size * 4 * 2
     prefill_tokens = min(prefill_group_tokens, rows * prompt_tokens)
     return BatchMemory(
