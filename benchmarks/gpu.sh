@@ -1,58 +1,166 @@
 #!/usr/bin/env bash
-# GPU figures in one command, on a machine with a CUDA device:
-#   bash benchmarks/gpu.sh [CKPT]
+# GPU figures on a CUDA machine, as a list of steps that each take under 8 minutes, so the whole run
+# fits machines lent in 10-minute command slices and without a package index:
+#   bash benchmarks/gpu.sh [CKPT]          run the steps not done yet, as many as fit SLICE_S; rerun until exit 0
+#   DRY_RUN=1 bash benchmarks/gpu.sh       print the plan: each step, its estimate, run or skip (no GPU needed)
+# Exit codes: 0 every step done, table written · 75 steps left: run the same command again · 1 a step
+# failed · 2 the machine lacks CUDA or a Python package (named) that WHEELS could not provide.
+#
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
-# GRPO trainers save them, cache off; tokenizer padded to the real vocabulary), so no model hub is needed.
-# For each checkpoint: vlmfast bench at batch 1, 8 and 32 on 32 synthetic 448-px images × 128 forced
-# tokens, in three modes — default (CUDA graphs), --compile, and --decoder hf (plain generate) — then the
-# same compiled infer twice, to show what a second run spends compiling. The table goes into RESULTS.md.
-# Knobs: SIZES="3b 7b", MODES="default compile hf", REPEATS=3, OUT_DIR=build/gpu-bench.
-# Python: the machine's python3 when it already has vlmfast's dependencies (GPU images often do, and may
-# have no registry to install from), otherwise .venv from scripts/setup.sh.
+# GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
+# modes — default (CUDA graphs), --compile, --decoder hf (plain generate) — then a compiled `infer` twice
+# (the second finds the kernels in the compile cache). First, once: the vision tower's attention per
+# window vs merged (benchmarks/bench_vision.py). A step whose report is in OUT_DIR is skipped, so
+# a killed or timed-out slice loses only its running step. After every slice one table is rebuilt from
+# every report in OUT_DIR (OUT_DIR/table.md and the GPU section of benchmarks/RESULTS.md).
+#
+# Knobs: SIZES="3b 7b", MODES="default compile hf", OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
+# steps per invocation, by their estimates), WRITE_RESULTS=1 (0: the table only in OUT_DIR),
+# PYTHON=python3, WHEELS=DIR (missing packages are installed from there with `pip install --no-index
+# --find-links DIR`; fill it where an index is reachable, same Python and platform: `pip download
+# qwen-vl-utils -d DIR`).
+#
+# How the steps are sized (seconds = token-steps × ms per token + model load; figures measured on an
+# H100 with random weights of the 3B shape, torch 2.11, transformers 5.17, vlmfast 0.1): plain generate
+# takes ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384 token-steps), and vlmfast's eager
+# loop was no faster (39.9 ms) — assume that for CUDA graphs too until measured. 32 images × 128 tokens ×
+# (1 warm-up + 3 timed runs) at batch 1 is 16,384 token-steps: 11–13 min. So batch 1 runs on the first
+# 8 of the 32 images: 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all 32 images: 4 and 1
+# batches of 128 steps per run, ≤ 92 ms per step (349 tokens/s at batch 32). A compile costs 34–42 s per
+# batch shape; loading a 7B checkpoint is allowed 90 s. Each estimate below rounds that up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if python3 -c "import torch, transformers, accelerate, qwen_vl_utils, typer, rich, PIL" 2>/dev/null; then
-  py=$(command -v python3)
-  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-else
-  bash scripts/setup.sh
-  py=$PWD/.venv/bin/python
-fi
-"$py" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device here'"
-vlmfast() { "$py" -m vlmfast "$@"; }
 out=${OUT_DIR:-build/gpu-bench}
-mkdir -p "$out"
-vlmfast make-images "$out/images" -n 32 --size 448 > /dev/null
+dry=${DRY_RUN:-0}
+[ "${1:-}" = "--dry-run" ] && { dry=1; shift; }
+py=${PYTHON:-python3}
+say() { echo "[gpu.sh] $*" >&2; }
+die() { say "$1"; exit "${2:-1}"; }
+
+# -- Python: the machine's own, with vlmfast from this tree; missing packages from WHEELS -------------
+missing_packages() {
+  "$py" - <<'PY'
+import importlib.util
+need = {"torch": "torch", "torchvision": "torchvision", "transformers": "transformers>=4.57,<6",
+        "accelerate": "accelerate", "qwen_vl_utils": "qwen-vl-utils", "typer": "typer", "rich": "rich", "PIL": "pillow"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+PY
+}
+python_ready() {
+  local missing pkg
+  missing=$(missing_packages) || die "$py cannot run" 2
+  for pkg in $missing; do
+    [ -n "${WHEELS:-}" ] || die "missing Python package '$pkg' and no WHEELS=DIR to install it from \
+(pip download '$pkg' -d DIR where an index is reachable)" 2
+    say "installing $pkg from $WHEELS"
+    "$py" -m pip install --no-index --find-links "$WHEELS" "$pkg" \
+      || die "pip could not install '$pkg' from $WHEELS: a wheel it needs is not there, or this Python is \
+externally managed (PYTHON=a venv's python); pip's message is above" 2
+  done
+  missing=$(missing_packages) || die "$py cannot run" 2
+  [ -z "$missing" ] || die "still missing after installing: $missing" 2
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+  "$py" -c "import vlmfast.cli" || die "vlmfast does not import with $py (see the error above)" 2
+  "$py" - "$out/device.json" <<'PY' || die "no CUDA device visible to torch" 2
+import json, sys, torch
+assert torch.cuda.is_available()
+json.dump({"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda}, open(sys.argv[1], "w"))
+PY
+}
+
+# -- the plan: name, estimated seconds, the file that says it is done, the command -----------------
+names=(); declare -A estimate marker command shown
+step() {
+  local name=$1 seconds=$2 done_file=$3
+  shift 3
+  names+=("$name"); estimate[$name]=$seconds; marker[$name]=$done_file
+  command[$name]=$(printf '%q ' "$@"); shown[$name]="$*"
+}
+vlmfast() { "$py" -m vlmfast "$@"; }
+infer_twice() {  # a fresh compile cache, so the first run compiles from scratch and the second finds it
+  local ckpt=$1 dir=$2 run
+  # run as a step inside `if`, where bash ignores `set -e`: every command checks its own status
+  rm -rf "$dir" && mkdir -p "$dir" || return 1
+  for run in first second; do
+    VLMFAST_CACHE="$dir/cache" vlmfast infer --ckpt "$ckpt" --images "$out/images-32" --prompt "Describe this image." \
+      --max-new-tokens 128 --ignore-eos --batch-size 32 --compile --out "$dir/$run.jsonl" --overwrite --json \
+      > "$dir/$run.json.part" || return 1
+    mv "$dir/$run.json.part" "$dir/$run.json" || return 1
+  done
+}
 
 if [ $# -ge 1 ]; then
   ckpts=("$1")
 else
   ckpts=()
-  for size in ${SIZES:-3b 7b}; do
-    echo "[gpu.sh] building a random-weight Qwen2.5-VL-$size checkpoint" >&2
-    ckpts+=("$(vlmfast make-checkpoint "$out/qwen2.5-vl-$size-grpo" --preset "$size" --like grpo)")
-  done
+  for size in ${SIZES:-3b 7b}; do ckpts+=("$out/ckpt/qwen2.5-vl-$size-grpo"); done
 fi
-
-reports=()
+# the vision tower of the 3B and 7B (the same config), per-window vs merged attention: 2 workloads ×
+# 8 forwards × 2 ways of a 670M-parameter tower on 8k patches, random weights made on the GPU
+step vision 120 "$out/reports/vision.json" "$py" benchmarks/bench_vision.py --preset 3b --device cuda --dtype bfloat16 \
+  --json "$out/reports/vision.json"
+est() { echo $(( $1 + large * $1 / 6 )); }  # the 7B steps take ~1/6 longer: 48 vs 42 ms per token, a longer load
 for ckpt in "${ckpts[@]}"; do
   name=$(basename "$ckpt")
-  common=(--ckpt "$ckpt" --images "$out/images" --max-new-tokens "${MAX_NEW_TOKENS:-128}" --ignore-eos
-          --no-as-saved --warmup 1 --repeats "${REPEATS:-3}")
+  large=0; [[ $name == *7b* ]] && large=1
+  if [ $# -eq 0 ]; then
+    size=${name#qwen2.5-vl-}; size=${size%-grpo}
+    step "$name/build" "$(est 180)" "$ckpt/vlmfast_tiny.json" vlmfast make-checkpoint "$ckpt" --preset "$size" --like grpo
+  fi
+  common=(--ckpt "$ckpt" --max-new-tokens 128 --ignore-eos --no-as-saved --warmup 1 --repeats 3)
   for mode in ${MODES:-default compile hf}; do
+    # estimates (3B): batch 1 = 4,096 token-steps × 42 ms + 60 s load ≈ 230 s (compiled: 6.4 ms + a 42-s
+    # compile ≈ 130 s); batches 8 and 32 = 2,560 steps × ≤ 92 ms + load ≈ 300 s (compiled: 2 compiles +
+    # 31 s of runs ≈ 175 s); generate at batch 32 = 512 steps × ~60 ms + 4 prefills + load ≈ 105 s
     case $mode in
-      default) extra=(--batch-sizes 1,8,32) ;;
-      compile) extra=(--batch-sizes 1,8,32 --compile) ;;
-      hf) extra=(--batch-sizes 1,32 --decoder hf) ;;
+      default) extra=(); one=280; many=300 ;;
+      compile) extra=(--compile); one=220; many=280 ;;
+      hf) extra=(--decoder hf); one=300; many=160 ;;
+      *) die "unknown mode '$mode' in MODES (default, compile, hf)" 2 ;;
     esac
-    echo "[gpu.sh] $name: bench $mode" >&2
-    vlmfast bench "${common[@]}" "${extra[@]}" --report "$out/$name-$mode" > /dev/null
-    reports+=("$name/$mode=$out/$name-$mode")
+    [ "$mode" = hf ] && sizes=32 || sizes=8,32
+    r=$out/reports/$name-$mode
+    step "$name/$mode-b1" "$(est $one)" "$r-b1/report.json" vlmfast bench "${common[@]}" "${extra[@]}" \
+      --images "$out/images-8" --batch-sizes 1 --report "$r-b1"
+    step "$name/$mode-b${sizes//,/-}" "$(est $many)" "$r-b${sizes//,/-}/report.json" vlmfast bench "${common[@]}" \
+      "${extra[@]}" --images "$out/images-32" --batch-sizes "$sizes" --report "$r-b${sizes//,/-}"
   done
-  for run in first second; do  # the second run finds the compiled kernels in the cache
-    vlmfast infer --ckpt "$ckpt" --images "$out/images" --prompt "Describe this image." --max-new-tokens 128 \
-      --ignore-eos --batch-size 32 --compile --out "$out/$name-$run.jsonl" --overwrite --json > "$out/$name-infer-$run.json"
-  done
-  reports+=("$name/infer=$out/$name-infer-first.json,$out/$name-infer-second.json")
+  # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
+  step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" "$out/reports/$name-infer"
 done
-"$py" benchmarks/gpu_table.py "${reports[@]}" --write
+
+# -- run what is not done, within the slice ------------------------------------------------------
+todo=()
+for n in "${names[@]}"; do
+  if [ -s "${marker[$n]}" ]; then
+    echo "skip  $n  (done: ${marker[$n]})"
+  else
+    echo "run   $n  ~${estimate[$n]} s: ${shown[$n]}"
+    todo+=("$n")
+  fi
+done
+[ "$dry" = 1 ] && exit 0
+mkdir -p "$out/reports"
+python_ready
+[ -s "$out/images-32/img_031.png" ] || vlmfast make-images "$out/images-32" -n 32 --size 448 > /dev/null
+[ -s "$out/images-8/img_007.png" ] || vlmfast make-images "$out/images-8" -n 8 --size 448 > /dev/null  # = the first 8
+start=$SECONDS; ran=0; failed=
+for n in "${todo[@]}"; do
+  if [ $ran -gt 0 ] && [ $(( SECONDS - start + ${estimate[$n]} )) -gt "${SLICE_S:-540}" ]; then
+    break
+  fi
+  say "$n (estimate ${estimate[$n]} s)"
+  log=$out/reports/${n//\//-}.log
+  if ! eval "${command[$n]}" > "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    failed=$n
+    break
+  fi
+  ran=$((ran + 1))
+  say "$n done; $(( SECONDS - start )) s into this slice"
+done
+# one table from what every finished report says, this slice's and earlier ones
+if [ "${WRITE_RESULTS:-1}" = 1 ]; then "$py" benchmarks/gpu_table.py "$out" --write; else "$py" benchmarks/gpu_table.py "$out"; fi
+[ -z "$failed" ] || die "step $failed failed (log: $log)"
+left=$(( ${#todo[@]} - ran ))
+[ $left -eq 0 ] || { say "$left step(s) left: run the same command again"; exit 75; }

@@ -1,68 +1,127 @@
-"""Turn what benchmarks/gpu.sh measured into the GPU section of benchmarks/RESULTS.md.
+"""Turn every report benchmarks/gpu.sh left in its output directory into one table: the GPU section of
+benchmarks/RESULTS.md.
 
-  python benchmarks/gpu_table.py NAME/MODE=BENCH_REPORT_DIR ... NAME/infer=FIRST.json,SECOND.json [--write]
+  python benchmarks/gpu_table.py OUT_DIR [--write]
 
-One row per checkpoint, mode and batch size: tokens/s, TTFT, decode ms per step, achieved decode
-bandwidth and its share of the device's peak; then, per checkpoint, what a first and a second compiled
-run spent compiling and capturing (the second finds the kernels in vlmfast's compile cache).
+Reads OUT_DIR/reports/*/report.json (``vlmfast bench --report``), OUT_DIR/reports/*/first.json and
+second.json (``vlmfast infer --json``, a compiled run and the run after it), OUT_DIR/reports/vision.json
+(benchmarks/bench_vision.py) and OUT_DIR/device.json.
+Prints the table, writes it to OUT_DIR/table.md and, with --write, into RESULTS.md. Reports from
+earlier slices count as much as this one's: the table is rebuilt from all of them every time.
+
+One row per checkpoint, mode and batch size: samples, tokens/s, TTFT, decode ms per step, achieved
+decode bandwidth and its share of the device's peak; then, per checkpoint, what a first and a second
+compiled run spent compiling and capturing (the second finds the kernels in vlmfast's compile cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from bench_infer import record
+MODES = ("default", "compile", "hf")  # vlmfast's CUDA graphs, + torch.compile, plain generate
+FIGURES = (("tokens_per_s", 1), ("ttft_ms_p50", 1), ("decode_ms_per_token", 2), ("decode_gb_per_s", 0),
+           ("bandwidth_pct_of_peak", 1))
 
 
-def table(benches: dict[str, dict], infers: dict[str, tuple[dict, dict]]) -> str:
-    first = next(iter(benches.values()))
-    w, v = first["workload"], first["versions"]
-    lines = [
-        f"### GPU — transformers {v['transformers']}, torch {v['torch']}",
-        "",
-        f"{w['samples']} images (448 px), {w['max_new_tokens']} new tokens forced, {w['warmup']} warm-up + "
-        f"{w['repeats']} timed runs per row; medians. Written by benchmarks/gpu.sh.",
-        "",
-        "| checkpoint | mode | batch | tokens/s | TTFT p50 ms | decode ms/step | decode GB/s | % of peak |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for key, report in benches.items():
-        name, mode = key.split("/", 1)
+def mode_of(report: dict) -> str:
+    workload = report["workload"]
+    return "hf" if workload.get("decoder") == "hf" else "compile" if workload.get("compile") else "default"
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # a report cut short by a killed step: said, and left out
+        print(f"gpu_table: skipping {path}: {exc}", file=sys.stderr)
+        return None
+
+
+def collect(out: Path) -> tuple[list[dict], dict[str, tuple[dict, dict]]]:
+    """Every finished bench report, and per checkpoint its (first, second) compiled infer reports."""
+    reports = out / "reports"
+    benches = [r for p in sorted(reports.glob("*/report.json")) if (r := _read(p)) is not None]
+    infers = {}
+    for first in sorted(reports.glob("*/first.json")):
+        second = first.with_name("second.json")
+        a, b = _read(first), _read(second) if second.exists() else None
+        if a is not None and b is not None:
+            infers[Path(a["checkpoint"]).name] = (a, b)
+    return benches, infers
+
+
+def rows(benches: list[dict]) -> list[list[str]]:
+    """Table cells of every vlmfast scenario, by checkpoint, mode (MODES order) and batch size."""
+    found = []
+    for report in benches:
+        name, mode, samples = Path(report["checkpoint"]).name, mode_of(report), report["workload"]["samples"]
         for s in report["scenarios"]:
-            cells = [name, mode, str(s["batch_size"])] + [
-                "–" if s.get(k) is None else f"{s[k]:.{d}f}"
-                for k, d in (("tokens_per_s", 1), ("ttft_ms_p50", 1), ("decode_ms_per_token", 2),
-                             ("decode_gb_per_s", 0), ("bandwidth_pct_of_peak", 1))
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
+            if s["name"] != "ckpt":
+                continue
+            cells = ["–" if s.get(k) is None else f"{s[k]:.{d}f}" for k, d in FIGURES]
+            found.append(((name, MODES.index(mode), s["batch_size"]), [name, mode, str(s["batch_size"]), str(samples), *cells]))
+    return [cells for _, cells in sorted(found)]
+
+
+def vision_lines(vision: dict) -> list[str]:
+    """benchmarks/bench_vision.py's figures: the vision tower per window vs merged."""
+    lines = ["", f"Vision tower ({vision['preset']} config, {vision['dtype']}, random weights), 8 images per forward; "
+             "medians (benchmarks/bench_vision.py):", "",
+             "| images | patches | per-window ms | SDPA calls | merged ms | SDPA calls | speed-up |",
+             "|---|---|---|---|---|---|---|"]
+    for workload, f in vision["workloads"].items():
+        ms, calls = f["ms_median"], f["sdpa_calls"]
+        lines.append(f"| {workload} | {f['patches']} | {ms['per-window']:.1f} | {calls['per-window']} | {ms['merged']:.1f} | "
+                     f"{calls['merged']} | {ms['per-window'] / ms['merged']:.2f}× |")
+    return lines
+
+
+def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None) -> str:
+    everything = benches + [r for pair in infers.values() for r in pair]
+    stacks = sorted({f"transformers {v['transformers']}, torch {v['torch']}" for r in everything if (v := r.get("versions"))})
+    gpu = f"{device['gpu']} (CUDA {device['cuda']})" if device else "GPU"
+    lines = [f"### {gpu} — {'; '.join(stacks) or 'versions not recorded'}", ""]
+    if benches:
+        w = benches[0]["workload"]
+        lines += [
+            f"448-px synthetic images, {w['max_new_tokens']} new tokens forced, {w['warmup']} warm-up + {w['repeats']} "
+            "timed runs per row; medians. Batch 1 runs the first 8 images (its steps must fit a 10-minute slice), "
+            "larger batches all 32. Written by benchmarks/gpu.sh.",
+            "",
+            "| checkpoint | mode | batch | samples | tokens/s | TTFT p50 ms | decode ms/step | decode GB/s | % of peak |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines += ["| " + " | ".join(cells) + " |" for cells in rows(benches)]
     if infers:
         lines += ["", "| checkpoint | compile + capture, first run (s) | second run (s) | cache | tokens/s (2nd) |",
                   "|---|---|---|---|---|"]
-        for name, (a, b) in infers.items():
+        for name, (a, b) in sorted(infers.items()):
             cache = ",".join(c["cache"] for c in (b.get("compile_cache") or {}).get("compiles", [])) or "–"
             lines.append(f"| {name} | {a.get('compile_s') or 0:.1f} | {b.get('compile_s') or 0:.1f} | {cache} | "
                          f"{b.get('tokens_per_s') or 0:.1f} |")
+    if vision:
+        lines += vision_lines(vision)
+    if not benches and not infers and not vision:
+        lines.append("No finished report yet.")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("reports", nargs="+", help="NAME/MODE=REPORT_DIR or NAME/infer=FIRST.json,SECOND.json")
-    parser.add_argument("--write", action="store_true")
+    parser.add_argument("out_dir", type=Path, help="gpu.sh's OUT_DIR")
+    parser.add_argument("--write", action="store_true", help="also replace the GPU section of RESULTS.md")
     args = parser.parse_args()
-    benches, infers = {}, {}
-    for item in args.reports:
-        key, _, where = item.partition("=")
-        if key.endswith("/infer"):
-            a, b = (json.loads(Path(p).read_text()) for p in where.split(","))
-            infers[key.split("/")[0]] = (a, b)
-        else:
-            benches[key] = json.loads((Path(where) / "report.json").read_text())
-    text = table(benches, infers)
+    benches, infers = collect(args.out_dir)
+    device_file, vision_file = args.out_dir / "device.json", args.out_dir / "reports" / "vision.json"
+    text = table(benches, infers, _read(device_file) if device_file.exists() else None,
+                 _read(vision_file) if vision_file.exists() else None)
     print(text)
+    (args.out_dir / "table.md").write_text(text, encoding="utf-8")
     if args.write:
+        from bench_infer import record
+
         record(text, "gpu")
 
 

@@ -1,0 +1,219 @@
+"""benchmarks/gpu.sh plans steps that fit 10-minute slices and skips what is done; gpu_table.py rebuilds
+one table from every report left in the output directory. Both run here without a GPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu.sh"
+TABLE = ROOT / "benchmarks" / "gpu_table.py"
+STEPS = ["build", "default-b1", "default-b8-32", "compile-b1", "compile-b8-32", "hf-b1", "hf-b32", "infer"]
+SLICE_LIMIT_S = 8 * 60  # every step must leave room in a 10-minute command slice
+
+
+def gpu_sh(out: Path, *args, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OUT_DIR": str(out), "WRITE_RESULTS": "0", **env})  # RESULTS.md untouched
+
+
+def plan(stdout: str) -> list[tuple[str, str, str]]:
+    """(run | skip, step name, the rest of the line) per planned step."""
+    return [tuple(line.split(None, 2)) for line in stdout.splitlines() if line.startswith(("run ", "skip "))]
+
+
+def _touch(path: Path, text: str = "{}") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
+    out = tmp_path / "out"
+    _touch(out / "ckpt/qwen2.5-vl-3b-grpo/vlmfast_tiny.json")
+    _touch(out / "reports/qwen2.5-vl-3b-grpo-default-b1/report.json")
+    _touch(out / "reports/qwen2.5-vl-3b-grpo-infer/second.json")
+    _touch(out / "reports/qwen2.5-vl-3b-grpo-hf-b1/report.json", "")  # empty: a step cut short, not done
+    (out / "reports/qwen2.5-vl-7b-grpo-hf-b32").mkdir(parents=True)  # a dir without its report.json: not done
+    r = gpu_sh(out, "--dry-run", PYTHON="/nonexistent/python")  # the plan needs neither Python nor a GPU
+    assert r.returncode == 0, r.stderr
+    steps = plan(r.stdout)
+    assert [name for _, name, _ in steps] == ["vision"] + [f"qwen2.5-vl-{size}-grpo/{s}" for size in ("3b", "7b") for s in STEPS]
+    assert {name for action, name, _ in steps if action == "skip"} == {
+        "qwen2.5-vl-3b-grpo/build", "qwen2.5-vl-3b-grpo/default-b1", "qwen2.5-vl-3b-grpo/infer"}
+    runs = {name: rest for action, name, rest in steps if action == "run"}
+    estimates = {name: int(rest.split()[0].lstrip("~")) for name, rest in runs.items()}
+    assert all(0 < s <= SLICE_LIMIT_S for s in estimates.values()), estimates
+    assert estimates["qwen2.5-vl-7b-grpo/hf-b1"] > estimates["qwen2.5-vl-3b-grpo/hf-b1"]
+    # batch 1 of plain generate on 8 images (4,096 token-steps), batch 32 on all 32
+    hf1, hf32 = runs["qwen2.5-vl-3b-grpo/hf-b1"], runs["qwen2.5-vl-7b-grpo/hf-b32"]
+    assert f"--decoder hf --images {out}/images-8 --batch-sizes 1 --report {out}/reports/qwen2.5-vl-3b-grpo-hf-b1" in hf1
+    assert f"--images {out}/images-32 --batch-sizes 32 " in hf32 and "--max-new-tokens 128" in hf32
+    assert not (out / "images-32").exists()  # a dry run makes nothing
+    env_dry = gpu_sh(out, DRY_RUN="1", PYTHON="/nonexistent/python")
+    assert env_dry.returncode == 0 and plan(env_dry.stdout) == steps
+
+
+def test_dry_run_with_a_checkpoint_and_chosen_modes(tmp_path):
+    r = gpu_sh(tmp_path / "out", "--dry-run", "/models/my-ckpt", MODES="compile")
+    assert r.returncode == 0, r.stderr
+    assert [(a, n) for a, n, _ in plan(r.stdout)] == [
+        ("run", "vision"), ("run", "my-ckpt/compile-b1"), ("run", "my-ckpt/compile-b8-32"), ("run", "my-ckpt/infer")]
+    assert "--ckpt /models/my-ckpt" in plan(r.stdout)[1][2]
+    bad = gpu_sh(tmp_path / "out", "--dry-run", MODES="fast")
+    assert bad.returncode == 2 and "unknown mode 'fast'" in bad.stderr
+
+
+def test_a_missing_package_fails_loudly(tmp_path):
+    # a Python without site-packages: no torch, and no pip to install it with
+    bare = tmp_path / "python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.chmod(0o755)
+    r = gpu_sh(tmp_path / "out", PYTHON=bare, SIZES="3b", WHEELS="")
+    assert r.returncode == 2 and "missing Python package 'torch'" in r.stderr and "WHEELS=DIR" in r.stderr
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    r = gpu_sh(tmp_path / "out", PYTHON=bare, SIZES="3b", WHEELS=wheels)
+    assert r.returncode == 2 and f"pip could not install 'torch' from {wheels}" in r.stderr
+
+
+# Stands in for the GPU machine's Python: the checks pass, and each vlmfast command leaves behind what the
+# real one would (a checkpoint stamp, images, a bench report, infer JSON); anything else runs for real.
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from test_gpu_script import _bench_report, _infer_report, _vision_report
+
+args = sys.argv[1:]
+if args[:1] == ["-"]:  # a script on stdin: the package check (nothing missing) or the device file
+    if "get_device_name" in sys.stdin.read():
+        json.dump({{"gpu": "Fake GPU", "cuda": "0.0"}}, open(args[1], "w"))
+elif args[:1] == ["-c"]:
+    pass
+elif args[0].endswith("bench_vision.py"):
+    json.dump(_vision_report(), open(args[args.index("--json") + 1], "w"))
+elif args[:2] == ["-m", "vlmfast"]:
+    command, rest = args[2], args[3:]
+    opt = lambda name: rest[rest.index(name) + 1]
+    if command == "make-checkpoint":
+        os.makedirs(rest[0], exist_ok=True)
+        open(os.path.join(rest[0], "vlmfast_tiny.json"), "w").write("{{}}")
+    elif command == "make-images":
+        os.makedirs(rest[0], exist_ok=True)
+        for i in range(int(opt("-n"))):
+            open(os.path.join(rest[0], f"img_{{i:03d}}.png"), "w").write("png")
+    elif command == "bench":
+        if os.environ.get("FAIL_MODE") and os.environ["FAIL_MODE"] in " ".join(rest):
+            sys.exit("bench failed on purpose")
+        report = _bench_report(opt("--ckpt"), 8 if opt("--batch-sizes") == "1" else 32,
+                               [int(b) for b in opt("--batch-sizes").split(",")],
+                               decoder=opt("--decoder") if "--decoder" in rest else "vlmfast", compile="--compile" in rest)
+        os.makedirs(opt("--report"), exist_ok=True)
+        open(os.path.join(opt("--report"), "report.json"), "w").write(json.dumps(report))
+    elif command == "infer":
+        print(json.dumps(_infer_report(opt("--ckpt"), 40.0, "miss", 1000.0)))
+else:
+    os.execv({python!r}, [{python!r}, *args])
+"""
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable, tests=str(Path(__file__).parent)))
+    fake.chmod(0o755)
+    return fake
+
+
+def test_slices_run_steps_until_every_report_is_there(tmp_path):
+    out, fake = tmp_path / "out", _fake_python(tmp_path)
+    knobs = dict(PYTHON=fake, SIZES="3b", MODES="hf", SLICE_S="0")  # a slice of 0 s: one step per invocation
+    codes = [gpu_sh(out, **knobs).returncode for _ in range(5)]
+    assert codes == [75, 75, 75, 75, 0]  # vision, build, hf-b1, hf-b32, infer
+    assert (out / "reports/qwen2.5-vl-3b-grpo-infer/second.json").exists() and (out / "images-8/img_007.png").exists()
+    table = (out / "table.md").read_text()
+    assert "### Fake GPU (CUDA 0.0)" in table
+    assert [line.split(" | ")[1:4] for line in table.splitlines() if line.startswith("| qwen")] == [
+        ["hf", "1", "8"], ["hf", "32", "32"], ["40.0", "40.0", "miss"]]
+    again = gpu_sh(out, **knobs)
+    assert again.returncode == 0 and {action for action, _, _ in plan(again.stdout)} == {"skip"}  # nothing redone
+
+
+def test_a_failed_step_stops_the_slice_and_keeps_the_table(tmp_path):
+    out, fake = tmp_path / "out", _fake_python(tmp_path)
+    r = gpu_sh(out, PYTHON=fake, SIZES="3b", MODES="default hf", FAIL_MODE="--decoder hf")
+    assert r.returncode == 1 and "step qwen2.5-vl-3b-grpo/hf-b1 failed" in r.stderr
+    assert "bench failed on purpose" in r.stderr  # the step's log, shown
+    assert "| default | 32 | 32 |" in (out / "table.md").read_text()  # the steps before it count
+    assert not (out / "reports/qwen2.5-vl-3b-grpo-hf-b1/report.json").exists()
+
+
+def _bench_report(ckpt: str, samples: int, batches: list[int], *, decoder="vlmfast", compile=False, tps=100.0) -> dict:
+    """A report.json as `vlmfast bench --report` writes it (the keys the table reads, and some it does not)."""
+    scenario = dict(runs=3, wall_s_median=1.0, ttft_ms_p90=60.0, tokens_per_s_p90=1.0, samples_per_s=1.0,
+                    mean_new_tokens=128.0, mean_think_tokens=None, no_answer_rate=1.0, truncation_rate=1.0,
+                    peak_mem_mib=9000.0, peak_mem_kind="cuda_max_allocated", step_ms=[], peak_gb_per_s=3350.0,
+                    accuracy=None, format_rate=0.0, scored=0)
+    return {
+        "schema": "vlmfast.bench/2", "checkpoint": ckpt, "base": None,
+        "workload": {"samples": samples, "max_new_tokens": 128, "ignore_eos": True, "decoder": decoder, "compile": compile,
+                     "engines": ["hf"], "greedy": True, "batch_sizes": batches, "warmup": 1, "repeats": 3,
+                     "with_ground_truth": 0},
+        "cache": {}, "base_cache": None,
+        "scenarios": [{**scenario, "name": "ckpt", "batch_size": b, "tokens_per_s": tps * b, "ttft_ms_p50": 50.0 + b,
+                       "decode_ms_per_token": 10.0 + b / 100, "decode_gb_per_s": 600.0,
+                       "bandwidth_pct_of_peak": 17.9 if decoder == "vlmfast" else None} for b in batches],
+        "ratios": {}, "accuracy": {}, "fidelity": {}, "first_difference": {}, "notes": [],
+        "versions": {"vlmfast": "0.2.0", "torch": "2.11.0+cu130", "transformers": "5.23.0", "python": "3.11.9"},
+    }
+
+
+def _vision_report() -> dict:
+    """What benchmarks/bench_vision.py --json writes."""
+    figures = lambda patches, calls, ms: {"patches": patches, "sdpa_calls": dict(zip(("per-window", "merged"), calls)),
+                                          "ms_runs": {}, "ms_median": dict(zip(("per-window", "merged"), ms))}
+    return {"preset": "3b", "device": "Fake GPU", "dtype": "bfloat16", "transformers": "5.23.0", "torch": "2.11.0",
+            "workloads": {"mixed": figures(8052, (3952, 60), (80.0, 20.0)), "same": figures(8192, (3616, 32), (75.0, 30.0))}}
+
+
+def _infer_report(ckpt: str, compile_s: float, cache: str, tps: float) -> dict:
+    """`vlmfast infer --json` output (the keys the table reads, and some it does not)."""
+    return {"checkpoint": ckpt, "samples": 32, "compile_s": compile_s, "tokens_per_s": tps, "compiled": True,
+            "compile_cache": {"dir": "/c", "compiles": [{"key": "k", "seconds": compile_s, "cache": cache}]},
+            "versions": {"vlmfast": "0.2.0", "torch": "2.11.0+cu130", "transformers": "5.23.0", "python": "3.11.9"}}
+
+
+def test_table_is_rebuilt_from_every_report_in_the_directory(tmp_path):
+    out = tmp_path / "out"
+    reports = {
+        "qwen2.5-vl-7b-grpo-compile-b1": _bench_report("build/gpu-bench/ckpt/qwen2.5-vl-7b-grpo", 8, [1], compile=True, tps=110.0),
+        "qwen2.5-vl-3b-grpo-hf-b1": _bench_report("build/gpu-bench/ckpt/qwen2.5-vl-3b-grpo", 8, [1], decoder="hf", tps=23.8),
+        "qwen2.5-vl-3b-grpo-default-b8-32": _bench_report("build/gpu-bench/ckpt/qwen2.5-vl-3b-grpo", 32, [8, 32]),
+        "qwen2.5-vl-3b-grpo-default-b1": _bench_report("build/gpu-bench/ckpt/qwen2.5-vl-3b-grpo", 8, [1], tps=120.5),
+    }
+    for name, report in reports.items():  # each written by a different slice
+        _touch(out / "reports" / name / "report.json", json.dumps(report))
+    (out / "reports/qwen2.5-vl-7b-grpo-hf-b1").mkdir()  # unfinished: no report.json
+    infers = {"3b-grpo-infer/first": (41.2, "miss", 1500.0), "3b-grpo-infer/second": (7.9, "hit", 1650.4),
+              "7b-grpo-infer/first": (50.0, "miss", 900.0)}  # the 7B's second run has not happened yet
+    for where, figures in infers.items():
+        ckpt = "/x/qwen2.5-vl-" + where.split("-infer")[0]
+        _touch(out / f"reports/qwen2.5-vl-{where}.json", json.dumps(_infer_report(ckpt, *figures)))
+    _touch(out / "device.json", json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}))
+    _touch(out / "reports/vision.json", json.dumps(_vision_report()))
+
+    r = subprocess.run([sys.executable, str(TABLE), str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "### NVIDIA H100 80GB HBM3 (CUDA 13.0) — transformers 5.23.0, torch 2.11.0+cu130"
+    assert [line for line in lines if line.startswith("| qwen")] == [
+        "| qwen2.5-vl-3b-grpo | default | 1 | 8 | 120.5 | 51.0 | 10.01 | 600 | 17.9 |",
+        "| qwen2.5-vl-3b-grpo | default | 8 | 32 | 800.0 | 58.0 | 10.08 | 600 | 17.9 |",
+        "| qwen2.5-vl-3b-grpo | default | 32 | 32 | 3200.0 | 82.0 | 10.32 | 600 | 17.9 |",
+        "| qwen2.5-vl-3b-grpo | hf | 1 | 8 | 23.8 | 51.0 | 10.01 | 600 | – |",
+        "| qwen2.5-vl-7b-grpo | compile | 1 | 8 | 110.0 | 51.0 | 10.01 | 600 | 17.9 |",
+        "| qwen2.5-vl-3b-grpo | 41.2 | 7.9 | hit | 1650.4 |",  # the 7B infer has no second run yet
+    ]
+    assert [line for line in lines if line.startswith(("| mixed", "| same"))] == [
+        "| mixed | 8052 | 80.0 | 3952 | 20.0 | 60 | 4.00× |", "| same | 8192 | 75.0 | 3616 | 30.0 | 32 | 2.50× |"]
+    assert (out / "table.md").read_text() == r.stdout[:-1]  # print() adds a newline after the table's own

@@ -1,0 +1,149 @@
+"""The vision tower with every window (and image) of a layer in one attention call gives what the
+per-window calls give, on the Qwen-VL towers transformers splits that way."""
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vlmfast.vision_attention import VARLEN_NAME, segment_attention, use_merged_vision_attention  # noqa: E402
+
+# float32 on the CPU: the merged call reduces over padded rows with masked keys, the per-window calls
+# over exact rows — the same sums in another order, so a few ulps apart.
+TIGHT = dict(rtol=1e-5, atol=1e-6)
+
+
+def _patches(tower, grid):
+    config = tower.config
+    torch.manual_seed(0)
+    n = int(grid.prod(-1).sum())
+    return torch.randn(n, config.in_channels * config.temporal_patch_size * config.patch_size ** 2)
+
+
+def _forward(tower, pixels, grid):
+    with torch.inference_mode():
+        out = tower(pixels, grid_thw=grid)
+    out = getattr(out, "pooler_output", out)  # 5.x returns an output object, 4.57 the merged tensor
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _sdpa_calls(monkeypatch):
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(a[0].shape) or original(*a, **k))
+    return calls
+
+
+def _tiny_tower(family: str, attn: str = "sdpa"):
+    """A two-layer random vision tower of Qwen2-VL or Qwen3-VL, built from its config."""
+    if family == "qwen2_vl":
+        from transformers import Qwen2VLConfig
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Tower
+
+        config = Qwen2VLConfig(vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2)).vision_config
+    else:
+        from transformers import Qwen3VLConfig
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel as Tower
+
+        config = Qwen3VLConfig(vision_config=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=32,
+                                                  deepstack_visual_indexes=[0], num_position_embeddings=64)).vision_config
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    return Tower._from_config(config).eval()
+
+
+def test_qwen2_5_vl_windows_merged_equal_per_window(loaded, monkeypatch):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = loaded.model
+    tower = model.model.visual
+    # two images and a 2-frame video; windows of 4×4 merged tokens (64 patches), 16×20 has short edge ones
+    grid = torch.tensor([[1, 16, 20], [1, 16, 16], [2, 16, 16]])
+    pixels = _patches(tower, grid)
+    per_window = _forward(tower, pixels, grid)
+    calls = _sdpa_calls(monkeypatch)
+    with use_merged_vision_attention(model) as merged:
+        assert merged
+        assert model.config.get_text_config()._attn_implementation == "sdpa"  # the language model is untouched
+        got = _forward(tower, pixels, grid)
+    torch.testing.assert_close(got, per_window, **TIGHT)
+    heads, dim = tower.blocks[0].attn.num_heads, tower.blocks[0].attn.head_dim
+    assert tower.fullatt_block_indexes == [1]
+    # one call per layer: 18 windows padded to 64 patches, then 4 frames padded to 320 patches
+    assert calls == [(18, heads, 64, dim), (4, heads, 320, dim)]
+    assert {b.attn.config._attn_implementation for b in tower.blocks} == {"sdpa"}  # restored
+    assert VARLEN_NAME not in ALL_ATTENTION_FUNCTIONS._local_mapping
+    assert _forward(tower, pixels, grid).equal(per_window)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_full_attention_towers_merge_images(family, monkeypatch):
+    tower = _tiny_tower(family)
+    grid = torch.tensor([[1, 8, 8], [1, 6, 8], [2, 8, 6]])  # 64, 48 patches and a 2-frame video of 48 per frame
+    pixels = _patches(tower, grid)
+    per_image = _forward(tower, pixels, grid)
+    calls = _sdpa_calls(monkeypatch)
+    with use_merged_vision_attention(tower) as merged:
+        got = _forward(tower, pixels, grid)
+    assert merged and [c[0] for c in calls] == [4, 4]  # each layer: one call over 4 segments
+    torch.testing.assert_close(got, per_image, **TIGHT)
+
+
+def test_eager_and_unknown_models_are_left_alone(monkeypatch):
+    tower = _tiny_tower("qwen2_vl", attn="eager")
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])
+    pixels = _patches(tower, grid)
+    calls = _sdpa_calls(monkeypatch)
+    with use_merged_vision_attention(tower) as merged:
+        _forward(tower, pixels, grid)
+    assert not merged and calls == [] and tower.config._attn_implementation == "eager"  # eager: no SDPA at all
+    with use_merged_vision_attention(torch.nn.Linear(2, 2)) as merged:
+        assert not merged
+
+
+def _packed(lengths):
+    torch.manual_seed(1)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    q, k, v = (torch.randn(1, 3, sum(lengths), 8) for _ in range(3))
+    reference = torch.cat([
+        torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b]).transpose(1, 2)
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())
+    ], dim=1)
+    return (q, k, v, cu), reference
+
+
+def test_segment_attention_merges_within_the_budgets(monkeypatch):
+    args, reference = _packed([9, 12, 10, 11])  # padded 4 × 12² = 576 scores, exact 446: 1.3× waste
+    calls = _sdpa_calls(monkeypatch)
+    merged = segment_attention(*args)
+    assert merged.shape == (1, 42, 3, 8) and calls == [(4, 3, 12, 8)]  # one call: 4 segments padded to 12
+    torch.testing.assert_close(merged, reference, **TIGHT)
+    calls.clear()
+    split = segment_attention(*args, max_scores=575)  # one score over the budget: per segment
+    assert len(calls) == 4
+    torch.testing.assert_close(split, reference, rtol=0, atol=0)
+
+
+def test_segment_attention_runs_lopsided_segments_one_by_one(monkeypatch):
+    args, reference = _packed([12, 1, 2, 3])  # padded 576 scores for 158 exact ones: 3.6× > MAX_PADDING_WASTE
+    calls = _sdpa_calls(monkeypatch)
+    got = segment_attention(*args)
+    assert len(calls) == 4
+    torch.testing.assert_close(got, reference, rtol=0, atol=0)
+
+
+def test_model_prefill_is_unchanged(loaded, images):
+    """What the engine does: the whole model's forward on processed images inside the context."""
+    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.inputs import Request
+
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=1))
+    inputs = engine.preprocess([Request(str(p), (str(p),), "What is in this image?") for p in images[:3]])
+    with torch.inference_mode():
+        reference = loaded.model(**inputs).logits
+        with use_merged_vision_attention(loaded.model) as merged:
+            got = loaded.model(**inputs).logits
+    assert merged
+    torch.testing.assert_close(got, reference, **TIGHT)
