@@ -5,6 +5,8 @@ import itertools
 
 import pytest
 
+from conftest import model_inputs
+
 torch = pytest.importorskip("torch")
 
 from vlmfast.vision_attention import VARLEN_NAME, segment_attention, use_merged_vision_attention  # noqa: E402
@@ -140,7 +142,7 @@ def test_model_prefill_is_unchanged(loaded, images):
     from vlmfast.inputs import Request
 
     engine = Engine(loaded, GenerationSettings(max_new_tokens=1))
-    inputs = engine.preprocess([Request(str(p), (str(p),), "What is in this image?") for p in images[:3]])
+    inputs = model_inputs(engine, [Request(str(p), (str(p),), "What is in this image?") for p in images[:3]])
     with torch.inference_mode():
         reference = loaded.model(**inputs).logits
         with use_merged_vision_attention(loaded.model) as merged:

@@ -112,17 +112,18 @@ class HfBackend:
             return CPU_BATCH_SIZE, f"batch size auto: {CPU_BATCH_SIZE} on a CPU"
         import torch
 
-        from .capacity import auto_batch_size, shape_from_model
+        from .capacity import cuda_batch_size, shape_from_model
 
         free, _ = torch.cuda.mem_get_info(torch.device(self.device))
         widest = max((self.engine.cost(r, image_sizes) for r in requests), default=0)
-        context = widest + self.engine.settings.max_new_tokens
         shape = shape_from_model(self.loaded.model, self.loaded.runtime.dtype)
         # vision tower activations for the widest sample: ~4 patches per image token, a dozen live tensors
         vision_hidden = getattr(self.loaded.model.config.vision_config, "hidden_size", 1280)
-        size = auto_batch_size(shape, free, context, vision_bytes_per_sample=widest * 4 * vision_hidden * shape.dtype_bytes * 12)
-        return size, (f"batch size auto: {size} (free GPU memory {free / 2**30:.1f} GiB, contexts up to {context} tokens, "
-                      f"{shape.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token)")
+        size, memory = cuda_batch_size(shape, free, widest, self.engine.settings.max_new_tokens,
+                                       vision_bytes_per_sample=widest * 4 * vision_hidden * shape.dtype_bytes * 12)
+        return size, (f"batch size auto: {size} (free GPU memory {free / 2**30:.1f} GiB, prompts up to {widest} + "
+                      f"{self.engine.settings.max_new_tokens} new tokens, {memory.total_bytes / 2**30:.1f} GiB planned "
+                      "with CUDA-graph buckets, two resident decode shapes and a prefill group's cache)")
 
     def plan(self, requests, image_sizes, batch_size):
         """Batches of ``batch_size`` decode rows: with n answers per request, batch_size // n requests."""

@@ -8,10 +8,9 @@
                replayed from a CUDA graph per (batch, cache length) shape.
 - ``results``  token ids → text, think/answer, finish reason, token counts.
 
-``decoder="hf"`` runs plain ``model.generate`` instead of prefill + decode: the reference the loop is
-tested against (identical greedy tokens in float32) and the fallback for models the loop does not know.
-Which requests share a batch, prefetching and out-of-memory halving are :mod:`vlmfast.scheduler`'s.
-Clocks synchronize the device before every read (:mod:`vlmfast.timing`).
+``decoder="hf"`` runs plain ``model.generate`` instead: the reference the loop is tested against and the
+fallback for families the loop does not know. Batching, prefetch and out-of-memory halving are
+:mod:`vlmfast.scheduler`'s; clocks synchronize the device before every read (:mod:`vlmfast.timing`).
 """
 
 from __future__ import annotations
@@ -226,10 +225,11 @@ class Engine(Preparer):
         import torch
 
         from .decode import rope_positions, select
+        from .vision_attention import use_merged_vision_attention
 
         model = self.loaded.model
         firsts, positions, masks, caches = [], [], [], []
-        with torch.inference_mode(), vision_clock(model, self.device) as vision:
+        with torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model):
             for g in prepared.groups:
                 inputs = self.on_device(g.inputs)
                 pos = rope_positions(model, inputs)
@@ -337,7 +337,9 @@ class Engine(Preparer):
         kwargs = self.generate_kwargs()
         if clock is not None:
             kwargs["logits_processor"] = LogitsProcessorList([clock])
-        with torch.inference_mode():
+        from .vision_attention import use_merged_vision_attention
+
+        with torch.inference_mode(), use_merged_vision_attention(self.loaded.model):  # the same vision numerics
             return self.loaded.model.generate(**inputs, **kwargs)
 
     def generate_kwargs(self) -> dict:
@@ -393,8 +395,5 @@ class Engine(Preparer):
             import torch
 
             self._generator = torch.Generator(device=self.loaded.model.device)
-            if self.settings.seed is not None:
-                self._generator.manual_seed(self.settings.seed)
-            else:
-                self._generator.seed()
+            self._generator.seed() if self.settings.seed is None else self._generator.manual_seed(self.settings.seed)
         return self._generator
