@@ -190,3 +190,19 @@ def choice(option: str, value: str | None, choices) -> str | None:
     if value is not None and value not in choices:
         raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(choices)}")
     return value
+
+
+def sharing(source, names: tuple[str, ...]):
+    """A decorator: the command also takes ``source``'s parameters ``names`` — the same declarations, help
+    and defaults, written once (in ``source``). The command receives them in its ``**shared``."""
+    import inspect
+
+    def wrap(fn):
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        theirs = inspect.signature(source, eval_str=True).parameters
+        params = [*own, *(theirs[name] for name in names)]
+        fn.__signature__ = inspect.Signature(params)
+        fn.__annotations__ = {p.name: p.annotation for p in params}
+        return fn
+
+    return wrap

@@ -7,13 +7,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (EXIT_CODES_HELP, GEN, INPUT, OUTPUT, Attn, AutoBatchSize, BboxSpace, Command, Compile, CudaGraphs,
-                     Decoder, Device, Dtype, IgnoreEos, Iou, Json, MaxBatchTokens, MaxNew, MaxPixels, MinPixels,
-                     Reward, RewardThreshold, Samples, Scorer, Seed, SkipBad, System, Temperature, Template, TopP,
-                     batch_size_value, command, from_params, guarded)
+from .common import EXIT_CODES_HELP, INPUT, OUTPUT, Command, batch_size_value, command, from_params, guarded, sharing
+from .infer import infer as infer_command
+
+# infer's options that a sweep passes to each checkpoint's run, declared once in infer
+FROM_INFER = ("template", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
+              "max_new_tokens", "temperature", "top_p", "seed", "n", "ignore_eos", "decoder", "cuda_graphs", "compile_",
+              "device", "dtype", "attn", "scorer", "iou", "bbox_space", "reward", "reward_threshold", "json_out")
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
+@sharing(infer_command, FROM_INFER)
 def sweep(
     run_dir: Annotated[str, typer.Argument(help="A training run's output dir: checkpoint-N (HF Trainer, VLM-R1, TRL), vX-*/checkpoint-N (ms-swift) or global_step_N/actor/huggingface (EasyR1, verl).", show_default=False)],
     manifest: Annotated[str, typer.Option(help="The evaluation set: JSONL with ground truth (see infer --manifest).", rich_help_panel=INPUT)],
@@ -22,48 +26,25 @@ def sweep(
     steps: Annotated[Optional[str], typer.Option(help="Only these steps, comma-separated (e.g. 100,300).", rich_help_panel=INPUT)] = None,
     watch: Annotated[bool, typer.Option("--watch", help="Keep polling RUN_DIR and evaluate new checkpoints as the trainer writes them (once their weights are complete), until Ctrl-C.", rich_help_panel=INPUT)] = False,
     poll: Annotated[float, typer.Option(help="--watch: seconds between looks at RUN_DIR.", rich_help_panel=INPUT)] = 60.0,
-    template: Template = "plain",
-    system: System = None,
-    max_pixels: MaxPixels = None,
-    min_pixels: MinPixels = None,
-    skip_bad: SkipBad = False,
-    batch_size: AutoBatchSize = "auto",
-    max_batch_tokens: MaxBatchTokens = None,
-    max_new_tokens: MaxNew = 1024,
-    temperature: Temperature = 0.0,
-    top_p: TopP = 1.0,
-    seed: Seed = None,
-    n: Samples = 1,
-    ignore_eos: IgnoreEos = False,
-    decoder: Decoder = "vlmfast",
-    cuda_graphs: CudaGraphs = None,
-    compile_: Compile = None,
-    device: Device = None,
-    dtype: Dtype = None,
-    attn: Attn = None,
-    scorer: Scorer = "auto",
-    iou: Iou = 0.5,
-    bbox_space: BboxSpace = None,
-    reward: Reward = None,
-    reward_threshold: RewardThreshold = 1.0,
     fail_if_best_below: Annotated[Optional[float], typer.Option(help="Exit 5 when the best checkpoint's accuracy is below X (CI after training).", rich_help_panel="Gates")] = None,
-    json_out: Json = False,
+    **shared,
 ):
     """Evaluate every checkpoint of a training run (and its base) on one manifest: which step is best?"""
-    params = dict(locals())
+    params = {**locals(), **shared}
+    batch_size, json_out = shared["batch_size"], shared["json_out"]
 
     def run():
+        from ..errors import UsageError
         from ..options import InferOptions
         from ..report import ProgressBar, print_json, render_note, render_sweep
         from ..sweep import SweepOptions, sweep as run_sweep, write_sweep_dir
-
-        from ..errors import UsageError
 
         try:
             wanted = tuple(int(s) for s in steps.split(",") if s.strip()) if steps else None
         except ValueError:
             raise UsageError(f"--steps {steps!r}: expected step numbers", hint="e.g. --steps 100,300") from None
-        infer = from_params(InferOptions, params, ckpt=run_dir, batch_size=batch_size_value(batch_size))
+        # --base here is the run's starting model (step 0), not a LoRA adapter's base
+        infer = from_params(InferOptions, params, ckpt=run_dir, base=None, batch_size=batch_size_value(batch_size))
         options = SweepOptions(run_dir=run_dir, out_dir=str(out_dir), infer=infer, base=base, steps=wanted,
                                fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll)
         bar = ProgressBar()
