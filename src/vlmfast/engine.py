@@ -394,6 +394,7 @@ class Engine(Preparer):
         if self._generator is None:
             import torch
 
-            self._generator = torch.Generator(device=self.loaded.model.device)
-            self._generator.seed() if self.settings.seed is None else self._generator.manual_seed(self.settings.seed)
+            generator = torch.Generator(device=self.loaded.model.device)
+            generator.manual_seed(self.settings.seed if self.settings.seed is not None else generator.seed())
+            self._generator = generator
         return self._generator
