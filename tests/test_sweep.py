@@ -50,10 +50,18 @@ def _tokens(rows):
     return [(r["id"], r["text"], r["n_new_tokens"]) for r in rows]
 
 
+def _digests(*dirs):
+    import hashlib
+
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for d in dirs for p in sorted(d.rglob("*")) if p.is_file()}
+
+
 def test_every_checkpoint_once_rows_equal_fresh_loads_and_the_best_step(run, tmp_path):
     from vlmfast.sweep import sweep
 
+    before = _digests(run["run"], run["base"])
     report = sweep(_options(run, tmp_path / "s", base=str(run["base"])))
+    assert _digests(run["run"], run["base"]) == before  # swapping into a loaded (memory-mapped) model writes no file
     steps = [c["step"] for c in report["checkpoints"]]
     assert steps == [0, 100, 200, 300] and report["checkpoints"][0]["label"] == "base"
     for c in report["checkpoints"][1:]:
