@@ -152,7 +152,7 @@ class FakeBackend:
                                                steps=self.tokens, new_tokens=self.tokens * len(rows)))]
 
     def facts(self):
-        from vlmfast.backends import EngineFacts
+        from vlmfast.facts import EngineFacts
 
         return EngineFacts(engine="hf", checkpoint="fake", load_s=0.5, cache={"found_off": [], "saved_enabled": True,
                            "forced_on": True}, device="cpu", dtype="float32", attn="sdpa", decoder="vlmfast",

@@ -61,7 +61,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     Launched with several processes (``accelerate launch``), each process runs its share and the main
     process returns the combined report (the others return their own). ``loaded``: a model already loaded
     for these options; ``backend``: an engine already opened (any :class:`~vlmfast.backends.Backend`)."""
-    from .backends import EngineFacts, open_backend
+    from .backends import open_backend
+    from .facts import EngineFacts
     from .locate import locate
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second

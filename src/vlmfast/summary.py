@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .backends import EngineFacts
+from .facts import EngineFacts
 from .rows import BatchTiming, SampleResult
 from .timing import summarize_timings, versions
 

@@ -345,7 +345,7 @@ class VllmEngine(Preparer):
 
     def facts(self):
         """The report's engine facts (read after start-up: ``load_s`` includes it)."""
-        from .backends import EngineFacts
+        from .facts import EngineFacts
 
         described = self.describe()
         return EngineFacts(
