@@ -25,6 +25,8 @@ def _has_class(key: str) -> bool:
     return hasattr(transformers, BY_KEY[key].model_class)
 
 
+NEEDS_QWEN3_5 = pytest.mark.skipif(not _has_class("qwen3_5"), reason="Qwen3.5 is not in this transformers")
+WITHOUT_QWEN3_5 = pytest.mark.skipif(_has_class("qwen3_5"), reason="this transformers has Qwen3.5")
 ON_THIS_LINE = [pytest.param(k, marks=pytest.mark.skipif(not _has_class(k), reason="not in this transformers"))
                 for k in NEW_FAMILIES]
 
@@ -132,17 +134,15 @@ def test_tiny_checkpoint_is_the_real_class_saved_grpo_like(key, family_ckpts, fa
     assert tok.decode(tok.encode(text)) == text
 
 
+@NEEDS_QWEN3_5
 def test_qwen3_5_has_its_own_vocabulary(family_ckpts, grpo_ckpt):
-    if not _has_class("qwen3_5"):
-        pytest.skip("Qwen3.5 is not in this transformers")
     from vlmfast.ckpt_files import token_id
 
     assert token_id(family_ckpts("qwen3_5"), "<|im_end|>") != token_id(grpo_ckpt, "<|im_end|>")
 
 
+@WITHOUT_QWEN3_5
 def test_qwen3_5_on_transformers_4_is_a_usage_error_with_a_hint(tmp_path):
-    if _has_class("qwen3_5"):
-        pytest.skip("this transformers has Qwen3.5")
     from vlmfast.errors import UsageError
     from vlmfast.tiny import build_checkpoint
 
@@ -192,11 +192,10 @@ def test_static_shapes_give_the_eager_tokens(key, family_loaded, images):
     assert [r.token_ids for r in _run(static, reqs, 3)] == eager == [r.token_ids for r in _run(static, reqs[::-1], 3)][::-1]
 
 
+@NEEDS_QWEN3_5
 def test_qwen3_5_loop_reads_the_prompts_linear_attention_states(family_loaded, images, monkeypatch):
     """Without the prompt's conv or recurrent states the tokens change: the equality above proves the
     states are carried over, not that they do not matter."""
-    if not _has_class("qwen3_5"):
-        pytest.skip("Qwen3.5 is not in this transformers")
     from vlmfast.engine import Engine, GenerationSettings
     from vlmfast.linear_states import LinearStateCache
 
@@ -244,11 +243,10 @@ def test_lost_im_end_is_found_and_restored_with_the_familys_ids(key, family_ckpt
     assert json.loads((d / "generation_config.json").read_text())["eos_token_id"] == [im_end, eot]
 
 
+@NEEDS_QWEN3_5
 def test_without_tokenizer_files_a_real_vocabulary_gives_the_familys_id(family_ckpts, tmp_path):
     """Qwen3.5's <|im_end|> is 248046, not Qwen2.5's 151645: known from the family when only the
     vocabulary size is left to go by."""
-    if not _has_class("qwen3_5"):
-        pytest.skip("Qwen3.5 is not in this transformers")
     from vlmfast.doctor import diagnose
 
     d = shutil.copytree(family_ckpts("qwen3_5"), tmp_path / "q")
@@ -306,9 +304,8 @@ def test_rel1000_boxes_are_mapped_to_the_images_pixels():
     assert score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space="rel1000").bbox_unmapped
 
 
+@NEEDS_QWEN3_5
 def test_capacity_counts_keys_and_values_of_full_attention_layers_only(family_loaded):
-    if not _has_class("qwen3_5"):
-        pytest.skip("Qwen3.5 is not in this transformers")
     from vlmfast.capacity import shape_from_model
 
     shape = shape_from_model(family_loaded("qwen3_5").model, "float32")
