@@ -216,3 +216,19 @@ def test_bench_usage_errors(grpo_ckpt):
     assert r.returncode == 2 and "--compare-base" in r.stderr
     r = vlmfast("bench", "--ckpt", grpo_ckpt, "--synthetic", 1, "--batch-sizes", "0,x")
     assert r.returncode == 2 and "positive integers" in r.stderr
+
+
+def test_bench_n_answers_per_request_count_as_answers(grpo_ckpt, images):
+    """bench --n 2: every request gives two sampled answers; --batch-sizes counts answers, as in infer, and
+    the throughput counts every answer's tokens."""
+    import json
+
+    from conftest import cli
+
+    r = cli("bench", "--ckpt", grpo_ckpt, "--images", *images[:2], "--max-new-tokens", 4, "--ignore-eos", "--batch-sizes", 4,
+            "--warmup", 0, "--repeats", 1, "--no-as-saved", "--n", 2, "--temperature", 1.0, "--seed", 0, "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    (ckpt,) = report["scenarios"]
+    assert (report["workload"]["n"], report["workload"]["samples"], report["workload"]["greedy"]) == (2, 2, False)
+    assert ckpt["mean_new_tokens"] == 4.0 and ckpt["tokens_per_s"] * ckpt["wall_s_median"] == pytest.approx(16, rel=0.02)

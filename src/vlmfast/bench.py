@@ -30,7 +30,7 @@ from .bench_figures import (
 from .capacity import run_bandwidth
 from .engine import Engine
 from .options import DECODERS
-from .rows import GenerationSettings, SampleResult
+from .rows import GenerationSettings, SampleResult, row_key
 from .errors import UsageError
 from .inputs import TEMPLATES
 from .scoring import BBOX_SPACES, SCORERS
@@ -123,12 +123,14 @@ def _engines(value) -> tuple[str, ...]:
 
 
 def run_workload(engine: Engine, requests, image_sizes, batch_size: int) -> RunStats:
-    """The whole workload once, with per-step clocks on."""
+    """The whole workload once, with per-step clocks on. ``batch_size`` counts answers (with n answers
+    per request, batch_size // n requests a batch), as in ``infer``."""
     from .scheduler import Scheduler
 
     start = now(engine.device)
     timings, results = [], []
-    for _, batch_results, t in Scheduler(engine).run(requests, image_sizes, batch_size):
+    per_batch = max(1, batch_size // engine.settings.n)
+    for _, batch_results, t in Scheduler(engine).run(requests, image_sizes, per_batch):
         results.extend(batch_results)
         timings += [t] if t is not None else []  # None: every request of the batch failed (error rows)
     return RunStats(now(engine.device) - start, timings, results)
@@ -312,7 +314,7 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
     accuracy = {}
     for bs in options.batch_sizes:
         if (BASE, bs) in by and by.get((CKPT, bs), {}).get("scored"):
-            scores = {name: {r["id"]: r["score"] for r in score_results(rows[(name, bs)], truths, options)}
+            scores = {name: {row_key(r["id"], r.get("sample")): r["score"] for r in score_results(rows[(name, bs)], truths, options)}
                       for name in (CKPT, BASE)}
             accuracy[f"ckpt_vs_base@{bs}"] = paired_comparison(scores[CKPT], scores[BASE])
     fidelity, differences = {}, {}
@@ -326,7 +328,8 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
         "base": options.compare_base,
         "workload": {"samples": len(requests), "max_new_tokens": settings.max_new_tokens, "ignore_eos": settings.ignore_eos,
                      "decoder": options.decoder, "compile": options.compile, "engines": list(options.engines),
-                     "greedy": settings.greedy, "batch_sizes": list(options.batch_sizes), "warmup": options.warmup,
+                     "greedy": settings.greedy, "n": settings.n, "temperature": settings.temperature,
+                     "batch_sizes": list(options.batch_sizes), "warmup": options.warmup,
                      "repeats": options.repeats, "with_ground_truth": sum(t[0] is not None for t in truths.values())},
         "cache": cache,
         "base_cache": base_cache,

@@ -123,20 +123,21 @@ def noise_notes(scenarios: list[dict]) -> list[str]:
 
 
 def agreement(a: list[SampleResult], b: list[SampleResult]) -> float | None:
-    """Share of samples (matched by id) whose generated token ids are identical."""
-    other = {r.id: r.token_ids for r in b}
-    shared = [r for r in a if r.id in other]
-    return None if not shared else sum(r.token_ids == other[r.id] for r in shared) / len(shared)
+    """Share of answers (matched by id, and sample with --n) whose generated token ids are identical."""
+    other = {r.key: r.token_ids for r in b}
+    shared = [r for r in a if r.key in other]
+    return None if not shared else sum(r.token_ids == other[r.key] for r in shared) / len(shared)
 
 
 def first_difference(a: list[SampleResult], b: list[SampleResult]) -> dict | None:
     """The first sample (in ``a``'s order) whose tokens differ: its id, where, and both texts."""
-    other = {r.id: r for r in b}
+    other = {r.key: r for r in b}
     for r in a:
-        if r.id in other and r.token_ids != other[r.id].token_ids:
-            at = next((i for i, (x, y) in enumerate(zip(r.token_ids, other[r.id].token_ids)) if x != y),
-                      min(len(r.token_ids), len(other[r.id].token_ids)))
-            return {"id": r.id, "token_index": at, "a": r.text, "b": other[r.id].text}
+        if r.key in other and r.token_ids != other[r.key].token_ids:
+            theirs = other[r.key]
+            at = next((i for i, (x, y) in enumerate(zip(r.token_ids, theirs.token_ids)) if x != y),
+                      min(len(r.token_ids), len(theirs.token_ids)))
+            return {"id": r.id, "sample": r.sample, "token_index": at, "a": r.text, "b": theirs.text}
     return None
 
 

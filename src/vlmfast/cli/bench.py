@@ -9,10 +9,12 @@ import typer
 
 from .common import (EXIT_CODES_HELP, FAST, GEN, INPUT, MODEL, OUTPUT, Attn, BboxSpace, Ckpt, Command, CudaGraphs,
                      Decoder, Device, Dtype, IgnoreEos, Images, Iou, Json, Manifest, MaxPixels, MinPixels, Prompt,
-                     Scorer, Template, command, from_params, guarded)
+                     Scorer, Template, command, from_params, guarded, sharing)
+from .infer import infer as infer_command
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
+@sharing(infer_command, ("temperature", "top_p", "seed", "n"))
 def bench(
     ckpt: Ckpt,
     compare_base: Annotated[Optional[str], typer.Option(help="Base model (dir or hub id) run on the same workload.", rich_help_panel=MODEL)] = None,
@@ -45,18 +47,16 @@ def bench(
     fail_if_slower: Annotated[Optional[float], typer.Option(help="Exit 3 when ckpt tokens/s < base tokens/s ÷ X.", rich_help_panel="Gates")] = None,
     fail_on_cache_off: Annotated[bool, typer.Option("--fail-on-cache-off", help="Exit 4 when the saved config turns the cache off anywhere.", rich_help_panel="Gates")] = False,
     fail_if_less_accurate: Annotated[Optional[float], typer.Option(help="Exit 5 when ckpt accuracy < base accuracy − X (needs ground truth in --manifest).", rich_help_panel="Gates")] = None,
+    **shared,
 ):
     """The same workload on the checkpoint (vlmfast), as saved (plain generate) and on its base, side by side."""
-
-    params = dict(locals())
+    params = {**locals(), **shared}
 
     def run():
         from ..bench import BenchOptions, run_bench
         from ..report import ProgressBar, print_json, render_bench, render_note, write_bench_dir
-        from ..rows import GenerationSettings
 
-        options = from_params(BenchOptions, params, generation=GenerationSettings(max_new_tokens=max_new_tokens,
-                                                                                  ignore_eos=ignore_eos))
+        options = from_params(BenchOptions, params)  # generation: max_new_tokens, ignore_eos, temperature, top_p, seed, n
         bar = ProgressBar(unit="timed runs")
         try:
             report = run_bench(options, progress=bar, say=render_note if not bar.live else (lambda text: None))
