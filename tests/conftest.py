@@ -98,6 +98,19 @@ def model_inputs(engine, requests):
     return engine.on_device(engine.build_inputs(requests, images))
 
 
+def generate_tokens(loaded, inputs, max_new: int, eos) -> list[list[int]]:
+    """Plain transformers greedy generate with the cache on: the reference every vlmfast path is held to.
+    Each row's new tokens, cut after its first EOS (kept, as generate keeps it)."""
+    import torch
+
+    n = inputs["input_ids"].shape[1]
+    with torch.inference_mode():
+        out = loaded.model.generate(**inputs, use_cache=True, max_new_tokens=max_new, do_sample=False,
+                                    eos_token_id=eos or None, pad_token_id=loaded.pad_token_id,
+                                    suppress_tokens=loaded.suppress_token_ids or None)
+    return [row[:next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in out[:, n:].tolist()]
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
 

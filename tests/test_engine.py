@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from conftest import model_inputs
+from conftest import generate_tokens, model_inputs
 
 from vlmfast.engine import Engine
 from vlmfast.rows import GenerationSettings, parse_reasoning
@@ -26,18 +26,6 @@ def _run(engine, requests, batch_size):
     return out
 
 
-def _hf_tokens(loaded, inputs, max_new, eos):
-    """Plain transformers generate: the reference every vlmfast path is held to."""
-    import torch
-
-    n = inputs["input_ids"].shape[1]
-    with torch.inference_mode():
-        out = loaded.model.generate(**inputs, use_cache=True, max_new_tokens=max_new, do_sample=False,
-                                    eos_token_id=eos or None, pad_token_id=loaded.pad_token_id,
-                                    suppress_tokens=loaded.suppress_token_ids or None)
-    return [_cut(row, eos) for row in out[:, n:].tolist()]
-
-
 def _cut(tokens, eos):
     end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
     return tokens[:end]
@@ -52,7 +40,7 @@ def test_phases_give_plain_generate_tokens_for_batch_1_and_n(engine, images):
     reqs = _requests(images)
     one, four = _run(engine, reqs, 1), _run(engine, reqs, 4)
     inputs = model_inputs(engine, reqs)
-    reference = _hf_tokens(engine.loaded, inputs, 24, engine.loaded.eos_token_ids)
+    reference = generate_tokens(engine.loaded, inputs, 24, engine.loaded.eos_token_ids)
     for row, r in enumerate(reqs):
         assert one[r.id].token_ids == four[r.id].token_ids == reference[row], r.id
         assert one[r.id].text == four[r.id].text
@@ -93,7 +81,7 @@ def test_rows_ending_at_different_steps_match_generate(loaded, images):
     stopping = dataclasses.replace(loaded, eos_token_ids=eos)
     engine = Engine(stopping, GenerationSettings(max_new_tokens=20), sync_every=1)
     results = _run(engine, reqs, 4)
-    reference = _hf_tokens(stopping, model_inputs(engine, reqs), 20, eos)
+    reference = generate_tokens(stopping, model_inputs(engine, reqs), 20, eos)
     lengths = []
     for row, r in enumerate(reqs):
         assert results[r.id].token_ids == reference[row], r.id
@@ -110,7 +98,7 @@ def test_suppressed_tokens_are_never_emitted_and_match_generate(loaded, images):
     held = dataclasses.replace(loaded, suppress_token_ids=[banned, *loaded.suppress_token_ids])
     engine = Engine(held, GenerationSettings(max_new_tokens=12, ignore_eos=True))
     results = _run(engine, reqs, 3)
-    reference = _hf_tokens(held, model_inputs(engine, reqs), 12, [])
+    reference = generate_tokens(held, model_inputs(engine, reqs), 12, [])
     for row, r in enumerate(reqs):
         assert banned not in results[r.id].token_ids and not set(results[r.id].token_ids) & set(loaded.suppress_token_ids)
         assert results[r.id].token_ids == reference[row]
@@ -245,7 +233,7 @@ def test_decode_attention_is_sdpa_whatever_the_model_loaded_with(grpo_ckpt, imag
     layers = len(engine._decoder().layers)
     assert len(calls) == layers * 15  # every layer of every step after the first token (prefill's is HF's own)
     assert engine._decoder().attention_config._attn_implementation == "eager"
-    reference = _hf_tokens(eager, model_inputs(engine, reqs), 16, [])
+    reference = generate_tokens(eager, model_inputs(engine, reqs), 16, [])
     assert [results[r.id].token_ids for r in reqs] == reference
 
 
@@ -259,7 +247,7 @@ def test_prefill_in_groups_decodes_the_batch_as_one(loaded, images):
     ordered = sorted(reqs, key=lambda r: -split.cost(r))  # a batch comes most expensive first
     assert len(split.prepare(ordered).groups) >= 3 and len(whole.prepare(ordered).groups) == 1
     a, b = _run(whole, ordered, 6), _run(split, ordered, 6)
-    reference = _hf_tokens(loaded, model_inputs(whole, ordered), 16, loaded.eos_token_ids)
+    reference = generate_tokens(loaded, model_inputs(whole, ordered), 16, loaded.eos_token_ids)
     assert [b[r.id].token_ids for r in ordered] == [a[r.id].token_ids for r in ordered] == reference
     assert [b[r.id].n_prompt_tokens for r in ordered] == [a[r.id].n_prompt_tokens for r in ordered]
 

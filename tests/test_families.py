@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from conftest import edit_json, model_inputs
+from conftest import edit_json, generate_tokens, model_inputs
 from vlmfast.families import BY_KEY, FAMILIES, decoder_for, family_for
 from vlmfast.inputs import Request
 
@@ -65,17 +65,6 @@ def _run(engine, requests, batch_size):
     for _, results, _ in Scheduler(engine).run(requests, {}, batch_size):
         out.update({r.id: r for r in results})
     return [out[r.id] for r in requests]
-
-
-def _generate(loaded, inputs, max_new, eos):
-    import torch
-
-    n = inputs["input_ids"].shape[1]
-    with torch.inference_mode():
-        out = loaded.model.generate(**inputs, use_cache=True, max_new_tokens=max_new, do_sample=False,
-                                    eos_token_id=eos or None, pad_token_id=loaded.pad_token_id,
-                                    suppress_tokens=loaded.suppress_token_ids or None)
-    return [row[:next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in out[:, n:].tolist()]
 
 
 def _eos_ending_rows_apart(tokens):
@@ -173,7 +162,7 @@ def test_loop_gives_generate_tokens_batch_1_and_n_rows_ending_apart(key, family_
     stopping = dataclasses.replace(loaded, eos_token_ids=eos)
     engine = Engine(stopping, GenerationSettings(max_new_tokens=12), sync_every=1)
     batch, single = _run(engine, reqs, 3), _run(engine, reqs, 1)
-    reference = _generate(stopping, model_inputs(engine, reqs), 12, eos)
+    reference = generate_tokens(stopping, model_inputs(engine, reqs), 12, eos)
     assert [r.token_ids for r in batch] == [r.token_ids for r in single] == reference
     assert len({len(t) for t in reference}) >= 2 and min(len(t) for t in reference) < 12  # ended apart, early
     assert len({r.n_prompt_tokens for r in batch}) > 1  # images of different sizes: left padding in play
@@ -282,7 +271,7 @@ def test_untested_family_runs_through_plain_generate_with_a_note(glm, images):
     engine = Engine(loaded, GenerationSettings(max_new_tokens=8))  # the engine itself turns to plain generate
     assert engine.decoder_name == "hf" and any("untested" in n for n in engine.notes)
     results = _run(engine, reqs, 3)
-    assert [r.token_ids for r in results] == _generate(loaded, model_inputs(engine, reqs), 8, loaded.eos_token_ids)
+    assert [r.token_ids for r in results] == generate_tokens(loaded, model_inputs(engine, reqs), 8, loaded.eos_token_ids)
     assert all(r.error is None and r.n_new_tokens > 0 and r.n_image_tokens > 0 for r in results)
     tok = loaded.processor.tokenizer
     assert loaded.eos_token_ids == [tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
