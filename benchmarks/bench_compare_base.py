@@ -28,8 +28,8 @@ def main() -> None:
 
     import transformers
 
-    from vlmfast.demo import DEMO_IMAGE_SIZES
-    from vlmfast.tiny import build_checkpoint, make_images
+    from vlmfast.cli.demo import DEMO_IMAGE_SIZES
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-base-"))
     grpo = build_checkpoint(work / "grpo-demo", preset="demo", like="grpo")

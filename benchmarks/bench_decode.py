@@ -38,10 +38,10 @@ def main() -> None:
     import torch
     import transformers
 
-    from vlmfast.checkpoint import load
-    from vlmfast.engine import GenerationSettings
-    from vlmfast.runner import InferOptions, infer
-    from vlmfast.tiny import build_checkpoint, make_images
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.engine import GenerationSettings
+    from vlmfast.run.runner import InferOptions, infer
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-decode-"))
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))

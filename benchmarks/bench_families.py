@@ -29,14 +29,14 @@ def main() -> None:
     import torch
     import transformers
 
-    from vlmfast.checkpoint import load
-    from vlmfast.engine import Engine
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.engine import Engine
     from vlmfast.errors import UsageError
-    from vlmfast.families import FAMILIES
-    from vlmfast.inputs import collect
-    from vlmfast.rows import GenerationSettings
-    from vlmfast.scheduler import Scheduler
-    from vlmfast.tiny import build_checkpoint, make_images
+    from vlmfast.checkpoints.families import FAMILIES
+    from vlmfast.inputs.requests import collect
+    from vlmfast.engines.rows import GenerationSettings
+    from vlmfast.engines.hf.scheduler import Scheduler
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-families-"))
     images = [str(p) for p in make_images(work / "images", n=4)]

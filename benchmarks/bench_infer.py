@@ -51,8 +51,8 @@ def per_sample_loop(ckpt: str, images: list[str], new_tokens: int, use_cache: bo
 
 
 def vlmfast_run(ckpt: str, images: list[str], new_tokens: int, batch_size: int) -> float:
-    from vlmfast.engine import GenerationSettings
-    from vlmfast.runner import InferOptions, infer
+    from vlmfast.engines.hf.engine import GenerationSettings
+    from vlmfast.run.runner import InferOptions, infer
 
     out = Path(tempfile.mkdtemp(prefix="vlmfast-bench-out-")) / "results.jsonl"
     report = infer(InferOptions(ckpt=ckpt, images=images, prompt=PROMPT, batch_size=batch_size, out=str(out),
@@ -97,8 +97,8 @@ def main() -> None:
     import torch
     import transformers
 
-    from vlmfast.demo import DEMO_IMAGE_SIZES
-    from vlmfast.tiny import build_checkpoint, make_images
+    from vlmfast.cli.demo import DEMO_IMAGE_SIZES
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-"))
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))

@@ -31,11 +31,11 @@ def main() -> None:
     import torch
     import transformers
 
-    from vlmfast.checkpoint import load
-    from vlmfast.options import InferOptions
-    from vlmfast.rows import GenerationSettings
-    from vlmfast.runner import infer
-    from vlmfast.tiny import build_checkpoint, make_images
+    from vlmfast.checkpoints.load import load
+    from vlmfast.run.options import InferOptions
+    from vlmfast.engines.rows import GenerationSettings
+    from vlmfast.run.runner import infer
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-samples-"))
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))

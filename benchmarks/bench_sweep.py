@@ -37,14 +37,14 @@ def main() -> None:
     import torch
     import transformers
 
-    import vlmfast.runner
-    from vlmfast import tiny
-    from vlmfast.checkpoint import load
-    from vlmfast.engine import Engine
-    from vlmfast.options import InferOptions
-    from vlmfast.rows import GenerationSettings
-    from vlmfast.sweep import SweepOptions, sweep
-    from vlmfast.tiny import build_checkpoint, make_images
+    import vlmfast.run.runner
+    from vlmfast.checkpoints import tiny
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.engine import Engine
+    from vlmfast.run.options import InferOptions
+    from vlmfast.engines.rows import GenerationSettings
+    from vlmfast.run.sweep import SweepOptions, sweep
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-sweep-"))
     size = dict(tiny.PRESETS["demo"])  # a benchmark-only preset: the demo's vision tower, a bigger language model
@@ -59,7 +59,7 @@ def main() -> None:
     manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": str(p), "prompt": PROMPT}) + "\n" for i, p in enumerate(images)))
 
     marks: list[tuple[str, float]] = []
-    real_infer, real_prefill, real_batch = vlmfast.runner.infer, Engine.prefill, Engine.generate_batch
+    real_infer, real_prefill, real_batch = vlmfast.run.runner.infer, Engine.prefill, Engine.generate_batch
 
     def timed_infer(*a, **k):
         report = real_infer(*a, **k)
@@ -74,7 +74,7 @@ def main() -> None:
         marks.append(("batch", time.perf_counter()))
         return real_batch(self, *a, **k)
 
-    vlmfast.runner.infer, Engine.prefill, Engine.generate_batch = timed_infer, timed_prefill, timed_batch
+    vlmfast.run.runner.infer, Engine.prefill, Engine.generate_batch = timed_infer, timed_prefill, timed_batch
     gaps, prepares, swaps, reads, loads, how = [], [], [], [], [], []
     for rep in range(args.runs + 1):  # the first repetition warms up
         marks.clear()

@@ -4,7 +4,7 @@
   python benchmarks/bench_vision.py [--preset demo|3b] [--device cpu|cuda] [--dtype float32|bfloat16]
                                     [--runs 7] [--json FILE]
 
-The tower of a vlmfast.tiny preset (3b: the real Qwen2.5-VL-3B/7B vision config) with random weights,
+The tower of a vlmfast.checkpoints.tiny preset (3b: the real Qwen2.5-VL-3B/7B vision config) with random weights,
 sdpa, on 8 images' worth of patches: "mixed" 224–644 px (8,052 patches), "same" 8 × 448 px (8,192).
 Per workload: one warm-up, then the two ways interleaved `--runs` times (device-synchronized clocks);
 medians, every run, and scaled_dot_product_attention calls per forward.
@@ -27,7 +27,7 @@ def build_tower(preset: str, device: str, dtype: str):
     from transformers import Qwen2_5_VLConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    from vlmfast.tiny import PRESETS
+    from vlmfast.checkpoints.tiny import PRESETS
 
     spec = PRESETS[preset]
     vision = dict(spec["vision"], in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
@@ -43,7 +43,7 @@ def measure(tower, sides: list[int], runs: int) -> dict:
     import torch
 
     from vlmfast.timing import now
-    from vlmfast.vision_attention import use_merged_vision_attention
+    from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
 
     device = str(next(tower.parameters()).device)
     grid = torch.tensor([[1, s, s] for s in sides], device=device)

@@ -29,13 +29,13 @@ def main() -> None:
     import torch
     import transformers
 
-    from vlmfast.checkpoint import load
-    from vlmfast.demo import DEMO_IMAGE_SIZES
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import collect
-    from vlmfast.scheduler import Scheduler
-    from vlmfast.tiny import build_checkpoint, make_images
-    from vlmfast.vllm_engine import VllmEngine
+    from vlmfast.checkpoints.load import load
+    from vlmfast.cli.demo import DEMO_IMAGE_SIZES
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import collect
+    from vlmfast.engines.hf.scheduler import Scheduler
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
+    from vlmfast.engines.vllm.backend import VllmEngine
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-vllm-"))
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))

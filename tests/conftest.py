@@ -53,21 +53,21 @@ def own_compile_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def grpo_ckpt(tmp_path_factory) -> Path:
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "grpo", preset="tiny", like="grpo")
 
 
 @pytest.fixture(scope="session")
 def base_ckpt(tmp_path_factory) -> Path:
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "base", preset="tiny", like="base")
 
 
 @pytest.fixture(scope="session")
 def images(tmp_path_factory) -> list[Path]:
-    from vlmfast.tiny import make_images
+    from vlmfast.checkpoints.tiny import make_images
 
     return make_images(tmp_path_factory.mktemp("images"), n=6)
 
@@ -76,7 +76,7 @@ def images(tmp_path_factory) -> list[Path]:
 def loaded(grpo_ckpt):
     """The GRPO-like checkpoint loaded by vlmfast (cache forced on), on the CPU in float32 whatever
     the machine has: tests compare tokens exactly. Read-only for tests."""
-    from vlmfast.checkpoint import load
+    from vlmfast.checkpoints.load import load
 
     return load(str(grpo_ckpt), device="cpu")
 
@@ -122,7 +122,7 @@ def edit_json(path: Path, fn) -> None:
 
 
 class FakeBackend:
-    """A :class:`vlmfast.backends.Backend` without a model: every request answers ``answers[id]`` (default
+    """A :class:`vlmfast.engines.contract.Backend` without a model: every request answers ``answers[id]`` (default
     "A") as ``<think>…</think><answer>…</answer>`` in ``tokens`` new tokens. Runner, summary and report
     logic run through it in milliseconds, without torch. ``fail_at``: the batch index that raises."""
 
@@ -145,7 +145,7 @@ class FakeBackend:
         return [list(range(i, min(i + batch_size, len(requests)))) for i in range(0, len(requests), batch_size)]
 
     def batches(self, requests, image_sizes, planned):
-        from vlmfast.rows import BatchTiming, SampleResult
+        from vlmfast.engines.rows import BatchTiming, SampleResult
 
         for k, indices in enumerate(planned):
             if k == self.fail_at:
@@ -165,7 +165,7 @@ class FakeBackend:
                                                steps=self.tokens, new_tokens=self.tokens * len(rows)))]
 
     def facts(self):
-        from vlmfast.facts import EngineFacts
+        from vlmfast.engines.facts import EngineFacts
 
         return EngineFacts(engine="hf", checkpoint="fake", load_s=0.5, cache={"found_off": [], "saved_enabled": True,
                            "forced_on": True}, device="cpu", dtype="float32", attn="sdpa", decoder="vlmfast",

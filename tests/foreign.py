@@ -3,7 +3,7 @@ vlmfast's family table — to show that a model of an untested family runs throu
 
 GLM-4.1V is a family GRPO users train (verl, ms-swift) with its own tokens (``<|begin_of_image|>``,
 ``<|image|>``, ``<|user|>`` …), its own processor and rotary layout, and ships in transformers 4.57 and
-5.x. Built offline from vlmfast.tiny's tokenizer trainer, with a GLM-style chat template.
+5.x. Built offline from vlmfast.checkpoints.tiny's tokenizer trainer, with a GLM-style chat template.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pathlib
 import tempfile
 
-from vlmfast.tiny import _read_json, _train_tokenizer, _write_json
+from vlmfast.checkpoints.tiny import _read_json, _train_tokenizer, _write_json
 
 SPECIAL = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
            "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>")

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from vlmfast.files import publish_directory
-from vlmfast.tiny import PRESETS, _STAMP, _build_into, _existing_checkpoint, _read_json, _write_json, build_checkpoint
+from vlmfast.checkpoints.tiny import PRESETS, _STAMP, _build_into, _existing_checkpoint, _read_json, _write_json, build_checkpoint
 
 LAYOUTS = ("vlmr1", "easyr1", "swift", "swift-lora", "base")
 _SWIFT_RUN = "v0-20250101-000000"

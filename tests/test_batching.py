@@ -1,6 +1,6 @@
 import pytest
 
-from vlmfast.batching import image_tokens, plan_batches, smart_resize
+from vlmfast.engines.batching import image_tokens, plan_batches, smart_resize
 
 
 def padding_waste(costs, batches) -> float:

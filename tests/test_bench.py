@@ -4,12 +4,12 @@ import struct
 import pytest
 
 from conftest import vlmfast
-from vlmfast.bench import BenchOptions
-from vlmfast.bench_figures import (
+from vlmfast.run.bench import BenchOptions
+from vlmfast.run.bench_figures import (
     AS_SAVED, BASE, CKPT, NOISY_CV_PCT, SCHEMA, RunStats, agreement, fidelity_pairs, gate, noise_notes, ratio,
     scenario_summary, span_tokens, speed_ratios, step_series,
 )
-from vlmfast.engine import BatchTiming, SampleResult
+from vlmfast.engines.hf.engine import BatchTiming, SampleResult
 from vlmfast.errors import UsageError
 
 
@@ -176,7 +176,7 @@ def test_bench_end_to_end_through_the_cli(grpo_ckpt, base_ckpt, tmp_path):
 
 
 def test_plot_has_a_line_per_scenario(tmp_path):
-    from vlmfast.plot import step_lines, write_plot
+    from vlmfast.report.plot import step_lines, write_plot
 
     report = {"checkpoint": "x", "scenarios": [
         {"name": CKPT, "batch_size": 8, "step_ms": [1.0, 1.0], "tokens_per_s": 10.0},

@@ -1,8 +1,10 @@
 import pytest
 
-from vlmfast.capacity import (
-    ModelShape, auto_batch_size, bandwidth_report, batch_memory, decode_bytes_per_step, peak_bandwidth_gbps,
-    shape_from_model,
+from vlmfast.engines.bandwidth import (
+    ModelShape, bandwidth_report, decode_bytes_per_step, peak_bandwidth_gbps, shape_from_model,
+)
+from vlmfast.engines.hf.capacity import (
+    auto_batch_size, batch_memory,
 )
 
 # Qwen2.5-VL-3B-Instruct's language model in bf16: 36 layers, 2 KV heads of 128, ~3.085B parameters.
@@ -83,11 +85,11 @@ def test_auto_batch_size_counts_the_prefill_cache():
 
 
 def test_cuda_batch_size_uses_the_decode_loops_constants():
-    from vlmfast.capacity import cuda_batch_size
-    from vlmfast.decode import BATCH_BUCKETS, LENGTH_BUCKET
-    from vlmfast.engine import CUDA_PREFILL_TOKENS
+    from vlmfast.engines.hf.capacity import cuda_batch_size
+    from vlmfast.engines.hf.decode import BATCH_BUCKETS, LENGTH_BUCKET
+    from vlmfast.engines.hf.capacity import PREFILL_TOKENS
 
-    assert (BATCH_BUCKETS, LENGTH_BUCKET, CUDA_PREFILL_TOKENS) == (BUCKETS, 256, 32768)  # the figures above
+    assert (BATCH_BUCKETS, LENGTH_BUCKET, PREFILL_TOKENS["cuda"]) == (BUCKETS, 256, 32768)  # the figures above
     size, memory = cuda_batch_size(QWEN_3B, 8 * GIB, 1024, 1000)  # 2024 positions → 2048
     assert size == 32 and memory.rows == 32 and memory.cache_len == 2048
     assert memory.total_bytes == 6_117_588_992

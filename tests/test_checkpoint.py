@@ -3,8 +3,8 @@ import shutil
 import pytest
 
 from conftest import edit_json, model_inputs
-from vlmfast.checkpoint import choose_runtime, eos_list, load
-from vlmfast.ckpt_files import cache_off_locations, read_configs, saved_cache_enabled
+from vlmfast.checkpoints.load import choose_runtime, eos_list, load
+from vlmfast.checkpoints.readers import cache_off_locations, read_configs, saved_cache_enabled
 from vlmfast.errors import CheckpointError, UsageError
 
 ALL_OFF = ["config.json: use_cache", "config.json: text_config.use_cache", "generation_config.json: use_cache"]
@@ -61,8 +61,8 @@ def _decoder_lengths(model, run):
 def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
     from transformers import AutoModelForImageTextToText
 
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
 
     ckpt = _copy(base_ckpt, tmp_path)
     if where == "top":
@@ -140,8 +140,8 @@ def test_missing_processor_is_a_clear_error(grpo_ckpt, tmp_path):
 
 
 def test_missing_chat_template_falls_back_to_chatml_and_says_so(grpo_ckpt, images, tmp_path):
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
 
     ckpt = _copy(grpo_ckpt, tmp_path)
     for name in ("chat_template.jinja", "chat_template.json"):

@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ci_check.sh"
 
 @pytest.fixture(scope="module")
 def demo_ckpts(tmp_path_factory):
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     d = tmp_path_factory.mktemp("demo")
     return build_checkpoint(d / "grpo", preset="demo", like="grpo"), build_checkpoint(d / "base", preset="demo", like="base")

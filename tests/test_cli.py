@@ -119,9 +119,9 @@ def test_help_reads_as_people_write_it():
 
 
 def test_text_on_screen_is_shown_as_written(capsys):
-    from vlmfast.doctor import Finding
+    from vlmfast.checkpoints.doctor import Finding
     from vlmfast.errors import UsageError
-    from vlmfast.report import render_error, render_findings, render_note, stderr
+    from vlmfast.report.terminal import render_error, render_findings, render_note, stderr
 
     with stderr.capture() as captured:
         render_note("flash-attn is not installed: pip install 'vlmfast[gpu]'")
@@ -161,7 +161,7 @@ def test_suggested_commands_name_a_vlmfast_the_shell_finds(monkeypatch):
     import os
     import shutil
 
-    from vlmfast.demo import console_script
+    from vlmfast.cli.demo import console_script
 
     monkeypatch.setattr(shutil, "which", lambda name: None)  # not on PATH
     command = console_script()

@@ -5,7 +5,7 @@ import json
 import os
 
 from conftest import cli, read_jsonl, vlmfast
-from vlmfast.compile_cache import CompileCache, decide
+from vlmfast.engines.hf.compile_policy import CompileCache, decide
 
 
 def test_the_key_changes_with_config_dtype_shape_and_versions(loaded, tmp_path):
@@ -58,9 +58,9 @@ def test_a_second_run_compiles_from_the_cache_and_tokens_do_not_change(grpo_ckpt
 def test_a_failing_compile_falls_back_to_the_uncompiled_step(loaded, images, monkeypatch):
     import torch
 
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
-    from vlmfast.scheduler import Scheduler
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
+    from vlmfast.engines.hf.scheduler import Scheduler
 
     def broken(fn, **kwargs):
         def compiled(*args):
@@ -78,9 +78,9 @@ def test_a_failing_compile_falls_back_to_the_uncompiled_step(loaded, images, mon
 
 
 def test_an_uncompiled_run_records_its_step_time_for_the_next_decision(loaded, images, tmp_path):
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
-    from vlmfast.scheduler import Scheduler
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
+    from vlmfast.engines.hf.scheduler import Scheduler
     from vlmfast.timing import versions
 
     cache = CompileCache(versions(), root=tmp_path)

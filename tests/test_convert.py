@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from vlmfast.convert import convert_file, read_truths, write_manifest
+from vlmfast.inputs.convert import convert_file, read_truths, write_manifest
 from vlmfast.errors import InputError, UsageError
-from vlmfast.inputs import Request, read_manifest
-from vlmfast.scoring import rescore
-from vlmfast.stats import summarize
+from vlmfast.inputs.requests import Request, read_manifest
+from vlmfast.evaluation.scoring import rescore
+from vlmfast.evaluation.stats import summarize
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

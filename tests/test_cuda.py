@@ -24,22 +24,22 @@ needs_bf16 = pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_
 BF16_TOKENS = 16
 BF16_MIN_MEAN_PREFIX = BF16_TOKENS // 2
 
-from vlmfast.engine import Engine, GenerationSettings  # noqa: E402
-from vlmfast.inputs import Request  # noqa: E402
-from vlmfast.scheduler import Scheduler  # noqa: E402
+from vlmfast.engines.hf.engine import Engine, GenerationSettings  # noqa: E402
+from vlmfast.inputs.requests import Request  # noqa: E402
+from vlmfast.engines.hf.scheduler import Scheduler  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def on_gpu(grpo_ckpt):
     """float32 on the GPU: graphs, eager and generate must then agree token for token."""
-    from vlmfast.checkpoint import load
+    from vlmfast.checkpoints.load import load
 
     return load(str(grpo_ckpt), device="cuda", dtype="float32", attn="sdpa")
 
 
 @pytest.fixture(scope="module")
 def on_gpu_bf16(grpo_ckpt):
-    from vlmfast.checkpoint import load
+    from vlmfast.checkpoints.load import load
 
     return load(str(grpo_ckpt), device="cuda", dtype="bfloat16", attn="sdpa")
 
@@ -60,7 +60,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def test_runtime_choice_on_this_gpu():
-    from vlmfast.checkpoint import detect_runtime
+    from vlmfast.checkpoints.load import detect_runtime
 
     runtime = detect_runtime()
     assert runtime.device == "cuda"
@@ -98,7 +98,7 @@ def test_graph_buckets_serve_smaller_batches(on_gpu, images):
 
 @needs_qwen_vl_utils
 def test_compiled_graphs_give_the_same_tokens(on_gpu, images, tmp_path, monkeypatch):
-    from vlmfast.compile_cache import CompileCache
+    from vlmfast.engines.hf.compile_policy import CompileCache
     from vlmfast.timing import versions
 
     monkeypatch.setenv("VLMFAST_CACHE", str(tmp_path))
@@ -143,7 +143,7 @@ def test_bf16_graphs_agree_with_the_bf16_eager_loop(on_gpu_bf16, images):
 
 def test_merged_vision_attention_on_the_gpu(on_gpu):
     """The vision tower's windows in one attention call (what prefill uses) on the GPU's kernels."""
-    from vlmfast.vision_attention import use_merged_vision_attention
+    from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
 
     tower = on_gpu.model.model.visual
     grid = torch.tensor([[1, 16, 20], [1, 8, 12]], device="cuda")
@@ -165,7 +165,7 @@ def test_merged_vision_attention_on_the_gpu(on_gpu):
 
 @needs_qwen_vl_utils
 def test_peak_memory_and_clocks_are_cuda_figures(grpo_ckpt, images, tmp_path):
-    from vlmfast.runner import InferOptions, infer
+    from vlmfast.run.runner import InferOptions, infer
 
     report = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(p) for p in images], prompt="Count.",
                                 out=str(tmp_path / "r.jsonl"), generation=GenerationSettings(max_new_tokens=8)))

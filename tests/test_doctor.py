@@ -1,4 +1,4 @@
-"""vlmfast.doctor: each finding fires on a checkpoint that has the problem, and never on a clean base."""
+"""vlmfast.checkpoints.doctor: each finding fires on a checkpoint that has the problem, and never on a clean base."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import edit_json
-from vlmfast.doctor import CODES, diagnose, findings_as_dicts, strict_exit_code
+from vlmfast.checkpoints.doctor import CODES, diagnose, findings_as_dicts, strict_exit_code
 from vlmfast.errors import CheckpointError
 
 

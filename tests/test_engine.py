@@ -7,10 +7,10 @@ import pytest
 
 from conftest import generate_tokens, model_inputs
 
-from vlmfast.engine import Engine
-from vlmfast.rows import GenerationSettings, parse_reasoning
-from vlmfast.inputs import Request
-from vlmfast.scheduler import Scheduler
+from vlmfast.engines.hf.engine import Engine
+from vlmfast.engines.rows import GenerationSettings, parse_reasoning
+from vlmfast.inputs.requests import Request
+from vlmfast.engines.hf.scheduler import Scheduler
 
 PROMPT = "What shapes are in this image? Answer briefly."
 
@@ -128,7 +128,7 @@ def test_seeded_sampling_is_reproducible(loaded, images):
 
 
 def test_decode_reads_back_at_most_once_every_k_steps(loaded, images):
-    from vlmfast.decode import run_loop
+    from vlmfast.engines.hf.decode import run_loop
 
     reqs = _requests(images[:2])
     timing = next(iter(Scheduler(Engine(loaded, GenerationSettings(max_new_tokens=20), sync_every=4)).run(reqs, {}, 2)))[2]
@@ -213,8 +213,8 @@ def test_decode_attention_is_sdpa_whatever_the_model_loaded_with(grpo_ckpt, imag
     tokens are generate's."""
     from transformers import AttentionInterface
 
-    from vlmfast import decode
-    from vlmfast.checkpoint import load
+    from vlmfast.engines.hf import decode
+    from vlmfast.checkpoints.load import load
 
     calls = []
 

@@ -12,8 +12,8 @@ import shutil
 import pytest
 
 from conftest import edit_json, generate_tokens, model_inputs
-from vlmfast.families import BY_KEY, FAMILIES, decoder_for, family_for
-from vlmfast.inputs import Request
+from vlmfast.checkpoints.families import BY_KEY, FAMILIES, decoder_for, family_for
+from vlmfast.inputs.requests import Request
 
 PROMPT = "What shapes are in this image? Answer briefly."
 NEW_FAMILIES = [k for k in BY_KEY if k != "qwen2_5_vl"]  # Qwen2.5-VL: conftest's grpo_ckpt, test_engine
@@ -34,7 +34,7 @@ ON_THIS_LINE = [pytest.param(k, marks=pytest.mark.skipif(not _has_class(k), reas
 @pytest.fixture(scope="module")
 def family_ckpts(tmp_path_factory):
     """Each family's tiny GRPO-like checkpoint, built once, on demand."""
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     root, built = tmp_path_factory.mktemp("families"), {}
 
@@ -47,7 +47,7 @@ def family_ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def family_loaded(family_ckpts):
-    from vlmfast.checkpoint import load
+    from vlmfast.checkpoints.load import load
 
     cache = {}
 
@@ -59,7 +59,7 @@ def family_loaded(family_ckpts):
 
 
 def _run(engine, requests, batch_size):
-    from vlmfast.scheduler import Scheduler
+    from vlmfast.engines.hf.scheduler import Scheduler
 
     out = {}
     for _, results, _ in Scheduler(engine).run(requests, {}, batch_size):
@@ -125,7 +125,7 @@ def test_tiny_checkpoint_is_the_real_class_saved_grpo_like(key, family_ckpts, fa
 
 @NEEDS_QWEN3_5
 def test_qwen3_5_has_its_own_vocabulary(family_ckpts, grpo_ckpt):
-    from vlmfast.ckpt_files import token_id
+    from vlmfast.checkpoints.readers import token_id
 
     assert token_id(family_ckpts("qwen3_5"), "<|im_end|>") != token_id(grpo_ckpt, "<|im_end|>")
 
@@ -133,7 +133,7 @@ def test_qwen3_5_has_its_own_vocabulary(family_ckpts, grpo_ckpt):
 @WITHOUT_QWEN3_5
 def test_qwen3_5_on_transformers_4_is_a_usage_error_with_a_hint(tmp_path):
     from vlmfast.errors import UsageError
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     with pytest.raises(UsageError) as err:
         build_checkpoint(tmp_path / "q", family="qwen3_5")
@@ -141,7 +141,7 @@ def test_qwen3_5_on_transformers_4_is_a_usage_error_with_a_hint(tmp_path):
 
 
 def test_unknown_family_or_preset_lists_the_valid_ones(tmp_path):
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     from vlmfast.errors import UsageError
 
@@ -154,7 +154,7 @@ def test_unknown_family_or_preset_lists_the_valid_ones(tmp_path):
 # -- the decode loop against plain generate --------------------------------------------------------
 @pytest.mark.parametrize("key", ON_THIS_LINE)
 def test_loop_gives_generate_tokens_batch_1_and_n_rows_ending_apart(key, family_loaded, images):
-    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
 
     loaded, reqs = family_loaded(key), [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
     free = [r.token_ids for r in _run(Engine(loaded, GenerationSettings(max_new_tokens=12, ignore_eos=True)), reqs, 3)]
@@ -172,7 +172,7 @@ def test_loop_gives_generate_tokens_batch_1_and_n_rows_ending_apart(key, family_
 def test_static_shapes_give_the_eager_tokens(key, family_loaded, images):
     """The CUDA-graph / compile path (whole cache + mask, device-side positions, a reused shape), here
     without compiling on the CPU: twice over, so states left from the first batch must not leak."""
-    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
 
     loaded, reqs = family_loaded(key), [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
     settings = GenerationSettings(max_new_tokens=10, ignore_eos=True)
@@ -185,8 +185,8 @@ def test_static_shapes_give_the_eager_tokens(key, family_loaded, images):
 def test_qwen3_5_loop_reads_the_prompts_linear_attention_states(family_loaded, images, monkeypatch):
     """Without the prompt's conv or recurrent states the tokens change: the equality above proves the
     states are carried over, not that they do not matter."""
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.linear_states import LinearStateCache
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.engines.hf.linear_states import LinearStateCache
 
     loaded, reqs = family_loaded("qwen3_5"), [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
     settings = GenerationSettings(max_new_tokens=10, ignore_eos=True)
@@ -204,8 +204,8 @@ def test_qwen3_5_loop_reads_the_prompts_linear_attention_states(family_loaded, i
 # -- doctor and fix per family ---------------------------------------------------------------------
 @pytest.mark.parametrize("key", ON_THIS_LINE)
 def test_doctor_finds_every_cache_off_place_and_fix_turns_them_on(key, family_ckpts, tmp_path):
-    from vlmfast.doctor import diagnose
-    from vlmfast.fix import apply_fix, plan_fix
+    from vlmfast.checkpoints.doctor import diagnose
+    from vlmfast.checkpoints.fix import apply_fix, plan_fix
 
     d = shutil.copytree(family_ckpts(key), tmp_path / key)
     assert sorted(f.location for f in diagnose(d) if f.code == "cache-off") == [
@@ -219,9 +219,9 @@ def test_doctor_finds_every_cache_off_place_and_fix_turns_them_on(key, family_ck
 
 @pytest.mark.parametrize("key", ON_THIS_LINE)
 def test_lost_im_end_is_found_and_restored_with_the_familys_ids(key, family_ckpts, tmp_path):
-    from vlmfast.ckpt_files import token_id
-    from vlmfast.doctor import diagnose
-    from vlmfast.fix import apply_fix, plan_fix
+    from vlmfast.checkpoints.readers import token_id
+    from vlmfast.checkpoints.doctor import diagnose
+    from vlmfast.checkpoints.fix import apply_fix, plan_fix
 
     d = shutil.copytree(family_ckpts(key), tmp_path / key)
     im_end, eot = token_id(d, "<|im_end|>"), token_id(d, "<|endoftext|>")
@@ -236,7 +236,7 @@ def test_lost_im_end_is_found_and_restored_with_the_familys_ids(key, family_ckpt
 def test_without_tokenizer_files_a_real_vocabulary_gives_the_familys_id(family_ckpts, tmp_path):
     """Qwen3.5's <|im_end|> is 248046, not Qwen2.5's 151645: known from the family when only the
     vocabulary size is left to go by."""
-    from vlmfast.doctor import diagnose
+    from vlmfast.checkpoints.doctor import diagnose
 
     d = shutil.copytree(family_ckpts("qwen3_5"), tmp_path / "q")
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
@@ -251,15 +251,15 @@ def test_without_tokenizer_files_a_real_vocabulary_gives_the_familys_id(family_c
 @pytest.fixture(scope="module")
 def glm(tmp_path_factory):
     from foreign import build_glm4v
-    from vlmfast.checkpoint import load
+    from vlmfast.checkpoints.load import load
 
     d = build_glm4v(tmp_path_factory.mktemp("glm4v") / "glm")
     return d, load(str(d), device="cpu")
 
 
 def test_untested_family_runs_through_plain_generate_with_a_note(glm, images):
-    from vlmfast.doctor import diagnose
-    from vlmfast.engine import Engine, GenerationSettings
+    from vlmfast.checkpoints.doctor import diagnose
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
 
     d, loaded = glm
     assert loaded.family is None and type(loaded.model).__name__ == "Glm4vForConditionalGeneration"
@@ -281,7 +281,7 @@ def test_untested_family_runs_through_plain_generate_with_a_note(glm, images):
 
 def test_rel1000_boxes_are_mapped_to_the_images_pixels():
     """Qwen2-VL, Qwen3-VL and Qwen3.5 answer in thousandths of the image (the family's box_space)."""
-    from vlmfast.scoring import score_answer
+    from vlmfast.evaluation.scoring import score_answer
 
     assert BY_KEY["qwen3_vl"].box_space == "rel1000"
     exact = score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space="rel1000",
@@ -295,7 +295,7 @@ def test_rel1000_boxes_are_mapped_to_the_images_pixels():
 
 @NEEDS_QWEN3_5
 def test_capacity_counts_keys_and_values_of_full_attention_layers_only(family_loaded):
-    from vlmfast.capacity import shape_from_model
+    from vlmfast.engines.bandwidth import shape_from_model
 
     shape = shape_from_model(family_loaded("qwen3_5").model, "float32")
     assert shape.layers == 1 and shape.kv_bytes_per_token == 1 * 2 * 32 * 2 * 4  # 1 of 4 layers, 2 kv heads of 32

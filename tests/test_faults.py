@@ -13,16 +13,16 @@ import pytest
 
 from conftest import read_jsonl
 from conftest import vlmfast
-from vlmfast.engine import Engine, GenerationSettings
+from vlmfast.engines.hf.engine import Engine, GenerationSettings
 from vlmfast.errors import CheckpointError
-from vlmfast.runner import InferOptions, infer
+from vlmfast.run.runner import InferOptions, infer
 
 VLMFAST = Path(sys.executable).parent / "vlmfast"
 
 
 @pytest.fixture(scope="module")
 def many_images(tmp_path_factory):
-    from vlmfast.tiny import make_images
+    from vlmfast.checkpoints.tiny import make_images
 
     return make_images(tmp_path_factory.mktemp("many"), n=24, sizes=[(56, 56)])
 
@@ -219,7 +219,7 @@ def test_pickle_weights_need_allow_pickle(grpo_ckpt, images, tmp_path):
 
 
 def test_unreadable_checkpoint_dir_is_a_clear_error(grpo_ckpt, monkeypatch):
-    from vlmfast.locate import locate
+    from vlmfast.checkpoints.locate import locate
 
     # Tests run as root, which reads any directory: simulate the permission check's answer.
     monkeypatch.setattr(os, "access", lambda path, mode: False)

@@ -1,4 +1,4 @@
-"""vlmfast.fix: fix → doctor is clean, idempotent, backups keep the original bytes, dry-run writes
+"""vlmfast.checkpoints.fix: fix → doctor is clean, idempotent, backups keep the original bytes, dry-run writes
 nothing, refusals are clear; merge_lora writes a checkpoint doctor passes."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import edit_json
-from vlmfast.doctor import diagnose
+from vlmfast.checkpoints.doctor import diagnose
 from vlmfast.errors import CheckpointError
-from vlmfast.fix import FixError, apply_fix, dump_like, merge_lora, plan_fix
+from vlmfast.checkpoints.fix import FixError, apply_fix, dump_like, merge_lora, plan_fix
 
 FIXED_BY_FIX = {"cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
                 "tokenizer-missing", "chat-template-missing"}
@@ -39,9 +39,9 @@ def _broken(base: Path, dst: Path) -> Path:
 
 
 def test_fix_makes_doctor_clean_and_the_model_loads(base_ckpt, images, tmp_path):
-    from vlmfast.checkpoint import load
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
 
     d = _broken(base_ckpt, tmp_path / "c")
     # without tokenizer files <|im_end|>'s id is known only from the base

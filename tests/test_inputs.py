@@ -4,7 +4,7 @@ import os
 import pytest
 
 from vlmfast.errors import InputError, UsageError
-from vlmfast.inputs import R1_INSTRUCTION, check_images, collect, expand_images, raise_for_problems
+from vlmfast.inputs.requests import R1_INSTRUCTION, check_images, collect, expand_images, raise_for_problems
 
 
 def test_directory_and_glob_expand_sorted(images):

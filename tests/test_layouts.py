@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from layouts import LAYOUTS, build_layout, merge_fsdp_shards
-from vlmfast.checkpoint import load
+from vlmfast.checkpoints.load import load
 from vlmfast.errors import CheckpointError
-from vlmfast.locate import locate, require
-from vlmfast.tiny import build_checkpoint
+from vlmfast.checkpoints.locate import locate, require
+from vlmfast.checkpoints.tiny import build_checkpoint
 
 
 def _digests(d: Path) -> dict[str, str]:
@@ -22,8 +22,8 @@ def _digests(d: Path) -> dict[str, str]:
 
 
 def _generate(loaded, image, n=4):
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
 
     results, _ = Engine(loaded, GenerationSettings(max_new_tokens=n)).generate_batch(
         [Request("a", (str(image),), "Describe the image.")])
@@ -113,7 +113,7 @@ def test_swift_lora_needs_its_base_and_runs_with_it(layouts, images):
 
 
 def test_swift_merged_lora_beside_the_adapter_wins(layouts, tmp_path):
-    from vlmfast.fix import merge_lora
+    from vlmfast.checkpoints.fix import merge_lora
 
     root = tmp_path / "swift-lora"
     shutil.copytree(layouts["swift-lora"].root, root)

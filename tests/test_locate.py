@@ -1,4 +1,4 @@
-"""vlmfast.locate: one way to find a checkpoint, and errors that come fast and say what to do."""
+"""vlmfast.checkpoints.locate: one way to find a checkpoint, and errors that come fast and say what to do."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from vlmfast.errors import CheckpointError
-from vlmfast.locate import locate, require
+from vlmfast.checkpoints.locate import locate, require
 
 
 def test_checkpoint_n_picks_highest_numeric_with_weights(grpo_ckpt, tmp_path):
@@ -79,7 +79,7 @@ class _Hub(http.server.BaseHTTPRequestHandler):
 
 def _probe(env: dict) -> subprocess.CompletedProcess:
     """locate() in a fresh interpreter: the hub endpoint is read when huggingface_hub is imported."""
-    code = ("from vlmfast.locate import locate\n"
+    code = ("from vlmfast.checkpoints.locate import locate\n"
             "from vlmfast.errors import CheckpointError\n"
             "try:\n    print(locate('nobody/no-such-model', hub=True))\n"
             "except CheckpointError as e:\n    print('ERROR', e.message, '|', e.hint)\n")

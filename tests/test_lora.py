@@ -1,4 +1,4 @@
-"""vlmfast.lora: adapter dirs, their base, and that unmerged, merged and merge_lora-written models
+"""vlmfast.checkpoints.lora: adapter dirs, their base, and that unmerged, merged and merge_lora-written models
 decode the same greedy tokens."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from conftest import edit_json
-from vlmfast.checkpoint import load
-from vlmfast.ckpt_files import is_adapter_dir
+from vlmfast.checkpoints.load import load
+from vlmfast.checkpoints.readers import is_adapter_dir
 from vlmfast.errors import CheckpointError
-from vlmfast.lora import adapter_base, resolve_base
+from vlmfast.checkpoints.lora import adapter_base, resolve_base
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,8 @@ def lora(layouts):
 
 
 def _tokens(loaded, images, n=8):
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
 
     engine = Engine(loaded, GenerationSettings(max_new_tokens=n, ignore_eos=True))
     return [engine.generate_batch([Request(str(i), (str(img),), "Describe the image.")])[0][0].token_ids
@@ -49,7 +49,7 @@ def test_adapter_dir_and_its_base(lora, base_ckpt, tmp_path):
 def test_unmerged_merged_and_merge_lora_give_identical_greedy_tokens(lora, images, tmp_path):
     import torch
 
-    from vlmfast.fix import merge_lora
+    from vlmfast.checkpoints.fix import merge_lora
 
     some = images[:3]
     unmerged = load(str(lora.model_dir), merge=False, device="cpu")

@@ -44,7 +44,7 @@ def test_two_process_accelerate_run_equals_one_process_run(grpo_ckpt, images, tm
 FAULT = '''
 import os
 if os.environ.get("RANK") == "1":  # the second process fails in its second batch
-    import vlmfast.engine as engine
+    import vlmfast.engines.hf.engine as engine
     real, calls = engine.Engine.generate_batch, []
 
     def failing(self, *args, **kwargs):
@@ -81,7 +81,7 @@ def test_a_failure_on_one_process_stops_every_process_and_the_run_resumes(grpo_c
 
 def test_more_processes_than_gpus_is_refused_before_loading():
     from vlmfast.errors import UsageError
-    from vlmfast.parallel import check_devices
+    from vlmfast.run.parallel import check_devices
 
     check_devices(2, cuda=False, device_count=0)  # CPU processes over gloo: fine
     check_devices(2, cuda=True, device_count=2)

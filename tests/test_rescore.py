@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, read_jsonl
-from vlmfast.bench_figures import BASE, CKPT, gate
-from vlmfast.engine import GenerationSettings
+from vlmfast.run.bench_figures import BASE, CKPT, gate
+from vlmfast.engines.hf.engine import GenerationSettings
 from vlmfast.errors import InputError
-from vlmfast.rescore import MAX_LISTED, read_result_rows, rescore_file
-from vlmfast.runner import InferOptions, infer
+from vlmfast.run.rescore import MAX_LISTED, read_result_rows, rescore_file
+from vlmfast.run.runner import InferOptions, infer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SCORE_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")

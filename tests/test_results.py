@@ -4,7 +4,7 @@ import pytest
 
 from conftest import read_jsonl
 from vlmfast.errors import InputError
-from vlmfast.results import ResultsWriter, finalize, part_path, prepare_out, read_existing
+from vlmfast.run.results import ResultsWriter, finalize, part_path, prepare_out, read_existing
 
 
 def _row(i):

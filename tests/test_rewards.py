@@ -1,4 +1,4 @@
-"""vlmfast.rewards: a trainer's reward function (EasyR1, TRL / VLM-R1, verl) scores result rows."""
+"""vlmfast.evaluation.rewards: a trainer's reward function (EasyR1, TRL / VLM-R1, verl) scores result rows."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from vlmfast.errors import RewardError, UsageError
-from vlmfast.rewards import FIELDS, FORMS, load_reward
-from vlmfast.scoring import ROW_FIELDS
+from vlmfast.evaluation.rewards import FIELDS, FORMS, load_reward
+from vlmfast.evaluation.scoring import ROW_FIELDS
 
 GOOD = "<think>2+2</think><answer>4</answer>"
 PLAIN = "the answer is <answer>4</answer>"

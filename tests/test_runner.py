@@ -1,8 +1,8 @@
 import json
 
 from conftest import read_jsonl
-from vlmfast.engine import GenerationSettings
-from vlmfast.runner import InferOptions, infer
+from vlmfast.engines.hf.engine import GenerationSettings
+from vlmfast.run.runner import InferOptions, infer
 
 
 def _options(grpo_ckpt, images, out, **kw):

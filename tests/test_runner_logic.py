@@ -7,8 +7,8 @@ from PIL import Image
 
 from conftest import FakeBackend, read_jsonl
 from vlmfast.errors import Interrupted, UsageError
-from vlmfast.options import InferOptions
-from vlmfast.runner import infer
+from vlmfast.run.options import InferOptions
+from vlmfast.run.runner import infer
 
 
 def _images(tmp_path, sizes):
@@ -40,7 +40,7 @@ def test_rows_written_scored_and_reported_in_input_order(small, tmp_path):
 
 
 def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatch):
-    import vlmfast.backends
+    import vlmfast.engines.open
 
     out = tmp_path / "r.jsonl"
     infer(_options(small, out), backend=FakeBackend())
@@ -52,7 +52,7 @@ def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatc
     def no_engine(*args, **kwargs):
         raise AssertionError("the engine (and the model) should not be opened")
 
-    monkeypatch.setattr(vlmfast.backends, "open_backend", no_engine)
+    monkeypatch.setattr(vlmfast.engines.open, "open_backend", no_engine)
     report = infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(out)))
     assert report.samples == 0 and report.skipped_existing == 4 and report.load_s == 0.0
     assert report.cache["found_off"] == ["config.json: use_cache"]
@@ -61,13 +61,13 @@ def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatc
 
 
 def test_the_results_file_is_read_once_per_run(small, tmp_path, monkeypatch):
-    import vlmfast.results
+    import vlmfast.run.results
 
     out = tmp_path / "r.jsonl"
     infer(_options(small[:2], out), backend=FakeBackend())
     reads = []
-    real = vlmfast.results.read_existing
-    monkeypatch.setattr(vlmfast.results, "read_existing", lambda *a, **k: reads.append(a) or real(*a, **k))
+    real = vlmfast.run.results.read_existing
+    monkeypatch.setattr(vlmfast.run.results, "read_existing", lambda *a, **k: reads.append(a) or real(*a, **k))
     report = infer(_options(small, out), backend=FakeBackend())
     assert len(reads) == 1 and report.samples == 2 and report.skipped_existing == 2
     assert [r["id"] for r in read_jsonl(out)] == small
@@ -143,8 +143,8 @@ def _manifest(tmp_path, paths, truths):
 
 
 def test_reward_function_scores_infer_and_score_alike(small, tmp_path):
-    from vlmfast.rescore import rescore_file
-    from vlmfast.rewards import load_reward
+    from vlmfast.run.rescore import rescore_file
+    from vlmfast.evaluation.rewards import load_reward
 
     (tmp_path / "reward.py").write_text(REWARD)
     manifest = _manifest(tmp_path, small, ["A", "B", "A", "C"])

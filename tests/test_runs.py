@@ -1,4 +1,4 @@
-"""vlmfast.runs: every checkpoint of a training run, per trainer layout, from tiny fake checkpoint dirs
+"""vlmfast.checkpoints.runs: every checkpoint of a training run, per trainer layout, from tiny fake checkpoint dirs
 (a config.json and a hand-written safetensors file: nothing is loaded)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vlmfast.errors import InputError
-from vlmfast.runs import RunCheckpoint, find_run_checkpoints, weights_complete
+from vlmfast.checkpoints.runs import RunCheckpoint, find_run_checkpoints, weights_complete
 
 SWIFT_OLD, SWIFT_NEW, SWIFT_EMPTY = "v0-20250101-000000", "v1-20250102-000000", "v2-20250103-000000"
 

@@ -1,4 +1,4 @@
-"""vlmfast.samples: pass@k, maj@k, solve rates and the Wilson interval, against hand-computed values."""
+"""vlmfast.evaluation.samples: pass@k, maj@k, solve rates and the Wilson interval, against hand-computed values."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from vlmfast.samples import SUMMARY_KEYS, accuracy_interval, ks_for, majority_correct, pass_at_k, summarize_samples
+from vlmfast.evaluation.samples import SUMMARY_KEYS, accuracy_interval, ks_for, majority_correct, pass_at_k, summarize_samples
 
 
 def _comb_pass_at_k(n, c, k):

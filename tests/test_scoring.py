@@ -7,7 +7,7 @@ import math
 import pytest
 
 from vlmfast.errors import UsageError
-from vlmfast.scoring import (
+from vlmfast.evaluation.scoring import (
     BBOX_SPACES, ROW_FIELDS, SCORERS, Score, box_iou, format_ok, parse_box, parse_choice, parse_number,
     parse_reasoning, reasoning_ends, rescore, resolve_scorer, row_bbox_space, score_answer, score_row, truth_text,
 )

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from vlmfast.errors import UsageError
-from vlmfast.scoring import ROW_FIELDS
-from vlmfast.stats import mcnemar_exact, mean, paired_comparison, summarize
+from vlmfast.evaluation.scoring import ROW_FIELDS
+from vlmfast.evaluation.stats import mcnemar_exact, mean, paired_comparison, summarize
 
 
 def test_mean():

@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from conftest import cli, read_jsonl
-from vlmfast.options import InferOptions
-from vlmfast.rows import GenerationSettings
+from vlmfast.run.options import InferOptions
+from vlmfast.engines.rows import GenerationSettings
 
 SETTINGS = GenerationSettings(max_new_tokens=6)
 
@@ -17,8 +17,8 @@ SETTINGS = GenerationSettings(max_new_tokens=6)
 def run(tmp_path_factory, images):
     """A run dir with checkpoint-100/200/300 (tiny, GRPO-like, different weight seeds), a base and a manifest
     whose ground truth is checkpoint-200's own answers (so step 200 is the best, by construction)."""
-    from vlmfast.runner import infer
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.run.runner import infer
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     root = tmp_path_factory.mktemp("sweep")
     for step, seed in ((100, 1), (200, 2), (300, 3)):
@@ -40,7 +40,7 @@ def run(tmp_path_factory, images):
 
 
 def _options(run, out_dir, **kw):
-    from vlmfast.sweep import SweepOptions
+    from vlmfast.run.sweep import SweepOptions
 
     infer = InferOptions(ckpt=str(run["run"]), manifest=str(run["manifest"]), generation=SETTINGS, device="cpu")
     return SweepOptions(run_dir=str(run["run"]), out_dir=str(out_dir), infer=infer, **kw)
@@ -57,7 +57,7 @@ def _digests(*dirs):
 
 
 def test_every_checkpoint_once_rows_equal_fresh_loads_and_the_best_step(run, tmp_path):
-    from vlmfast.sweep import sweep
+    from vlmfast.run.sweep import sweep
 
     before = _digests(run["run"], run["base"])
     report = sweep(_options(run, tmp_path / "s", base=str(run["base"])))
@@ -75,7 +75,7 @@ def test_every_checkpoint_once_rows_equal_fresh_loads_and_the_best_step(run, tmp
 
 
 def test_a_killed_sweep_resumes_without_redoing_a_row(run, tmp_path):
-    from vlmfast.sweep import sweep
+    from vlmfast.run.sweep import sweep
 
     out = tmp_path / "s"
     first = sweep(_options(run, out, steps=(100, 200)))
@@ -90,8 +90,8 @@ def test_a_killed_sweep_resumes_without_redoing_a_row(run, tmp_path):
 
 
 def test_a_checkpoint_of_another_shape_is_loaded_afresh_and_said(run, tmp_path):
-    from vlmfast.sweep import sweep
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.run.sweep import sweep
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     mixed = tmp_path / "mixed"
     shutil.copytree(run["run"] / "checkpoint-100", mixed / "checkpoint-100")
@@ -107,7 +107,7 @@ def test_a_checkpoint_of_another_shape_is_loaded_afresh_and_said(run, tmp_path):
 
 
 def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
-    from vlmfast.sweep import sweep
+    from vlmfast.run.sweep import sweep
 
     live = tmp_path / "live"
     shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-100")

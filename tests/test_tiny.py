@@ -1,4 +1,4 @@
-"""Tests for vlmfast.tiny: offline tiny Qwen2.5-VL checkpoints and synthetic images."""
+"""Tests for vlmfast.checkpoints.tiny: offline tiny Qwen2.5-VL checkpoints and synthetic images."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from vlmfast.errors import UsageError
 
-from vlmfast import tiny
+from vlmfast.checkpoints import tiny
 
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
            "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
@@ -223,10 +223,10 @@ def test_make_images_deterministic(tmp_path):
 def test_real_vocabulary_puts_special_tokens_at_qwens_ids(tmp_path, monkeypatch, images):
     """The 3b/7b presets' tokenizer: padded so Qwen's special tokens sit at their real ids, with the
     real LM-head size; checked on tiny shapes (the real ones need a GPU to build quickly)."""
-    from vlmfast.checkpoint import load
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
-    from vlmfast.tiny import PRESETS, build_checkpoint
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
+    from vlmfast.checkpoints.tiny import PRESETS, build_checkpoint
 
     monkeypatch.setitem(PRESETS, "tiny-real-vocab", {**PRESETS["tiny"], "vocab_size": 151936, "tie_word_embeddings": True})
     ckpt = build_checkpoint(tmp_path / "c", preset="tiny-real-vocab")

@@ -9,7 +9,7 @@ from conftest import model_inputs
 
 torch = pytest.importorskip("torch")
 
-from vlmfast.vision_attention import VARLEN_NAME, segment_attention, use_merged_vision_attention  # noqa: E402
+from vlmfast.engines.hf.vision_attention import VARLEN_NAME, segment_attention, use_merged_vision_attention  # noqa: E402
 
 # float32 on the CPU: the merged call reduces over padded rows with masked keys, the per-window calls
 # over exact rows — the same sums in another order, so a few ulps apart.
@@ -138,8 +138,8 @@ def test_segment_attention_runs_lopsided_segments_one_by_one(monkeypatch):
 
 def test_model_prefill_is_unchanged(loaded, images):
     """What the engine does: the whole model's forward on processed images inside the context."""
-    from vlmfast.engine import Engine, GenerationSettings
-    from vlmfast.inputs import Request
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
 
     engine = Engine(loaded, GenerationSettings(max_new_tokens=1))
     inputs = model_inputs(engine, [Request(str(p), (str(p),), "What is in this image?") for p in images[:3]])

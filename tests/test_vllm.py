@@ -1,4 +1,4 @@
-"""vlmfast.vllm_engine and vlmfast.overlay end to end on the demo checkpoint, where vLLM imports
+"""vlmfast.engines.vllm.backend and vlmfast.checkpoints.overlay end to end on the demo checkpoint, where vLLM imports
 (.venv-vllm, built by scripts/setup_vllm.sh). One vLLM instance serves the whole module: it takes
 20-50 s to start on 2 CPU cores. The tiny preset's head_dim 16 is not supported by vLLM's CPU attention,
 so these tests build the demo preset.
@@ -21,11 +21,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vlmfast.engine import Engine, GenerationSettings  # noqa: E402
+from vlmfast.engines.hf.engine import Engine, GenerationSettings  # noqa: E402
 from vlmfast.errors import UsageError  # noqa: E402
-from vlmfast.inputs import Request  # noqa: E402
-from vlmfast.overlay import OVERLAY_PREFIX, overlay_for_vllm  # noqa: E402
-from vlmfast.vllm_engine import VllmEngine  # noqa: E402
+from vlmfast.inputs.requests import Request  # noqa: E402
+from vlmfast.checkpoints.overlay import OVERLAY_PREFIX, overlay_for_vllm  # noqa: E402
+from vlmfast.engines.vllm.backend import VllmEngine  # noqa: E402
 
 
 def use_settings(engine, settings):
@@ -50,7 +50,7 @@ def _overlays() -> set[str]:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("vllm") / "demo", preset="demo", like="grpo")
 
@@ -75,7 +75,7 @@ def before(demo, broken) -> tuple[dict, dict]:
 def requests(tmp_path_factory) -> list[Request]:
     """8 single-image requests, a truncated PNG fourth (its header is fine) and, last, one request with
     two images and a system prompt."""
-    from vlmfast.tiny import make_images
+    from vlmfast.checkpoints.tiny import make_images
 
     d = tmp_path_factory.mktemp("vllm-images")
     paths = make_images(d, n=8)
@@ -116,7 +116,7 @@ def rows(chunks) -> dict:
 
 @pytest.fixture(scope="module")
 def hf_loaded(demo):
-    from vlmfast.checkpoint import load
+    from vlmfast.checkpoints.load import load
 
     return load(str(demo), device="cpu", dtype="float32")
 
@@ -133,7 +133,7 @@ def hf_rows(hf_loaded, good) -> dict:
 
 
 def test_chunks_keep_input_order_and_a_bad_image_is_an_error_row(chunks, requests, engine):
-    from vlmfast.batching import image_tokens
+    from vlmfast.engines.batching import image_tokens
     from PIL import Image
 
     assert [i for indices, _, _ in chunks for i in indices] == list(range(len(requests)))
@@ -270,7 +270,7 @@ def _vllm_on_cpu() -> bool:
 
 @pytest.mark.skipif(not _vllm_on_cpu(), reason="a limit of vLLM's CPU attention")
 def test_a_head_size_vllms_cpu_attention_lacks_is_a_usage_error(tmp_path):
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     tiny = build_checkpoint(tmp_path / "tiny", preset="tiny", like="grpo")  # head_dim 16
     left = _overlays()

@@ -19,7 +19,7 @@ from conftest import VLMFAST, read_jsonl, vlmfast  # noqa: E402
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
-    from vlmfast.tiny import build_checkpoint
+    from vlmfast.checkpoints.tiny import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("vllm-cli") / "demo", preset="demo", like="grpo")
 
@@ -27,7 +27,7 @@ def demo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def image_dir(tmp_path_factory) -> Path:
     """8 images and a truncated PNG (an error row with --skip-bad)."""
-    from vlmfast.tiny import make_images
+    from vlmfast.checkpoints.tiny import make_images
 
     d = tmp_path_factory.mktemp("vllm-cli-images")
     paths = make_images(d, n=8)

@@ -10,20 +10,22 @@ Library API (imports are lazy so ``vlmfast --help`` stays instant)::
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "load": "checkpoint",
-    "Loaded": "checkpoint",
-    "Engine": "engine",
-    "Scheduler": "scheduler",
-    "GenerationSettings": "rows",
-    "SampleResult": "rows",
-    "parse_reasoning": "scoring",
-    "Request": "inputs",
-    "infer": "runner",
-    "InferOptions": "options",
-    "InferReport": "summary",
+    "load": "checkpoints.load",
+    "Loaded": "checkpoints.load",
+    "Engine": "engines.hf.engine",
+    "Scheduler": "engines.hf.scheduler",
+    "GenerationSettings": "engines.rows",
+    "SampleResult": "engines.rows",
+    "parse_reasoning": "evaluation.scoring",
+    "Request": "inputs.requests",
+    "infer": "run.runner",
+    "InferOptions": "run.options",
+    "InferReport": "run.summary",
+    "sweep": "run.sweep",
+    "SweepOptions": "run.sweep",
     "VlmfastError": "errors",
-    "Family": "families",
-    "family_for": "families",
+    "Family": "checkpoints.families",
+    "family_for": "checkpoints.families",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

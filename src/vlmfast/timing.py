@@ -164,7 +164,7 @@ def versions() -> dict:
     import platform
     from importlib import metadata
 
-    from . import __version__
+    from vlmfast import __version__
 
     def installed(name: str) -> str | None:
         if name in sys.modules:  # imported: its own string (torch's names its build, e.g. +cu130)

@@ -4,8 +4,8 @@ command bodies so ``vlmfast --help`` is instant."""
 
 from __future__ import annotations
 
-from . import infer, sweep, bench, data, ckpt  # noqa: F401, I001 - importing a module registers its commands, in this order
-from .common import app
+from vlmfast.cli import infer, sweep, bench, data, ckpt  # noqa: F401, I001 - importing a module registers its commands, in this order
+from vlmfast.cli.common import app
 
 __all__ = ["app", "main", "spread_multi_value"]
 

@@ -1,4 +1,4 @@
-"""``vlmfast bench``: the command line of :func:`vlmfast.bench.run_bench`."""
+"""``vlmfast bench``: the command line of :func:`vlmfast.run.bench.run_bench`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (EXIT_CODES_HELP, FAST, GEN, INPUT, MODEL, OUTPUT, Attn, BboxSpace, Ckpt, Command, CudaGraphs,
+from vlmfast.cli.common import (EXIT_CODES_HELP, FAST, GEN, INPUT, MODEL, OUTPUT, Attn, BboxSpace, Ckpt, Command, CudaGraphs,
                      Decoder, Device, Dtype, IgnoreEos, Images, Iou, Json, Manifest, MaxPixels, MinPixels, Prompt,
                      Scorer, Template, command, from_params, guarded, sharing)
-from .infer import infer as infer_command
+from vlmfast.cli.infer import infer as infer_command
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
@@ -53,8 +53,8 @@ def bench(
     params = {**locals(), **shared}
 
     def run():
-        from ..bench import BenchOptions, run_bench
-        from ..report import ProgressBar, print_json, render_bench, render_note, write_bench_dir
+        from vlmfast.run.bench import BenchOptions, run_bench
+        from vlmfast.report.terminal import ProgressBar, print_json, render_bench, render_note, write_bench_dir
 
         options = from_params(BenchOptions, params)  # generation: max_new_tokens, ignore_eos, temperature, top_p, seed, n
         bar = ProgressBar(unit="timed runs")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import GEN, Command, MaxNew, UsageError, command, guarded
+from vlmfast.cli.common import GEN, Command, MaxNew, UsageError, command, guarded
 
 
 @command(cls=Command, epilog="Exit codes: 0 ok (or findings without --strict) · 1 error-level findings with --strict · 2 bad checkpoint path.")
@@ -20,9 +20,9 @@ def doctor(
     """Diagnose a trained checkpoint: cache off, lost EOS or processor files, unmerged shards, LoRA, unsafe weights."""
 
     def run():
-        from ..doctor import diagnose, findings_as_dicts, strict_exit_code
-        from ..locate import locate
-        from ..report import print_json, render_findings
+        from vlmfast.checkpoints.doctor import diagnose, findings_as_dicts, strict_exit_code
+        from vlmfast.checkpoints.locate import locate
+        from vlmfast.report.terminal import print_json, render_findings
 
         where = str(locate(ckpt).path)
         findings = diagnose(ckpt, base=base)
@@ -45,8 +45,8 @@ def fix(
     """Repair a checkpoint's configs (cache on, EOS list) and missing files, atomically with backups; or merge a LoRA adapter."""
 
     def run():
-        from ..fix import apply_fix, merge_lora as merge, plan_fix
-        from ..report import render_note, stderr
+        from vlmfast.checkpoints.fix import apply_fix, merge_lora as merge, plan_fix
+        from vlmfast.report.terminal import render_note, stderr
 
         if merge_lora is not None:
             if dry_run:
@@ -84,8 +84,8 @@ def make_checkpoint(
     """Build a random-weight Qwen-VL checkpoint offline (the family's real model and processor classes)."""
 
     def run():
-        from ..report import stderr
-        from ..tiny import build_checkpoint
+        from vlmfast.report.terminal import stderr
+        from vlmfast.checkpoints.tiny import build_checkpoint
 
         path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite, family=family)
         stderr.print(f"checkpoint ({family}, {preset}, like {like}) in {path}", markup=False)
@@ -104,7 +104,7 @@ def make_images(
     """Write deterministic sample images (for demos and benchmarks)."""
 
     def run():
-        from ..tiny import make_images as make
+        from vlmfast.checkpoints.tiny import make_images as make
 
         for path in make(out, n=count, seed=seed, sizes=[(size, size)] if size else None):
             typer.echo(str(path))
@@ -121,7 +121,7 @@ def demo(
     """Build (or reuse) a GRPO-like demo checkpoint and images, then run infer on them — offline, CPU-friendly."""
 
     def run():
-        from ..demo import run_demo
+        from vlmfast.cli.demo import run_demo
 
         run_demo(workdir, max_new_tokens=max_new_tokens, batch_size=batch_size)
 

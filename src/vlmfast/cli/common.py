@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from ..errors import EXIT_INTERRUPTED, UsageError, VlmfastError
+from vlmfast.errors import EXIT_INTERRUPTED, UsageError, VlmfastError
 
 EXIT_CODES_HELP = """Exit codes: 0 ok · 1 unexpected failure · 2 bad input, options or checkpoint (nothing written) ·
 3 bench --fail-if-slower tripped · 4 bench --fail-on-cache-off tripped · 5 bench --fail-if-less-accurate or
@@ -119,7 +119,7 @@ MaxNumSeqs = Annotated[Optional[int], typer.Option(help="--engine vllm: sequence
 
 def _version(value: bool):
     if value:
-        from .. import __version__
+        from vlmfast import __version__
 
         typer.echo(f"vlmfast {__version__}")
         raise typer.Exit()
@@ -133,8 +133,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 def guarded(fn):
     """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 (the runner says what a run
     left on disk; a Ctrl-C that reaches here came before any result was written)."""
-    from ..parallel import is_main_process
-    from ..report import render_error, stderr
+    from vlmfast.run.parallel import is_main_process
+    from vlmfast.report.terminal import render_error, stderr
 
     try:
         return fn()
@@ -171,13 +171,13 @@ def from_params(cls, params: dict, **given):
 
 
 def _generation():
-    from ..rows import GenerationSettings
+    from vlmfast.engines.rows import GenerationSettings
 
     return GenerationSettings
 
 
 def _vllm():
-    from ..options import VllmSettings
+    from vlmfast.run.options import VllmSettings
 
     return VllmSettings
 

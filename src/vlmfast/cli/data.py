@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import BboxSpace, Command, Iou, Json, Reward, RewardThreshold, Scorer, choice, command, guarded
+from vlmfast.cli.common import BboxSpace, Command, Iou, Json, Reward, RewardThreshold, Scorer, choice, command, guarded
 
 
 @command(cls=Command, epilog="Exit codes: 0 ok · 2 unreadable results or manifest.")
@@ -26,10 +26,10 @@ def score(
     """Score an existing results file against a manifest's ground truth — no model, no GPU."""
 
     def run():
-        from ..report import print_json, render_scores
-        from ..rescore import rescore_file
-        from ..rewards import load_reward
-        from ..scoring import SCORERS
+        from vlmfast.report.terminal import print_json, render_scores
+        from vlmfast.run.rescore import rescore_file
+        from vlmfast.evaluation.rewards import load_reward
+        from vlmfast.evaluation.scoring import SCORERS
 
         scoring = load_reward(reward, threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
@@ -51,8 +51,8 @@ def convert(
     """Turn a GRPO dataset file into a vlmfast manifest with ground truth (for infer, bench and score)."""
 
     def run():
-        from ..convert import FORMATS, convert_file, write_manifest
-        from ..report import stderr
+        from vlmfast.inputs.convert import FORMATS, convert_file, write_manifest
+        from vlmfast.report.terminal import stderr
 
         rows = convert_file(str(source), choice("--format", format_, FORMATS), image_root=image_root)
         path = write_manifest(rows, str(out))

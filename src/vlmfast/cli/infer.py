@@ -1,8 +1,8 @@
-"""``vlmfast infer``: the command line of :func:`vlmfast.runner.infer`."""
+"""``vlmfast infer``: the command line of :func:`vlmfast.run.runner.infer`."""
 
 from __future__ import annotations
 
-from .common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
+from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
                      CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, GpuMemory, IgnoreEos, Images, Iou, Json,
                      Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
                      Overlap, Overwrite, Prompt, PromptFile, RetryErrors, Reward, RewardThreshold, Samples, Scorer, Seed, SkipBad, System, Temperature,
@@ -61,10 +61,10 @@ def infer(
     params = dict(locals())
 
     def run():
-        from ..options import InferOptions
-        from ..parallel import is_main_process
-        from ..report import ProgressBar, print_json, render_infer
-        from ..runner import infer as run_infer
+        from vlmfast.run.options import InferOptions
+        from vlmfast.run.parallel import is_main_process
+        from vlmfast.report.terminal import ProgressBar, print_json, render_infer
+        from vlmfast.run.runner import infer as run_infer
 
         if json_out and out is None:
             raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")

@@ -1,4 +1,4 @@
-"""``vlmfast sweep``: the command line of :func:`vlmfast.sweep.sweep`."""
+"""``vlmfast sweep``: the command line of :func:`vlmfast.run.sweep.sweep`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import EXIT_CODES_HELP, INPUT, OUTPUT, Command, batch_size_value, command, from_params, guarded, sharing
-from .infer import infer as infer_command
+from vlmfast.cli.common import EXIT_CODES_HELP, INPUT, OUTPUT, Command, batch_size_value, command, from_params, guarded, sharing
+from vlmfast.cli.infer import infer as infer_command
 
 # infer's options that a sweep passes to each checkpoint's run, declared once in infer
 FROM_INFER = ("template", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
@@ -34,10 +34,10 @@ def sweep(
     batch_size, json_out = shared["batch_size"], shared["json_out"]
 
     def run():
-        from ..errors import UsageError
-        from ..options import InferOptions
-        from ..report import ProgressBar, print_json, render_note, render_sweep
-        from ..sweep import SweepOptions, sweep as run_sweep, write_sweep_dir
+        from vlmfast.errors import UsageError
+        from vlmfast.run.options import InferOptions
+        from vlmfast.report.terminal import ProgressBar, print_json, render_note, render_sweep
+        from vlmfast.run.sweep import SweepOptions, sweep as run_sweep, write_sweep_dir
 
         try:
             wanted = tuple(int(s) for s in steps.split(",") if s.strip()) if steps else None

@@ -1,0 +1,380 @@
+"""Checkpoint findings: what a trainer left in a checkpoint that makes inference slow, wrong or unsafe.
+
+:func:`diagnose` reads files only (JSON configs, safetensors headers; no tensors, no model) and returns
+:class:`Finding` objects, each with a stable ``code`` and the exact ``fix``. Trainer output dirs are
+found as ``--ckpt`` is (:func:`vlmfast.checkpoints.locate.locate`). Local directories only. Config-level checks import
+neither torch nor transformers, so doctor answers in well under a second.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from vlmfast.checkpoints.readers import (
+    PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
+    has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting,
+)
+from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
+from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
+
+SEVERITIES = ("error", "warning", "info")
+CODES = (  # every finding code diagnose can return; stable: scripts and docs depend on them
+    "resolved", "cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
+    "tokenizer-missing", "chat-template-missing", "unknown-class", "fsdp-unmerged", "weights-missing",
+    "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
+    "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
+    "trainer-state", "swift-args", "processor-family-mismatch", "untested-family",
+)
+FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
+# Classes transformers renamed or never had, and what the checkpoint should say instead.
+RENAMED = {"Qwen2_5_VLImageProcessor": "Qwen2VLImageProcessor"}
+# Exported by every transformers vlmfast supports (4.57 and 5.x; the Fast names as aliases in 5.x):
+# checking these needs no import of transformers, which costs seconds (on 4.57 it imports torch).
+ALWAYS_KNOWN = classes_in_every_version() | {"Qwen2VLImageProcessorFast", "Qwen2TokenizerFast"}
+# HF Trainer pickles these next to the weights; they are not weights and never loaded for inference.
+NOT_WEIGHTS = ("training_args.bin",)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or fact) about a checkpoint. ``code`` is stable (tests, CI and docs use it);
+    ``location`` is ``"file: key"``, a file name (relative to the diagnosed dir) or a path."""
+
+    severity: str  # "error" | "warning" | "info"
+    code: str
+    location: str
+    message: str
+    fix: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def findings_as_dicts(findings: list[Finding]) -> list[dict]:
+    """JSON-ready findings, in order."""
+    return [f.as_dict() for f in findings]
+
+
+def strict_exit_code(findings: list[Finding]) -> int:
+    """1 if any finding is an error (``doctor --strict``), else 0."""
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> list[Finding]:
+    """Every finding for the checkpoint at ``ckpt`` (a local model, trainer output or adapter dir),
+    errors first. ``base`` (a local dir) adds comparisons: EOS list, vocabulary, tied embeddings,
+    float32 vs a 16-bit base. Float32 storage is otherwise reported from ``float32_min_bytes`` on."""
+    target = locate(ckpt)  # hub ids and missing paths: CheckpointError with a hint
+    base_dir = _base_dir(base) if base is not None else None
+    d = target.path
+    found: list[Finding] = []
+    if target.note:
+        found.append(Finding("info", "resolved", str(d), target.note, ""))
+    if target.kind == "adapter":
+        found += _adapter(d, base)
+        found += _trainer_leftovers(d)
+        return _ordered(found)
+    config = read_json_object(d / "config.json")
+    generation = read_json_object(d / "generation_config.json") if (d / "generation_config.json").is_file() else None
+    base_cfg = read_json_object(base_dir / "config.json") if base_dir else None
+    found += _cache(d, config, generation)
+    found += _eos(d, config, generation, base_dir, base_cfg)
+    found += _files(d, base_dir)
+    found += _family(d, config)
+    found += _classes(d)
+    found += _weights(target, base_dir, float32_min_bytes)
+    found += _remote_code(d)
+    found += _vocab(d, config, base_dir, base_cfg)
+    found += _trainer_leftovers(d)
+    return _ordered(found)
+
+
+def _ordered(found: list[Finding]) -> list[Finding]:
+    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))  # stable: check order within a severity
+
+
+def _base_dir(base) -> Path:
+    return require(locate(base), "model", "fsdp", "incomplete").path  # a base to compare with, not an adapter
+
+
+def _fix_cmd(d: Path, base: Path | None = None) -> str:
+    cmd = f"vlmfast fix {shlex.quote(str(d))}"
+    return cmd + (f" --processor-from {shlex.quote(str(base))}" if base else "")
+
+
+# -- checks ------------------------------------------------------------------------------------
+def _cache(d: Path, config: dict, generation: dict | None) -> list[Finding]:
+    # generate reads generation_config.json when it exists; config.json decides only without it.
+    decisive = "generation_config.json" if generation is not None else "config.json"
+    out = []
+    for where in cache_off_locations(config, generation):
+        if where.startswith(decisive):
+            sev, why = "error", "plain model.generate recomputes the whole sequence at every step (5-15x slower)"
+        else:
+            sev, why = "warning", "generate reads generation_config.json, but other loaders and servers read this"
+        out.append(Finding(sev, "cache-off", where, f"use_cache is false: {why}", f"{_fix_cmd(d)} (sets it to true)"))
+    return out
+
+
+def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
+    eos, where = saved_eos(config, generation)
+    stop, stop_id = chat_stop(d, config, base_dir)
+    base_eos = saved_eos(base_cfg, maybe_json(base_dir / "generation_config.json") or None)[0] if base_dir else None
+    fix = _fix_cmd(d, base_dir)
+    if stop_id is not None and stop_id not in eos:
+        wanted = f"the base's {base_eos}" if base_eos else f"{family_eos(d, config, eos, stop_id)}"
+        return [Finding("error", "eos-missing-im-end", where,
+                        f"EOS list {eos} lacks {stop} (id {stop_id}): chat replies never stop and run to the token cap",
+                        f"{fix} (sets it to {wanted})")]
+    if base_eos and set(eos) != set(base_eos):
+        return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",
+                        f"{fix} (takes the base's list)")]
+    return []
+
+
+def _files(d: Path, base_dir: Path | None) -> list[Finding]:
+    out, fix = [], _fix_cmd(d, base_dir or Path("BASE"))
+    if not has_processor_config(d):
+        out.append(Finding("error", "processor-missing", "preprocessor_config.json",
+                           "no image processor config (preprocessor_config.json / processor_config.json): the processor cannot load",
+                           f"{fix} (copies it from the base model)"))
+    missing = [f for f in ("tokenizer_config.json",) if not (d / f).is_file()]
+    if not (d / "tokenizer.json").is_file() and not ((d / "vocab.json").is_file() and (d / "merges.txt").is_file()):
+        missing.append("tokenizer.json (or vocab.json + merges.txt)")
+    if missing:
+        out.append(Finding("error", "tokenizer-missing", missing[0], f"tokenizer files missing: {', '.join(missing)}",
+                           f"{fix} (copies them from the base model)"))
+    if not has_chat_template(d):
+        out.append(Finding("warning", "chat-template-missing", "chat_template.jinja",
+                           "no chat template: tools other than vlmfast (which falls back to ChatML) cannot build prompts",
+                           f"{fix} (copies it from the base model)"))
+    return out
+
+
+def _processor_settings(d: Path) -> dict[str, tuple[str, object]]:
+    """``processor_class`` and ``patch_size`` → (``file: key`` location, value), wherever this layout keeps
+    them: preprocessor_config.json (4.x) or processor_config.json with a nested ``image_processor`` (5.x)."""
+    found = {}
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        data = maybe_json(d / name)
+        nested = data.get("image_processor") if isinstance(data.get("image_processor"), dict) else {}
+        candidates = (("processor_class", "processor_class", data.get("processor_class")),
+                      ("patch_size", "patch_size", data.get("patch_size")),
+                      ("patch_size", "image_processor.patch_size", nested.get("patch_size")))
+        for key, where, value in candidates:
+            if value is not None:
+                found.setdefault(key, (f"{name}: {where}", value))
+    return found
+
+
+def _family(d: Path, config: dict) -> list[Finding]:
+    family = family_of(config)
+    if family is None:
+        return [Finding("info", "untested-family", "config.json: model_type", untested_note(config.get("model_type")), "")]
+    out, settings = [], _processor_settings(d)
+    installed = _installed_transformers()
+    if installed is not None and installed < _version(family.since):
+        out.append(Finding("error", "unknown-class", "config.json: model_type",
+                           f"{family.name} ({family.model_class}) is not in the installed transformers "
+                           f"{'.'.join(map(str, installed))}: it needs transformers >= {family.since}",
+                           "pip install -U transformers"))
+    where, named = settings.get("processor_class", ("", None))
+    owner = next((f for f in FAMILIES if f.processor_class == named), None)
+    if owner is not None and named != family.processor_class:
+        out.append(Finding("warning", "processor-family-mismatch", where,
+                           f"{named} is {owner.name}'s processor, but the model is {family.name} "
+                           f"({family.processor_class}): prompts may get the wrong vision tokens or positions",
+                           f"copy the processor files from a {family.name} base model"))
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    (where, patch), model_patch = settings.get("patch_size", ("", None)), vision.get("patch_size", family.patch_size)
+    if isinstance(patch, int) and patch != model_patch:
+        out.append(Finding("error", "processor-family-mismatch", where,
+                           f"the image processor cuts {patch}-pixel patches but {family.name}'s vision tower takes "
+                           f"{model_patch}: image token counts will not match the features",
+                           f"copy the processor files from a {family.name} base model"))
+    return out
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+def _installed_transformers() -> tuple[int, ...] | None:
+    from importlib.metadata import PackageNotFoundError, version  # the version without importing transformers
+
+    try:
+        return _version(version("transformers"))
+    except PackageNotFoundError:
+        return None
+
+
+def _class_keys(d: Path):
+    """(file, key, class name) for every processor/tokenizer class a file names, unless it ships
+    remote code for it (auto_map)."""
+    for name in ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                 "tokenizer_config.json"):
+        data = maybe_json(d / name)
+        if "auto_map" in data:
+            continue
+        for key in ("image_processor_type", "video_processor_type", "processor_class", "tokenizer_class"):
+            if isinstance(data.get(key), str):
+                yield name, key, data[key]
+        for sub, key in (("image_processor", "image_processor_type"), ("video_processor", "video_processor_type")):
+            if isinstance(data.get(sub), dict) and isinstance(data[sub].get(key), str):
+                yield name, f"{sub}.{key}", data[sub][key]
+
+
+def known_class(name: str) -> bool:
+    """Whether the installed transformers exports a class of that name (deprecated aliases count).
+    Names every supported version exports answer without importing transformers."""
+    if name in ALWAYS_KNOWN:
+        return True
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # 5.x logs a deprecation warning for old aliases: not ours to show
+    try:
+        return getattr(transformers, name, None) is not None
+    except Exception:  # a lazy import can fail on a missing optional dependency
+        return False
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _classes(d: Path) -> list[Finding]:
+    out = []
+    for file, key, name in _class_keys(d):
+        if known_class(name):
+            continue
+        import transformers  # known_class imported it already
+
+        saved = maybe_json(d / "config.json").get("transformers_version", "unknown")
+        instead = f"set {key} to {RENAMED[name]!r}" if name in RENAMED else "copy the file from the base model"
+        out.append(Finding("error", "unknown-class", f"{file}: {key}",
+                           f"{name!r} is not a class of the installed transformers {transformers.__version__} "
+                           f"(the checkpoint was saved with {saved})",
+                           f"{instead}, or install the transformers version it was saved with"))
+    return out
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> list[Finding]:
+    d, out = target.path, []
+    if target.kind == "fsdp":
+        out.append(Finding("error", "fsdp-unmerged", str(d.parent),
+                           f"{len(target.shards)} FSDP shards ({target.shards[0].name}, ...) are not merged: {d} has no weights",
+                           fsdp_merge_hint(target)))
+    elif target.kind == "incomplete":
+        out.append(Finding("error", "weights-missing", str(d), "config.json but no weights (*.safetensors / *.bin)",
+                           "the save is incomplete: save again, or point at a checkpoint-N that holds weights"))
+    pickles = [p.name for p in sorted(d.glob("*.bin")) if p.name not in NOT_WEIGHTS]
+    if pickles and not any(d.glob("*.safetensors")):
+        out.append(Finding("warning", "pickle-weights", pickles[0],
+                           f"weights are pickle files ({', '.join(pickles[:3])}): loading them runs torch.load, which can execute code",
+                           "convert to safetensors: load once and save_pretrained(DIR, safe_serialization=True); "
+                           "or, if you trust their source, pass --allow-pickle"))
+    try:
+        index = tensor_index(d)
+        base_index = tensor_index(base_dir) if base_dir else {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return out + [Finding("error", "weights-unreadable", str(d), f"a safetensors header cannot be read ({exc})",
+                              "the file is truncated or corrupt: copy or save it again")]
+    total = sum(n for _, _, n in index.values())
+    f32 = sum(n for dtype, _, n in index.values() if dtype == "F32")
+    base_half = bool(base_index) and all(dtype != "F32" for dtype, _, _ in base_index.values())
+    if f32 > total / 2 and (f32 >= float32_min_bytes or base_half):
+        why = "the base is stored in 16-bit" if base_half else "twice the disk and load time of bfloat16"
+        out.append(Finding("warning", "float32-weights", "*.safetensors",
+                           f"weights stored in float32: {_mib(total)} on disk, {_mib(total - f32 // 2)} in bfloat16 ({why})",
+                           "load with --dtype bfloat16 (default on CUDA), or save a bfloat16 copy: "
+                           "model.to(torch.bfloat16).save_pretrained(DIR)"))
+    return out
+
+
+def _remote_code(d: Path) -> list[Finding]:
+    out = []
+    for name in ("config.json", "tokenizer_config.json", *PROCESSOR_CONFIGS):
+        auto_map = maybe_json(d / name).get("auto_map")
+        if auto_map:
+            py = sorted(p.name for p in d.glob("*.py"))
+            out.append(Finding("warning", "remote-code", f"{name}: auto_map",
+                               f"auto_map names the checkpoint's own Python code ({', '.join(py) or 'files not here'}): "
+                               "it runs only with --trust-remote-code",
+                               "read the .py files before passing --trust-remote-code; the Qwen-VL families need no "
+                               "remote code: delete auto_map to use transformers' own classes"))
+    return out
+
+
+def _embed_rows(index: dict) -> tuple[str, int] | None:
+    for name, (_, shape, _) in index.items():
+        if name.endswith("embed_tokens.weight") and "visual" not in name:
+            return name, shape[0]
+    return None
+
+
+def _vocab(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) -> list[Finding]:
+    out = []
+    vocab = text_setting(config, "vocab_size")
+    try:
+        index, base_index = tensor_index(d), (tensor_index(base_dir) if base_dir else {})
+    except (OSError, ValueError, KeyError, TypeError):
+        index, base_index = {}, {}  # reported by _weights
+    embed = _embed_rows(index)
+    if embed and vocab and embed[1] != vocab:
+        out.append(Finding("error", "vocab-mismatch", "config.json: vocab_size",
+                           f"vocab_size {vocab} but {embed[0]} has {embed[1]} rows: the model will not load",
+                           "set vocab_size to the embedding's row count, or re-save the model"))
+    if base_cfg is None:
+        return out
+    base_vocab, base_embed = text_setting(base_cfg, "vocab_size"), _embed_rows(base_index)
+    mine, theirs = (embed[1] if embed else vocab), (base_embed[1] if base_embed else base_vocab)
+    if mine and theirs and mine != theirs:
+        out.append(Finding("warning", "vocab-differs-from-base", "config.json: vocab_size",
+                           f"embedding/vocabulary size {mine} differs from the base's {theirs}: tokens were added or "
+                           "the wrong base is compared", "check the tokenizer files match these weights (compare added_tokens)"))
+    tie, base_tie = text_setting(config, "tie_word_embeddings"), text_setting(base_cfg, "tie_word_embeddings")
+    head, base_head = "lm_head.weight" in index, "lm_head.weight" in base_index
+    if (tie is not None and base_tie is not None and tie != base_tie) or (index and base_index and head != base_head):
+        out.append(Finding("warning", "tie-embeddings-differs-from-base", "config.json: tie_word_embeddings",
+                           f"tie_word_embeddings {tie} (lm_head saved: {head}) but the base has {base_tie} "
+                           f"(lm_head saved: {base_head}): the output layer may be the wrong matrix",
+                           "set tie_word_embeddings as in the base's config.json"))
+    return out
+
+
+def _adapter(d: Path, base) -> list[Finding]:
+    cfg = adapter_config(d)
+    named = adapter_base_or_none(d)
+    use = str(base) if base is not None else named
+    out = [Finding("warning", "lora-adapter", str(d),
+                   f"a LoRA adapter (r={cfg.get('r')}, {cfg.get('peft_type', 'LORA')}), not a full model; base: {named or 'not named'}",
+                   f"run it on its base: vlmfast infer --ckpt {shlex.quote(str(d))} --base {shlex.quote(use or 'BASE')}; "
+                   f"or merge it: vlmfast fix {shlex.quote(str(d))} --merge-lora OUT")]
+    if base is None and (named is None or (not Path(named).expanduser().exists() and not HUB_ID.match(named))):
+        out.append(Finding("error", "lora-base-missing", f"{d.name}/adapter_config.json: base_model_name_or_path",
+                           f"the adapter's base {named!r} is not here", "pass the base model: --base BASE"))
+    return out
+
+
+def _trainer_leftovers(d: Path) -> list[Finding]:
+    out = []
+    state = maybe_json(d / "trainer_state.json")
+    if state:
+        last = next((e for e in reversed(state.get("log_history") or []) if isinstance(e, dict)), {})
+        logged = ", ".join(f"{k} {last[k]}" for k in ("reward", "loss") if k in last)
+        best = state.get("best_model_checkpoint")
+        out.append(Finding("info", "trainer-state", "trainer_state.json",
+                           f"saved at global_step {state.get('global_step')} of {state.get('max_steps')}"
+                           + (f"; last logged: {logged}" if logged else "") + (f"; best checkpoint: {best}" if best else ""),
+                           ""))
+    args = maybe_json(d / "args.json")
+    if args:
+        what = ", ".join(f"{k} {args[k]!r}" for k in ("train_type", "rlhf_type", "model") if k in args)
+        out.append(Finding("info", "swift-args", "args.json", f"ms-swift run: {what}", ""))
+    return out

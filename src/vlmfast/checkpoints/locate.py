@@ -1,0 +1,224 @@
+"""Find the checkpoint a user means: a model dir, a trainer output dir, a LoRA adapter dir, or a hub id.
+
+:func:`locate` is the one way every command finds a checkpoint. It loads nothing and imports neither
+torch nor transformers, so a wrong path is reported in well under a second. :func:`require` turns the
+kinds a caller cannot use (an adapter where a full model is needed, unmerged FSDP shards, a save
+without weights, a hub id where a local dir is needed) into errors whose hint says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlmfast.checkpoints.readers import adapter_base_or_none, has_weights, is_adapter_dir
+from vlmfast.errors import CheckpointError
+
+CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+GLOBAL_STEP_DIR = re.compile(r"^global_step_(\d+)$")  # EasyR1 / verl
+SWIFT_RUN_DIR = re.compile(r"^v(\d+)-")  # ms-swift: output/v0-20250101-120000/checkpoint-N
+FSDP_SHARDS = "model_world_size_*_rank_*.pt"  # EasyR1 per-rank model shards, beside huggingface/
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_TIMEOUT_S = 10.0  # one metadata request; transformers' own retries took minutes on a dead network
+KINDS = ("model", "adapter", "fsdp", "incomplete", "hub")
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a checkpoint lives. ``kind``: ``model`` (config + weights), ``adapter`` (LoRA adapter dir),
+    ``fsdp`` (EasyR1 ``huggingface/`` dir whose weights are still the per-rank ``shards`` beside it),
+    ``incomplete`` (config.json, no weights) or ``hub`` (a hub id, ``path`` None)."""
+
+    path: Path | None
+    kind: str
+    note: str | None = None
+    shards: tuple[Path, ...] = ()
+    hub_id: str | None = None
+
+    @property
+    def source(self) -> str:
+        """What ``from_pretrained`` takes: the directory, or the hub id."""
+        return self.hub_id if self.path is None else str(self.path)
+
+    @property
+    def is_local(self) -> bool:
+        return self.path is not None
+
+
+def locate(spec, *, hub: bool = False) -> Located:
+    """The checkpoint ``spec`` names. Directories are walked down to the model they hold
+    (:func:`walk`); a hub id is accepted only with ``hub`` (and then probed once, quickly: a missing
+    repo and an unreachable hub are different errors). Raises CheckpointError otherwise."""
+    text = str(spec)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise CheckpointError(f"{path}: directory is not readable (permissions)", hint="check the owner and mode of the directory")
+        return walk(path)
+    if path.exists():
+        raise CheckpointError(f"{path}: is a file, not a checkpoint directory", hint="point at the directory holding config.json")
+    if HUB_ID.match(text) and not Path(text.split("/")[0]).is_dir():
+        if not hub:
+            raise CheckpointError(
+                f"{text}: looks like a hub id, and this command reads local directories only",
+                hint=f"download it first (huggingface-cli download {text} --local-dir DIR), then pass DIR",
+            )
+        return probe_hub(text)
+    raise CheckpointError(f"{text}: no such directory", hint="check the path; hub ids look like org/name")
+
+
+def require(found: Located, *kinds: str) -> Located:
+    """``found`` if its kind is one of ``kinds``; otherwise the CheckpointError that says why it cannot
+    be used here and what to do about it."""
+    if found.kind in kinds:
+        return found
+    if found.kind == "adapter":
+        base = adapter_base_or_none(found.path) or "not named"
+        raise CheckpointError(
+            f"{found.path}: a LoRA adapter (base: {base}), not a full model",
+            hint=f"run it on its base (infer --ckpt {found.path} --base BASE), or merge it: vlmfast fix {found.path} --merge-lora OUT",
+        )
+    if found.kind == "fsdp":
+        raise CheckpointError(
+            f"{found.path.parent}: {len(found.shards)} FSDP shards ({found.shards[0].name}, ...) not merged; "
+            f"{found.path} has config.json but no weights",
+            hint=fsdp_merge_hint(found),
+        )
+    if found.kind == "incomplete":
+        raise CheckpointError(
+            f"{found.path}: config.json but no weights (*.safetensors / *.bin)",
+            hint="the save may be incomplete, or weights are sharded per rank and need merging",
+        )
+    raise CheckpointError(f"{found.source}: a hub id, but a local directory is needed here",
+                          hint=f"download it first (huggingface-cli download {found.source} --local-dir DIR), then pass DIR")
+
+
+def fsdp_merge_hint(found: Located) -> str:
+    """How to turn EasyR1's per-rank FSDP shards into a loadable checkpoint."""
+    actor = found.path.parent
+    return (f"merge the shards with EasyR1: python3 scripts/model_merger.py --local_dir {actor} "
+            f"(it writes the weights into {found.path}), then point --ckpt at {found.path}")
+
+
+# -- directories ---------------------------------------------------------------------------------
+def walk(path: Path) -> Located:
+    """Walk a local directory down to the model it holds, loading nothing: a model dir; a LoRA adapter
+    dir; ``checkpoint-N`` (HF Trainer, VLM-R1: highest N with weights); EasyR1
+    ``global_step_N/actor/huggingface``; ms-swift ``vX-*/checkpoint-N`` (highest version with weights).
+    Raises CheckpointError when nothing there looks like a checkpoint."""
+    if (path / "config.json").is_file() and has_weights(path):
+        return Located(path, "model")
+    if is_adapter_dir(path):
+        return Located(path, "adapter")
+    for sub in ("huggingface", "actor/huggingface"):  # EasyR1 actor/ and global_step_N/
+        if (path / sub / "config.json").is_file():
+            found = walk(path / sub)
+            return Located(found.path, found.kind, f"using {sub}", found.shards)
+    for pattern, label in ((CHECKPOINT_DIR, "checkpoint-N"), (GLOBAL_STEP_DIR, "global_step_N")):
+        if numbered := numbered_subdirs(path, pattern):
+            return _highest(path, numbered, label)
+    if runs := numbered_subdirs(path, SWIFT_RUN_DIR):
+        return _latest_swift_run(path, runs)
+    if (path / "config.json").is_file():
+        shards = tuple(sorted(path.parent.glob(FSDP_SHARDS))) if path.name == "huggingface" else ()
+        return Located(path, "fsdp" if shards else "incomplete", shards=shards)
+    raise CheckpointError(
+        f"{path}: not a checkpoint (no config.json, no checkpoint-N subdirectories)",
+        hint="point at the model directory (the one holding config.json)",
+    )
+
+
+def numbered_subdirs(path: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
+    """``(number, dir)`` for the subdirectories whose name matches ``pattern`` (group 1 a number),
+    highest number first."""
+    return sorted(
+        ((int(m.group(1)), child) for child in path.iterdir() if child.is_dir() and (m := pattern.match(child.name))),
+        key=lambda item: (item[0], item[1].name), reverse=True,
+    )
+
+
+SKIP_REASONS = {"incomplete": "config.json but no weights", "fsdp": "unmerged FSDP shards"}
+
+
+def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Located:
+    located, why = [], {}
+    for n, child in numbered:
+        try:
+            located.append((n, child, walk(child)))
+        except CheckpointError:
+            why[child.name] = "no config.json"
+    why.update({d.name: SKIP_REASONS[f.kind] for _, d, f in located if f.kind in SKIP_REASONS})
+    usable = [(n, d, found) for n, d, found in located if found.kind in ("model", "adapter")]
+    if usable:
+        n, chosen, found = usable[0]
+        merged = chosen.with_name(chosen.name + "-merged")  # ms-swift export --merge_lora writes it beside
+        if found.kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
+            found = Located(merged, "model")
+        where = found.path.relative_to(path).as_posix()
+        note = f"using {where} (highest of {len(usable)} {label} dirs with weights in {path})"
+        skipped = [f"{d.name} ({why.get(d.name, 'no weights')})" for m, d in numbered if m > n]
+        if skipped:
+            note += f"; skipped {', '.join(skipped)}"
+        return Located(found.path, found.kind, note, found.shards)
+    unmerged = [found for _, _, found in located if found.kind == "fsdp"]
+    if unmerged:  # EasyR1 before model_merger.py: say so rather than "no weights"
+        found = unmerged[0]
+        return Located(found.path, "fsdp", f"using {found.path.relative_to(path).as_posix()} (highest {label})", found.shards)
+    raise CheckpointError(
+        f"{path}: none of its {label} dirs ({', '.join(d.name for _, d in numbered[:5])}) holds config.json and weights",
+        hint="point at a directory with config.json and *.safetensors; merge FSDP/LoRA outputs first",
+    )
+
+
+def _latest_swift_run(path: Path, runs: list[tuple[int, Path]]) -> Located:
+    for _, run in runs:
+        try:
+            found = walk(run)
+        except CheckpointError:
+            continue
+        if found.kind in ("model", "adapter"):
+            where = found.path.relative_to(path).as_posix()
+            return Located(found.path, found.kind, f"using {where} (latest ms-swift run with weights, highest checkpoint-N)")
+    raise CheckpointError(
+        f"{path}: none of its ms-swift runs ({', '.join(r.name for _, r in runs[:5])}) holds a checkpoint-N with weights",
+        hint="point at a vX-*/checkpoint-N directory that holds weights or a LoRA adapter",
+    )
+
+
+# -- the hub -------------------------------------------------------------------------------------
+def probe_hub(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> Located:
+    """One metadata request for ``repo_id``, so that "no such repo" and "no network" fail within
+    seconds and say which. With the hub unreachable (or HF_HUB_OFFLINE set) a copy in the local
+    Hugging Face cache is used from its snapshot directory, said aloud."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    snapshot = Path(cached).parent if isinstance(cached, str) else None
+    if constants.HF_HUB_OFFLINE:
+        if snapshot is not None:
+            return Located(snapshot, "model", f"{repo_id}: from the local Hugging Face cache (HF_HUB_OFFLINE is set)")
+        raise CheckpointError(
+            f"{repo_id}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set",
+            hint=f"download it where the hub is reachable (huggingface-cli download {repo_id} --local-dir DIR) and pass DIR, "
+                 "or unset HF_HUB_OFFLINE",
+        )
+    try:
+        HfApi().model_info(repo_id, timeout=timeout)
+    except GatedRepoError as exc:
+        raise CheckpointError(f"{repo_id}: a gated repo on the hub; this account has no access",
+                              hint="accept its terms on the model page, then log in: hf auth login") from exc
+    except RepositoryNotFoundError as exc:
+        raise CheckpointError(f"{repo_id}: no such model on the hub ({constants.ENDPOINT})",
+                              hint="check the id (org/name); a private repo needs a login: hf auth login") from exc
+    except Exception as exc:  # connection refused, DNS, proxy, timeout, 5xx: the hub is not reachable
+        if snapshot is not None:
+            return Located(snapshot, "model", f"{repo_id}: the hub is unreachable ({type(exc).__name__}); using the cached copy")
+        raise CheckpointError(
+            f"{repo_id}: cannot reach the hub at {constants.ENDPOINT} ({type(exc).__name__})",
+            hint="check the network or proxy (HTTPS_PROXY); or download the model where the hub is reachable and pass "
+                 "its directory; HF_HUB_OFFLINE=1 uses models already in the local cache",
+        ) from exc
+    return Located(None, "hub", "hub id", hub_id=repo_id)

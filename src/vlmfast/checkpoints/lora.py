@@ -1,0 +1,78 @@
+"""LoRA adapter directories (ms-swift, PEFT): recognise them, name their base, load them with peft.
+
+An adapter dir holds ``adapter_config.json`` + ``adapter_model.safetensors``; its base is named in
+``base_model_name_or_path`` (a hub id, or the path the trainer loaded it from). peft is imported inside
+functions so that recognising an adapter costs nothing. The loader (:mod:`vlmfast.checkpoints.load`) and the
+merger (:mod:`vlmfast.checkpoints.fix`) use these pieces; this module loads no model itself.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from vlmfast.checkpoints.readers import ADAPTER_CONFIG, adapter_base_or_none, has_processor_config
+from vlmfast.errors import CheckpointError
+from vlmfast.checkpoints.locate import HUB_ID
+
+# What makes an adapter dir's own processor usable instead of the base's.
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
+
+
+def adapter_base(path) -> str:
+    """The base model the adapter was trained on, as adapter_config.json names it."""
+    base = adapter_base_or_none(path)
+    if base is None:
+        raise CheckpointError(
+            f"{path}: {ADAPTER_CONFIG} does not name its base model (base_model_name_or_path)",
+            hint="pass the base model explicitly (--base BASE)",
+        )
+    return base
+
+
+def resolve_base(adapter_dir, base: str | None = None) -> str:
+    """``base`` when given, else the adapter's named base; CheckpointError when the named base is a
+    local path that is not here (trainers record the path they loaded it from)."""
+    spec = base or adapter_base(adapter_dir)
+    if base is None and not Path(spec).expanduser().exists() and not HUB_ID.match(spec):
+        raise CheckpointError(
+            f"{adapter_dir}: its base {spec!r} (from {ADAPTER_CONFIG}) does not exist here",
+            hint="pass the base model explicitly (--base BASE): a local copy or a hub id",
+        )
+    return spec
+
+
+def load_adapter_model(base_model, adapter_dir, merge: bool):
+    """Apply the adapter in ``adapter_dir`` to an already loaded ``base_model`` with peft.
+
+    ``merge=True`` folds the LoRA weights into the base weights (``merge_and_unload``: plain model,
+    fastest decode). ``merge=False`` keeps the LoRA layers; we return peft's injected base model rather
+    than the ``PeftModel`` wrapper, so ``generate`` is the model's own (peft's causal-LM wrapper
+    re-prepares inputs and knows nothing of pixel_values). Both mutate ``base_model``.
+    """
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise CheckpointError("loading a LoRA adapter needs peft", hint="pip install peft") from exc
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # 5.x: peft calls a deprecated checkpointing alias
+            wrapped = PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=False)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{adapter_dir}: cannot apply the adapter ({type(exc).__name__}: {exc})",
+            hint="check that --base is the model the adapter was trained on (adapter_config.json names it)",
+        ) from exc
+    with warnings.catch_warnings():
+        # peft re-checks tying on merge and, finding separate lm_head/embedding tensors (never tied in
+        # memory), records tie_word_embeddings=False: that is the truth, not news for the user.
+        warnings.filterwarnings("ignore", message="Input and output embeddings are no longer tied")
+        model = wrapped.merge_and_unload() if merge else wrapped.get_base_model()
+    model.eval()
+    return model
+
+
+def has_own_processor(adapter_dir) -> bool:
+    """Whether the adapter dir carries a processor (config + tokenizer) to use instead of the base's."""
+    d = Path(adapter_dir)
+    return has_processor_config(d) and any((d / f).is_file() for f in _TOKENIZER_FILES)

@@ -1,0 +1,238 @@
+"""Pure readers of a checkpoint directory's files: JSON configs, special-token ids, the saved EOS list,
+where the KV cache is switched off, safetensors headers, adapter configs.
+
+No torch, no transformers, no other vlmfast module but errors and the family table: the loader, doctor,
+fix and LoRA code all read checkpoints through here, so reading a config costs a file read and nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vlmfast.errors import CheckpointError
+from vlmfast.checkpoints.families import CHAT_STOP, family_of
+
+IM_END = CHAT_STOP
+ADAPTER_CONFIG = "adapter_config.json"
+PROCESSOR_CONFIGS = ("preprocessor_config.json", "processor_config.json")
+PROCESSOR_GROUP = (*PROCESSOR_CONFIGS, "video_preprocessor_config.json")
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json")
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+NOT_WEIGHTS = ("training_args.bin",)  # HF Trainer pickles its arguments into every checkpoint-N
+
+# ChatML, one block per turn; image/video parts become vision placeholder runs. The tiny test
+# checkpoints ship it, and the loader falls back to it for checkpoints that lost their template.
+CHAT_TEMPLATE = r"""{#- vlmfast: ChatML turns, vision parts rendered as placeholder runs -#}
+{%- for turn in messages -%}
+{{- '<|im_start|>' + turn['role'] + '\n' -}}
+{%- if turn['content'] is string -%}
+{{- turn['content'] -}}
+{%- else -%}
+{%- for part in turn['content'] -%}
+{%- if part.get('type') in ('image', 'image_url') or 'image' in part -%}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif part.get('type') == 'video' or 'video' in part -%}
+{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+{%- elif 'text' in part -%}
+{{- part['text'] -}}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
+
+def read_json_object(path: Path, what: str = "a transformers config") -> dict:
+    """A JSON object from ``path``, or a CheckpointError saying what is wrong with the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing", hint=f"the checkpoint directory must hold {Path(path).name}") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc})", hint="the file must be valid UTF-8 JSON") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object", hint=f"the file is not {what}")
+    return data
+
+
+def maybe_json(path: Path) -> dict:
+    """The JSON object in ``path``, or {} when it is absent or unreadable (for optional files)."""
+    try:
+        return read_json_object(path) if Path(path).is_file() else {}
+    except CheckpointError:
+        return {}
+
+
+def read_configs(directory: Path) -> tuple[dict, dict | None]:
+    """Raw config.json and generation_config.json (None when absent), exactly as saved."""
+    d = Path(directory)
+    generation = d / "generation_config.json"
+    return read_json_object(d / "config.json"), read_json_object(generation) if generation.is_file() else None
+
+
+# -- what the directory holds --------------------------------------------------------------------
+def has_weights(directory: Path) -> bool:
+    """Full-model weights (a LoRA ``adapter_model.*`` or HF Trainer's ``training_args.bin`` alone does not count)."""
+    return any(not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS
+               for pattern in WEIGHT_GLOBS for p in Path(directory).glob(pattern))
+
+
+def is_adapter_dir(path) -> bool:
+    """True if ``path`` is a directory holding a PEFT ``adapter_config.json``."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_config(path) -> dict:
+    """The adapter's ``adapter_config.json`` (CheckpointError when unreadable)."""
+    return read_json_object(Path(path) / ADAPTER_CONFIG, "a PEFT adapter config")
+
+
+def adapter_base_or_none(path) -> str | None:
+    """``base_model_name_or_path`` from adapter_config.json, or None when absent or unreadable."""
+    try:
+        base = adapter_config(path).get("base_model_name_or_path")
+    except CheckpointError:
+        return None
+    return base if isinstance(base, str) and base else None
+
+
+def has_processor_config(d: Path) -> bool:
+    # transformers 4.x writes preprocessor_config.json; 5.x nests the image processor in processor_config.json.
+    return (Path(d) / "preprocessor_config.json").is_file() or "image_processor" in maybe_json(Path(d) / "processor_config.json")
+
+
+def has_chat_template(d: Path) -> bool:
+    d = Path(d)
+    if any((d / f).is_file() for f in TEMPLATE_FILES):
+        return True
+    return any(maybe_json(d / f).get("chat_template") for f in ("tokenizer_config.json", *PROCESSOR_CONFIGS))
+
+
+def token_id(d: Path, token: str) -> int | None:
+    """A special token's id from the tokenizer files (no tokenizer is loaded)."""
+    d = Path(d)
+    for entry in maybe_json(d / "tokenizer.json").get("added_tokens", []):
+        if isinstance(entry, dict) and entry.get("content") == token:
+            return entry.get("id")
+    for key, entry in maybe_json(d / "tokenizer_config.json").get("added_tokens_decoder", {}).items():
+        if isinstance(entry, dict) and entry.get("content") == token and key.isdigit():
+            return int(key)
+    value = maybe_json(d / "added_tokens.json").get(token)
+    return value if isinstance(value, int) else None
+
+
+# -- what the configs say ------------------------------------------------------------------------
+def saved_eos(config: dict, generation: dict | None) -> tuple[list[int], str]:
+    """The EOS ids plain generate stops on, and where they come from (``file: key``)."""
+    for where, data in (("generation_config.json: eos_token_id", generation),
+                        ("config.json: eos_token_id", config),
+                        ("config.json: text_config.eos_token_id", config.get("text_config"))):
+        if isinstance(data, dict) and data.get("eos_token_id") is not None:
+            value = data["eos_token_id"]
+            return ([value] if isinstance(value, int) else list(value)), where
+    return [], "generation_config.json: eos_token_id"
+
+
+def cache_off_locations(config: dict, generation_config: dict | None) -> list[str]:
+    """Every place the saved checkpoint switches the KV cache off, as ``file: key`` strings."""
+    found = []
+    if config.get("use_cache") is False:
+        found.append("config.json: use_cache")
+    text = config.get("text_config")
+    if isinstance(text, dict) and text.get("use_cache") is False:
+        found.append("config.json: text_config.use_cache")
+    if generation_config is not None and generation_config.get("use_cache") is False:
+        found.append("generation_config.json: use_cache")
+    return found
+
+
+def saved_cache_enabled(config: dict, generation_config: dict | None) -> bool:
+    """Whether plain ``model.generate`` uses the cache for this checkpoint as saved: the generation
+    config decides when present; otherwise it is derived from config.json (top level, then text_config)."""
+    if generation_config is not None:
+        return generation_config.get("use_cache", True) is not False
+    if "use_cache" in config:
+        return config["use_cache"] is not False
+    text = config.get("text_config")
+    return not (isinstance(text, dict) and text.get("use_cache") is False)
+
+
+def text_setting(config: dict, key: str):
+    """A language-model setting, top level first, then ``text_config`` (flat and nested layouts)."""
+    text = config.get("text_config")
+    return config.get(key, text.get(key) if isinstance(text, dict) else None)
+
+
+def chat_stop(d: Path, config: dict, base: Path | None = None) -> tuple[str, int | None]:
+    """The token that ends a chat turn in this checkpoint's family (``<|im_end|>``) and its id: from the
+    tokenizer files, else the base's, else the family's released vocabulary when ``vocab_size`` is that
+    vocabulary's (the id differs per family: 151645 in Qwen2 to Qwen3-VL, 248046 in Qwen3.5)."""
+    family = family_of(config)
+    stop = family.chat_stop if family else CHAT_STOP
+    found = token_id(d, stop)
+    if found is None and base is not None:
+        found = token_id(base, stop)
+    if found is None and family is not None:
+        found = family.real_token_id(stop, text_setting(config, "vocab_size"))
+    return stop, found
+
+
+def family_eos(d: Path, config: dict, eos: list[int], stop_id: int) -> list[int]:
+    """``eos`` completed to the EOS list the family's base model ships (``<|im_end|>``, ``<|endoftext|>``
+    for the Qwen families, ids by this tokenizer), then what ``eos`` has beyond it; for a model type the
+    table does not know, the chat stop first, then ``eos``."""
+    family = family_of(config)
+    if family is None:
+        return [stop_id] + [i for i in eos if i != stop_id]
+    vocab = text_setting(config, "vocab_size")
+
+    def resolved(token: str) -> int | None:
+        found = stop_id if token == family.chat_stop else token_id(d, token)
+        return found if found is not None else family.real_token_id(token, vocab)
+
+    base = [i for i in dict.fromkeys(resolved(t) for t in family.eos_tokens) if isinstance(i, int)]
+    return base + [i for i in eos if i not in base]
+
+
+# -- weights -------------------------------------------------------------------------------------
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file: tensor name → dtype, shape, data_offsets. Reads no tensors."""
+    return _safetensors_head(path)[1]
+
+
+def safetensors_length(path: Path) -> int:
+    """The byte length the file has once fully written: the 8-byte header size, the header, and the
+    data up to the end offset of its last tensor. Raises (OSError, ValueError) on an unreadable header."""
+    size, header = _safetensors_head(path)
+    ends = [int(meta["data_offsets"][1]) for name, meta in header.items() if name != "__metadata__"]
+    return 8 + size + max(ends, default=0)
+
+
+def _safetensors_head(path: Path) -> tuple[int, dict]:
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size < 2**27:
+            raise ValueError(f"implausible header size {size}")
+        header = json.loads(f.read(size))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    return size, header
+
+
+def tensor_index(d: Path) -> dict[str, tuple[str, list[int], int]]:
+    """name → (dtype, shape, bytes) over the dir's full-model safetensors files."""
+    index = {}
+    for file in sorted(Path(d).glob("*.safetensors")):
+        if file.name.startswith("adapter_model"):
+            continue
+        for name, meta in safetensors_header(file).items():
+            if name != "__metadata__":
+                index[name] = (meta["dtype"], meta["shape"], meta["data_offsets"][1] - meta["data_offsets"][0])
+    return index

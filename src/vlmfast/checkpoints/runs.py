@@ -1,0 +1,246 @@
+"""Every checkpoint of a training run, in step order, for a sweep.
+
+A run directory is what a trainer writes into: HF Trainer's ``checkpoint-N/`` (VLM-R1, TRL),
+ms-swift's ``vX-YYYYMMDD-HHMMSS/checkpoint-N/``, EasyR1 / verl's ``global_step_N/actor/huggingface/``.
+Each numbered dir is classified by :func:`vlmfast.checkpoints.locate.walk`, the same rules that find one
+checkpoint; what cannot be evaluated is listed as skipped, with the reason and what to do. Loads
+nothing and imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlmfast.checkpoints.readers import NOT_WEIGHTS, has_weights, is_adapter_dir, maybe_json, safetensors_length
+from vlmfast.errors import CheckpointError, InputError
+from vlmfast.checkpoints.locate import (CHECKPOINT_DIR, FSDP_SHARDS, GLOBAL_STEP_DIR, SWIFT_RUN_DIR, Located, fsdp_merge_hint,
+                     numbered_subdirs, walk)
+
+LAYOUTS = ("hf-trainer", "ms-swift", "easyr1", "lora")
+LOOKED_FOR = "checkpoint-N/, vX-*/checkpoint-N/ (ms-swift) or global_step_N/actor/huggingface/ (EasyR1, verl)"
+_SHARD = re.compile(r"-\d+-of-\d+\.safetensors$")
+
+
+@dataclass(frozen=True)
+class RunCheckpoint:
+    """One checkpoint of the run: its training ``step``, the directory to load, and ``layout`` (one of
+    :data:`LAYOUTS`; ``lora`` for an adapter dir, whatever trainer wrote it)."""
+
+    step: int
+    path: Path
+    layout: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A directory that looked like a checkpoint but cannot be evaluated as it is; ``hint`` says what to do."""
+
+    path: Path
+    step: int | None
+    reason: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """The run's checkpoints ordered by step, and what was skipped."""
+
+    run_dir: Path
+    checkpoints: list[RunCheckpoint] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps of :attr:`checkpoints`, in order."""
+        return [c.step for c in self.checkpoints]
+
+
+def find_run_checkpoints(run_dir, *, steps: Sequence[int] | None = None, complete_only: bool = False) -> RunListing:
+    """Every checkpoint under ``run_dir``, ordered by step (numerically).
+
+    ms-swift: the checkpoints of the latest ``vX-…`` run that has any (older runs' are listed as
+    skipped). EasyR1 / verl steps whose ``actor/`` holds only FSDP shards are skipped with the merge
+    command as hint. A LoRA adapter checkpoint has layout ``lora`` (a ``checkpoint-N-merged`` beside it
+    is used instead). HF Trainer's final model saved in ``run_dir`` itself counts at the step its
+    ``trainer_state.json`` records, when that step has no checkpoint-N.
+
+    ``steps`` keeps those steps only; a step not found is an InputError listing the steps found.
+    ``complete_only`` (for watching a run that is still training) leaves out, silently, checkpoints
+    whose weights are not fully written yet (:func:`weights_complete`) and numbered dirs without
+    weights; it then returns an empty listing instead of raising when nothing is ready, and a
+    requested step that is not there yet is not an error. Raises InputError when ``run_dir`` is not
+    a directory, is itself one checkpoint, or holds no checkpoint."""
+    root = Path(run_dir).expanduser()
+    if not root.is_dir():
+        raise InputError(f"{root}: no such directory", hint="give the trainer's output directory")
+    checkpoints, skipped = _scan(root, complete_only)
+    if checkpoints is None:
+        if _is_single_checkpoint(root):
+            raise InputError(f"{root}: a single checkpoint, not a training run with checkpoints",
+                             hint=f"evaluate it with: vlmfast infer --ckpt {root}")
+        if complete_only:
+            return RunListing(root)
+        raise InputError(f"{root}: no checkpoints found (looked for {LOOKED_FOR})",
+                         hint="give the directory the trainer saved its checkpoints into (its output_dir)")
+    checkpoints.sort(key=lambda c: (c.step, c.path.name))
+    skipped.sort(key=lambda s: (s.step is None, s.step or 0, str(s.path)))
+    if not checkpoints and not complete_only:
+        first = next((s for s in skipped if s.hint), skipped[0] if skipped else None)
+        raise InputError(f"{root}: none of its checkpoint dirs can be evaluated" +
+                         (f" ({first.path.name}: {first.reason})" if first else ""),
+                         hint=first.hint if first and first.hint else "point at a run whose checkpoints hold weights",
+                         problems=[f"{s.path}: {s.reason}" for s in skipped])
+    if steps is not None:
+        checkpoints, skipped = _keep_steps(root, checkpoints, skipped, steps, complete_only)
+    return RunListing(root, checkpoints, skipped)
+
+
+def _keep_steps(root: Path, checkpoints, skipped, steps: Sequence[int], complete_only: bool):
+    wanted = {int(s) for s in steps}
+    found = [c.step for c in checkpoints]
+    missing = sorted(wanted - set(found))
+    if missing and not complete_only:
+        why = [f"step {s.step}: {s.reason}" for s in skipped if s.step in missing]
+        raise InputError(f"{root}: no checkpoint for step {', '.join(map(str, missing))}" +
+                         (f" ({'; '.join(why)})" if why else ""),
+                         hint=f"steps found: {', '.join(map(str, found)) or 'none'}")
+    return ([c for c in checkpoints if c.step in wanted],
+            [s for s in skipped if s.step is None or s.step in wanted])
+
+
+def _scan(root: Path, complete_only: bool):
+    """(checkpoints, skipped) of the layout found in ``root``; checkpoints None when none is found."""
+    if numbered := numbered_subdirs(root, CHECKPOINT_DIR):
+        swift = bool(SWIFT_RUN_DIR.match(root.name)) or (root / "args.json").is_file()
+        checkpoints, skipped = _classify_all(numbered, "ms-swift" if swift else "hf-trainer", complete_only)
+        _final_model(root, checkpoints, skipped, complete_only)
+        return checkpoints, skipped
+    if numbered := numbered_subdirs(root, GLOBAL_STEP_DIR):
+        return _classify_all(numbered, "easyr1", complete_only)
+    if runs := numbered_subdirs(root, SWIFT_RUN_DIR):
+        return _swift_runs(runs, complete_only)
+    return None, []
+
+
+def _classify_all(numbered: list[tuple[int, Path]], layout: str, complete_only: bool):
+    checkpoints, skipped = [], []
+    for step, d in numbered:
+        found = _classify(step, d, layout, complete_only)
+        if isinstance(found, RunCheckpoint):
+            checkpoints.append(found)
+        elif found is not None:
+            skipped.append(found)
+    return checkpoints, skipped
+
+
+def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckpoint | Skipped | None:
+    """One numbered dir as a checkpoint, a skip, or None (not written yet, with ``complete_only``)."""
+    try:
+        found = walk(d)
+    except CheckpointError:
+        if shards := sorted((d / "actor").glob(FSDP_SHARDS)):
+            return _unmerged(step, d, Located(d / "actor" / "huggingface", "fsdp", shards=tuple(shards)))
+        return None if complete_only else Skipped(d, step, "no config.json and no weights")
+    if found.kind == "fsdp":
+        return _unmerged(step, d, found)
+    if found.kind not in ("model", "adapter"):
+        return None if complete_only else Skipped(
+            d, step, "config.json but no weights (*.safetensors / *.bin)",
+            "the save was interrupted or is still being written")
+    path, kind = found.path, found.kind
+    merged = d.with_name(d.name + "-merged")  # ms-swift export --merge_lora writes it beside the adapter
+    if kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
+        path, kind = merged, "model"
+    if complete_only and not weights_complete(path):
+        return None
+    return RunCheckpoint(step, path, layout if kind == "model" else "lora")
+
+
+def _unmerged(step: int, d: Path, found: Located) -> Skipped:
+    return Skipped(d, step, f"{len(found.shards)} FSDP shards ({found.shards[0].name}, ...) not merged into "
+                            f"{found.path.relative_to(d).as_posix()}", fsdp_merge_hint(found))
+
+
+def _final_model(root: Path, checkpoints: list, skipped: list, complete_only: bool) -> None:
+    """HF Trainer's ``save_model(output_dir)`` at the end of training: a model in the run dir itself."""
+    if not ((root / "config.json").is_file() and has_weights(root)):
+        return
+    step = maybe_json(root / "trainer_state.json").get("global_step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    if step is not None and step not in {c.step for c in checkpoints}:
+        if not complete_only or weights_complete(root):
+            checkpoints.append(RunCheckpoint(step, root, "hf-trainer"))
+        return
+    reason = (f"the final model saved in the run dir, the same step as checkpoint-{step}" if step is not None
+              else "the final model saved in the run dir; no trainer_state.json records its step")
+    skipped.append(Skipped(root, step, reason, f"evaluate it on its own: vlmfast infer --ckpt {root}"))
+
+
+def _swift_runs(runs: list[tuple[int, Path]], complete_only: bool):
+    """The checkpoints of the latest ms-swift run that has any; the other runs' dirs as skipped."""
+    checkpoints, skipped, latest = [], [], None
+    for _, run in runs:  # newest first
+        numbered = numbered_subdirs(run, CHECKPOINT_DIR)
+        if latest is not None:
+            skipped += [Skipped(d, step, f"in an older ms-swift run ({run.name}); using {latest.name}",
+                                f"sweep that run on its own: pass {run}") for step, d in numbered]
+            continue
+        found, skips = _classify_all(numbered, "ms-swift", complete_only)
+        if found:
+            checkpoints, latest = found, run
+            skipped += skips
+        elif not complete_only or skips:
+            skipped.append(Skipped(run, None, "an ms-swift run with no checkpoint-N holding weights" +
+                                   (f" ({skips[0].path.name}: {skips[0].reason})" if skips else ""),
+                                   skips[0].hint if skips else None))
+    return checkpoints, skipped
+
+
+def _is_single_checkpoint(root: Path) -> bool:
+    if ((root / "config.json").is_file() and has_weights(root)) or is_adapter_dir(root):
+        return True
+    return any((root / sub / "config.json").is_file() for sub in ("huggingface", "actor/huggingface"))
+
+
+# -- is it fully written? ------------------------------------------------------------------------
+def weights_complete(path) -> bool:
+    """True once a checkpoint dir's weights are fully written (for watching a run that is still saving).
+
+    A model dir: config.json, and weights whose every file is complete — each shard that
+    ``*.index.json`` names exists, shards named ``-0000i-of-0000n`` have their index (written last),
+    and each ``.safetensors`` file is at least as long as its header says (8-byte length + header + end
+    offset of its last tensor). ``.bin`` files cannot be checked without unpickling: non-empty counts.
+    An adapter dir: its ``adapter_model.safetensors`` (or ``.bin``) complete."""
+    d = Path(path)
+    if (d / "config.json").is_file() and has_weights(d):
+        return _model_weights_complete(d)
+    if is_adapter_dir(d):
+        st = d / "adapter_model.safetensors"
+        return _file_complete(st if st.is_file() else d / "adapter_model.bin")
+    return False
+
+
+def _model_weights_complete(d: Path) -> bool:
+    indexes = sorted(d.glob("*.safetensors.index.json")) + sorted(d.glob("*.bin.index.json"))
+    for index in indexes:
+        weight_map = maybe_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            return False
+        if not all(isinstance(name, str) and _file_complete(d / name) for name in set(weight_map.values())):
+            return False
+    files = [p for pattern in ("*.safetensors", "*.bin") for p in d.glob(pattern)
+             if not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS]
+    if any(_SHARD.search(p.name) for p in files) and not any(i.name.endswith(".safetensors.index.json") for i in indexes):
+        return False  # save_pretrained writes the index after the last shard
+    return bool(files or indexes) and all(_file_complete(p) for p in files)
+
+
+def _file_complete(p: Path) -> bool:
+    try:
+        size = p.stat().st_size
+        return size >= safetensors_length(p) if p.suffix == ".safetensors" else size > 0
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # absent, or a header still being written
+        return False

@@ -1,0 +1,119 @@
+"""Load once, swap weights: the next checkpoint of a run copied into the model already loaded.
+
+Checkpoints of one training run share the architecture and every shape; only the numbers differ. When
+the next one's config matches the loaded model's and each of its tensors has a home of the same shape,
+its safetensors are copied into the loaded parameters in place: no new model object, no processor
+reload, and CUDA graphs and compiled decode steps stay valid because the parameters' storage is reused.
+Anything else (another architecture, a LoRA adapter, pickle weights, a tensor without a home) is a full
+load, and :func:`plan_swap` says why.
+
+Trainers save under the layout their transformers version writes (``model.layers.*``, ``visual.*``)
+while the loaded model names them ``model.language_model.*``, ``model.visual.*``: names are compared
+in one normal form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlmfast.checkpoints.readers import cache_off_locations, read_configs, saved_cache_enabled, saved_eos
+
+# config keys that say nothing about the weights (what a trainer flips, or records about itself)
+IGNORED_CONFIG_KEYS = frozenset({"use_cache", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
+                                 "architectures", "_attn_implementation_autoset"})
+
+
+def normal_name(name: str) -> str:
+    """A tensor's name with the layout differences between transformers versions taken out."""
+    name = re.sub(r"^model\.language_model\.", "model.", name)
+    return re.sub(r"^(model\.)?visual\.", "visual.", name)
+
+
+@dataclass
+class SwapPlan:
+    """Which file tensor goes into which loaded tensor (None: a full load is needed, ``reason`` says why)."""
+
+    files: dict[str, list[tuple[str, str]]] | None  # safetensors file → [(its tensor name, the model's name)]
+    reason: str = ""
+    nbytes: int = 0
+
+
+def plan_swap(loaded, directory: Path) -> SwapPlan:
+    """Whether the checkpoint in ``directory`` can be copied into ``loaded``'s model in place, and how."""
+    from vlmfast.checkpoints.readers import safetensors_header
+
+    directory = Path(directory)
+    if loaded.base_source is not None or not loaded.config_dir:
+        return SwapPlan(None, "the loaded model carries a LoRA adapter")
+    if not any(directory.glob("*.safetensors")) or (directory / "adapter_config.json").is_file():
+        return SwapPlan(None, "not a full safetensors checkpoint")
+    if _weights_config(directory) != _weights_config(loaded.config_dir):
+        return SwapPlan(None, "its config differs from the loaded model's (architecture, sizes or settings)")
+    model = loaded.model
+    state = model.state_dict()
+    homes = {normal_name(name): name for name in state}
+    files: dict[str, list[tuple[str, str]]] = {}
+    filled, nbytes = set(), 0
+    for file in sorted(directory.glob("*.safetensors")):
+        for name, meta in safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            home = homes.get(normal_name(name))
+            if home is None or list(state[home].shape) != list(meta["shape"]):
+                return SwapPlan(None, f"tensor {name} has no place of the same shape in the loaded model")
+            files.setdefault(file.name, []).append((name, home))
+            filled.add(home)
+            nbytes += meta["data_offsets"][1] - meta["data_offsets"][0]
+    tied = {name for name in state if name.endswith("lm_head.weight")} if _tied(model) else set()
+    missing = [name for name in state if name not in filled and name not in tied]
+    if missing:
+        return SwapPlan(None, f"{len(missing)} of the loaded model's tensors are not in it (e.g. {missing[0]})")
+    return SwapPlan(files, nbytes=nbytes)
+
+
+def swap_into(loaded, found, plan: SwapPlan):
+    """The :class:`~vlmfast.checkpoints.load.Loaded` of ``found`` (a located checkpoint), made by copying its
+    tensors into ``loaded``'s model in place; what the report says about the checkpoint (cache, EOS list,
+    source) is read from its own files. ``load_s`` is the swap's seconds."""
+    import torch
+    from safetensors import safe_open
+
+    from vlmfast.checkpoints.load import CacheReport, eos_list
+
+    start = time.perf_counter()
+    state = loaded.model.state_dict()
+    device = next(iter(state.values())).device
+    with torch.no_grad():
+        for file, pairs in plan.files.items():
+            with safe_open(str(found.path / file), framework="pt", device=str(device)) as f:
+                for name, home in pairs:
+                    state[home].copy_(f.get_tensor(name))
+        if _tied(loaded.model):
+            loaded.model.tie_weights()
+    config, generation = read_configs(found.path)
+    cache = CacheReport(cache_off_locations(config, generation), saved_cache_enabled(config, generation), True)
+    eos, note = eos_list(saved_eos(config, generation)[0], loaded.processor.tokenizer)
+    return dataclasses.replace(loaded, source=found.source, cache=cache, eos_token_ids=eos, config_dir=found.path,
+                               load_s=time.perf_counter() - start, notes=[n for n in (found.note, note) if n])
+
+
+def _weights_config(directory: Path) -> dict:
+    """The checkpoint's config as transformers reads it (defaults filled in, so saves by different
+    transformers versions compare alike), less what says nothing about the weights."""
+    from transformers import AutoConfig
+
+    def clean(value):
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if k not in IGNORED_CONFIG_KEYS}
+        return value
+
+    return clean(AutoConfig.from_pretrained(str(directory)).to_dict())
+
+
+def _tied(model) -> bool:
+    return bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False)
+                or getattr(model.config, "tie_word_embeddings", False))

@@ -1,0 +1,147 @@
+"""vlmfast's engine behind the :class:`~vlmfast.engines.contract.Backend` contract: the model loaded by
+:func:`vlmfast.checkpoints.load.load`, an :class:`~vlmfast.engines.hf.engine.Engine` run by a
+:class:`~vlmfast.engines.hf.scheduler.Scheduler`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vlmfast.engines.facts import EngineFacts
+
+# measured on 2 cores with prefill in groups: decode keeps gaining up to 32 rows (benchmarks/RESULTS.md)
+CPU_BATCH_SIZE = 32
+
+
+class HfBackend:
+    """vlmfast's own engine: the model loaded by :func:`vlmfast.checkpoints.load.load`, batches formed by cost
+    and run by the scheduler (prefetch, out-of-memory halving), the compile decision after the first batch."""
+
+    def __init__(self, options, loaded, compile_cache=None, notes: Sequence[str] = ()):
+        self.options, self.compile_cache = options, compile_cache
+        self._build(loaded)
+        self.device = self.engine.device
+        self.whole_batch_tokens = options.max_batch_tokens if options.decoder == "hf" else None
+        self.notes = list(notes) + list(loaded.notes) + ([compile_cache.note] if compile_cache is not None and compile_cache.note else [])
+
+    def _build(self, loaded) -> None:
+        from vlmfast.engines.hf.engine import Engine
+        from vlmfast.engines.hf.scheduler import Scheduler
+
+        o = self.options
+        self.loaded = loaded
+        self.engine = Engine(loaded, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, decoder=o.decoder,
+                             cuda_graphs=o.cuda_graphs, compile=o.compile, compile_cache=self.compile_cache,
+                             prefill_tokens=o.max_batch_tokens)
+        self.scheduler = Scheduler(self.engine, overlap=o.overlap)
+
+    def context_problems(self, requests, image_sizes):
+        return self.engine.context_problems(requests, image_sizes)
+
+    def ready(self, requests, image_sizes, requested):
+        """``requested``, or the largest batch whose KV cache and activations fit the GPU memory left after
+        loading (a CPU: a measured default)."""
+        if requested:
+            return requested, None
+        if not self.engine.on_cuda:
+            return CPU_BATCH_SIZE, f"batch size auto: {CPU_BATCH_SIZE} on a CPU"
+        import torch
+
+        from vlmfast.engines.bandwidth import shape_from_model
+        from vlmfast.engines.hf.capacity import cuda_batch_size
+
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        widest = max((self.engine.cost(r, image_sizes) for r in requests), default=0)
+        shape = shape_from_model(self.loaded.model, self.loaded.runtime.dtype)
+        # vision tower activations for the widest sample: ~4 patches per image token, a dozen live tensors
+        vision_hidden = getattr(self.loaded.model.config.vision_config, "hidden_size", 1280)
+        size, memory = cuda_batch_size(shape, free, widest, self.engine.settings.max_new_tokens,
+                                       vision_bytes_per_sample=widest * 4 * vision_hidden * shape.dtype_bytes * 12)
+        return size, (f"batch size auto: {size} (free GPU memory {free / 2**30:.1f} GiB, prompts up to {widest} + "
+                      f"{self.engine.settings.max_new_tokens} new tokens, {memory.total_bytes / 2**30:.1f} GiB planned "
+                      "with CUDA-graph buckets, two resident decode shapes and a prefill group's cache)")
+
+    def plan(self, requests, image_sizes, batch_size):
+        """Batches of ``batch_size`` decode rows: with n answers per request, batch_size // n requests."""
+        from vlmfast.engines.hf.scheduler import plan
+
+        per_batch = max(1, batch_size // self.engine.settings.n)
+        return plan(self.engine, requests, image_sizes, per_batch, self.whole_batch_tokens)
+
+    def batches(self, requests, image_sizes, planned):
+        try:
+            for k, parts in enumerate(self.scheduler.batches(requests, image_sizes, planned)):
+                yield parts
+                first = next((t for _, _, t in parts if t is not None), None)
+                if k == 0 and first is not None:
+                    self.engine.decide_compile(first, len(planned) - 1)
+        finally:
+            self.engine.policy.flush()
+
+    def facts(self) -> EngineFacts:
+        from vlmfast.engines.bandwidth import shape_from_model
+
+        loaded, engine, runtime = self.loaded, self.engine, self.loaded.runtime
+        device_name = None
+        if engine.on_cuda:
+            import torch
+
+            device_name = torch.cuda.get_device_name(torch.device(runtime.device))
+        return EngineFacts(
+            engine="hf", checkpoint=loaded.source, load_s=loaded.load_s, cache=loaded.cache.as_dict(),
+            device=runtime.device, dtype=runtime.dtype, attn=runtime.attn, decoder=engine.decoder_name,
+            cuda_graphs=engine.cuda_graphs, compiled=engine.policy.enabled, max_pixels=engine.max_pixels,
+            max_pixels_capped=engine.max_pixels_capped, compile_s=engine.policy.compile_s,
+            oom_splits=self.scheduler.oom_splits, compile_cache=engine.policy.summary(),
+            model_shape=shape_from_model(loaded.model, runtime.dtype), device_name=device_name,
+            notes=self.notes + engine.notes + engine.policy.notes,
+        )
+
+    def switch_to(self, found) -> tuple[str, float, str | None]:
+        """Run the next checkpoint ``found`` on this backend: its weights copied into the loaded model when
+        the shapes allow (CUDA graphs and compiled steps stay valid), else a full load. Returns
+        ("swap" | "load", seconds, why a swap was not possible)."""
+        from vlmfast.checkpoints.swap import plan_swap, swap_into
+
+        plan = plan_swap(self.loaded, found.path) if found.is_local else None
+        if plan is not None and plan.files is not None:
+            swapped = swap_into(self.loaded, found, plan)
+            if swapped.eos_token_ids != self.loaded.eos_token_ids:
+                self.engine.forget_shapes()  # decode states hold the EOS list
+            self.loaded = self.engine.loaded = swapped
+            self.notes = list(swapped.notes)
+            return "swap", swapped.load_s, None
+        from vlmfast.checkpoints.load import load
+
+        o, runtime = self.options, self.loaded.runtime
+        self.close()
+        self.loaded = self.engine = self.scheduler = None  # the old model goes before the new one loads
+        from vlmfast.timing import free_memory
+
+        free_memory()
+        loaded = load(found, device=runtime.device, dtype=o.dtype, attn=o.attn, trust_remote_code=o.trust_remote_code,
+                      allow_pickle=o.allow_pickle, base=o.base, merge=o.merge)
+        self._build(loaded)
+        self.notes = list(loaded.notes)
+        return "load", loaded.load_s, plan.reason if plan is not None else "not a local checkpoint"
+
+    def close(self) -> None:
+        self.engine.forget_shapes()
+
+
+def open_hf(options, found, loaded, dist) -> HfBackend:
+    """vlmfast's engine on the located checkpoint (or an already ``loaded`` model). The compile cache is
+    pointed at before the model loads."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.compile_policy import prepare_cache
+
+    compile_cache = prepare_cache(options.decoder, options.compile)
+    notes = []
+    device = options.device
+    if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
+        notes.append(f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})")
+        device = None
+    if loaded is None:
+        loaded = load(found, device=device or dist.device, dtype=options.dtype, attn=options.attn,
+                      trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
+                      base=options.base, merge=options.merge)
+    return HfBackend(options, loaded, compile_cache, notes)

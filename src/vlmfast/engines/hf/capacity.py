@@ -1,0 +1,96 @@
+"""How much fits on a CUDA device: the auto batch size from what a batch of vlmfast's engine really holds
+(bucketed static caches, resident decode shapes, a prefill group's cache, vision activations). Pure
+arithmetic on config numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlmfast.engines.bandwidth import ModelShape
+
+# Static decode shapes the engine keeps built at once, each holding a KV cache: on CUDA the newest two
+# captured (batch, cache length) shapes, so a run alternating between two shapes does not re-capture.
+RESIDENT_SHAPES = {"cuda": 2, "cpu": 3}
+# Padded prompt tokens per prefill pass (rows × widest prompt); the group's HF cache lives while the
+# static cache is filled. Measured on 2 CPU cores (demo model, 224–640 px images): prefill of 32 images
+# slows by a third past ~4k tokens at once (the vision tower's activations leave the caches), while
+# decode keeps gaining from all 32 rows. A GPU prefills far more at once; its limit is activation memory.
+PREFILL_TOKENS = {"cuda": 32768, "cpu": 2048}
+
+
+@dataclass(frozen=True)
+class BatchMemory:
+    """Device memory a batch of ``rows`` needs beyond the weights, by part (bytes)."""
+
+    rows: int  # the batch as it runs: rounded up to a captured batch bucket
+    cache_len: int  # positions per row in the static cache: prompt + new tokens, rounded up
+    static_bytes: int  # one decode shape: KV cache of rows × cache_len, plus its logits
+    resident_shapes: int  # decode shapes holding such a cache at once
+    prefill_cache_bytes: int  # the HF cache of one prefill group, alive while the static cache is filled
+    activation_bytes: int  # vision tower activations of the rows (prefill)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.static_bytes * self.resident_shapes + self.prefill_cache_bytes + self.activation_bytes
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def batch_memory(shape: ModelShape, rows: int, context_tokens: int, *, prompt_tokens: int = 0,
+                 buckets: tuple[int, ...] = (), length_multiple: int = 1, resident_shapes: int = 1,
+                 prefill_group_tokens: int = 0, vision_bytes_per_sample: int = 0) -> BatchMemory:
+    """What a batch of ``rows`` with contexts up to ``context_tokens`` (prompt + new tokens) holds at
+    its peak: ``resident_shapes`` static caches of the bucketed batch (the first of ``buckets`` that
+    is >= rows; rows as given without buckets) × the context rounded up to ``length_multiple``, each
+    with float32 logits and a processed copy per row; the prefill cache of one group (its padded
+    tokens: ``prefill_group_tokens`` at most, rows × ``prompt_tokens`` when fewer); vision activations."""
+    run_rows = next((b for b in buckets if b >= rows), rows)
+    cache_len = _round_up(context_tokens, length_multiple)
+    logits = shape.vocab_size * 4 * 2
+    prefill_tokens = min(prefill_group_tokens, rows * prompt_tokens)
+    return BatchMemory(
+        rows=run_rows, cache_len=cache_len,
+        static_bytes=run_rows * (cache_len * shape.kv_bytes_per_token + logits),
+        resident_shapes=resident_shapes,
+        prefill_cache_bytes=prefill_tokens * shape.kv_bytes_per_token,
+        activation_bytes=run_rows * vision_bytes_per_sample,
+    )
+
+
+def auto_batch_size(
+    shape: ModelShape,
+    free_bytes: int,
+    context_tokens: int,
+    *,
+    vision_bytes_per_sample: int = 0,
+    headroom: float = 0.85,
+    max_batch: int = 64,
+    buckets: tuple[int, ...] = (),
+    **memory,
+) -> int:
+    """The largest batch whose :func:`batch_memory` fits in ``headroom`` of the memory left after
+    loading the weights, at most ``max_batch``, at least 1. With ``buckets`` (the captured batch
+    sizes of CUDA graphs) only a bucket is chosen: 33 rows would run — and allocate — as 48, so when
+    48 does not fit the answer is 32. ``memory``: the other keywords of :func:`batch_memory`."""
+    budget = int(free_bytes * headroom)
+    sizes = [b for b in buckets if b <= max_batch] or range(1, max_batch + 1)
+    fits = [n for n in sizes if batch_memory(shape, n, context_tokens, buckets=buckets,
+                                             vision_bytes_per_sample=vision_bytes_per_sample,
+                                             **memory).total_bytes <= budget]
+    return max(fits, default=1)
+
+
+def cuda_batch_size(shape: ModelShape, free_bytes: int, prompt_tokens: int, max_new_tokens: int, *,
+                    vision_bytes_per_sample: int = 0, max_batch: int = 64) -> tuple[int, BatchMemory]:
+    """:func:`auto_batch_size` for vlmfast's CUDA decode: CUDA-graph batch buckets, cache lengths
+    rounded to the captured length multiple, two resident decode shapes, and the prefill cache of one
+    CUDA prefill group beside them. Returns the batch size and its memory by part."""
+    from vlmfast.engines.hf.decode import BATCH_BUCKETS, LENGTH_BUCKET  # torch: only here, where CUDA is in use
+
+    memory = dict(prompt_tokens=prompt_tokens, length_multiple=LENGTH_BUCKET, resident_shapes=RESIDENT_SHAPES["cuda"],
+                  prefill_group_tokens=PREFILL_TOKENS["cuda"], vision_bytes_per_sample=vision_bytes_per_sample)
+    context = prompt_tokens + max_new_tokens
+    size = auto_batch_size(shape, free_bytes, context, max_batch=max_batch, buckets=BATCH_BUCKETS, **memory)
+    return size, batch_memory(shape, size, context, buckets=BATCH_BUCKETS, **memory)

@@ -1,0 +1,268 @@
+"""Compilation paid once per machine, not once per run — and only where it pays.
+
+``torch.compile`` of the decode step fuses the small kernels of norms, rotary positions and the MLP
+gate, but costs tens of seconds the first time. vlmfast keeps inductor's caches in its own directory
+(``VLMFAST_CACHE``, else ``$XDG_CACHE_HOME/vlmfast``, else ``~/.cache/vlmfast``), one subdirectory per
+torch/transformers/vlmfast version, so a second run on the same machine reuses the compiled kernels.
+Per shape key (model config, dtype, batch bucket, cache length bucket, device, versions) it records
+what compiling cost and what it saved, and :func:`decide` weighs the two for the next workload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlmfast.files import atomic_write
+
+# Until this machine has measured them: cold compile seconds of the decode step (H100, Qwen2.5-VL-3B
+# shape: 34–42 s; 2-core CPU, tiny model: ~20 s) and the share of a step that fusion saves (assumed).
+DEFAULT_COLD_COMPILE_S = {"cuda": 40.0, "cpu": 30.0}
+DEFAULT_WARM_COMPILE_S = {"cuda": 8.0, "cpu": 6.0}
+DEFAULT_GAIN = {"cuda": 0.35, "cpu": 0.2}
+
+
+def cache_root() -> Path:
+    if os.environ.get("VLMFAST_CACHE"):
+        return Path(os.environ["VLMFAST_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vlmfast"
+
+
+def _kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+@dataclass
+class Decision:
+    compile: bool
+    reason: str
+
+
+class CompileCache:
+    """The persistent compile cache of one run: where inductor writes, what each compile cost."""
+
+    def __init__(self, versions: dict, root: Path | None = None):
+        self.root = Path(root) if root is not None else cache_root()
+        tag = "-".join(f"{k}{versions[k]}" for k in ("torch", "transformers", "vlmfast") if k in versions)
+        self.inductor_dir = self.root / "inductor" / hashlib.sha256(tag.encode()).hexdigest()[:12]
+        self.stats_path = self.root / "compile-stats.json"
+        self.versions = versions
+        self.events: list[dict] = []  # one per compiled shape this run: key, seconds, hit/miss
+        self._steps: dict[tuple[str, bool], list[float]] = {}  # (shape key, compiled) → decode ms per step
+        self.note: str | None = None
+
+    def activate(self) -> None:
+        """Point inductor at our directory. Call it before the model loads: loading makes torch settle
+        on its default directory, and some of inductor's paths are memoized at first use. A
+        TORCHINDUCTOR_CACHE_DIR the user set is respected and said aloud."""
+        own = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if own and Path(own) != self.inductor_dir and not _torch_default(own):
+            self.inductor_dir = Path(own)
+            self.note = f"compile cache: TORCHINDUCTOR_CACHE_DIR={own} (set outside vlmfast) is used"
+            return
+        self.inductor_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.inductor_dir)
+
+    def key(self, model, dtype: str, batch: int, length: int, device_name: str) -> str:
+        config = model.config.get_text_config().to_dict()
+        config = {k: v for k, v in config.items() if k not in ("use_cache", "_name_or_path", "transformers_version")}
+        blob = json.dumps([config, dtype, batch, length, device_name, self.versions], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def measure(self, key: str, run) -> tuple[float, str]:
+        """Run ``run()`` (whatever triggers the compile) and record its seconds and whether inductor
+        served it from the cache. Returns (seconds, "hit" | "miss" | "partial")."""
+        from torch._dynamo.utils import counters
+
+        before = dict(counters["inductor"])
+        start = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - start
+        hits = counters["inductor"]["fxgraph_cache_hit"] - before.get("fxgraph_cache_hit", 0)
+        misses = counters["inductor"]["fxgraph_cache_miss"] - before.get("fxgraph_cache_miss", 0)
+        status = "hit" if hits and not misses else "miss" if misses and not hits else "partial" if hits else "none"
+        self.events.append({"key": key, "seconds": round(seconds, 3), "cache": status})
+        self._store(key, {f"compile_s_{'warm' if status == 'hit' else 'cold'}": round(seconds, 3)})
+        return seconds, status
+
+    def observe(self, key: str, compiled: bool, step_ms: float) -> None:
+        """One batch's decode time per step on shape ``key``, compiled or not (kept until :meth:`flush`)."""
+        self._steps.setdefault((key, compiled), []).append(step_ms)
+
+    def flush(self) -> None:
+        """Store the median step time of each shape and mode seen this run, for the next decision."""
+        import statistics
+
+        for (key, compiled), times in self._steps.items():
+            self._store(key, {"compiled_step_ms" if compiled else "eager_step_ms": round(statistics.median(times), 4)})
+        self._steps.clear()
+
+    def stats(self, key: str) -> dict:
+        return self._read().get(key, {})
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.stats_path.read_text(encoding="utf-8"))
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _store(self, key: str, values: dict) -> None:
+        try:
+            data = self._read()
+            data.setdefault(key, {}).update(values)
+            self.stats_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.stats_path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+        except OSError:  # a read-only cache dir costs the next run a guess, never this run
+            pass
+
+    def summary(self) -> dict:
+        """For the report: where the cache is and what each compile cost."""
+        return {"dir": str(self.inductor_dir), "compiles": list(self.events)}
+
+
+def _torch_default(path: str) -> bool:
+    """Whether ``path`` is where torch put its cache on its own (it writes that into the environment)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return False
+    return os.path.abspath(path) == os.path.abspath(default_cache_dir())
+
+
+def decide(stats: dict, *, device: str, step_ms: float, remaining_steps: int) -> Decision:
+    """Compile the decode step when the steps still to run, times what fusion saves per step, outweigh
+    what compiling costs on this machine (measured before, for this shape; else a default)."""
+    kind = _kind(device)
+    if "compile_s_warm" in stats:
+        cost, cost_is = stats["compile_s_warm"], "measured, cache warm"
+    elif "compile_s_cold" in stats:  # compiled once here: inductor's cache is warm now
+        cost, cost_is = min(stats["compile_s_cold"], DEFAULT_WARM_COMPILE_S[kind]), "cache warm since the last compile (estimate)"
+    else:
+        cost, cost_is = DEFAULT_COLD_COMPILE_S[kind], "first compile on this machine (estimate)"
+    if stats.get("eager_step_ms") and stats.get("compiled_step_ms"):
+        gain, gain_is = max(0.0, 1 - stats["compiled_step_ms"] / stats["eager_step_ms"]), "measured"
+    else:
+        gain, gain_is = DEFAULT_GAIN[kind], "estimate"
+    saving = remaining_steps * step_ms / 1000 * gain
+    verdict = saving > cost
+    reason = (f"compile {'on' if verdict else 'off'}: {remaining_steps} decode steps to go × {step_ms:.2f} ms × "
+              f"{gain:.0%} saved ({gain_is}) = {saving:.1f} s {'>' if verdict else '<='} {cost:.1f} s to compile ({cost_is})")
+    return Decision(verdict, reason)
+
+
+def prepare_cache(decoder: str, requested: bool | None) -> CompileCache | None:
+    """The persistent compile cache, pointed at before the model loads (see :meth:`CompileCache.activate`);
+    None when nothing can compile (``--decoder hf``, ``--no-compile``)."""
+    if decoder != "vlmfast" or requested is False:
+        return None
+    from vlmfast.timing import versions
+
+    cache = CompileCache(versions())
+    cache.activate()
+    return cache
+
+
+RECOMPILE_LIMIT = 64  # dynamo stops recompiling a function after 8 shapes by default: decode has a shape per bucket
+
+
+class CompilePolicy:
+    """Whether the decode step is compiled, and what compiling cost — decided here and nowhere else.
+
+    ``requested``: True / False (``--compile`` / ``--no-compile``), or None: off for the first batch, then
+    :meth:`decide` weighs what compiling would save on the rest of the run against what it cost on this
+    machine. A compile that fails switches compiling off for the run (said in :attr:`notes`).
+    :attr:`compile_s` (compiling and CUDA-graph capture) is kept out of every clock of the report.
+    ``compiler`` replaces ``torch.compile`` (tests run the static path uncompiled with ``lambda fn: fn``)."""
+
+    def __init__(self, requested: bool | None, *, device: str, cache: CompileCache | None = None, compiler=None):
+        self.requested = requested
+        self.enabled = bool(requested)
+        self.device = device
+        self.cache = cache
+        self.compiler = compiler
+        self.compile_s = 0.0
+        self.notes: list[str] = []
+        self._decided = requested is not None
+        self._forward = None
+
+    def forward(self):
+        """The static decode step to run: compiled once per run (one function for every shape), or as is."""
+        from vlmfast.engines.hf.decode import forward_static
+
+        if not self.enabled:
+            return forward_static
+        if self._forward is None:
+            import torch
+
+            if self.cache is not None:
+                self.cache.activate()  # before inductor first looks for its cache directory
+            config = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+                if hasattr(config, name):
+                    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+            compiler = self.compiler or (lambda fn: torch.compile(fn, dynamic=False, fullgraph=False))
+            self._forward = compiler(forward_static)
+        return self._forward
+
+    def timed(self, build):
+        """Run ``build()`` (capture and/or compile a decode shape), its seconds added to :attr:`compile_s`."""
+        from vlmfast.timing import now
+
+        start = now(self.device)
+        try:
+            return build()
+        finally:
+            self.compile_s += now(self.device) - start
+
+    def build(self, key: str | None, run) -> bool:
+        """Run ``run()``, which compiles when compiling is on (measured into the cache under ``key``).
+        False when the compile failed: compiling is then off and the caller builds again uncompiled.
+        Out-of-memory errors are not compile failures: they propagate (the scheduler halves the batch)."""
+        if not self.enabled:
+            run()
+            return True
+        try:
+            if self.cache is not None and key is not None:
+                self.cache.measure(key, run)
+            else:
+                run()
+            return True
+        except Exception as exc:
+            from vlmfast.timing import is_out_of_memory
+
+            if is_out_of_memory(exc):
+                raise
+            # a machine without a C++ compiler for inductor, an op it cannot compile: run uncompiled
+            self.enabled, self._forward = False, None
+            self.notes.append(f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                              "decoding uncompiled")
+            return False
+
+    @property
+    def undecided(self) -> bool:
+        return not self._decided and self.cache is not None
+
+    def decide(self, key: str, *, step_ms: float, remaining_steps: int) -> bool:
+        """After the first batch (``requested`` None): compile from now on if it pays. True when it switched on."""
+        self._decided = True
+        verdict = decide(self.cache.stats(key), device=self.device, step_ms=step_ms, remaining_steps=remaining_steps)
+        self.notes.append(verdict.reason)
+        self.enabled = verdict.compile
+        return verdict.compile
+
+    def observe(self, key: str | None, step_ms: float) -> None:
+        if self.cache is not None and key is not None:
+            self.cache.observe(key, self.enabled, step_ms)
+
+    def flush(self) -> None:
+        if self.cache is not None:
+            self.cache.flush()  # what a step cost here, compiled or not: the next run's decision
+
+    def summary(self) -> dict | None:
+        return self.cache.summary() if self.cache is not None and self.enabled else None

@@ -1,0 +1,358 @@
+"""The decode loop: one token for every row per step, over the HF model's own modules.
+
+``model.generate`` spends most of a small model's decode step on host work (mask building, kwargs
+plumbing, logits processors, a host sync per token). Here a step is only the language model's layers
+(the same modules, the same numerics) on a preallocated KV cache, selection on the device, and EOS
+tracked on the device and read back every ``sync_every`` steps.
+
+One state (:class:`DecodeState`), two ways to run its step: eager, exactly as ``generate`` attends, or
+static (fixed shapes for CUDA graphs and ``torch.compile``). :func:`run_loop` steps any of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+
+from vlmfast.engines.hf.linear_states import LinearStateCache, check_cache_api, linear_modules
+
+
+class StaticKV(LinearStateCache):
+    """Keys and values of every full-attention layer, preallocated for ``max_len`` positions of ``batch``
+    rows; a hybrid model's linear-attention layers (``linear``: layer index → module) keep their
+    states instead (:class:`~vlmfast.engines.hf.linear_states.LinearStateCache`).
+
+    The attention modules call ``update(key, value, layer_idx[, cache_kwargs])`` — the only cache
+    method a decoder layer uses on transformers 4.57 and 5.x. Eager mode writes at the host-side
+    ``length`` and returns the filled slice; static mode (``index`` set) writes at a device-side index
+    and returns the whole buffer, to be masked."""
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
+                 linear: dict | None = None):
+        shape = (batch, kv_heads, max_len, head_dim)
+        linear = linear or {}
+        self.keys = [None if i in linear else torch.zeros(shape, dtype=dtype, device=device) for i in range(layers)]
+        self.values = [None if i in linear else torch.zeros(shape, dtype=dtype, device=device) for i in range(layers)]
+        self.init_linear_states(linear, batch, device)
+        self.batch, self.max_len, self.dtype = batch, max_len, dtype
+        self.length = 0
+        self.index: torch.Tensor | None = None
+
+    def fill(self, caches, length: int, repeat: int = 1) -> None:
+        """Copy prefill caches — (start row, end row, HF cache) per prefill group — into the first
+        ``length`` positions, each group right-aligned (its shorter prompts read as left padding). With
+        ``repeat`` each prompt row fills ``repeat`` consecutive rows (n answers from one prefill)."""
+        self.fill_linear_states(caches, repeat)
+        for start, end, cache in caches:
+            for i, layer in enumerate(cache.layers):
+                if self.keys[i] is None:
+                    continue
+                n = layer.keys.shape[2]
+                keys, values = layer.keys, layer.values
+                if repeat > 1:
+                    keys, values = keys.repeat_interleave(repeat, 0), values.repeat_interleave(repeat, 0)
+                self.keys[i][start * repeat:end * repeat, :, length - n:length].copy_(keys)
+                self.values[i][start * repeat:end * repeat, :, length - n:length].copy_(values)
+        self.length = length
+
+    def update(self, key, value, layer_idx: int, cache_kwargs=None):
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        if self.index is not None:
+            k.index_copy_(2, self.index, key)
+            v.index_copy_(2, self.index, value)
+            return k, v
+        end = self.length + key.shape[2]
+        k[:, :, self.length:end] = key
+        v[:, :, self.length:end] = value
+        return k[:, :, :end], v[:, :, :end]
+
+    def advance(self) -> None:
+        """One position written by every layer: move the write position on."""
+        if self.index is not None:
+            self.index += 1
+        else:
+            self.length += 1
+
+
+class TextDecoder:
+    """The language model of a Qwen-VL model (Qwen2-VL to Qwen3.5) called layer by layer for new
+    tokens: embedding, 3-D rotary positions, the decoder layers with a caller-made mask, final norm, LM
+    head. Qwen3.5's linear-attention layers get no mask (a new token is never padding) and keep their
+    states in the cache's linear half."""
+
+    def __init__(self, model):
+        text = model.model.language_model
+        self.embed, self.rotary, self.layers, self.norm = text.embed_tokens, text.rotary_emb, text.layers, text.norm
+        self.lm_head = model.lm_head
+        config = model.config.get_text_config()
+        self.linear = linear_modules(self.layers)
+        if self.linear:
+            check_cache_api()
+        attention = next(layer.self_attn for layer in self.layers if hasattr(layer, "self_attn"))
+        self.attention_config = attention.config  # what the attention modules read per call
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.vocab = config.vocab_size
+
+    def new_cache(self, batch: int, max_len: int) -> StaticKV:
+        weight = self.lm_head.weight
+        return StaticKV(len(self.layers), batch, self.kv_heads, max_len, self.head_dim, weight.dtype, weight.device,
+                        linear=self.linear)
+
+    def __call__(self, tokens, positions, mask, cache: StaticKV):
+        """Logits (batch, vocab, float32) of the next token after ``tokens`` (batch, 1) at ``positions``
+        (3, batch, 1); ``mask`` (batch, 1, 1, keys) bool or None (no padding: every key is seen)."""
+        hidden = self.embed(tokens)
+        rotary = self.rotary(hidden, positions)
+        for i, layer in enumerate(self.layers):
+            out = layer(hidden, attention_mask=None if i in self.linear else mask, position_embeddings=rotary,
+                        past_key_values=cache, use_cache=True)
+            hidden = out[0] if isinstance(out, tuple) else out  # 4.57 layers return a tuple
+        return self.lm_head(self.norm(hidden)[:, -1, :]).float()
+
+
+DECODE_ATTENTION = "vlmfast_decode"
+
+
+def decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """Attention for new tokens against the cache, as an attention function of transformers'.
+
+    With grouped-query attention the queries that share a key/value head are packed into one
+    sequence per kv head (what transformers 5.x does for one query token), so keys and values are
+    read in place: transformers 4.57 copies them once per query head (``repeat_kv``) at every step,
+    which measured a third of a decode step on a CPU. Returns (batch, new tokens, heads, head dim)."""
+    batch, heads, q_len, dim = query.shape
+    groups = heads // key.shape[1]
+    if groups > 1 and q_len == 1:
+        query = query.reshape(batch, key.shape[1], groups, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=0.0, scale=scaling, is_causal=False)
+    return out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+
+
+@contextlib.contextmanager
+def decode_attention_for(decoder: TextDecoder):
+    """Decode attention runs through :func:`decode_attention` whatever the model was loaded with:
+    flash-attn's padded path unpads with a host sync and takes a 2-D mask; eager attention wants an
+    additive mask. Switched outside any compiled region: it sets a config attribute."""
+    config = decoder.attention_config
+    loaded_with = config._attn_implementation
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = loaded_with
+
+
+def rope_positions(model, inputs):
+    """Qwen2.5-VL's 3-D rotary positions of the prompt (3, batch, length), from the model's own
+    ``get_rope_index`` (its signature differs across transformers versions)."""
+    accepted = inspect.signature(model.model.get_rope_index).parameters
+    extra = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "attention_mask", "mm_token_type_ids",
+                                    "second_per_grid_ts") if k in accepted and k in inputs}
+    positions, _ = model.model.get_rope_index(inputs["input_ids"], **extra)
+    return positions
+
+
+def suppress_bias(vocab: int, token_ids, device) -> torch.Tensor:
+    """Added to the logits: -inf on tokens never to emit (vision placeholders), 0 elsewhere."""
+    bias = torch.zeros(vocab, device=device)
+    if token_ids:
+        bias[list(token_ids)] = float("-inf")
+    return bias
+
+
+def select(logits, bias, *, temperature: float, top_p: float, generator=None):
+    """The next token of every row: argmax when ``temperature`` is 0; otherwise temperature, then
+    nucleus (top-p) filtering as transformers does it, then a draw from ``generator``."""
+    scores = logits + bias
+    if temperature == 0:
+        return scores.argmax(-1)
+    scores = scores / temperature
+    if top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=False)
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[..., -1:] = False  # the most likely token always stays
+        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
+
+
+@dataclass
+class Decoded:
+    tokens: list[list[int]]  # per row: every generated token (pad after the row's EOS), first token included
+    steps: int  # tokens produced per row, the first one (from prefill) included
+    syncs: int  # device read-backs during the loop
+
+
+class DecodeState:
+    """Everything one batch's decode needs on the device: the KV cache, last tokens, rotary positions,
+    which keys are padding, which rows still run, and the output buffer. ``step()`` produces one more
+    token for every row.
+
+    Two ways to run the same state:
+    - eager (``static=False``, any device): the cache is sliced to the filled length, so attention sees
+      exactly the keys HF's dynamic cache would, and greedy tokens equal ``generate``'s;
+    - static (CUDA graphs, ``torch.compile``): fixed shapes — the whole cache with an additive mask, the
+      write index and the step offset as device tensors, so a step never needs the host. Built once per
+      (batch, cache length) shape and reused by every batch of that shape; rows beyond a batch are spare.
+
+    ``forward`` is :func:`forward_eager`, :func:`forward_static` or a compiled ``forward_static``: a plain
+    function of the state, never a bound method, so a state holds no reference to itself and its memory
+    goes as soon as it is released (a graph pool and a KV cache per shape are gigabytes on a GPU)."""
+
+    def __init__(self, decoder: TextDecoder, batch: int, max_len: int, max_new: int, *, static: bool, eos_ids,
+                 pad_id: int, bias, temperature: float, top_p: float, generator=None, forward=None):
+        device = bias.device
+        long = dict(dtype=torch.long, device=device)
+        self.decoder, self.batch, self.max_len, self.max_new, self.static = decoder, batch, max_len, max_new, static
+        self.bias, self.temperature, self.top_p, self.generator = bias, temperature, top_p, generator
+        self.cache = decoder.new_cache(batch, max_len)
+        if static:
+            self.cache.index = torch.zeros(1, **long)
+        self.forward = forward or (forward_static if static else forward_eager)
+        self.eos = torch.tensor(list(eos_ids), **long)
+        self.pad = torch.tensor(pad_id, **long)
+        self.tokens = torch.full((batch, 1), pad_id, **long)
+        self.next_position = torch.zeros(3, batch, 1, **long)  # where each row's first generated token sits
+        self.offset = torch.zeros(1, **long)  # tokens produced so far, minus one
+        self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)  # False on prompt padding
+        self.keys = torch.arange(max_len, device=device)
+        self.out = torch.full((batch, max_new), pad_id, **long)
+        self.running = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.padded = True
+        self.logits = None
+        self.graph = None
+        self.rows = self.t = 0
+
+    def load(self, *, first, next_position, key_valid, caches, prompt_len: int, repeat: int = 1) -> None:
+        """Take a new batch: its prefill caches (each prompt's copied to ``repeat`` rows), first tokens,
+        positions and padding (per decode row). Spare rows (static shapes) are not running and attend to
+        everything (no empty softmax)."""
+        rows = first.shape[0]
+        self.rows, self.t = rows, 1
+        self.cache.fill(caches, prompt_len, repeat)
+        if self.static:
+            self.cache.index.fill_(prompt_len)
+        self.offset.zero_()
+        self.tokens.fill_(int(self.pad))
+        self.tokens[:rows, 0] = first
+        self.next_position.zero_()
+        self.next_position[:, :rows] = next_position
+        self.key_valid.fill_(True)
+        self.key_valid[:rows, :key_valid.shape[1]] = key_valid
+        self.padded = not bool(key_valid.all())
+        self.out.fill_(int(self.pad))
+        self.out[:rows, 0] = first
+        self.running.fill_(False)
+        self.running[:rows] = ~torch.isin(first, self.eos) if len(self.eos) else True
+
+    def record(self, logits) -> None:
+        """Select the next token of every row, record it (pad for finished rows), advance by one."""
+        chosen = select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator)
+        chosen = torch.where(self.running, chosen, self.pad)
+        self.out.index_copy_(1, self.offset + 1, chosen[:, None])
+        self.tokens.copy_(chosen[:, None])
+        if len(self.eos):
+            self.running &= ~torch.isin(chosen, self.eos)
+        self.offset += 1
+        self.cache.advance()
+
+    def _body(self) -> None:
+        """One step as a CUDA graph holds it: the forward, and for greedy decoding the selection too
+        (sampling draws outside the graph, from the run's own generator)."""
+        with decode_attention_for(self.decoder):
+            self.logits = self.forward(self)
+        if self.temperature == 0:
+            self.record(self.logits)
+
+    def step(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        if self.temperature != 0:
+            self.record(self.logits)
+        self.t += 1
+
+    def warm_up(self) -> None:
+        """One step on garbage (a compiled forward compiles here); :meth:`load` resets what it wrote."""
+        self._body()
+
+    def capture(self, warmup: int = 2) -> None:
+        """Record one step in a CUDA graph (after warm-up runs on a side stream, as capture requires).
+        ``thread_local`` capture: the prefetch worker may allocate or copy on its own thread meanwhile,
+        which the default (``global``) mode turns into a capture error."""
+        with torch.cuda.device(self.bias.device):  # the model's GPU, whichever is current
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self._body()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self._body()
+
+    def any_running(self) -> bool:
+        return bool(self.running.any())  # the read-back: a host sync on an accelerator
+
+    def release(self) -> None:
+        """Give back the cache, the graph and its memory pool now (not at the next garbage collection)."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph = self.cache = self.logits = self.out = self.key_valid = None
+
+
+def forward_eager(state: DecodeState):
+    """The next-token logits, attending to exactly the filled part of the cache."""
+    cache = state.cache
+    mask = state.key_valid[:, None, None, :cache.length + 1] if state.padded else None
+    return state.decoder(state.tokens, state.next_position + state.offset, mask, cache)
+
+
+def forward_static(state: DecodeState):
+    """The next-token logits over the whole cache: keys not yet written, and prompt padding, are masked
+    by an additive mask in the model's dtype, made once per step (a boolean mask would be converted in
+    every layer)."""
+    cache = state.cache
+    seen = state.key_valid & (state.keys <= cache.index)
+    dtype = cache.dtype
+    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
+    return state.decoder(state.tokens, state.next_position + state.offset, mask[:, None, None, :], cache)
+
+
+def run_loop(loop, *, stop_on_eos: bool, sync_every: int, on_step=None) -> Decoded:
+    """Step until ``max_new`` tokens, or — checked every ``sync_every`` steps — every row has ended.
+    ``on_step(t)`` is called after each step (per-step clocks; it may synchronize)."""
+    syncs = 0
+    while loop.t < loop.max_new:
+        if stop_on_eos and loop.t % sync_every == 0:
+            syncs += 1
+            if not loop.any_running():
+                break
+        loop.step()
+        if on_step is not None:
+            on_step(loop.t)
+    steps = loop.t
+    return Decoded(loop.out[:loop.rows, :steps].tolist(), steps, syncs)
+
+
+# -- static shapes: CUDA graphs and torch.compile --------------------------------------------------
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+LENGTH_BUCKET = 256  # cache lengths are rounded up to a multiple of this, so batches share a captured graph
+
+
+def batch_bucket(rows: int) -> int:
+    """The captured batch size that serves ``rows`` (spare rows are padding, their output ignored)."""
+    return next((b for b in BATCH_BUCKETS if b >= rows), rows)
+
+
+def length_bucket(length: int) -> int:
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET

@@ -1,0 +1,394 @@
+"""Batched generation for one batch at a time, phase by phase, with honest clocks:
+
+- ``prepare``  images decoded and resized (Qwen's rule, our pixel limits), chat template, processor:
+               padded CPU tensors (a prefetch worker may make them; prefill moves them to the device).
+- ``prefill``  vision tower + prompt through the HF model, the first new token chosen on the device.
+               Its end is the time to first token (TTFT).
+- ``decode``   the step loop of :mod:`vlmfast.engines.hf.decode` over the language model's own modules; on CUDA
+               replayed from a CUDA graph per (batch, cache length) shape.
+- ``results``  token ids → text, think/answer, finish reason, token counts.
+
+``decoder="hf"`` runs plain ``model.generate`` instead: the reference the loop is tested against and the
+fallback for families the loop does not know. Batching, prefetch and out-of-memory halving are
+:mod:`vlmfast.engines.hf.scheduler`'s; clocks synchronize the device before every read (:mod:`vlmfast.timing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vlmfast.checkpoints.load import Loaded
+from vlmfast.engines.hf import DECODERS
+from vlmfast.engines.hf.capacity import PREFILL_TOKENS, RESIDENT_SHAPES
+from vlmfast.engines.hf.compile_policy import CompilePolicy
+from vlmfast.errors import UsageError
+from vlmfast.inputs.requests import Request
+from vlmfast.engines.prepare import Preparer
+from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
+from vlmfast.timing import StepClock, free_device_cache, now, vision_clock
+
+CUDA_SYNC_EVERY = 8  # CUDA: one EOS read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
+
+
+@dataclass
+class PrefillGroup:
+    """Consecutive rows ``start:end`` of a batch that go through prefill together, and their tensors
+    (on the CPU until prefill moves them: a prefetch worker makes them while the GPU is busy)."""
+
+    start: int
+    end: int
+    inputs: object
+
+
+@dataclass
+class Prepared:
+    """A batch ready for the model: the requests that will run (in prefill groups), and the ones that
+    failed to decode (by id, with the reason)."""
+
+    requests: list[Request]
+    groups: list[PrefillGroup]
+    failed: dict[str, str]
+    model_sizes: dict[str, list[list[int]]]  # id → [width, height] per image after resizing
+    counts: dict[str, tuple[int, int]]  # id → (prompt tokens, image tokens)
+
+
+@dataclass
+class Prefetched:
+    """What a prefetch worker made ready for a batch while the previous one generated: decoded
+    images, or (on a GPU) the whole Prepared on the CPU; how long that took and how long the model waited."""
+
+    images: dict[str, list]
+    failed: dict[str, str]
+    worker_s: float
+    waited_s: float = 0.0
+    prepared: Prepared | None = None
+
+
+@dataclass
+class Prefilled:
+    """What prefill hands to decode: every row's first new token and rotary position, and where its
+    prompt's keys are. Groups prefilled apart sit right-aligned in a common length, as left padding."""
+
+    first: object  # (rows,) the first new token of every row
+    next_position: object  # (3, rows, 1) rotary position of that token
+    key_valid: object  # (rows, prompt_len) bool: False on padding
+    caches: list[tuple[int, int, object]]  # (start row, end row, the group's HF cache)
+    prompt_len: int
+    vision_s: float | None = None  # the vision tower's share of the prefill
+    repeat: int = 1  # decode rows per prompt row (n answers per request; ``first`` … are per decode row)
+
+
+class Engine(Preparer):
+    """Runs one batch of requests through a :class:`~vlmfast.checkpoints.load.Loaded` model. Pixel limits,
+    the chat template, image decoding, costs and the context check are :class:`~vlmfast.engines.prepare.Preparer`'s."""
+
+    def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
+                 max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
+                 cuda_graphs: bool | None = None, compile: bool | None = False, sync_every: int | None = None,
+                 compile_cache=None, prefill_tokens: int | None = None, compiler=None):
+        from vlmfast.checkpoints.families import decode_choice
+
+        if decoder not in DECODERS:
+            raise UsageError(f"--decoder {decoder}: unknown", hint=f"use one of: {', '.join(DECODERS)}")
+        if decoder == "hf" and (compile or cuda_graphs):
+            raise UsageError("--compile and --cuda-graphs apply to vlmfast's decoder; --decoder hf is plain generate",
+                             hint="drop --decoder hf, or drop --compile / --cuda-graphs")
+        # what the model's family allows (a family the loop does not know runs plain generate), said aloud
+        decoder, compile, cuda_graphs, self.notes = decode_choice(loaded.family, decoder, compile, cuda_graphs)
+        self.loaded = loaded
+        self.settings = settings
+        self.device = loaded.runtime.device
+        self.on_cuda = self.device.startswith("cuda")
+        self.decoder_name = decoder
+        self.cuda_graphs = (self.on_cuda and decoder == "vlmfast") if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and not self.on_cuda:
+            raise UsageError("--cuda-graphs needs a CUDA device", hint="drop --cuda-graphs on a CPU")
+        self.policy = CompilePolicy(compile if decoder == "vlmfast" else False, device=self.device,
+                                    cache=compile_cache, compiler=compiler)
+        self.sync_every = sync_every or (CUDA_SYNC_EVERY if self.on_cuda else 1)
+        self.record_steps = record_steps
+        self.prefill_tokens = prefill_tokens or PREFILL_TOKENS["cuda" if self.on_cuda else "cpu"]
+        super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
+                         min_pixels=min_pixels, max_pixels=max_pixels)
+        self._text = self._bias = self._generator = None
+        self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → a static DecodeState
+        self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
+
+    # -- the whole path of one batch -------------------------------------------------------------
+    def generate_batch(self, batch: Sequence[Request], prefetched: Prefetched | None = None
+                       ) -> tuple[list[SampleResult], BatchTiming | None]:
+        """Results for ``batch`` in its order; requests whose images fail to decode get error rows."""
+        t0 = now(self.device)
+        prepared = self.prepare(batch, prefetched)
+        t1 = now(self.device)
+        errors = {r.id: error_row(r.id, r, prepared.failed[r.id]) for r in batch if r.id in prepared.failed}
+        if not prepared.requests:
+            return [errors[r.id] for r in batch], None
+        steps_at: list[float] = []
+        vision_s = None
+        compiled_before = self.policy.compile_s
+        if self.decoder_name == "hf":
+            tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1)
+        else:
+            prefilled = self.prefill(prepared)
+            t2, vision_s = now(self.device), prefilled.vision_s
+            ttft_s = t2 - t1
+            decoded = self.decode(prefilled, steps_at)
+            tokens, steps, syncs = decoded.tokens, decoded.steps, decoded.syncs
+        t3 = now(self.device)
+        t2 += self.policy.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
+        if self.decoder_name == "vlmfast" and steps > 1:
+            self.policy.observe(self.shape_key(self.last_shape), (t3 - t2) * 1000 / (steps - 1))
+        n = self.settings.n
+        done = {rid: [row] for rid, row in errors.items()}
+        done.update({r.id: [self.result(r, prepared, tokens[i * n + k], k if n > 1 else None) for k in range(n)]
+                     for i, r in enumerate(prepared.requests)})
+        worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
+        marks = [t2, *steps_at]
+        timing = BatchTiming(
+            # waiting can outlast the worker's own time (it started late): count the longer of the two
+            size=len(prepared.requests), preprocess_s=t1 - t0 + max(worker_s, waited_s), ttft_s=ttft_s,
+            decode_s=max(t3 - t2, 0.0), steps=steps,
+            new_tokens=sum(row.n_new_tokens for r in prepared.requests for row in done[r.id]),
+            step_times_s=tuple(b - a for a, b in zip(marks, marks[1:])) if self.record_steps else (),
+            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, syncs=syncs,
+        )
+        return [row for r in batch for row in done[r.id]], timing
+
+    # -- phase 1: prepare ------------------------------------------------------------------------
+    def prepare(self, batch: Sequence[Request], prefetched: Prefetched | None = None) -> Prepared:
+        """Decoded images and model inputs (CPU tensors), one prefill group at a time, for the requests
+        of ``batch`` whose images decode. Safe on a worker thread: nothing here touches the device."""
+        if prefetched is not None and prefetched.prepared is not None:
+            return prefetched.prepared
+        images, failed = (prefetched.images, prefetched.failed) if prefetched else self.load_images(batch)
+        ok = [r for r in batch if r.id not in failed]
+        groups = [PrefillGroup(a, b, self.build_inputs(ok[a:b], images)) for a, b in self.prefill_groups(ok)]
+        counts = {}
+        image_id = self.loaded.model.config.image_token_id
+        for g in groups:
+            ids, mask = g.inputs["input_ids"], g.inputs["attention_mask"]
+            counts.update({r.id: (int(mask[i].sum()), int((ids[i] == image_id).sum()))
+                           for i, r in enumerate(ok[g.start:g.end])})
+        sizes = {r.id: [list(im.size) for im in images[r.id]] for r in ok}
+        return Prepared(ok, groups, failed, sizes, counts)
+
+    def prefill_groups(self, requests: Sequence[Request]) -> list[tuple[int, int]]:
+        """Row ranges prefilled together: consecutive rows (a batch comes most expensive first) while
+        rows × the widest prompt stays within ``prefill_tokens``. Prefill is compute-bound and slows
+        down once its activations outgrow the caches, while decode wants every row of the batch at
+        once; ``--decoder hf`` prefills the whole batch inside generate."""
+        if self.decoder_name == "hf" or not requests:
+            return [(0, len(requests))]
+        costs = [self.cost(r) for r in requests]
+        groups, start = [], 0
+        for i in range(1, len(requests) + 1):
+            if i == len(requests) or (i - start + 1) * max(costs[start:i + 1]) > self.prefill_tokens:
+                groups.append((start, i))
+                start = i
+        return groups
+
+    def build_inputs(self, batch: Sequence[Request], images: dict[str, list]):
+        """Chat template + processor → left-padded CPU tensors (pinned on a CUDA machine, so the copy to
+        the GPU in :meth:`on_device` does not wait)."""
+        flat = [im for r in batch for im in images[r.id]]
+        inputs = self.loaded.processor(
+            text=[self.chat_text(r) for r in batch], images=flat or None, padding=True, return_tensors="pt",
+            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+        )
+        if self.on_cuda:
+            for key, value in inputs.items():
+                inputs[key] = value.pin_memory()
+        return inputs
+
+    def on_device(self, inputs):
+        """A prefill group's tensors on the model's device (main thread only), pixels in the model's dtype."""
+        model = self.loaded.model
+        inputs = inputs.to(model.device, non_blocking=True)
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+        return inputs
+
+    # -- phase 2: prefill ------------------------------------------------------------------------
+    def prefill(self, prepared: Prepared) -> Prefilled:
+        """The prompts (vision tower included) through the HF model with its own cache, one prefill
+        group at a time; every row's first token chosen on the device. Rotary positions come from the
+        model's ``get_rope_index`` and are passed in, so decode continues them exactly as ``generate``
+        does (last prompt position + 1 + step)."""
+        import torch
+
+        from vlmfast.engines.hf.decode import rope_positions, select
+        from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
+
+        model = self.loaded.model
+        firsts, positions, masks, caches = [], [], [], []
+        with torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model):
+            for g in prepared.groups:
+                inputs = self.on_device(g.inputs)
+                pos = rope_positions(model, inputs)
+                out = model(**inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
+                n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
+                firsts.append(select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
+                                     temperature=self.settings.temperature, top_p=self.settings.top_p,
+                                     generator=self._sampler()))
+                positions.append(pos[:, :, -1:].repeat_interleave(n, 1) + 1)
+                masks.append(inputs["attention_mask"].bool().repeat_interleave(n, 0))
+                caches.append((g.start, g.end, out.past_key_values))
+        length = max(m.shape[1] for m in masks)
+        key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
+        return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length, vision.seconds,
+                         self.settings.n)
+
+    # -- phase 3: decode -------------------------------------------------------------------------
+    def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
+        """Every remaining token of every row (see :func:`vlmfast.engines.hf.decode.run_loop`): a static state per
+        shape (CUDA graphs, ``torch.compile``) when enabled, the exact eager state otherwise."""
+        import torch
+
+        from vlmfast.engines.hf.decode import batch_bucket, length_bucket, run_loop
+
+        s = self.settings
+        rows, length = prefilled.first.shape[0], prefilled.prompt_len + s.max_new_tokens
+        self.last_shape = (batch_bucket(rows) if self.cuda_graphs else rows, length_bucket(length))
+        with torch.inference_mode():
+            static = self.cuda_graphs or self.policy.enabled
+            state = self._static_state() if static else self._new_state(rows, length, static=False)
+            state.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
+                       caches=prefilled.caches, prompt_len=prefilled.prompt_len, repeat=prefilled.repeat)
+            prefilled.caches = []  # the prompts' keys now live in the decode state's cache
+            clock = (lambda t: steps_at.append(now(self.device))) if self.record_steps and steps_at is not None else None
+            return run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
+
+    def _new_state(self, rows: int, length: int, *, static: bool, forward=None):
+        from vlmfast.engines.hf.decode import DecodeState
+
+        s = self.settings
+        return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
+                           pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
+                           top_p=s.top_p, generator=self._sampler(), forward=forward)
+
+    def _static_state(self):
+        """The static state of this batch's shape, built (captured / compiled) on first use, its time in
+        ``compile_s``. At most RESIDENT_SHAPES stay built; the oldest is released, its memory freed now."""
+        shape = self.last_shape
+        if shape in self._static:
+            return self._static[shape]
+        while len(self._static) >= RESIDENT_SHAPES["cuda" if self.on_cuda else "cpu"]:
+            self._static.pop(next(iter(self._static))).release()
+            free_device_cache()
+        self._static[shape] = self.policy.timed(lambda: self._build_static(shape))
+        return self._static[shape]
+
+    def _build_static(self, shape: tuple[int, int]):
+        state = self._new_state(shape[0], shape[1], static=True, forward=self.policy.forward())
+        # capturing runs the step (and compiles it); a compiled step on a CPU compiles at its first call
+        if self.policy.build(self.shape_key(shape), state.capture if self.cuda_graphs else state.warm_up):
+            return state
+        state.release()
+        return self._build_static(shape)  # the compile failed: the policy is off now, build uncompiled
+
+    def decide_compile(self, first: BatchTiming, batches_left: int) -> None:
+        """After the first batch, when nobody said ``--compile`` / ``--no-compile``: compile the decode step
+        for the rest of the run if what it would save outweighs what it costs (the policy decides)."""
+        if not self.policy.undecided or batches_left < 1 or first.steps < 2 or first.decode_s <= 0 or self.last_shape is None:
+            return
+        step_ms = first.decode_s * 1000 / (first.steps - 1)
+        if self.policy.decide(self.shape_key(self.last_shape), step_ms=step_ms, remaining_steps=batches_left * first.steps):
+            self.forget_shapes()  # later batches build compiled decode steps
+
+    def forget_shapes(self) -> None:
+        """Release every built decode shape (later batches build them again)."""
+        for state in self._static.values():
+            state.release()
+        self._static.clear()
+        free_device_cache()
+
+    def shape_key(self, shape: tuple[int, int]) -> str | None:
+        """The compile-cache key of a decode shape (batch, cache length) on this model and device."""
+        if self.policy.cache is None:
+            return None
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(self.device)) if self.on_cuda else "cpu"
+        return self.policy.cache.key(self.loaded.model, self.loaded.runtime.dtype, shape[0], shape[1], name)
+
+    # -- phase 4: results ------------------------------------------------------------------------
+    def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None) -> SampleResult:
+        n_prompt, n_image = prepared.counts[request.id]
+        family = self.loaded.family
+        return result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
+                          n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
+                          sample=sample, bbox_space=family.box_space if family else None)
+
+    # -- the reference path: plain generate ------------------------------------------------------
+    def generate(self, inputs, clock=None):
+        """``model.generate`` with the cache on: vlmfast's settings over the checkpoint's generation
+        config (repetition penalty etc. kept), our stop list, suppressed vision placeholders."""
+        import torch
+        from transformers import LogitsProcessorList
+
+        kwargs = self.generate_kwargs()
+        if clock is not None:
+            kwargs["logits_processor"] = LogitsProcessorList([clock])
+        from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
+
+        with torch.inference_mode(), use_merged_vision_attention(self.loaded.model):  # the same vision numerics
+            return self.loaded.model.generate(**inputs, **kwargs)
+
+    def generate_kwargs(self) -> dict:
+        s, loaded = self.settings, self.loaded
+        kwargs = dict(
+            use_cache=True, max_new_tokens=s.max_new_tokens, min_new_tokens=None, max_length=None,
+            pad_token_id=loaded.pad_token_id, eos_token_id=self._eos() or None,
+            suppress_tokens=list(loaded.suppress_token_ids) or None,
+        )
+        if s.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:  # n answers per request: generate expands each prompt n times itself
+            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None, num_return_sequences=s.n)
+        return kwargs
+
+    def _generate_hf(self, inputs, steps_at, t1):
+        """``generate`` timed from inside: a logits processor reads the clock as each token's logits
+        are ready (the only window into generate's loop)."""
+        clock = StepClock(self.device, self.record_steps)
+        output = self.generate(inputs, clock)
+        end = now(self.device)
+        prompt_len = inputs["input_ids"].shape[1]
+        first = clock.times[0] if clock.times else end
+        steps_at.extend(clock.times[1:])
+        tokens = output[:, prompt_len:].tolist()
+        if self.settings.greedy and self.settings.n > 1:  # greedy answers are all alike: decoded once, n rows
+            tokens = [row for row in tokens for _ in range(self.settings.n)]
+        return tokens, first - t1, first, output.shape[1] - prompt_len, 0
+
+    # -- pieces ----------------------------------------------------------------------------------
+    def _eos(self) -> list[int]:
+        return [] if self.settings.ignore_eos else list(self.loaded.eos_token_ids)
+
+    def _decoder(self):
+        if self._text is None:
+            from vlmfast.engines.hf.decode import TextDecoder
+
+            self._text = TextDecoder(self.loaded.model)
+        return self._text
+
+    def _suppress(self):
+        if self._bias is None:
+            from vlmfast.engines.hf.decode import suppress_bias
+
+            self._bias = suppress_bias(self._decoder().vocab, self.loaded.suppress_token_ids, self.loaded.model.device)
+        return self._bias
+
+    def _sampler(self):
+        """One generator per engine, seeded once: a seeded run draws the same tokens every time."""
+        if self.settings.greedy:
+            return None
+        if self._generator is None:
+            import torch
+
+            generator = torch.Generator(device=self.loaded.model.device)
+            generator.manual_seed(self.settings.seed if self.settings.seed is not None else generator.seed())
+            self._generator = generator
+        return self._generator

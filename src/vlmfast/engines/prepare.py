@@ -1,0 +1,98 @@
+"""How a request becomes what a model reads, the same for every engine: pixel limits, the chat template,
+images decoded and resized by Qwen's rule, a request's prefill cost and whether it fits the context.
+
+Both engines (:class:`vlmfast.engines.hf.engine.Engine` and :class:`vlmfast.engines.vllm.backend.VllmEngine`) are
+:class:`Preparer`\\ s, so the same request gives the same prompt and the same image pixels on either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vlmfast.engines.batching import image_tokens
+from vlmfast.errors import UsageError
+from vlmfast.inputs.requests import Request
+
+DEFAULT_MAX_PIXELS_CAP = 1280 * 28 * 28  # the real default (16384·28·28) OOMs on large images
+
+
+class Preparer:
+    """Pixel limits (``min_pixels``, ``max_pixels``: the processor's own unless given, the maximum capped
+    at 1280·28·28), Qwen's patch and merge sizes, and the request-level steps built on them."""
+
+    def __init__(self, processor, context_limit: int | None, *, min_pixels: int | None = None,
+                 max_pixels: int | None = None):
+        ip = processor.image_processor
+        own_min, own_max = processor_pixel_limits(ip)
+        self.min_pixels = min_pixels if min_pixels is not None else own_min
+        self.max_pixels = max_pixels if max_pixels is not None else min(own_max, DEFAULT_MAX_PIXELS_CAP)
+        self.max_pixels_capped = max_pixels is None and own_max > DEFAULT_MAX_PIXELS_CAP
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise UsageError(f"pixel limits min {self.min_pixels} / max {self.max_pixels}: need 0 < min <= max",
+                             hint="e.g. --min-pixels 3136 --max-pixels 1003520")
+        self.patch_size = int(getattr(ip, "patch_size", 14))
+        self.merge_size = int(getattr(ip, "merge_size", 2))
+        self.chat_processor = processor
+        self.context_limit = context_limit
+
+    def image_tokens(self, width: int, height: int) -> int:
+        return image_tokens(width, height, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                            patch_size=self.patch_size, merge_size=self.merge_size)
+
+    def cost(self, request: Request, image_sizes: dict[str, tuple[int, int]] | None = None) -> int:
+        """Prefill tokens this request will take (image tokens from the image headers' sizes)."""
+        # rough prompt + template tokens: image tokens dominate; the sum orders batches, sizes prefill groups
+        # and the auto batch size (the exact count comes from the processor, later)
+        tokens = len(request.prompt) // 3 + 16
+        sizes = dict(zip(request.images, request.image_sizes)) if request.image_sizes else (image_sizes or {})
+        return tokens + sum(self.image_tokens(*sizes.get(path, (448, 448))) for path in request.images)
+
+    def chat_text(self, request: Request) -> str:
+        """The chat template with one image part per image, then the prompt (and the system prompt)."""
+        content = [{"type": "image", "image": p} for p in request.images] + [{"type": "text", "text": request.prompt}]
+        system = [{"role": "system", "content": request.system}] if request.system else []
+        return self.chat_processor.apply_chat_template(
+            system + [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+
+    def load_images(self, batch: Sequence[Request]) -> tuple[dict[str, list], dict[str, str]]:
+        """Decode and resize every image (Qwen's rule, our pixel limits). A file that passed the
+        header check but fails to decode (truncated data) fails only its own request."""
+        from qwen_vl_utils import fetch_image
+
+        images: dict[str, list] = {}
+        failed: dict[str, str] = {}
+        for r in batch:
+            loaded = []
+            for path in r.images:
+                try:
+                    loaded.append(fetch_image({"image": path, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
+                                              image_patch_size=self.patch_size))
+                except Exception as exc:  # PIL raises many types for corrupt data
+                    failed[r.id] = f"{path}: cannot decode image ({type(exc).__name__}: {exc})"
+                    break
+            else:
+                images[r.id] = loaded
+        return images, failed
+
+    def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
+        """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id."""
+        if not self.context_limit:
+            return {}
+        tokenizer = self.chat_processor.tokenizer
+        problems = {}
+        for r in requests:
+            n = len(tokenizer(self.chat_text(r), add_special_tokens=False)["input_ids"])
+            for path in r.images:  # the template holds one placeholder per image; the processor expands it
+                n += self.image_tokens(*image_sizes.get(path, (448, 448))) - 1
+            if n >= self.context_limit:
+                problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {self.context_limit}"
+        return problems
+
+
+def processor_pixel_limits(image_processor) -> tuple[int, int]:
+    """(min_pixels, max_pixels) of a Qwen2-VL image processor, across transformers versions."""
+    size = getattr(image_processor, "size", None) or {}
+    get = size.get if isinstance(size, dict) else lambda k, d=None: getattr(size, k, d)
+    lo = get("shortest_edge") or getattr(image_processor, "min_pixels", None) or 56 * 56
+    hi = get("longest_edge") or getattr(image_processor, "max_pixels", None) or 16384 * 28 * 28
+    return int(lo), int(hi)

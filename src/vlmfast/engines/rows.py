@@ -1,0 +1,133 @@
+"""What a run produces, the same for every engine: generation settings, one result row per request,
+one timing per batch — and the two ways a row is made: from generated token ids (:func:`result_row`)
+or from an input that could not run (:func:`error_row`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlmfast.inputs.requests import Request
+from vlmfast.evaluation.scoring import parse_reasoning
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How to decode. ``temperature == 0`` means greedy (the default)."""
+
+    max_new_tokens: int = 1024
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
+    n: int = 1  # answers per request: the prompt is prefilled once, its KV cache copied to n decode rows
+
+    def __post_init__(self):
+        from vlmfast.errors import UsageError
+
+        if self.n < 1:
+            raise UsageError(f"--n {self.n}: expected at least 1 answer per request", hint="e.g. --n 8 --temperature 1.0")
+        if self.max_new_tokens < 1:
+            raise UsageError(f"--max-new-tokens {self.max_new_tokens}: expected at least 1", hint="e.g. --max-new-tokens 256")
+        if self.temperature < 0:
+            raise UsageError(f"--temperature {self.temperature}: expected 0 (greedy) or more", hint="e.g. --temperature 0.7")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"--top-p {self.top_p}: expected a value in (0, 1]", hint="e.g. --top-p 0.95")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SampleResult:
+    """One output row. ``error`` is set (and the rest empty) for inputs that could not run."""
+
+    id: str
+    images: list[str]
+    prompt: str
+    text: str | None = None
+    think: str | None = None
+    answer: str | None = None
+    finish_reason: str | None = None  # "eos" | "length"
+    n_prompt_tokens: int = 0
+    n_image_tokens: int = 0
+    n_new_tokens: int = 0
+    error: str | None = None
+    image_sizes: list[list[int]] | None = None  # [width, height] of each image as given
+    model_image_sizes: list[list[int]] | None = None  # [width, height] the model saw (after resizing)
+    bbox_space: str | None = None  # where the model family puts box coordinates (vlmfast.evaluation.scoring.BBOX_SPACES)
+    sample: int | None = None  # which of the request's n answers (0…n−1); None when one answer per request
+    token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
+    extra: dict = field(default_factory=dict, repr=False)  # more row fields (scores), written after the rest
+
+    RECORD_FIELDS = (
+        "id", "images", "prompt", "text", "think", "answer", "finish_reason",
+        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes", "bbox_space",
+    )
+
+    def record(self) -> dict:
+        """The JSONL row (token ids stay in memory; ``sample`` only with several answers per request)."""
+        row = {name: getattr(self, name) for name in self.RECORD_FIELDS}
+        if self.sample is not None:
+            row["sample"] = self.sample
+        return {**row, **self.extra}
+
+    @property
+    def key(self) -> str:
+        return row_key(self.id, self.sample)
+
+
+def row_key(rid, sample=None) -> str:
+    """What identifies a row in a results file (resume, order): its id, and its sample when there are several."""
+    return str(rid) if sample is None else f"{rid}\x00{sample}"
+
+
+def of_samples(rows: list[SampleResult], n: int) -> list[SampleResult]:
+    """Rows of a run with ``n`` answers per request: a request's error row stands for each of its n samples
+    (so a resume sees the request done); rows that already carry a sample are kept as they are."""
+    if n == 1:
+        return rows
+    import dataclasses
+
+    out = []
+    for r in rows:
+        out += [dataclasses.replace(r, sample=k) for k in range(n)] if r.sample is None else [r]
+    return out
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    size: int
+    preprocess_s: float  # all preprocessing work for the batch (image decode/resize, template, processor)
+    ttft_s: float  # prefill: vision tower + prompt + choosing the first token
+    decode_s: float  # first new token → last new token
+    steps: int  # decode steps taken (new tokens per sequence, incl. the first)
+    new_tokens: int  # tokens kept across the batch (up to each sequence's EOS)
+    step_times_s: tuple[float, ...] = ()  # latency of each decode step after the first token, when recorded
+    preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
+    vision_s: float | None = None  # the vision tower's share of the prefill
+    syncs: int = 0  # device read-backs during decode
+
+
+def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,
+               model_sizes: list[list[int]] | None, sample: int | None = None,
+               bbox_space: str | None = None) -> SampleResult:
+    """The row of one finished request: ids cut after the first EOS (kept, as generate keeps it), text
+    decoded by the checkpoint's tokenizer without special tokens, think/answer parsed from the text."""
+    eos = set(eos_ids)
+    end = next((i + 1 for i, t in enumerate(new_ids) if t in eos), None)
+    kept = list(new_ids if end is None else new_ids[:end])
+    text = tokenizer.decode(kept, skip_special_tokens=True)
+    think, answer = parse_reasoning(text)
+    return SampleResult(
+        id=request.id, images=list(request.images), prompt=request.prompt, text=text, think=think, answer=answer,
+        finish_reason="eos" if end is not None else "length", n_prompt_tokens=n_prompt, n_image_tokens=n_image,
+        n_new_tokens=len(kept), token_ids=kept,
+        image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
+        model_image_sizes=model_sizes, sample=sample, bbox_space=bbox_space,
+    )
+
+
+def error_row(rid: str, request: Request | None, error: str) -> SampleResult:
+    """The row of a request that could not run (``request`` None: the input never became a request)."""
+    return SampleResult(rid, list(request.images) if request else [], request.prompt if request else "", error=error)

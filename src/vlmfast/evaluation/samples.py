@@ -1,0 +1,138 @@
+"""Metrics over n sampled answers per request: pass@k, maj@k, solve rates, reward spread.
+
+Pure functions on scored result rows (standard library only). A row carries its request ``id``, its
+``sample`` index 0…K−1 and the scoring fields ``score``, ``correct`` and ``answer``; rows without
+ground truth (``correct`` None) are left out of every figure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from statistics import NormalDist
+
+from vlmfast.evaluation.scoring import normalize
+
+SUMMARY_KEYS = ("samples_per_request", "requests", "mean_at_k", "pass_at_k", "maj_at_k", "solve_rate_histogram",
+                "all_same_rate", "reward_mean", "reward_std")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one request with ``n`` samples of which ``c`` are correct:
+    1 − C(n−c, k) / C(n, k), the chance that k samples drawn without replacement hold a correct one.
+
+    Computed as 1 − ∏_{i=n−c+1}^{n} (1 − k/i), which never forms the huge binomials; 1.0 when
+    n − c < k (every draw of k holds a correct sample). ValueError for k outside 1…n or c outside 0…n."""
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be between 1 and n={n}, got {k}")
+    if not 0 <= c <= n:
+        raise ValueError(f"c must be between 0 and n={n}, got {c}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def ks_for(n: int) -> list[int]:
+    """The k reported for n samples: 1, the powers of two below n, and n (sorted, unique)."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    ks = {n}
+    k = 1
+    while k < n:
+        ks.add(k)
+        k *= 2
+    return sorted(ks)
+
+
+def _requests(rows: list[dict]) -> dict[str, list[dict]]:
+    """id → that request's scored rows in sample order (first appearance order of ids kept)."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row.get("correct") is not None:
+            groups[str(row.get("id"))].append(row)
+    for samples in groups.values():
+        samples.sort(key=lambda r: r.get("sample") or 0)
+    return dict(groups)
+
+
+def majority_correct(samples: list[dict]) -> bool:
+    """Whether the majority answer of one request's samples (in sample order) is correct.
+
+    Answers vote after :func:`vlmfast.evaluation.scoring.normalize`; rows without an answer do not vote, and a
+    request where none has an answer counts as wrong. A tie goes to the answer that appeared first in
+    sample order. The voted answer is correct when most of its samples are (its first sample decides
+    a tie): one normalized answer can score differently when the score also weighs the format."""
+    votes: dict[str, list[dict]] = {}
+    for row in samples:
+        answer = row.get("answer")
+        if isinstance(answer, str) and (key := normalize(answer)):
+            votes.setdefault(key, []).append(row)
+    if not votes:
+        return False
+    # max() keeps the first of equal counts, and dicts keep first-appearance order: ties go to the earliest.
+    voted = max(votes.values(), key=len)
+    right = sum(1 for r in voted if r["correct"])
+    return right * 2 > len(voted) or (right * 2 == len(voted) and bool(voted[0]["correct"]))
+
+
+def summarize_samples(rows: list[dict]) -> dict:
+    """Figures over n samples per request (rows with ground truth only), grouped by ``id``.
+
+    ``samples_per_request``: K (the smallest count if requests differ; pass@k then uses each request's
+    own n, for k up to that smallest K). ``mean_at_k``: accuracy over all samples. ``pass_at_k``:
+    {"1": …, "2": …, …, "K": …} unbiased pass@k averaged over requests. ``maj_at_k``: share of requests
+    whose majority answer is correct (:func:`majority_correct`). ``solve_rate_histogram[c]``: requests
+    with exactly c correct samples (length: the largest count + 1). ``all_same_rate``: share of requests
+    whose samples all got the same score (GRPO learns nothing from them: zero advantage).
+    ``reward_mean`` / ``reward_std``: mean and population std of every sample's ``score``.
+    No scored rows → the same keys with None, 0 or empty values."""
+    groups = _requests(rows)
+    if not groups:
+        return {**dict.fromkeys(SUMMARY_KEYS), "requests": 0, "pass_at_k": {}, "solve_rate_histogram": []}
+    counts = [len(s) for s in groups.values()]
+    k_max = min(counts)
+    correct = [sum(1 for r in s if r["correct"]) for s in groups.values()]
+    scores = [float(r["score"]) for s in groups.values() for r in s if r.get("score") is not None]
+    histogram = [0] * (max(counts) + 1)
+    for c in correct:
+        histogram[c] += 1
+    reward_mean = sum(scores) / len(scores) if scores else None
+    return {
+        "samples_per_request": k_max,
+        "requests": len(groups),
+        "mean_at_k": sum(correct) / sum(counts),
+        "pass_at_k": {str(k): _mean(pass_at_k(n, c, k) for n, c in zip(counts, correct)) for k in ks_for(k_max)},
+        "maj_at_k": _mean(float(majority_correct(s)) for s in groups.values()),
+        "solve_rate_histogram": histogram,
+        "all_same_rate": _mean(float(len({r.get("score") for r in s}) == 1) for s in groups.values()),
+        "reward_mean": reward_mean,
+        "reward_std": math.sqrt(sum((x - reward_mean) ** 2 for x in scores) / len(scores)) if scores else None,
+    }
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def accuracy_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """Wilson score interval for an accuracy of ``correct`` out of ``n``; (None, None) when n is 0.
+
+    Wilson rather than the normal approximation p ± z·√(p(1−p)/n): on the small eval sets and the
+    accuracies near 0 or 1 that checkpoint sweeps produce, the normal interval collapses to a point
+    (0/20 → [0, 0]) or leaves [0, 1]; Wilson's stays inside [0, 1] and keeps its coverage."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    if not 0 <= correct <= n:
+        raise ValueError(f"correct must be between 0 and n={n}, got {correct}")
+    if n == 0:
+        return None, None
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # The bounds at 0 and n are exactly 0 and 1; the subtraction leaves rounding dust there.
+    low = 0.0 if correct == 0 else max(0.0, centre - half)
+    high = 1.0 if correct == n else min(1.0, centre + half)
+    return low, high

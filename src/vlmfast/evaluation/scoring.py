@@ -1,0 +1,395 @@
+"""Score answers against ground truth and check the GRPO output format.
+
+Pure functions on strings and dicts (standard library only) so ``vlmfast score`` runs without a
+model. Scorers are picked by name; ``auto`` picks one from the shape of the ground truth.
+Malformed answers score 0 and never raise: a model's output is data, not a bug. A row's think and
+answer are always read from its ``text`` (:func:`parse_reasoning`), whoever wrote the row.
+Figures over many rows, and comparing two runs, are :mod:`vlmfast.evaluation.stats`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from vlmfast.errors import UsageError
+
+SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains")
+# Where a predicted box's coordinates live. resized: pixels of the image the model saw (Qwen2.5-VL),
+# mapped back with the row's image_sizes / model_image_sizes; original: pixels of the image as given;
+# rel1000: 0–1000 relative to the image (Qwen2-VL, Qwen3-VL, Qwen3.5), x_pixel = x / 1000 * original width.
+BBOX_SPACES = ("resized", "original", "rel1000")
+DEFAULT_BBOX_SPACE = "resized"
+# The fields score_row adds to a result row (all null on error rows).
+ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK_TAG = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+_ANY_TAG = re.compile(r"</?(?:think|answer)>")
+_QUOTES = "\"'`“”‘’«»"
+_STRIP = ".,;:!?()[]{}<>*_~-" + _QUOTES
+_UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
+_NUM = r"(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
+# A sign counts only at the start of a token: "3-5" is a range, not 3 and -5.
+_NUMBER = re.compile(
+    rf"(?:(?<![\w.])(?P<sign>[-+−]))?(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
+    rf"(?:\s*/\s*(?P<den>{_NUM}))?(?P<pct>\s*%)?"
+)
+_CURRENCY = "$€£¥₹"
+_FULL_NUMBER = re.compile(rf"^[{_CURRENCY}]?\s*[-+−]?(?:{_NUM})(?:[eE][-+]?\d+)?(?:\s*/\s*(?:{_NUM}))?{_UNIT}$")
+_LETTER_ONLY = re.compile(r"^[(\[]?([A-Za-z])[)\]]?[.:)]?$")
+_LETTER_LEAD = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s")
+_LETTER_KEYWORD = re.compile(r"(?i:option|choice|answer)(?:\s+(?i:is))?\s*[:\-]?\s*[(\[]?([A-Z])(?![A-Za-z])")
+_LETTER_PAREN = re.compile(r"\(([A-Z])\)")
+_LETTER_WORD = re.compile(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])")
+_BOX_NUM = r"\s*(-?\d+(?:\.\d+)?)\s*"
+_BOX_BRACKET = re.compile(rf"\[{_BOX_NUM},{_BOX_NUM},{_BOX_NUM},{_BOX_NUM}\]")
+_BOX_POINTS = re.compile(rf"\({_BOX_NUM},{_BOX_NUM}\)\s*,?\s*\({_BOX_NUM},{_BOX_NUM}\)")
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+_BOX_KEYS = ("bbox_2d", "bbox", "box")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One scored answer. ``iou`` is set for bbox only; ``bbox_unmapped`` means a resized- or
+    rel1000-space box was compared as is because the image sizes needed to map it back were missing."""
+
+    score: float
+    correct: bool
+    scorer: str
+    parse_failed: bool
+    iou: float | None = None
+    bbox_unmapped: bool = False
+
+
+def parse_reasoning(text: str) -> tuple[str | None, str | None]:
+    """(think, answer) from GRPO-style ``<think>…</think><answer>…</answer>`` output.
+
+    An unclosed ``<think>`` keeps what was thought (truncated runs); a bare ``</think>`` (template
+    opened the tag) takes the text before it; an unclosed ``<answer>`` is no answer. Absent → None.
+    """
+    think = None
+    if (m := _THINK_TAG.search(text)) is not None:
+        think = m.group(1).strip()
+    elif "</think>" in text:
+        think = text.split("</think>", 1)[0].strip()
+    answer = m.group(1).strip() if (m := _ANSWER_TAG.search(text)) is not None else None
+    return think, answer
+
+
+def reasoning_ends(text: str) -> tuple[int | None, int | None]:
+    """Where the think part and the answer part of ``text`` end, as character offsets past their closing
+    tags (an unclosed think runs to the end of the text); None for a part :func:`parse_reasoning` finds absent."""
+    think_end = None
+    if (m := _THINK_TAG.search(text)) is not None:
+        think_end = m.end() if m.group(0).endswith("</think>") else len(text)
+    elif "</think>" in text:
+        think_end = text.index("</think>") + len("</think>")
+    return think_end, (m.end() if (m := _ANSWER_TAG.search(text)) is not None else None)
+
+
+def truth_text(value):
+    """Normalise a ground truth value: ``<answer>…</answer>`` is stripped, JSON lists/dicts in a
+    string are decoded (a bbox stays ``[x1, y1, x2, y2]``), numbers become strings. None and empty
+    strings give None (no ground truth)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, dict)):
+        return value
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return str(value)
+    text = str(value)
+    if (m := _ANSWER_TAG.findall(text)):
+        text = m[-1]
+    text = text.strip()
+    if not text:
+        return None  # an empty solution is no ground truth, not a truth that only "" matches
+    if text[:1] in "[{":
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            return text
+        return decoded if isinstance(decoded, (list, dict)) else text
+    return text
+
+
+def resolve_scorer(truth, scorer: str = "auto") -> str:
+    """The concrete scorer for ``truth``: ``scorer`` itself unless it is ``auto``.
+
+    auto: a box (4 numbers, a list of boxes, ``{"bbox_2d": …}``, ``(x1,y1),(x2,y2)``) → bbox;
+    one letter A–Z, optionally ``(B)``/``B.``/``B)`` → choice; a number → number; else exact.
+    """
+    _check_scorer(scorer)
+    if scorer != "auto":
+        return scorer
+    if isinstance(truth, (list, dict)):
+        return "bbox" if parse_box(truth) is not None else "exact"
+    text = str(truth).strip()
+    if _BOX_POINTS.fullmatch(text):
+        return "bbox"
+    if (m := _LETTER_ONLY.match(text)) and m.group(1).isupper():
+        return "choice"
+    if _FULL_NUMBER.match(text):
+        return "number"
+    return "exact"
+
+
+def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image_size=None, model_size=None,
+                 bbox_space: str = DEFAULT_BBOX_SPACE, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Score:
+    """Score one answer. ``image_size``/``model_size`` are (width, height) of the original image and of
+    the model's resized input. A predicted box is mapped to original pixels before the IoU (the truth
+    is in original pixels): from the resized image (``bbox_space="resized"``, needs both sizes), from
+    0–1000 relative coordinates (``"rel1000"``, needs ``image_size``) or taken as is (``"original"``).
+    ``answer=None`` (no answer) scores 0 with ``parse_failed``."""
+    check_bbox_space(bbox_space)
+    truth = truth_text(truth)
+    if truth is None:
+        raise UsageError("no ground truth to score against", hint='give the record a "solution" or "answer"')
+    name = resolve_scorer(truth, scorer)
+    if answer is None:
+        return Score(0.0, False, name, True, iou=0.0 if name == "bbox" else None)
+    answer = str(answer)
+    if name == "bbox":
+        return _score_bbox(answer, truth, iou, image_size, model_size, bbox_space)
+    if name == "number":
+        got, want = parse_number(answer), parse_number(_as_text(truth))
+        ok = got is not None and want is not None and _numbers_match(got, want, rel_tol, abs_tol)
+        return _binary(name, ok, got is None)
+    if name == "choice":
+        got, want = parse_choice(answer), parse_choice(_as_text(truth))
+        return _binary(name, got is not None and got == want, got is None)
+    got, want = normalize(answer), normalize(_as_text(truth))
+    ok = (got == want) if name == "exact" else bool(want) and want in got
+    return _binary(name, ok, False)
+
+
+def _check_scorer(scorer: str) -> None:
+    if scorer not in SCORERS:
+        raise UsageError(f"unknown scorer {scorer!r}", hint=f"choose one of: {', '.join(SCORERS)}")
+
+
+def check_bbox_space(bbox_space: str) -> None:
+    """UsageError unless ``bbox_space`` is one of :data:`BBOX_SPACES`."""
+    if bbox_space not in BBOX_SPACES:
+        raise UsageError(f"unknown bbox space {bbox_space!r}", hint=f"choose one of: {', '.join(BBOX_SPACES)}")
+
+
+def _binary(name: str, ok: bool, parse_failed: bool) -> Score:
+    return Score(1.0 if ok else 0.0, bool(ok), name, parse_failed)
+
+
+def _as_text(truth) -> str:
+    return truth if isinstance(truth, str) else json.dumps(truth, ensure_ascii=False)
+
+
+def normalize(text: str) -> str:
+    """Case-folded, whitespace collapsed, surrounding punctuation and quotes stripped."""
+    return " ".join(str(text).casefold().split()).strip(_STRIP + " ")
+
+
+def parse_number(text: str):
+    """The last number in ``text`` as ``(value, is_percent)``, or None. Accepts "1,234", "3/4",
+    "-2.5e3", "50%", "$5", "12 cm"; the last one wins because reasoning states the result last."""
+    matches = list(_NUMBER.finditer(str(text)))
+    if not matches:
+        return None
+    m = matches[-1]
+    try:
+        value = float(m.group("num").replace(",", "") + (m.group("exp") or ""))
+        if m.group("den"):
+            den = float(m.group("den").replace(",", ""))
+            if den == 0:
+                return None
+            value /= den
+    except (ValueError, OverflowError):
+        return None
+    if m.group("sign") in ("-", "−"):
+        value = -value
+    return (value, bool(m.group("pct"))) if math.isfinite(value) else None
+
+
+def _numbers_match(got, want, rel_tol: float, abs_tol: float) -> bool:
+    # "50%" may be written 50 or 0.5 on either side; accept either reading of a percentage.
+    def readings(n):
+        return (n[0], n[0] / 100) if n[1] else (n[0],)
+
+    return any(math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol) for a in readings(got) for b in readings(want))
+
+
+def parse_choice(text: str) -> str | None:
+    """The option letter in ``text`` ("B", "(B)", "B.", "B. text", "Option B", "the answer is B"), or None.
+
+    A lone letter may be lower case; inside a sentence only capitals count, so the article "a" in
+    "the answer is a dog" is not read as option A."""
+    text = str(text).strip()
+    if (m := _LETTER_ONLY.match(text)):
+        return m.group(1).upper()
+    for pattern in (_LETTER_LEAD, _LETTER_KEYWORD):
+        if (m := pattern.search(text)):
+            return next(g for g in m.groups() if g)
+    for pattern in (_LETTER_PAREN, _LETTER_WORD):
+        letters = set(pattern.findall(text))
+        if len(letters) > 1:
+            letters.discard("I")  # the pronoun: "I think C"
+        if len(letters) == 1:
+            return letters.pop()
+    return None
+
+
+def parse_box(value) -> list[float] | None:
+    """The first box ``[x1, y1, x2, y2]`` in a JSON value or text, or None. Understands Qwen2.5-VL's
+    ``[{"bbox_2d": [...], "label": …}]`` (also inside a fenced json block), nested lists and
+    ``(x1,y1),(x2,y2)``."""
+    if isinstance(value, (list, tuple, dict)):
+        return _box_from_json(value)
+    text = str(value)
+    for candidate in [m.group(1) for m in _FENCE.finditer(text)] + [text]:
+        try:
+            box = _box_from_json(json.loads(candidate.strip()))
+        except (ValueError, RecursionError):
+            continue
+        if box is not None:
+            return box
+    for pattern in (_BOX_BRACKET, _BOX_POINTS):
+        if (m := pattern.search(text)):
+            return [float(g) for g in m.groups()]
+    return None
+
+
+def _box_from_json(value, depth: int = 0):
+    if depth > 8:
+        return None
+    if isinstance(value, dict):
+        key = next((k for k in _BOX_KEYS if k in value), None)
+        return _box_from_json(value[key], depth + 1) if key else None
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if len(value) == 4 and all(_is_number(v) for v in value):
+        return [float(v) for v in value]
+    if len(value) == 2 and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(map(_is_number, p)) for p in value):
+        return [float(value[0][0]), float(value[0][1]), float(value[1][0]), float(value[1][1])]
+    return _box_from_json(value[0], depth + 1)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def box_iou(a, b) -> float:
+    """Intersection over union of two ``[x1, y1, x2, y2]`` boxes; 0 for degenerate or invalid boxes."""
+    try:
+        ax1, ay1, ax2, ay2 = (float(v) for v in a)
+        bx1, by1, bx2, by2 = (float(v) for v in b)
+    except (TypeError, ValueError):
+        return 0.0
+    if not all(math.isfinite(v) for v in (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)):
+        return 0.0
+    if ax2 <= ax1 or ay2 <= ay1 or bx2 <= bx1 or by2 <= by1:
+        return 0.0
+    inter = max(0.0, min(ax2, bx2) - max(ax1, bx1)) * max(0.0, min(ay2, by2) - max(ay1, by1))
+    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _score_bbox(answer: str, truth, threshold: float, image_size, model_size, bbox_space: str) -> Score:
+    want = parse_box(truth)
+    got = parse_box(answer)
+    unmapped = False
+    if got is not None and bbox_space != "original":
+        scale = _scale(image_size, model_size if bbox_space == "resized" else (1000, 1000))
+        if scale is None:
+            unmapped = True  # compare as is, but say so: the IoU may be in the wrong pixel space
+        else:
+            got = [got[0] * scale[0], got[1] * scale[1], got[2] * scale[0], got[3] * scale[1]]
+    value = box_iou(got, want) if got is not None and want is not None else 0.0
+    ok = value >= threshold and value > 0
+    return Score(1.0 if ok else 0.0, ok, "bbox", got is None, iou=value, bbox_unmapped=unmapped)
+
+
+def _scale(image_size, model_size):
+    try:
+        (W, H), (w, h) = image_size, model_size
+        W, H, w, h = float(W), float(H), float(w), float(h)
+    except (TypeError, ValueError):
+        return None
+    return (W / w, H / h) if min(W, H, w, h) > 0 else None
+
+
+def format_ok(text: str | None) -> bool:
+    """True when ``text`` is exactly ``<think>…</think><answer>…</answer>``: each tag once, in that
+    order, nothing but whitespace outside the two blocks."""
+    if text is None:
+        return False
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    if any(text.count(t) != 1 for t in tags):
+        return False
+    at = [text.index(t) for t in tags]
+    if at != sorted(at):
+        return False
+    outside = text[: at[0]] + text[at[1] + len(tags[1]): at[2]] + text[at[3] + len(tags[3]):]
+    return not outside.strip()
+
+
+def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str | None = None,
+              plain_fallback: bool = True, **opts) -> dict:
+    """The scoring fields for one result row (see ``ROW_FIELDS``); ``opts`` go to :func:`score_answer`.
+
+    The answer is read from the row's ``text`` (an ``answer`` field, if any, is not consulted: other
+    tools write none, or their own). Error rows get all nulls; rows without ground truth get only
+    ``format_ok``. With ``plain_fallback`` a row whose text carries no think/answer tags at all (a base
+    model answering plainly) is scored on its whole text, so checkpoint and base are compared on the
+    same questions. Boxes: see :func:`row_bbox_space`."""
+    if row.get("error") is not None:
+        return dict.fromkeys(ROW_FIELDS)
+    text = row.get("text")
+    fields = dict.fromkeys(ROW_FIELDS)
+    fields["format_ok"] = format_ok(text)
+    if truth_text(truth) is None:
+        return fields
+    answer = parse_reasoning(text)[1] if isinstance(text, str) else None
+    if answer is None and plain_fallback and isinstance(text, str) and not _ANY_TAG.search(text):
+        answer = text
+    s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
+                     model_size=_first_size(row.get("model_image_sizes")),
+                     bbox_space=row_bbox_space(row, bbox_space), **opts)
+    fields.update(score=s.score, correct=s.correct, scorer=s.scorer, parse_failed=s.parse_failed)
+    if s.scorer == "bbox":
+        fields.update(iou=round(s.iou, 6), bbox_unmapped=s.bbox_unmapped)
+    return fields
+
+
+def row_bbox_space(row: dict, override: str | None = None) -> str:
+    """The coordinate space of a row's boxes: ``override`` when given (the caller knows better), else
+    the row's own ``bbox_space`` (infer writes it from the model family), else ``"resized"``."""
+    if override is not None:
+        return override
+    return row.get("bbox_space") or DEFAULT_BBOX_SPACE
+
+
+def _first_size(sizes):
+    if isinstance(sizes, (list, tuple)) and sizes and isinstance(sizes[0], (list, tuple)) and len(sizes[0]) == 2:
+        return tuple(sizes[0])
+    return None
+
+
+def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "auto", iou: float = 0.5,
+            bbox_space: str | None = None, plain_fallback: bool = True) -> list[dict]:
+    """Copies of ``results_rows`` with the scoring fields set. ``truths`` maps row id → (truth, scorer);
+    ids missing from it are left unscored (null score, ``format_ok`` still set). ``bbox_space`` None:
+    each row's own (see :func:`row_bbox_space`); given, it wins over every row's."""
+    _check_scorer(default_scorer)
+    if bbox_space is not None:
+        check_bbox_space(bbox_space)
+    out = []
+    for row in results_rows:
+        truth, scorer = truths.get(str(row.get("id")), (None, None))
+        fields = score_row(row, truth, scorer or default_scorer, iou=iou, bbox_space=bbox_space,
+                           plain_fallback=plain_fallback)
+        out.append({**row, **fields})
+    return out

@@ -1,0 +1,96 @@
+"""Figures over scored rows: accuracy and format rate of a run (:func:`summarize`), and whether one
+run is more accurate than another (:func:`paired_comparison`: paired differences over shared ids, a
+bootstrap interval, the exact McNemar test). Standard library only, like :mod:`vlmfast.evaluation.scoring`, so
+``vlmfast score`` and ``bench`` reach it without a model."""
+
+from __future__ import annotations
+
+import math
+import random
+from fractions import Fraction
+
+from vlmfast.errors import UsageError
+from vlmfast.evaluation.scoring import parse_reasoning
+from vlmfast.timing import percentile
+
+
+def mean(values) -> float | None:
+    """The arithmetic mean of ``values`` (any iterable of numbers), or None when there are none."""
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Accuracy, format rate and answer lengths over scored rows, overall and per scorer; with several
+    answers per request (rows carry ``sample``) also ``samples`` (:func:`vlmfast.evaluation.samples.summarize_samples`).
+
+    ``format_rate`` and the mean lengths are over successful rows (lengths over rows whose ``text``
+    has the part); accuracy and scores over rows with ground truth. Nothing to average → null."""
+    ok = [r for r in rows if r.get("error") is None]
+    scored = [r for r in ok if r.get("score") is not None]
+    parts = [parse_reasoning(r["text"]) for r in ok if isinstance(r.get("text"), str)]
+    summary = {
+        **_score_stats(scored),
+        "format_rate": mean(bool(r["format_ok"]) for r in ok if r.get("format_ok") is not None),
+        "mean_think_chars": mean(len(think) for think, _ in parts if think is not None),
+        "mean_answer_chars": mean(len(answer) for _, answer in parts if answer is not None),
+        "bbox_unmapped": sum(1 for r in scored if r.get("bbox_unmapped")),
+    }
+    names = sorted({r["scorer"] for r in scored if r.get("scorer")})
+    summary["by_scorer"] = {n: _score_stats([r for r in scored if r.get("scorer") == n]) for n in names}
+    if any(r.get("sample") is not None for r in rows):  # n answers per request: pass@k, maj@k, solve rates
+        from vlmfast.evaluation.samples import summarize_samples
+
+        summary["samples"] = summarize_samples(rows)
+    return summary
+
+
+def _score_stats(scored: list[dict]) -> dict:
+    return {
+        "scored": len(scored),
+        "accuracy": mean(bool(r.get("correct")) for r in scored),
+        "mean_score": mean(r["score"] for r in scored),
+        "answer_parse_failures": sum(1 for r in scored if r.get("parse_failed")),
+    }
+
+
+def paired_comparison(a: dict, b: dict, *, resamples: int = 10_000, seed: int = 0, confidence: float = 0.95) -> dict:
+    """Compare two runs (e.g. checkpoint ``a`` vs base ``b``) on the ids both scored.
+
+    ``difference`` is mean(a) − mean(b) with a paired bootstrap percentile interval over ids
+    (deterministic for a seed). For 0/1 scores ``p_value`` is the exact two-sided McNemar test on the
+    discordant pairs; otherwise null. Ids whose score is None on either side are left out."""
+    if resamples < 1 or not 0 < confidence < 1:
+        raise UsageError("bad bootstrap settings", hint="resamples must be ≥ 1 and confidence between 0 and 1")
+    ids = sorted((k for k in a.keys() & b.keys() if a[k] is not None and b[k] is not None), key=str)
+    xs, ys = [float(a[k]) for k in ids], [float(b[k]) for k in ids]
+    n = len(ids)
+    result = {"n": n, "accuracy_a": mean(xs), "accuracy_b": mean(ys), "difference": None, "ci_low": None,
+              "ci_high": None, "confidence": confidence, "p_value": None, "discordant": None}
+    if n == 0:
+        return result
+    result["discordant"] = {"a_better": sum(x > y for x, y in zip(xs, ys)), "b_better": sum(y > x for x, y in zip(xs, ys))}
+    diffs = [x - y for x, y in zip(xs, ys)]
+    result["difference"] = sum(diffs) / n
+    result["ci_low"], result["ci_high"] = _bootstrap_interval(diffs, resamples, seed, confidence)
+    if all(v in (0.0, 1.0) for v in xs + ys):
+        result["p_value"] = mcnemar_exact(result["discordant"]["a_better"], result["discordant"]["b_better"])
+    return result
+
+
+def _bootstrap_interval(diffs: list[float], resamples: int, seed: int, confidence: float) -> tuple[float, float]:
+    rng = random.Random(seed)
+    n = len(diffs)
+    means = [sum(rng.choices(diffs, k=n)) / n for _ in range(resamples)]
+    alpha = (1 - confidence) / 2
+    return percentile(means, 100 * alpha), percentile(means, 100 * (1 - alpha))
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Exact two-sided McNemar p-value: binomial(n = discordant pairs, p = ½), doubled tail, capped at 1."""
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+    # Exact rational arithmetic: 0.5 ** n underflows long before n gets large.
+    return min(1.0, float(Fraction(2 * tail, 2 ** n)))

@@ -1,0 +1,222 @@
+"""Convert other projects' dataset files into vlmfast manifests with ground truth.
+
+Two sources: VLM-R1 (its REC test files — a JSON array of ``{"image", "problem", "solution"}`` with the
+box in original-image pixels — and its training JSONL with ``conversations``) and ms-swift datasets
+(``{"messages", "images", "solution"}``). Output rows are ours: ``{"id", "image"|"images", "prompt",
+"system"?, "solution"?, "scorer"?}``. Every bad record is reported at once as ``file:line``.
+Standard library only: converting needs no model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from vlmfast.errors import InputError, UsageError
+from vlmfast.inputs.requests import Request, parse_messages, read_manifest
+from vlmfast.evaluation.scoring import SCORERS, parse_box, truth_text
+
+FORMATS = ("vlmr1", "swift", "auto")
+# VLM-R1 names a per-record reward ("accu_reward_method"); the ones with a scorer of ours.
+_R1_REWARD_SCORERS = {"mcq": "choice"}
+_URL_PREFIXES = ("http://", "https://", "data:")
+
+
+def convert_file(path: str, fmt: str = "auto", *, image_root: str | None = None) -> list[dict]:
+    """Manifest rows from a VLM-R1 or ms-swift file (a JSON array or JSONL; detected by content).
+
+    Relative image paths are joined to ``image_root`` when given, else kept as written. ``fmt="auto"``
+    decides per record: ``messages`` → swift; ``problem``/``question``/``conversations`` → vlmr1."""
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}", hint="give a readable UTF-8 JSON or JSONL file") from exc
+    records, problems = read_records(text, str(path))
+    rows, bad = convert_records(records, fmt, image_root=image_root)
+    problems += bad
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems[:50])
+        more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
+        raise InputError(f"{len(problems)} bad record(s) in {path}; nothing was converted:\n{listing}{more}",
+                         hint="fix or remove those records and convert again", problems=problems)
+    if not rows:
+        raise InputError(f"{path} holds no records", hint="give a JSON array of objects or one JSON object per line")
+    return rows
+
+
+def read_records(text: str, name: str) -> tuple[list[tuple[str, object]], list[str]]:
+    """``(where, record)`` pairs from a JSON array or JSONL text, where is ``name:line``; and problems."""
+    if text.lstrip().startswith("["):
+        try:
+            return _array_records(text, name), []
+        except json.JSONDecodeError as exc:
+            return [], [f"{name}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})"]
+    records, problems = [], []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((f"{name}:{lineno}", json.loads(line)))
+        except json.JSONDecodeError as exc:
+            problems.append(f"{name}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})")
+    return records, problems
+
+
+def _array_records(text: str, name: str) -> list[tuple[str, object]]:
+    # Decode element by element so each record keeps the line it starts on for error messages.
+    decoder = json.JSONDecoder()
+    pos = _skip_space(text, text.index("[") + 1)
+    line, counted = 1, 0
+    records = []
+    while pos < len(text) and text[pos] != "]":
+        line, counted = line + text.count("\n", counted, pos), pos
+        record, pos = decoder.raw_decode(text, pos)
+        records.append((f"{name}:{line}", record))
+        pos = _skip_space(text, pos)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip_space(text, pos + 1)
+        elif pos >= len(text) or text[pos] != "]":
+            raise json.JSONDecodeError("expected ',' or ']'", text, min(pos, len(text)))
+    if pos >= len(text):
+        raise json.JSONDecodeError("unterminated array", text, len(text))
+    if text[pos + 1:].strip():
+        raise json.JSONDecodeError("extra data after the array", text, pos + 1)
+    return records
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def convert_records(records: list[tuple[str, object]], fmt: str = "auto", *,
+                    image_root: str | None = None) -> tuple[list[dict], list[str]]:
+    """Convert ``(where, record)`` pairs; returns the rows and a ``where: what`` problem per bad record."""
+    rows, problems = [], []
+    seen: dict[str, str] = {}
+    for index, (where, record) in enumerate(records):
+        try:
+            if not isinstance(record, dict):
+                raise ValueError("record is not a JSON object")
+            kind = fmt if fmt != "auto" else _detect(record)
+            row = (_from_swift if kind == "swift" else _from_vlmr1)(record, index, image_root)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        if row["id"] in seen:
+            problems.append(f"{where}: duplicate id {row['id']!r} (first at {seen[row['id']]})")
+            continue
+        seen[row["id"]] = where
+        rows.append(row)
+    return rows, problems
+
+
+def _detect(record: dict) -> str:
+    if "messages" in record:
+        return "swift"
+    if any(k in record for k in ("problem", "question", "conversations")):
+        return "vlmr1"
+    raise ValueError('cannot tell the format: expected VLM-R1 "problem"/"conversations" or ms-swift "messages"')
+
+
+def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
+    images = _images(record, image_root)
+    turns = record.get("conversations") if isinstance(record.get("conversations"), list) else []
+    prompt = record.get("problem", record.get("question"))
+    if prompt is None and turns and isinstance(turns[0], dict):
+        prompt = turns[0].get("value")  # VLM-R1's loader takes the first turn as the problem
+    if not isinstance(prompt, str) or not prompt.replace("<image>", "").strip():
+        raise ValueError('no question: give "problem" (or "question", or a first "conversations" turn)')
+    truth = record.get("solution", record.get("answer"))
+    if truth is None and len(turns) > 1 and isinstance(turns[1], dict):
+        truth = turns[1].get("value")
+    row = _row(record, index, images, prompt)
+    scorer = record.get("scorer") or _R1_REWARD_SCORERS.get(record.get("accu_reward_method"))
+    return _with_truth(row, truth, scorer)
+
+
+def _from_swift(record: dict, index: int, image_root: str | None) -> dict:
+    prompt, system, reply = parse_messages(record.get("messages"), record.get("system"))
+    if not prompt:
+        raise ValueError("the last user turn has no text")
+    truth = record.get("solution", record.get("answer"))
+    row = _row(record, index, _images(record, image_root), prompt)
+    if system:
+        row["system"] = system
+    return _with_truth(row, reply if truth is None else truth, record.get("scorer"))
+
+
+def _images(record: dict, image_root: str | None) -> list[str]:
+    value = record.get("images", record.get("image"))
+    value = [value] if isinstance(value, (str, dict)) else value
+    if not isinstance(value, list) or not value:
+        raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
+    paths = []
+    for item in value:
+        path = item.get("path") if isinstance(item, dict) else item  # ms-swift also writes {"path": ...}
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"image {item!r} is not a path")
+        relative = not (os.path.isabs(path) or path.startswith(_URL_PREFIXES))
+        paths.append(os.path.join(image_root, path) if image_root and relative else path)
+    return paths
+
+
+def _row(record: dict, index: int, images: list[str], prompt: str) -> dict:
+    rid = record.get("id")
+    if rid is None:
+        rid = f"{index:05d}_{Path(images[0]).stem}"  # stable: position in the file + image name
+    elif not isinstance(rid, (str, int)) or isinstance(rid, bool):
+        raise ValueError('"id" must be a string or an integer')
+    row = {"id": str(rid)}
+    row.update({"image": images[0]} if len(images) == 1 else {"images": images})
+    row["prompt"] = prompt.replace("<image>", "").strip()
+    return row
+
+
+def _with_truth(row: dict, truth, scorer: str | None) -> dict:
+    if scorer is not None and scorer not in SCORERS:
+        raise ValueError(f"unknown scorer {scorer!r} (choose one of: {', '.join(SCORERS)})")
+    truth = truth_text(truth)
+    if isinstance(truth, list) and truth and all(isinstance(v, (int, float)) for v in truth):
+        _check_box(truth)
+    if truth is None:
+        return row
+    row["solution"] = truth
+    if scorer is None and isinstance(truth, (list, dict)) and parse_box(truth) is not None:
+        scorer = "bbox"
+    if scorer is not None and scorer != "auto":
+        row["scorer"] = scorer
+    return row
+
+
+def _check_box(values: list) -> None:
+    if len(values) != 4:
+        raise ValueError(f"solution has {len(values)} numbers; a box is [x1, y1, x2, y2]")
+    x1, y1, x2, y2 = values
+    if x2 <= x1 or y2 <= y1:
+        raise ValueError(f"solution box {values} is empty or reversed; expected [x1, y1, x2, y2] with x2 > x1, y2 > y1")
+
+
+def write_manifest(rows: list[dict], out_path: str) -> Path:
+    """Write rows as JSONL (UTF-8, one record a line). Written whole or not at all."""
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+def read_truths(manifest: str) -> dict[str, tuple[object, str | None]]:
+    """id → (truth, scorer) for every record of a manifest, read exactly as a run reads it (same ids,
+    same ground-truth fields); records a run could not use are skipped."""
+    items, _ = read_manifest(manifest, default_prompt="-")  # prompts do not matter for scoring
+    bad = [p for r in items if not isinstance(r, Request) for p in r.problems]
+    if bad:
+        raise InputError(f"{len(bad)} bad manifest record(s):\n" + "\n".join(f"  - {p}" for p in bad[:50]),
+                         hint=f"fix them (scorers are: {', '.join(SCORERS)})", problems=[str(p) for p in bad])
+    return {r.id: (r.truth, r.scorer) for r in items}

@@ -1,0 +1,1 @@
+"""Rendering only: terminal tables and JSON, plots. Imports only the root leaves."""

@@ -1,0 +1,275 @@
+"""The only module that renders tables: Rich output on stderr, JSON on stdout, progress bars."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # notes and hints: one line each, greppable in logs
+
+
+def print_json(data: dict) -> None:
+    """One JSON object on stdout: the machine-readable contract for CI scripts."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _fmt(value, unit: str = "", digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def render_infer(report) -> None:
+    """The KV-cache timing report of an ``infer`` run, on stderr."""
+    cache = report.cache
+    table = Table(title="vlmfast infer", show_header=False, title_justify="left", box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    off = escape(", ".join(cache["found_off"]) or "nowhere")
+    table.add_row("checkpoint", escape(report.checkpoint))
+    table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
+    speed = [report.decoder + " decoder"] + (["CUDA graphs"] if report.cuda_graphs else []) + (["compiled"] if report.compiled else [])
+    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · {' + '.join(speed)} · batch {report.batch_size} "
+                  f"({plural(report.batches, 'batch', 'batches')})")
+    if report.processes:
+        per = " · ".join(f"#{p['rank']} {p['device']}: {plural(p['samples'], 'sample')}, {_fmt(p['tokens_per_s'], ' tokens/s', 1)}"
+                         for p in report.processes)
+        table.add_row("processes", f"{len(report.processes)} ({per})")
+    table.add_row("samples", f"{report.samples} run, {plural(report.errors, 'error')}, {report.skipped_existing} already done")
+    table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
+    scores = report.scores or {}
+    if scores.get("scored"):
+        table.add_row("accuracy", f"{_pct(scores['accuracy'])} of {plural(scores['scored'], 'scored row')} · format ok "
+                      f"{_pct(scores['format_rate'])} · answer not parsed {scores['answer_parse_failures']}")
+    elif scores.get("format_rate") is not None:
+        table.add_row("format", f"{_pct(scores['format_rate'])} of rows have <think>…</think><answer>…</answer> (no ground truth to score)")
+    table.add_row("new tokens", _fmt(report.new_tokens))
+    table.add_row("load", _fmt(report.load_s, " s") + (f"  (compile + capture {report.compile_s:.1f} s, apart)" if report.compile_s else ""))
+    table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')}, "
+                  f"{_fmt(report.preprocess_exposed_s, ' s')} of it not overlapped)")
+    table.add_row("prefill", f"{_fmt(report.prefill_s, ' s')} (vision tower {_fmt(report.vision_s, ' s')}) · "
+                  f"TTFT p50 / p90 {_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")
+    decode = _fmt(report.decode_ms_per_token, " ms/token")
+    if report.decode_gb_per_s is not None:
+        decode += f" · {report.decode_gb_per_s:,.1f} GB/s read"
+        if report.bandwidth_pct_of_peak is not None:
+            decode += f" ({report.bandwidth_pct_of_peak:.0f}% of the device's {report.peak_gb_per_s:,.0f} GB/s)"
+    table.add_row("decode", decode)
+    table.add_row("throughput", f"{_fmt(report.tokens_per_s, ' tokens/s', 1)} · {_fmt(report.samples_per_s, ' samples/s', 3)}")
+    table.add_row("peak memory", f"{_fmt(report.peak_mem_mib, ' MiB', 0)} ({report.peak_mem_kind})")
+    if report.out:
+        table.add_row("results", escape(report.out))
+    stderr.print(table)
+    for note in report.notes:
+        render_note(note)
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def render_error(error) -> None:
+    stderr.print(f"[bold red]error:[/bold red] {escape(error.message)}", highlight=False)
+    if error.hint:
+        stderr.print(f"[bold]hint:[/bold] {escape(error.hint)}")
+
+
+def render_note(text: str) -> None:
+    stderr.print(f"[yellow]note:[/yellow] {escape(text)}")
+
+
+def render_sweep(report: dict) -> None:
+    """``vlmfast sweep``: one line per checkpoint, the best one, the gate, on stderr."""
+    table = Table(title=f"vlmfast sweep: {escape(report['run_dir'])}", title_justify="left")
+    for column in ("step", "accuracy (95 % CI)", "format", "new tokens", "no answer", "tokens/s", "load / swap"):
+        table.add_column(column, justify="right")
+    for c in report["checkpoints"]:
+        ci = f" ({_pct(c['ci_low'])}–{_pct(c['ci_high'])})" if c["ci_low"] is not None else ""
+        switch = (f"swap {_fmt(c['swap_s'], ' s')}" if "swap_s" in c else f"load {_fmt(c.get('load_s'), ' s')}")
+        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, _pct(c["format_rate"]),
+                      _fmt(c["mean_new_tokens"], "", 1), _pct(c["no_answer_rate"]), _fmt(c["tokens_per_s"], "", 1), switch)
+    stderr.print(table)
+    best = report["best"]
+    stderr.print(f"best: step {best['step']} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
+                 else "best: none (no row had ground truth to score)")
+    if report["gate"] and report["gate"]["failed"]:
+        stderr.print(f"[red]gate:[/red] {escape(report['gate']['message'])}")
+    for note in report["notes"]:
+        render_note(note)
+
+
+def render_scores(source: str, summary: dict) -> None:
+    """``vlmfast score``: accuracy and format rate overall and per scorer, on stderr."""
+    table = Table(title=f"vlmfast score: {escape(source)}", title_justify="left")
+    for column in ("scorer", "scored", "accuracy", "mean score", "answer not parsed"):
+        table.add_column(column, justify="left" if column == "scorer" else "right")
+    groups = [("all", summary)] + sorted(summary.get("by_scorer", {}).items())
+    for name, g in groups:
+        table.add_row(name, str(g.get("scored") or 0), _pct(g.get("accuracy")), _fmt(g.get("mean_score"), "", 3),
+                      str(g.get("answer_parse_failures") or 0))
+    stderr.print(table)
+    stderr.print(f"format ok (<think>…</think><answer>…</answer>): {_pct(summary.get('format_rate'))} · "
+                 f"mean think {_fmt(summary.get('mean_think_chars'), ' chars', 0)} · "
+                 f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
+                 f"{plural(summary.get('rows_without_truth', 0), 'row')} without ground truth")
+    if summary.get("bbox_spaces"):
+        stderr.print("boxes read in: " + ", ".join(f"{space} ({n})" for space, n in sorted(summary["bbox_spaces"].items())))
+    for note in summary.get("notes", []):
+        render_note(note)
+
+
+class ProgressBar:
+    """Samples and tokens/s on stderr: a live bar on a terminal, one plain line per batch otherwise
+    (CI logs show progress without control characters)."""
+
+    def __init__(self, enabled: bool | None = None, unit: str = "samples"):
+        self.enabled = True if enabled is None else enabled
+        self.unit = unit
+        self.live = self.enabled and stderr.is_terminal
+        self._progress = None
+        self._task = None
+        self._tokens = 0
+        self._done = 0
+        self._total = 0
+        self._start = 0.0
+
+    def start(self, total_samples: int) -> None:
+        import time
+
+        self._total, self._start = total_samples, time.perf_counter()
+        if not self.live:
+            return
+        self._progress = Progress(
+            TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=stderr, transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("generate", total=total_samples, tps="")
+
+    def advance(self, samples: int, new_tokens: int) -> None:
+        import time
+
+        self._tokens += new_tokens
+        self._done += samples
+        elapsed = time.perf_counter() - self._start
+        tps = f"{self._tokens / elapsed:,.1f} tokens/s" if elapsed > 0 else ""
+        if self._progress is not None:
+            self._progress.update(self._task, advance=samples, tps=tps)
+        elif self.enabled:
+            print(f"progress: {self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+BENCH_COLUMNS = (
+    ("tokens/s", "tokens_per_s", 1), ("samples/s", "samples_per_s", 3), ("wall s (median run)", "wall_s_median", 3),
+    ("wall s min", "wall_s_min", 3), ("wall s max", "wall_s_max", 3), ("run-to-run CV %", "wall_cv_pct", 1),
+    ("TTFT p50 ms", "ttft_ms_p50", 1), ("TTFT p90 ms", "ttft_ms_p90", 1), ("decode ms/token", "decode_ms_per_token", 2),
+    ("mean new tokens", "mean_new_tokens", 1), ("mean think tokens", "mean_think_tokens", 1),
+    ("mean answer tokens", "mean_answer_tokens", 1),
+    ("decode GB/s", "decode_gb_per_s", 1), ("% of peak bandwidth", "bandwidth_pct_of_peak", 1),
+    ("no <answer>", "no_answer_rate", 2), ("truncated", "truncation_rate", 2), ("peak MiB", "peak_mem_mib", 0),
+)
+
+
+def bench_table(report: dict) -> Table:
+    table = Table(title="vlmfast bench", title_justify="left")
+    table.add_column("metric", style="bold")
+    for s in report["scenarios"]:
+        table.add_column(f"{s['name']}\nbatch {s['batch_size']}", justify="right")
+    for label, key, digits in BENCH_COLUMNS:
+        table.add_row(label, *(_fmt(s.get(key), "", digits) for s in report["scenarios"]))
+    return table
+
+
+def render_bench(report: dict, gate_messages: list[str] = ()) -> None:
+    """The side-by-side table, ratios, fidelity and cache findings, on stderr."""
+    stderr.print(bench_table(report))
+    for name, values in report["ratios"].items():
+        shown = ", ".join(f"{k} {v:.2f}×" for k, v in values.items() if v is not None)
+        stderr.print(f"[bold]{escape(name)}[/bold]: {shown}")
+    for name, share in report["fidelity"].items():
+        shown = "–" if share is None else f"{share:.0%} of samples have identical greedy tokens"
+        stderr.print(f"[bold]fidelity {name}[/bold]: {shown}")
+    off = report["cache"]["found_off"]
+    stderr.print("[bold]checkpoint cache as saved[/bold]: " + escape("off in " + ", ".join(off) if off else "on"))
+    for note in report["notes"]:
+        render_note(note)
+    for message in gate_messages:
+        stderr.print(f"[bold red]gate:[/bold red] {escape(message)}")
+
+
+def bench_markdown(report: dict) -> str:
+    """report.md: the same figures as the table, for a PR comment or a results file."""
+    names = [f"{s['name']} (batch {s['batch_size']})" for s in report["scenarios"]]
+    lines = [f"# vlmfast bench: {report['checkpoint']}", ""]
+    w = report["workload"]
+    lines.append(f"{w['samples']} samples, max {w['max_new_tokens']} new tokens (ignore_eos={w['ignore_eos']}), "
+                 f"{w['warmup']} warm-up + {w['repeats']} timed runs per scenario; medians. "
+                 f"transformers {report['versions']['transformers']}, torch {report['versions']['torch']}.")
+    lines += ["", "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label, key, digits in BENCH_COLUMNS:
+        cells = ["–" if s.get(key) is None else f"{s[key]:.{digits}f}" for s in report["scenarios"]]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name, values in report["ratios"].items():
+        lines.append(f"- {name}: " + ", ".join(f"{k} {v:.2f}×" for k, v in values.items() if v is not None))
+    for name, share in report["fidelity"].items():
+        lines.append(f"- fidelity {name}: " + ("–" if share is None else f"{share:.0%} identical greedy tokens"))
+    off = report["cache"]["found_off"]
+    lines.append("- checkpoint cache as saved: " + ("off in " + ", ".join(off) if off else "on"))
+    lines += [f"- note: {note}" for note in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_bench_dir(report: dict, directory) -> tuple[list[str], str | None]:
+    """report.md, report.json and (with matplotlib) plot.png in ``directory``. Returns the paths
+    written and a note when the plot could not be made."""
+    from pathlib import Path
+
+    from vlmfast.report.plot import plot_available, write_plot
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(bench_markdown(report), encoding="utf-8")
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    written = [str(out / "report.md"), str(out / "report.json")]
+    if not plot_available():
+        return written, "no plot: matplotlib is not installed (pip install 'vlmfast[plot]')"
+    written.append(str(write_plot(report, out / "plot.png")))
+    return written, None
+
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def render_findings(checkpoint: str, findings) -> None:
+    """``vlmfast doctor``'s findings on stderr, one block each with the exact fix (a list rather than a
+    table: fixes are long commands, and CI logs are 80 columns wide)."""
+    if not findings:
+        stderr.print(f"[green]{escape(checkpoint)}: no findings[/green]")
+        return
+    stderr.print(f"[bold]vlmfast doctor[/bold]: {escape(checkpoint)}")
+    for f in findings:
+        style = SEVERITY_STYLE.get(f.severity, "")
+        stderr.print(f"[{style}]{f.severity.upper():7}[/] [bold]{escape(f.code)}[/bold]  {escape(f.location)}")
+        stderr.print(f"        {escape(f.message)}", highlight=False)
+        if f.fix:
+            stderr.print(f"        [bold]fix:[/bold] {escape(f.fix)}", highlight=False)
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_STYLE}
+    stderr.print(", ".join(plural(n, s) for s, n in counts.items() if n))

@@ -1,0 +1,321 @@
+"""``vlmfast bench``: one workload, several scenarios, side by side — speed and accuracy — with gates for CI.
+
+Scenarios (stable names, the JSON schema depends on them):
+
+- ``ckpt``          vlmfast on the checkpoint: cache forced on, batched (once per ``--batch-sizes`` entry)
+- ``ckpt-vllm``     the checkpoint on vLLM (``--engines hf,vllm``), same workload and batch sizes
+- ``ckpt-as-saved`` plain HF ``generate`` honouring the checkpoint's saved generation config, one
+                    sample at a time — what the user got before vlmfast
+- ``base``          vlmfast on the base model, same workload and batch sizes (``--compare-base``)
+
+Each scenario: ``warmup`` untimed runs, then ``repeats`` timed runs of the whole workload. Throughput
+figures are medians (and p90) over the timed runs, with the runs' spread (a note when they disagree);
+TTFT percentiles are over every sample of every run. With ground truth in the manifest, every scenario
+is scored too, and ckpt − base accuracy comes with a paired confidence interval. The figures are
+:mod:`vlmfast.run.bench_figures`' arithmetic on the recorded runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from vlmfast.run.bench_figures import (
+    AS_SAVED, BASE, CKPT, SCHEMA, VLLM, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
+    noise_notes, scenario_summary, speed_ratios,
+)
+from vlmfast.engines.bandwidth import run_bandwidth
+from vlmfast.engines.hf.engine import Engine
+from vlmfast.engines.hf import DECODERS
+from vlmfast.engines.open import ENGINES
+from vlmfast.engines.rows import GenerationSettings, SampleResult, row_key
+from vlmfast.errors import UsageError
+from vlmfast.inputs.requests import TEMPLATES
+from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
+from vlmfast.timing import free_memory, now, peak_memory_mib, reset_peak_memory
+
+
+@dataclass
+class BenchOptions:
+    """What ``vlmfast bench`` runs, checked once here (a UsageError with a hint) before anything loads.
+    ``batch_sizes`` and ``engines`` may also be given as comma-separated text ("1,8", "hf,vllm").
+    ``bbox_space`` None: each row's own, else ``resized`` (see :func:`vlmfast.evaluation.scoring.row_bbox_space`).
+    The gates (exit codes 3, 4, 5) are evaluated by :func:`run_bench` into ``report["gates"]``."""
+
+    ckpt: str
+    compare_base: str | None = None
+    images: list[str] | None = None
+    manifest: str | None = None
+    synthetic: int | None = None
+    synthetic_size: int = 224
+    prompt: str | None = None
+    template: str = "plain"
+    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=128))
+    batch_sizes: tuple[int, ...] | str = (8,)
+    warmup: int = 1
+    repeats: int = 3
+    as_saved: bool = True
+    device: str | None = None
+    dtype: str | None = None
+    attn: str | None = None
+    max_pixels: int | None = None
+    min_pixels: int | None = None
+    decoder: str = "vlmfast"
+    cuda_graphs: bool | None = None
+    compile: bool = False  # ckpt and base: torch.compile the decode step (the warm-up runs compile)
+    engines: tuple[str, ...] | str = ("hf",)
+    scorer: str = "auto"
+    iou: float = 0.5
+    bbox_space: str | None = None
+    fail_if_slower: float | None = None  # exit 3 when ckpt tokens/s < base tokens/s ÷ X
+    fail_on_cache_off: bool = False  # exit 4 when the saved config turns the cache off anywhere
+    fail_if_less_accurate: float | None = None  # exit 5 when ckpt accuracy < base accuracy − X
+
+    def __post_init__(self):
+        self.batch_sizes = _batch_sizes(self.batch_sizes)
+        self.engines = _engines(self.engines)
+        if self.synthetic is not None and self.synthetic < 1:
+            raise UsageError(f"--synthetic {self.synthetic}: expected at least 1 image", hint="e.g. --synthetic 8")
+        if not (self.images or self.manifest or self.synthetic):
+            raise UsageError("no workload", hint="give --images, --manifest or --synthetic N")
+        if self.warmup < 0 or self.repeats < 1:
+            raise UsageError(f"--warmup {self.warmup} --repeats {self.repeats}: need 0 or more warm-up runs and 1 or "
+                             "more timed runs", hint="e.g. --warmup 1 --repeats 3")
+        if self.compile and self.warmup < 1:
+            raise UsageError("--compile needs a warm-up run to compile outside the clock", hint="use --warmup 1 or more")
+        choices = [("--decoder", self.decoder, DECODERS), ("--scorer", self.scorer, SCORERS),
+                   ("--template", self.template, tuple(TEMPLATES))]
+        for option, value, known in choices + ([("--bbox-space", self.bbox_space, BBOX_SPACES)] if self.bbox_space is not None else []):
+            if value not in known:
+                raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(known)}")
+        self._check_gates()
+
+    def _check_gates(self) -> None:
+        if (self.fail_if_slower is not None or self.fail_if_less_accurate is not None) and not self.compare_base:
+            raise UsageError("--fail-if-slower and --fail-if-less-accurate compare with the base", hint="add --compare-base BASE")
+        if self.fail_if_slower is not None and self.fail_if_slower < 1:
+            raise UsageError(f"--fail-if-slower {self.fail_if_slower}: below 1 it would demand ckpt beat the base",
+                             hint="X ≥ 1: exit 3 when ckpt tokens/s < base tokens/s ÷ X; 1 means no slower than the base")
+        if self.fail_if_less_accurate is not None and not 0 <= self.fail_if_less_accurate <= 1:
+            raise UsageError(f"--fail-if-less-accurate {self.fail_if_less_accurate}: an accuracy drop is between 0 and 1",
+                             hint="e.g. --fail-if-less-accurate 0.02 (two points)")
+        if self.fail_if_less_accurate is not None and not self.manifest:
+            raise UsageError("--fail-if-less-accurate needs ground truth", hint="give --manifest with a solution/answer per record")
+
+
+def _batch_sizes(value) -> tuple[int, ...]:
+    items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)
+    sizes = [int(x) for x in items if (isinstance(x, str) and x.isdigit()) or (isinstance(x, int) and not isinstance(x, bool))]
+    if not items or len(sizes) != len(items) or min(sizes) < 1:
+        raise UsageError(f"--batch-sizes {value!r}: expected positive integers", hint="e.g. --batch-sizes 1,8")
+    return tuple(dict.fromkeys(sizes))  # a size twice would run and key the same scenario twice
+
+
+def _engines(value) -> tuple[str, ...]:
+    names = [e.strip() for e in value.split(",") if e.strip()] if isinstance(value, str) else list(value)
+    if not names or any(e not in ENGINES for e in names):
+        raise UsageError(f"--engines {value!r}: expected hf, vllm or hf,vllm", hint="e.g. --engines hf,vllm")
+    return tuple(dict.fromkeys(names))
+
+
+def run_workload(engine: Engine, requests, image_sizes, batch_size: int) -> RunStats:
+    """The whole workload once, with per-step clocks on. ``batch_size`` counts answers (with n answers
+    per request, batch_size // n requests a batch), as in ``infer``."""
+    from vlmfast.engines.hf.scheduler import Scheduler
+
+    start = now(engine.device)
+    timings, results = [], []
+    per_batch = max(1, batch_size // engine.settings.n)
+    for _, batch_results, t in Scheduler(engine).run(requests, image_sizes, per_batch):
+        results.extend(batch_results)
+        timings += [t] if t is not None else []  # None: every request of the batch failed (error rows)
+    return RunStats(now(engine.device) - start, timings, results)
+
+
+def score_results(results: list[SampleResult], truths: dict, options: BenchOptions) -> list[dict]:
+    """Rows with their scoring fields (see :mod:`vlmfast.evaluation.scoring`)."""
+    from vlmfast.evaluation.scoring import rescore
+
+    return rescore([r.record() for r in results], truths, default_scorer=options.scorer, iou=options.iou,
+                   bbox_space=options.bbox_space)
+
+
+class _Noop:
+    def start(self, total):
+        pass
+
+    def advance(self, samples, tokens):
+        pass
+
+
+def run_bench(options: BenchOptions, progress=None, say=lambda text: None) -> dict:
+    """Run every scenario and return the report dict (the ``--json`` schema), its CI gates evaluated:
+    ``report["gates"]["exit_code"]`` is what the command exits with."""
+    progress = progress or _Noop()
+    with tempfile.TemporaryDirectory(prefix="vlmfast-synthetic-") as scratch:  # synthetic images live as long as the run
+        report = _run_bench(options, progress, say, scratch)
+    apply_gates(report, options.fail_if_slower, options.fail_on_cache_off, options.fail_if_less_accurate)
+    return report
+
+
+def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
+    from vlmfast.checkpoints.load import load
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.engines.hf.as_saved import AsSavedEngine, saved_generation_config
+    from vlmfast.engines.hf.compile_policy import prepare_cache
+    from vlmfast.timing import versions
+
+    found = locate(options.ckpt, hub=True)
+    base_found = locate(options.compare_base, hub=True) if options.compare_base else None
+    requests, sizes = _workload(options, scratch)
+    truths = {r.id: (r.truth, r.scorer) for r in requests}
+    settings = options.generation
+    common = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, record_steps=True)
+    compile_cache = prepare_cache(options.decoder, True) if options.compile else None  # before the model loads
+    fast = dict(common, decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
+                compile_cache=compile_cache)
+    scenarios: list[dict] = []
+    rows: dict[tuple[str, int], list[SampleResult]] = {}
+
+    def measure(name, run, batch_size, tokenizer, loaded=None):
+        """``run()`` does the whole workload once and returns its RunStats."""
+        say(f"{name} (batch {batch_size}): {options.warmup} warm-up + {options.repeats} timed runs")
+        for _ in range(options.warmup):
+            run()
+        device = loaded.runtime.device if loaded is not None else "cpu"
+        reset_peak_memory(device)
+        runs = []
+        for _ in range(options.repeats):
+            runs.append(run())
+            progress.advance(1, runs[-1].new_tokens)
+        rows[(name, batch_size)] = runs[-1].results
+        summary = scenario_summary(name, batch_size, runs, tokenizer, peak_memory_mib(device))
+        ok = [r for r in runs[-1].results if r.error is None]
+        if loaded is not None:
+            context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok) if ok else 0
+            summary.update(run_bandwidth(loaded, min(batch_size, len(ok) or 1), context, summary["decode_ms_per_token"]))
+        else:  # vLLM's model lives in its own process: no weights here to count bytes from
+            summary.update(decode_gb_per_s=None, peak_gb_per_s=None, bandwidth_pct_of_peak=None)
+        summary.update(_accuracy(score_results(runs[-1].results, truths, options)))
+        scenarios.append(summary)
+
+    engines = options.engines
+    total = options.repeats * (len(options.batch_sizes) * (len(engines) + bool(options.compare_base)) + options.as_saved)
+    progress.start(total)
+    notes: list[str] = []
+    loaded = load(found, device=options.device, dtype=options.dtype, attn=options.attn)
+    cache = loaded.cache.as_dict()
+    notes += loaded.notes
+    tokenizer = loaded.processor.tokenizer
+    def on(engine, bs):
+        return lambda: run_workload(engine, requests, sizes, bs)
+
+    if "hf" in engines:
+        for bs in options.batch_sizes:
+            measure(CKPT, on(Engine(loaded, settings, **fast), bs), bs, tokenizer, loaded)
+    if options.as_saved:
+        measure(AS_SAVED, on(AsSavedEngine(loaded, settings, saved_generation_config(loaded), **common), 1), 1, tokenizer, loaded)
+    del loaded
+    free_memory()
+    if "vllm" in engines:
+        with vllm_workload(found, options, requests, sizes) as (run_vllm, described):
+            notes.append(f"vLLM {described['vllm_version']}: start-up {described['startup_s']} s (not timed), "
+                         f"dtype {described['dtype']}, enforce_eager {described['enforce_eager']}")
+            notes += described["notes"]
+            for bs in options.batch_sizes:
+                measure(VLLM, lambda bs=bs: run_vllm(bs), bs, tokenizer)
+        free_memory()
+    base_cache = None
+    if base_found is not None:
+        base = load(base_found, device=options.device, dtype=options.dtype, attn=options.attn)
+        base_cache = base.cache.as_dict()
+        for bs in options.batch_sizes:
+            measure(BASE, on(Engine(base, settings, **fast), bs), bs, base.processor.tokenizer, base)
+        del base
+        free_memory()
+    return _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions())
+
+
+@contextlib.contextmanager
+def vllm_workload(found, options: BenchOptions, requests, sizes):
+    """(run(batch_size) → RunStats, vLLM's settings) on the checkpoint, vLLM started once, outside
+    every clock; vLLM stopped and its checkpoint overlay removed on exit."""
+    from vlmfast.engines.vllm.backend import VllmEngine
+
+    engine = VllmEngine(found.source, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
+                        dtype=options.dtype)
+    try:
+        engine.start(requests)
+
+        def run(batch_size: int) -> RunStats:
+            start = time.perf_counter()
+            timings, results = [], []
+            for _, rows, timing in engine.run(requests, sizes, batch_size):
+                results += rows
+                timings += [timing] if timing is not None else []
+            return RunStats(time.perf_counter() - start, timings, results)
+
+        yield run, engine.describe()
+    finally:
+        engine.close()
+
+
+def _accuracy(scored: list[dict]) -> dict:
+    from vlmfast.evaluation.stats import summarize
+
+    s = summarize(scored)
+    return {"accuracy": s["accuracy"], "format_rate": s["format_rate"], "scored": s["scored"]}
+
+
+def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions_) -> dict:
+    from vlmfast.evaluation.stats import paired_comparison
+
+    settings = options.generation
+    by = {(s["name"], s["batch_size"]): s for s in scenarios}
+    accuracy = {}
+    for bs in options.batch_sizes:
+        if (BASE, bs) in by and by.get((CKPT, bs), {}).get("scored"):
+            scores = {name: {row_key(r["id"], r.get("sample")): r["score"] for r in score_results(rows[(name, bs)], truths, options)}
+                      for name in (CKPT, BASE)}
+            accuracy[f"ckpt_vs_base@{bs}"] = paired_comparison(scores[CKPT], scores[BASE])
+    fidelity, differences = {}, {}
+    for name, a, b in fidelity_pairs(options.batch_sizes) if settings.greedy else ():
+        if a in rows and b in rows:
+            fidelity[name] = agreement(rows[a], rows[b])
+            differences[name] = first_difference(rows[a], rows[b])
+    return {
+        "schema": SCHEMA,
+        "checkpoint": options.ckpt,
+        "base": options.compare_base,
+        "workload": {"samples": len(requests), "max_new_tokens": settings.max_new_tokens, "ignore_eos": settings.ignore_eos,
+                     "decoder": options.decoder, "compile": options.compile, "engines": list(options.engines),
+                     "greedy": settings.greedy, "n": settings.n, "temperature": settings.temperature,
+                     "batch_sizes": list(options.batch_sizes), "warmup": options.warmup,
+                     "repeats": options.repeats, "with_ground_truth": sum(t[0] is not None for t in truths.values())},
+        "cache": cache,
+        "base_cache": base_cache,
+        "scenarios": scenarios,
+        "ratios": speed_ratios(by, options.batch_sizes),
+        "accuracy": accuracy,
+        "fidelity": fidelity,
+        "first_difference": {k: v for k, v in differences.items() if v is not None},
+        "notes": notes + noise_notes(scenarios),
+        "versions": versions_,
+    }
+
+
+def _workload(options: BenchOptions, scratch: str):
+    from vlmfast.inputs.requests import collect, raise_for_problems
+
+    images = list(options.images or [])
+    if options.synthetic:
+        from vlmfast.checkpoints.tiny import make_images
+
+        size = options.synthetic_size
+        images += [str(p) for p in make_images(scratch, n=options.synthetic, sizes=[(size, size)])]
+    collected = collect(images=images or None, prompt=options.prompt or "Describe this image.",
+                        manifest=options.manifest, template=options.template)
+    raise_for_problems(collected)
+    return collected.requests, collected.image_sizes

@@ -1,0 +1,123 @@
+"""What a run was asked to do, checked once: :class:`InferOptions` (with :class:`VllmSettings` for
+``--engine vllm``). Every check happens in ``__post_init__``, so the CLI and Python callers get the same
+errors, before anything loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlmfast.engines.hf import DECODERS
+from vlmfast.engines.open import ENGINES
+from vlmfast.errors import UsageError
+from vlmfast.inputs.requests import DEFAULT_MAX_IMAGE_PIXELS
+from vlmfast.engines.rows import GenerationSettings
+
+
+
+def check_choice(option: str, value, choices) -> None:
+    if value not in choices:
+        raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(map(str, choices))}")
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """``--engine vllm`` only: how vLLM spreads the work (it schedules inside each chunk of requests)."""
+
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int | None = None
+
+    def __post_init__(self):
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise UsageError("--tensor-parallel-size and --data-parallel-size must be at least 1", hint="e.g. 2")
+        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
+            raise UsageError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: expected 0.05 … 1.0",
+                             hint="e.g. --gpu-memory-utilization 0.9")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise UsageError(f"--max-num-seqs {self.max_num_seqs}: expected at least 1", hint="or leave it to vLLM")
+
+    @property
+    def is_default(self) -> bool:
+        return self == VllmSettings()
+
+
+# (option name, its default, the flag) of settings only vlmfast's own engine has
+HF_ONLY = (("device", None, "--device"), ("attn", None, "--attn"), ("decoder", "vlmfast", "--decoder"),
+           ("cuda_graphs", None, "--cuda-graphs"), ("compile", None, "--compile"), ("overlap", None, "--overlap"),
+           ("max_batch_tokens", None, "--max-batch-tokens"), ("allow_pickle", False, "--allow-pickle"))
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """``vlmfast infer``'s options (see ``vlmfast infer --help``); invalid combinations raise UsageError."""
+
+    ckpt: str
+    images: list[str] | None = None
+    prompt: str | None = None
+    prompt_file: str | None = None
+    manifest: str | None = None
+    template: str = "plain"
+    system: str | None = None
+    out: str | None = None
+    overwrite: bool = False
+    retry_errors: bool = False  # resume: redo ids whose earlier row is an error row
+    skip_bad: bool = False
+    batch_size: int | None = None  # None: auto (from free GPU memory; a measured default on a CPU)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    attn: str | None = None
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    base: str | None = None  # LoRA adapter checkpoints: the base model (default: adapter_config.json's)
+    merge: bool = False  # LoRA: merge the adapter into the weights before generating
+    max_batch_tokens: int | None = None
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+    overlap: bool | None = None  # prepare the next batch while this one generates (None: on CUDA only)
+    decoder: str = "vlmfast"  # "vlmfast" (own decode loop) | "hf" (plain model.generate, the reference)
+    cuda_graphs: bool | None = None  # None: on CUDA with the vlmfast decoder
+    compile: bool | None = None  # None: decided after the first batch, by what the workload would save
+    scorer: str = "auto"  # default scorer for rows with ground truth and no scorer of their own
+    iou: float = 0.5
+    bbox_space: str | None = None  # None: each row's own (the model family's convention), else resized
+    reward: str | None = None  # FILE.py:FUNCTION, the trainer's reward function, instead of the built-in scorers
+    reward_threshold: float = 1.0  # a rewarded row is correct when its reward is at least this
+    engine: str = "hf"  # "hf" (vlmfast's engine on transformers) | "vllm"
+    vllm: VllmSettings = field(default_factory=VllmSettings)
+
+    def __post_init__(self):
+        from vlmfast.inputs.requests import TEMPLATES
+        from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
+
+        check_choice("--engine", self.engine, ENGINES)
+        check_choice("--decoder", self.decoder, DECODERS)
+        check_choice("--scorer", self.scorer, SCORERS)
+        check_choice("--template", self.template, tuple(TEMPLATES))
+        if self.bbox_space is not None:
+            check_choice("--bbox-space", self.bbox_space, BBOX_SPACES)
+        if not 0 <= self.iou <= 1:
+            raise UsageError(f"--iou {self.iou}: expected a value in [0, 1]", hint="e.g. --iou 0.5")
+        for flag, value in (("--max-image-pixels", self.max_image_pixels), ("--max-batch-tokens", self.max_batch_tokens),
+                            ("--max-pixels", self.max_pixels), ("--min-pixels", self.min_pixels)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} {value}: expected a positive number", hint=f"drop {flag} for the default")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise UsageError(f"--batch-size {self.batch_size}: expected a positive integer or auto", hint="e.g. --batch-size 8")
+        if self.overwrite and self.retry_errors:
+            raise UsageError("--overwrite redoes every id; --retry-errors resumes and redoes only error rows",
+                             hint="drop one of them")
+        if (self.overwrite or self.retry_errors) and self.out is None:
+            raise UsageError("--overwrite and --retry-errors act on a results file", hint="add --out results.jsonl")
+        if self.engine == "vllm":
+            given = [flag for name, default, flag in HF_ONLY if getattr(self, name) not in (default, "auto")]
+            if given:
+                raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to vlmfast's own "
+                                 "engine (--engine hf), not to --engine vllm",
+                                 hint="drop them; vLLM picks its own device, attention and CUDA graphs")
+        elif not self.vllm.is_default:
+            raise UsageError("--tensor-parallel-size, --data-parallel-size, --gpu-memory-utilization and --max-num-seqs "
+                             "apply to --engine vllm",
+                             hint="add --engine vllm, or launch several processes with accelerate for the HF engine")

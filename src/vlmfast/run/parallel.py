@@ -1,0 +1,96 @@
+"""Data parallel through accelerate: ``accelerate launch [--num_processes N] -m vlmfast infer …``.
+
+Each process loads the model on its own device and takes its shard of the inputs (accelerate's own
+contiguous split); the main process merges every shard into one JSONL in input order. A single
+process (the usual case) never imports accelerate.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vlmfast.errors import UsageError
+
+
+def launched_world_size() -> int:
+    """Processes in this launch, from the environment accelerate/torchrun set (1 when not launched)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def is_main_process() -> bool:
+    """Cheap check for the CLI: only rank 0 renders errors and reports."""
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+class Distributed:
+    """Rank, world size, device and the three collectives vlmfast needs; no-ops for one process."""
+
+    def __init__(self):
+        self.world = launched_world_size()
+        self.rank = 0
+        self.device = None  # None: let the loader decide
+        self._state = None
+        if self.world > 1:
+            import torch
+            from accelerate import PartialState
+
+            cuda = torch.cuda.is_available()
+            check_devices(self.world, cuda, torch.cuda.device_count() if cuda else 0)
+            # On a machine without CUDA accelerate only starts its gloo backend when told cpu=True.
+            self._state = PartialState(cpu=not cuda)
+            self.rank = self._state.process_index
+            self.world = self._state.num_processes
+            device = str(self._state.device)
+            self.device = "cpu" if device.startswith("cpu") else device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self._state is not None:
+            self._state.wait_for_everyone()
+
+    def split(self, items: list) -> list:
+        """This process's contiguous share of ``items`` (the same split on every process)."""
+        if self._state is None:
+            return list(items)
+        with self._state.split_between_processes(list(items)) as mine:
+            return list(mine)
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is true on any: the collective that lets one process's
+        failure end the run everywhere at the next batch boundary instead of at a barrier's timeout."""
+        return self.reduce_max(int(flag)) > 0
+
+    def reduce_max(self, value: int) -> int:
+        """The largest ``value`` over every process (a no-op for one process)."""
+        if self._state is None:
+            return value
+        import torch
+        import torch.distributed as td
+
+        t = torch.tensor([value], device=self._state.device)
+        td.all_reduce(t, op=td.ReduceOp.MAX)
+        return int(t.item())
+
+    def gather(self, obj) -> list:
+        """Every process's ``obj``, in rank order, on every process."""
+        if self._state is None:
+            return [obj]
+        from accelerate.utils import gather_object
+
+        return gather_object([obj])
+
+
+def check_devices(world: int, cuda: bool, device_count: int) -> None:
+    """One GPU per process: more processes than GPUs would crash at the first collective with
+    "invalid device ordinal", after every process loaded the model. Refuse before anything starts."""
+    if cuda and world > device_count:
+        raise UsageError(
+            f"{world} processes but this machine has {device_count} CUDA device(s): one process per GPU",
+            hint=f"launch with --num_processes {device_count} (or fewer)",
+        )

@@ -1,0 +1,121 @@
+"""``vlmfast score``: score any results file against a manifest's ground truth.
+
+Reads JSONL only — no model, no torch — so rescoring thousands of rows takes a moment. The scores are
+the ones ``infer`` writes into its rows (same scorers, same options, same manifest reader). A row needs
+only ``id`` and ``text``: files from other tools (a vLLM script, VLM-R1's evaluation, a converted
+ms-swift run) score as well as vlmfast's own, and their other fields are kept as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from vlmfast.inputs.convert import read_truths
+from vlmfast.errors import InputError
+from vlmfast.files import atomic_write
+from vlmfast.evaluation.scoring import BBOX_SPACES, rescore, row_bbox_space
+from vlmfast.evaluation.stats import summarize
+
+MAX_LISTED = 50  # bad lines listed in one error (all are counted): enough to see the pattern
+ROWS_HINT = ('write one JSON object per line with "id" (the manifest\'s id) and "text" (the model\'s whole '
+             'output); rows from another tool: rename its fields, e.g. jq -c \'{id: .question_id, text: .output}\'')
+
+
+def read_result_rows(path: Path) -> tuple[list[dict], list[str]]:
+    """The rows of a results JSONL for scoring, and notes on what was passed over.
+
+    A row needs ``id`` (string or integer) and ``text`` (a string; null only on error rows, those with
+    ``error`` set). A torn last line (a run killed mid-write) is passed over with a note; any other bad
+    line is an InputError listing every one. Ids seen twice: the last row wins, in the place of the
+    first, and a note says so."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the results file ({exc.strerror})", hint="check the path and permissions") from exc
+    lines = data.split(b"\n")
+    rows: dict[str, dict] = {}
+    problems, notes, repeated = [], [], Counter()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:  # UnicodeDecodeError is one too
+            if number == len(lines) and rows:  # no newline after it, rows before it: a write cut short
+                notes.append(f"{path}: passed over a torn last line ({len(line)} bytes) left by an interrupted run")
+                continue
+            why = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "not valid UTF-8"
+            problems.append(f"{path}:{number}: not a JSON line ({why})")
+            continue
+        if (what := _row_problem(row)) is not None:
+            problems.append(f"{path}:{number}: {what}")
+            continue
+        rid = str(row["id"])
+        if rid in rows:
+            repeated[rid] += 1
+        rows[rid] = row
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems[:MAX_LISTED])
+        more = f"\n  … and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+        raise InputError(f"{len(problems)} bad line(s) in the results file; nothing was scored:\n{listing}{more}",
+                         hint=ROWS_HINT, problems=problems)
+    if not rows:
+        raise InputError(f"{path}: holds no result rows", hint=ROWS_HINT)
+    if repeated:
+        shown = ", ".join(sorted(repeated)[:5]) + (" …" if len(repeated) > 5 else "")
+        notes.append(f"{path}: {sum(repeated.values())} row(s) repeat an earlier id ({shown}); the last row of each id "
+                     f"is scored, {len(rows)} rows in all")
+    return list(rows.values()), notes
+
+
+def _row_problem(row) -> str | None:
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    missing = [f'"{k}"' for k in ("id", "text") if k not in row]
+    if missing:
+        return f"no {' or '.join(missing)} field"
+    if not isinstance(row["id"], (str, int)) or isinstance(row["id"], bool):
+        return f'"id" must be a string or an integer, not {json.dumps(row["id"])}'
+    if row["text"] is None and row.get("error") is None:
+        return '"text" is null but "error" is not set: only error rows may lack text'
+    if row["text"] is not None and not isinstance(row["text"], str):
+        return f'"text" must be a string, not a JSON {type(row["text"]).__name__}'
+    if row.get("bbox_space") is not None and row["bbox_space"] not in BBOX_SPACES:
+        return f'"bbox_space" {row["bbox_space"]!r} is not one of {", ".join(BBOX_SPACES)}'
+    return None
+
+
+def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
+                 out: Path | None = None, reward=None, skip_bad: bool = False) -> dict:
+    """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
+    ``manifest``: the summary (:func:`vlmfast.evaluation.stats.summarize`) plus what was matched. ``bbox_space``
+    None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
+    the rows are written there with their scoring fields (atomically, in the results file's order,
+    every other field unchanged). ``reward`` (a :class:`vlmfast.evaluation.rewards.Reward`) scores instead of the
+    built-in scorers, as ``infer --reward`` does; ``skip_bad`` records its failures in the rows."""
+    results = Path(results)
+    if not results.is_file():
+        raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
+                         'with "id" and "text" per row')
+    rows, notes = read_result_rows(results)
+    truths = read_truths(manifest)
+    if reward is not None:
+        scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, truths, skip_bad=skip_bad))]
+    else:
+        scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)
+    if out is not None:
+        atomic_write(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored).encode("utf-8"))
+    unknown = [str(r["id"]) for r in scored if str(r["id"]) not in truths]
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (" …" if len(unknown) > 5 else "")
+        notes.append(f"{len(unknown)} of {len(scored)} row id(s) are not in {manifest} ({shown}): left unscored; ids must be "
+                     "the manifest's \"id\" (or its image path where a record has no id)")
+    summary = summarize(scored)
+    summary.update(results=str(results), manifest=manifest, rows=len(scored),
+                   rows_without_truth=sum(1 for r in scored if truths.get(str(r["id"]), (None, None))[0] is None),
+                   rows_not_in_manifest=len(unknown),
+                   bbox_spaces=dict(Counter(row_bbox_space(r, bbox_space) for r in scored if r.get("scorer") == "bbox")),
+                   notes=notes)
+    return summary

@@ -1,0 +1,177 @@
+"""JSONL results: written batch by batch (flushed + fsync'd), resumable, finally in input order.
+
+A run killed at any moment keeps every finished batch. Rerunning with the same ``--out`` skips the
+ids already there; a torn last line (the writer died mid-line) is cut off and reported. With several
+processes each appends to its own part file next to ``--out``; the main process merges the parts.
+When the run completes, the file is rewritten atomically in input order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from vlmfast.errors import InputError
+from vlmfast.files import atomic_write
+from vlmfast.engines.rows import row_key
+
+
+ROW_KEYS = ("id", "text", "finish_reason", "error")  # every row vlmfast writes has these; a manifest does not
+
+
+def part_path(out: Path, rank: int) -> Path:
+    """Where process ``rank`` appends its rows during a multi-process run."""
+    return out.with_name(f".{out.name}.part{rank}")
+
+
+def _parts(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(glob.escape(f".{out.name}.part") + "*"))
+
+
+def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], str | None]:
+    """Rows already in ``path`` keyed by :func:`~vlmfast.engines.rows.row_key` (id, and sample when there are
+    several answers per request), and a note if a torn last line was found (and, with
+    ``repair``, cut off). Any other malformed line means the file is not ours: an InputError."""
+    if not path.exists():
+        return {}, None
+    data = path.read_bytes()
+    rows: dict[str, dict] = {}
+    lines = data.split(b"\n")
+    good_bytes = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            good_bytes += len(line) + 1
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not all(k in row for k in ROW_KEYS):
+                raise ValueError("not a result row")
+        except ValueError:
+            if number == len(lines):  # no newline after it: a write cut short
+                if repair:
+                    with open(path, "r+b") as f:
+                        f.truncate(min(good_bytes, len(data)))
+                return rows, f"{path}: removed a torn last line ({len(line)} bytes) left by an interrupted run"
+            raise InputError(
+                f"{path}:{number}: not a vlmfast result row; refusing to append to this file",
+                hint="choose another --out file, or --overwrite to replace it",
+            ) from None
+        rows[row_key(row["id"], row.get("sample"))] = row
+        good_bytes += len(line) + 1
+    return rows, None
+
+
+def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[str]]:
+    """Main process, before a run: start afresh (``overwrite``), or repair ``out`` and fold in part files
+    a killed multi-process run left behind. Returns the rows ``out`` now holds (read once) and what was
+    done, to be said aloud."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        for p in [out, *_parts(out)]:
+            p.unlink(missing_ok=True)
+        return {}, []
+    rows, note = read_existing(out)
+    merged, part_notes = merge_parts(out, rows)
+    notes = ([note] if note else []) + part_notes
+    if merged:
+        notes.append(f"{out}: recovered {merged} row(s) from an interrupted multi-process run")
+    return rows, notes
+
+
+def merge_parts(out: Path, rows: dict[str, dict]) -> tuple[int, list[str]]:
+    """Append the rows of every part file next to ``out`` that ``out`` lacks (``rows``: what it holds,
+    updated in place), then delete the parts."""
+    merged, notes = 0, []
+    for part in _parts(out):
+        part_rows, note = read_existing(part, repair=False)  # a torn tail is simply not taken
+        notes += [note] if note else []
+        new = [r for key, r in part_rows.items() if key not in rows]
+        if new:
+            _append(out, new)
+            rows.update((row_key(r["id"], r.get("sample")), r) for r in new)
+            merged += len(new)
+        part.unlink()
+    return merged, notes
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def sigint_deferred():
+    """Ctrl-C during a write lands after it: the batch is on disk whole, then KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+class ResultsWriter:
+    """Appends rows to a JSONL file one batch at a time; on stdout, emits rows in input order as
+    soon as every earlier row is known (stdout cannot be rewritten at the end)."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = Path(path) if path is not None else None
+        self._file = None
+        self._pending: dict[int, dict] = {}  # stdout only: position -> row, until its turn
+        self._next = 0
+
+    def write(self, rows: Iterable[dict], positions: Iterable[int]) -> None:
+        """One batch: every row, then flush and fsync, so a crash loses at most the batch in flight.
+        ``positions`` are the rows' places in input order (0-based, each once)."""
+        if self.path is None:
+            self._pending.update(zip(positions, rows))
+            ready = []
+            while self._next in self._pending:
+                ready.append(self._pending.pop(self._next))
+                self._next += 1
+            sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in ready))
+            sys.stdout.flush()
+            return
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        with sigint_deferred():
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")
+            self._file.write(text)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -> list[dict]:
+    """Main process, after a run: rewrite ``out`` in input order (ids not in ``order`` — earlier runs — go
+    last) and remove the part files. ``rows``: every row the file should hold, when the caller has them in
+    memory (no re-read); else the file and its parts are read. Atomic: temp file + rename. Returns the rows."""
+    if rows is None:
+        rows, _ = read_existing(out)
+        merge_parts(out, rows)
+    for part in _parts(out):
+        part.unlink()
+    if not rows:
+        return []
+    rank = {rid: i for i, rid in enumerate(order)}
+    ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"]), r.get("sample") or 0))
+    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8"))
+    return ordered

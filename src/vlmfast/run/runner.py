@@ -1,0 +1,237 @@
+"""``infer`` as a library call, step by step:
+
+locate the checkpoint → collect inputs (and what an earlier run already wrote) → open the engine →
+drop prompts longer than the context → get ready (batch size; vLLM starts) → run the batches (each
+written, fsync'd and scored as it finishes) → gather the processes' rows → finalize the file → report.
+
+The CLI builds :class:`~vlmfast.run.options.InferOptions` and renders the :class:`~vlmfast.run.summary.InferReport`;
+Python users call :func:`infer` directly and get the same numbers and rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from vlmfast.errors import EXIT_FAILURE, Interrupted, UsageError, VlmfastError
+from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, collect, raise_for_problems
+from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
+from vlmfast.run.parallel import Distributed
+from vlmfast.evaluation.rewards import load_reward
+from vlmfast.run.results import ResultsWriter, finalize, part_path, prepare_out, read_existing
+from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
+from vlmfast.run.summary import InferReport, Share, summarize
+from vlmfast.timing import peak_memory_mib, reset_peak_memory
+
+
+class Progress(Protocol):
+    def start(self, total_samples: int) -> None: ...
+    def advance(self, samples: int, new_tokens: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Work:
+    """What this run has to do: requests to generate, bad inputs to record (``--skip-bad``), every id in
+    input order, the rows an earlier run already wrote to ``--out``, and what was found on the way."""
+
+    todo: list[Request]
+    bad: list[BadInput]
+    order: list[str]
+    image_sizes: dict
+    existing: dict[str, dict]
+    skipped: int
+    notes: list[str]
+
+
+class RunFailed(VlmfastError):
+    """A process of a parallel run failed; every process stops at the same batch boundary."""
+
+    exit_code = EXIT_FAILURE
+
+
+def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None) -> InferReport:
+    """Run the whole ``infer`` flow. Raises :class:`~vlmfast.errors.VlmfastError` subclasses for anything
+    the user can fix; nothing is written when inputs are bad (unless ``skip_bad``).
+
+    Launched with several processes (``accelerate launch``), each process runs its share and the main
+    process returns the combined report (the others return their own). ``loaded``: a model already loaded
+    for these options; ``backend``: an engine already opened (any :class:`~vlmfast.engines.contract.Backend`)."""
+    from vlmfast.engines.open import open_backend
+    from vlmfast.engines.facts import EngineFacts
+    from vlmfast.checkpoints.locate import locate
+
+    found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
+    dist = Distributed()
+    reward = load_reward(options.reward, threshold=options.reward_threshold) if options.reward else None  # fails early
+    work = collect_work(options, dist)
+    if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
+        return summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
+                         rows=list(work.existing.values()), batch_size=options.batch_size or 0)
+    owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
+    with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
+        work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
+        batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
+        work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
+        mine = run_batches(backend, options, work, batch_size, dist, progress, reward)
+        facts = backend.facts()
+    dist.barrier()
+    gathered = dist.gather(mine)  # a collective: every process takes part (a no-op for one process)
+    everyone = gathered if dist.is_main else [mine]  # the others report their own share
+    rows = [r.record() for share in everyone for r in share.results]
+    if options.out is not None and dist.is_main:
+        rows = finalize(Path(options.out), work.order, {**work.existing, **{row_key(r["id"], r.get("sample")): r for r in rows}})
+    report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size)
+    report.processes = [share.figures() for share in everyone] if dist.world > 1 else []
+    return report
+
+
+def collect_work(options: InferOptions, dist: Distributed) -> Work:
+    """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
+    earlier run already finished: those are skipped (error rows redone with ``retry_errors``)."""
+    collected = collect(
+        images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
+        template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
+    )
+    raise_for_problems(collected, skip_bad=options.skip_bad)
+    if dist.world > 1 and options.out is None:
+        raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
+    notes = list(collected.warnings)
+    if options.generation.n > 1 and options.generation.greedy:
+        notes.append(f"--n {options.generation.n} with greedy decoding gives {options.generation.n} identical answers "
+                     "per request: add --temperature (e.g. 1.0) to sample")
+    if options.images and options.manifest:
+        notes.append(f"--images and --manifest together: the run takes the requests of both "
+                     f"({len(collected.order)} in all)")
+    existing: dict[str, dict] = {}
+    out = Path(options.out) if options.out is not None else None
+    if out is not None:
+        if dist.world > 1 and not options.overwrite:
+            read_existing(out, repair=False)  # a file that is not ours fails every process alike, not just the main one
+        if dist.is_main:
+            existing, said = prepare_out(out, overwrite=options.overwrite)
+            notes += said
+        dist.barrier()  # every process reads the same, repaired file
+        if not dist.is_main:
+            existing, _ = read_existing(out, repair=False)
+    n = options.generation.n
+    kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
+    answers = {}  # id → how many of its n answers the file holds (a request is done with all n)
+    for row in kept:
+        if (row.get("sample") is None) == (n == 1):
+            answers[str(row["id"])] = answers.get(str(row["id"]), 0) + 1
+    done = {rid for rid, count in answers.items() if count >= n}
+    todo = [r for r in collected.requests if r.id not in done]
+    bad = [b for b in collected.bad if b.id not in done]
+    skipped = len(collected.order) - len(todo) - len(bad)
+    if skipped:
+        notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
+    return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes)
+
+
+def drop_too_long(backend, work: Work, skip_bad: bool) -> Work:
+    """Prompts (text + image tokens) that leave no room in the model's context: an error before anything
+    runs, or error rows with ``skip_bad``."""
+    too_long = backend.context_problems(work.todo, work.image_sizes)
+    if not too_long:
+        return work
+    long_bad = [BadInput(r.id, (Problem(r.id, too_long[r.id]),), r) for r in work.todo if r.id in too_long]
+    if not skip_bad:
+        raise_for_problems(Collected(requests=[], bad=long_bad))
+    return dataclasses.replace(work, todo=[r for r in work.todo if r.id not in too_long], bad=work.bad + long_bad)
+
+
+def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dist: Distributed, progress,
+                reward=None) -> Share:
+    """This process's share: error rows first, then every batch — written (fsync'd) and scored as it
+    finishes. Each batch boundary is a collective check, so a failure on any process ends the run on
+    every process at once, with the rows written so far kept for a resume."""
+    my_todo, my_bad = dist.split(work.todo), dist.split(work.bad)
+    planned = backend.plan(my_todo, work.image_sizes, batch_size)
+    rounds = dist.reduce_max(len(planned))  # every process takes part in every boundary check
+    out = Path(options.out) if options.out is not None else None
+    writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out)
+    position = {rid: i for i, rid in enumerate(work.order)}
+    truths = {r.id: r.truth_record() for r in my_todo}
+    results: list[SampleResult] = []
+    timings: list[BatchTiming] = []
+
+    n = options.generation.n
+
+    def emit(rows: list[SampleResult], new_tokens: int) -> None:
+        rows = of_samples(rows, n)
+        score_rows(rows, truths, options, reward)  # a reward function that raises: nothing of the batch is written
+        writer.write([r.record() for r in rows], [position[r.id] * n + (r.sample or 0) for r in rows])
+        results.extend(rows)
+        if progress:
+            progress.advance(len(rows), new_tokens)
+
+    reset_peak_memory(backend.device)
+    if progress:
+        progress.start(len(my_todo) + len(my_bad))
+    start = time.perf_counter()
+    failure = None
+    with contextlib.closing(backend.batches(my_todo, work.image_sizes, planned)) as stream:
+        try:
+            if my_bad:
+                emit([error_row(b.id, b.request, b.error) for b in my_bad], 0)
+            for k in range(rounds):
+                if failure is None and k < len(planned):
+                    try:
+                        for _, rows, timing in next(stream):
+                            emit(rows, timing.new_tokens if timing else 0)
+                            timings += [timing] if timing else []
+                    except Exception as exc:  # noqa: BLE001 - reported collectively below
+                        failure = exc
+                    except KeyboardInterrupt:
+                        raise _interrupted(len(results), out) from None
+                if dist.any(failure is not None):
+                    break
+        finally:
+            writer.close()
+    if dist.world > 1 and dist.any(failure is not None):
+        _fail_together(dist, failure, out)
+    elif failure is not None:
+        raise failure
+    return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(backend.device))
+
+
+def _interrupted(written: int, out: Path | None) -> Interrupted:
+    """What Ctrl-C left: the rows already on disk (each batch is written whole), and how to go on."""
+    if out is None:
+        return Interrupted(f"interrupted after {written} row(s) on stdout", hint="rerun with --out FILE to be able to resume")
+    if not written:
+        return Interrupted(f"interrupted before this run wrote a row to {out}", hint="rerun the same command")
+    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}",
+                       hint="rerun the same command to resume where it stopped")
+
+
+def _fail_together(dist: Distributed, failure: BaseException | None, out: Path | None):
+    """Every process raises the same RunFailed naming the process that failed and why; the failing
+    process also prints its traceback (its own stderr, once)."""
+    if failure is not None and not isinstance(failure, VlmfastError):
+        traceback.print_exception(failure)
+    said = f"{type(failure).__name__}: {getattr(failure, 'message', failure)}" if failure is not None else None
+    reasons = [(rank, text) for rank, text in enumerate(dist.gather(said)) if text is not None]
+    listing = "; ".join(f"process {rank}: {text}" for rank, text in reasons)
+    raise RunFailed(f"{len(reasons)} of {dist.world} processes failed ({listing}); every process stopped",
+                    hint=f"finished batches are kept{f' beside {out}' if out else ''}; rerun the same command to resume")
+
+
+def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, reward=None) -> None:
+    """The scoring fields of each row: the trainer's ``reward`` function when given (vlmfast.evaluation.rewards), else
+    the built-in scorers (vlmfast.evaluation.scoring); nulls where there is no ground truth."""
+    from vlmfast.evaluation.scoring import score_row
+
+    if reward is not None:
+        for r, fields in zip(rows, reward.score_rows([r.record() for r in rows], truths, skip_bad=options.skip_bad)):
+            r.extra = fields
+        return
+    for r in rows:
+        truth = truths.get(r.id, {})
+        r.extra = score_row(r.record(), truth.get("ground_truth"), truth.get("scorer") or options.scorer, iou=options.iou,
+                            bbox_space=options.bbox_space)

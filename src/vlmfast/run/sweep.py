@@ -1,0 +1,221 @@
+"""``vlmfast sweep``: every checkpoint of a training run on one manifest — which step is best, and did RL help.
+
+The run's checkpoints are found by :func:`vlmfast.checkpoints.runs.find_run_checkpoints` (HF Trainer, ms-swift,
+EasyR1/verl layouts), ordered by step; ``base`` runs as step 0. Each checkpoint is one ``infer`` (same
+rows, scores, resume) into its own results file in ``out_dir``. The model is loaded once: the next
+checkpoint's weights are copied into it in place when the shapes allow (:mod:`vlmfast.checkpoints.swap`), so
+CUDA graphs and compiled decode steps carry over; otherwise it is loaded afresh, said aloud. A killed
+sweep resumes where it stopped: finished checkpoints are read back, not rerun, and a half-done one
+continues from its results file. ``watch`` keeps evaluating checkpoints as the trainer writes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlmfast.errors import EXIT_LESS_ACCURATE, UsageError
+from vlmfast.run.options import InferOptions
+
+SCHEMA = "vlmfast.sweep/1"
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """``vlmfast sweep``'s options. ``infer`` holds everything each checkpoint's run takes (its ``ckpt``
+    and ``out`` are set per checkpoint)."""
+
+    run_dir: str
+    out_dir: str
+    infer: InferOptions
+    base: str | None = None
+    steps: tuple[int, ...] | None = None
+    fail_if_best_below: float | None = None
+    watch: bool = False
+    poll_s: float = 60.0
+
+    def __post_init__(self):
+        if self.infer.manifest is None and not self.infer.images:
+            raise UsageError("a sweep needs its evaluation set", hint="give --manifest FILE.jsonl (with ground truth)")
+        if self.fail_if_best_below is not None and not 0 <= self.fail_if_best_below <= 1:
+            raise UsageError(f"--fail-if-best-below {self.fail_if_best_below}: an accuracy is between 0 and 1",
+                             hint="e.g. --fail-if-best-below 0.6")
+        if self.poll_s <= 0:
+            raise UsageError(f"--poll {self.poll_s}: expected seconds > 0", hint="e.g. --poll 60")
+        if self.infer.engine != "hf":
+            raise UsageError("sweep swaps weights inside vlmfast's own engine", hint="drop --engine vllm")
+
+
+@dataclass
+class _Entry:
+    step: int
+    path: Path
+    label: str  # "base" | the layout
+
+
+class _Models:
+    """The sweep's one engine: opened on the first checkpoint that has work, then switched to each next
+    one — only when that checkpoint's run first needs it (a finished one is read back, nothing loaded)."""
+
+    def __init__(self, options: SweepOptions, say):
+        self.options, self.say = options, say
+        self.backend = self.current = None
+        self.how: tuple[str, float] | None = None  # ("load" | "swap", seconds) of the last switch
+
+    def at(self, found) -> _SwitchOnUse:
+        return _SwitchOnUse(self, found)
+
+    def switch(self, found) -> None:
+        from vlmfast.engines.open import open_backend
+        from vlmfast.run.parallel import Distributed
+
+        if self.current is found:
+            return
+        if self.backend is None:
+            start = time.perf_counter()
+            self.backend = open_backend(self.options.infer, found, None, Distributed())
+            self.how = ("load", time.perf_counter() - start)
+        else:
+            how, seconds, why = self.backend.switch_to(found)
+            self.how = (how, seconds)
+            if why:
+                self.say(f"{found.path}: loaded afresh ({why})")
+        self.current = found
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+
+
+class _SwitchOnUse:
+    """A :class:`~vlmfast.engines.contract.Backend` for one checkpoint: the sweep's engine, switched to it on first use."""
+
+    def __init__(self, models: _Models, found):
+        self._models, self._found = models, found
+
+    def __getattr__(self, name):
+        self._models.switch(self._found)
+        return getattr(self._models.backend, name)
+
+    def close(self) -> None:  # the engine outlives each checkpoint's run
+        pass
+
+
+def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = lambda text: None,
+          wait: Callable[[float], bool] | None = None) -> dict:
+    """Evaluate every checkpoint of the run (and ``base`` as step 0); the sweep report (``SCHEMA``).
+    ``wait(seconds)`` (``watch`` only) returns False to stop watching; by default it sleeps."""
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.runs import find_run_checkpoints
+
+    out_dir = Path(options.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    listing = find_run_checkpoints(options.run_dir, steps=options.steps, complete_only=options.watch)
+    entries = ([_Entry(0, locate(options.base).path, "base")] if options.base else [])
+    entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
+    models = _Models(options, say)
+    figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "") for s in listing.skipped]
+    try:
+        for entry in entries:
+            figures.append(_evaluate(entry, options, models, out_dir, progress, say))
+        while options.watch and (wait or _sleep)(options.poll_s):
+            seen = {f["step"] for f in figures}
+            fresh = find_run_checkpoints(options.run_dir, complete_only=True).checkpoints
+            for c in (c for c in fresh if c.step not in seen):
+                figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say))
+    except KeyboardInterrupt:
+        notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
+    finally:
+        models.close()
+    return _report(options, figures, notes)
+
+
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return True
+
+
+def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say) -> dict:
+    """One checkpoint's run (resumed from its results file if there is one) and its figures."""
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.run.results import read_existing
+    from vlmfast.run.runner import infer
+
+    out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
+    found = locate(entry.path)
+    say(f"step {entry.step}: {entry.path}")
+    models.how = None
+    report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out)), progress=progress,
+                   backend=models.at(found))
+    rows = list(read_existing(out, repair=False)[0].values())
+    how, seconds = models.how or ("none", 0.0)  # none: every row was already there
+    return _figures(entry, out, rows, report, how, seconds)
+
+
+def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:
+    from vlmfast.evaluation.samples import accuracy_interval
+    from vlmfast.evaluation.stats import summarize
+
+    scores = summarize(rows)
+    ok = [r for r in rows if r.get("error") is None]
+    scored = [r for r in ok if r.get("correct") is not None]
+    correct = sum(bool(r["correct"]) for r in scored)
+    low, high = accuracy_interval(correct, len(scored)) if scored else (None, None)
+    figures = {
+        "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out), "rows": len(rows),
+        "accuracy": round(correct / len(scored), 4) if scored else None,
+        "ci_low": None if low is None else round(low, 4), "ci_high": None if high is None else round(high, 4),
+        "format_rate": scores.get("format_rate"),
+        "mean_new_tokens": round(sum(r.get("n_new_tokens") or 0 for r in ok) / len(ok), 2) if ok else None,
+        "no_answer_rate": round(sum(r.get("answer") is None and _answer(r) is None for r in ok) / len(ok), 4) if ok else None,
+        "tokens_per_s": report.tokens_per_s, f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
+        "errors": len(rows) - len(ok),
+    }
+    if "samples" in scores:
+        figures["samples"] = scores["samples"]
+    return figures
+
+
+def _answer(row: dict):
+    from vlmfast.evaluation.scoring import parse_reasoning
+
+    return parse_reasoning(row["text"])[1] if isinstance(row.get("text"), str) else None
+
+
+def _report(options: SweepOptions, figures: list[dict], notes: list[str]) -> dict:
+    ranked = [f for f in figures if f["accuracy"] is not None]
+    best = max(ranked, key=lambda f: (f["accuracy"], -f["step"])) if ranked else None  # ties: the earlier step
+    gate = None
+    if options.fail_if_best_below is not None:
+        failed = best is None or best["accuracy"] < options.fail_if_best_below
+        gate = {"fail_if_best_below": options.fail_if_best_below, "failed": failed,
+                "message": (f"best accuracy {best['accuracy'] if best else 'none (no ground truth?)'} is below "
+                            f"{options.fail_if_best_below}") if failed else None}
+    return {
+        "schema": SCHEMA, "run_dir": options.run_dir, "out_dir": options.out_dir,
+        "checkpoints": sorted(figures, key=lambda f: f["step"]),
+        "best": {"step": best["step"], "path": best["path"], "accuracy": best["accuracy"]} if best else None,
+        "gate": gate, "exit_code": EXIT_LESS_ACCURATE if gate and gate["failed"] else 0, "notes": notes,
+    }
+
+
+def write_sweep_dir(report: dict, directory) -> list[str]:
+    """``report.json`` and (with the plot extra) ``plot.png`` in the sweep's output dir; what was written."""
+    import json
+
+    from vlmfast.files import atomic_write
+    from vlmfast.report.plot import plot_available, write_sweep_plot
+
+    directory = Path(directory)
+    atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
+    said = [f"wrote {directory / 'report.json'}"]
+    if not any(c["accuracy"] is not None for c in report["checkpoints"]):
+        return said
+    if plot_available():
+        said.append(f"wrote {write_sweep_plot(report, directory / 'plot.png')}")
+    else:
+        said.append("no plot: matplotlib is not installed (pip install 'vlmfast[plot]')")
+    return said
