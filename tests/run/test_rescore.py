@@ -14,7 +14,7 @@ from vlmfast.errors import InputError
 from vlmfast.run.rescore import MAX_LISTED, read_result_rows, rescore_file
 from vlmfast.run.runner import InferOptions, infer
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SCORE_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")
 
 

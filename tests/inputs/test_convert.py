@@ -13,7 +13,7 @@ from vlmfast.inputs.requests import Request, read_manifest
 from vlmfast.evaluation.scoring import rescore
 from vlmfast.evaluation.stats import summarize
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_vlmr1_rec_example():

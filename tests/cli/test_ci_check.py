@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ci_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci_check.sh"
 
 
 @pytest.fixture(scope="module")
