@@ -35,7 +35,7 @@ def main() -> None:
     from vlmfast.inputs.requests import collect
     from vlmfast.engines.hf.scheduler import Scheduler
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
-    from vlmfast.engines.vllm.backend import VllmEngine
+    from vlmfast.engines.vllm.backend import VllmBackend
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-vllm-"))
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))
@@ -43,7 +43,7 @@ def main() -> None:
     requests = collect(images=images, prompt=PROMPT).requests
     settings = GenerationSettings(max_new_tokens=args.new_tokens, ignore_eos=True)
     hf = Engine(load(ckpt, device="cpu"), settings)
-    vllm = VllmEngine(ckpt, settings)
+    vllm = VllmBackend(ckpt, settings)
     startup = vllm.start(requests)
     last = {}
 

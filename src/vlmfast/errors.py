@@ -15,6 +15,12 @@ EXIT_LESS_ACCURATE = 5  # bench --fail-if-less-accurate gate tripped
 EXIT_INTERRUPTED = 130  # Ctrl-C; finished rows are kept, rerun the same command to resume
 
 
+def check_choice(option: str, value, choices) -> None:
+    """UsageError unless ``value`` is one of ``choices``; ``option`` names where the value came from."""
+    if value not in choices:
+        raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(map(str, choices))}")
+
+
 class VlmfastError(Exception):
     """Base class: a problem the user can fix. ``hint`` says how."""
 

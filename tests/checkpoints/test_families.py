@@ -85,7 +85,7 @@ def test_table_maps_every_model_type_and_nothing_else():
     assert family_for("glm4v") is None and family_for(None) is None and family_for("qwen3_5_text") is None
     assert {f.key: f.loop for f in FAMILIES} == {"qwen2_vl": "own", "qwen2_5_vl": "own", "qwen3_vl": "own",
                                                 "qwen3_vl_moe": "own-eager", "qwen3_5": "own", "qwen3_5_moe": "own-eager"}
-    assert {f.key: f.box_space for f in FAMILIES if f.box_space == "resized"} == {"qwen2_5_vl": "resized"}
+    assert {f.key: f.bbox_space for f in FAMILIES if f.bbox_space == "resized"} == {"qwen2_5_vl": "resized"}
     assert decoder_for(BY_KEY["qwen3_5"], "vlmfast") == ("vlmfast", None)
     assert decoder_for(None, "vlmfast")[0] == "hf" and "untested" in decoder_for(None, "vlmfast")[1]
     assert decoder_for(None, "hf") == ("hf", None)
@@ -145,8 +145,9 @@ def test_unknown_family_or_preset_lists_the_valid_ones(tmp_path):
 
     from vlmfast.errors import UsageError
 
-    with pytest.raises(UsageError, match="qwen3_vl_moe"):
+    with pytest.raises(UsageError, match="--family llava: unknown") as exc:
         build_checkpoint(tmp_path / "x", family="llava")
+    assert "qwen3_vl_moe" in exc.value.hint
     with pytest.raises(UsageError, match="valid presets: tiny"):
         build_checkpoint(tmp_path / "x", family="qwen2_vl", preset="demo")
 
@@ -280,10 +281,10 @@ def test_untested_family_runs_through_plain_generate_with_a_note(glm, images):
 
 
 def test_rel1000_boxes_are_mapped_to_the_images_pixels():
-    """Qwen2-VL, Qwen3-VL and Qwen3.5 answer in thousandths of the image (the family's box_space)."""
+    """Qwen2-VL, Qwen3-VL and Qwen3.5 answer in thousandths of the image (the family's bbox_space)."""
     from vlmfast.evaluation.scoring import score_answer
 
-    assert BY_KEY["qwen3_vl"].box_space == "rel1000"
+    assert BY_KEY["qwen3_vl"].bbox_space == "rel1000"
     exact = score_answer("[100, 100, 500, 500]", [100, 60, 500, 300], "bbox", bbox_space="rel1000",
                          image_size=(1000, 600), model_size=(448, 280))
     assert (exact.iou, exact.correct, exact.bbox_unmapped) == (pytest.approx(1.0), True, False)

@@ -114,6 +114,8 @@ def test_too_long_prompts_fail_before_running_or_become_error_rows(small, tmp_pa
     (dict(decoder="fast"), "--decoder fast: unknown"),
     (dict(batch_size=0), "--batch-size 0"),
     (dict(iou=1.5), "--iou 1.5"),
+    (dict(min_pixels=4096, max_pixels=1024), "--min-pixels 4096 > --max-pixels 1024"),
+    (dict(scorer="nope"), "--scorer nope: unknown"),
 ])
 def test_options_check_themselves(kwargs, message):
     with pytest.raises(UsageError, match=message):

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vlmfast.checkpoints.readers import (
-    PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
+    NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting,
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
@@ -33,8 +33,6 @@ RENAMED = {"Qwen2_5_VLImageProcessor": "Qwen2VLImageProcessor"}
 # Exported by every transformers vlmfast supports (4.57 and 5.x; the Fast names as aliases in 5.x):
 # checking these needs no import of transformers, which costs seconds (on 4.57 it imports torch).
 ALWAYS_KNOWN = classes_in_every_version() | {"Qwen2VLImageProcessorFast", "Qwen2TokenizerFast"}
-# HF Trainer pickles these next to the weights; they are not weights and never loaded for inference.
-NOT_WEIGHTS = ("training_args.bin",)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class Family:
 
     ``loop``: ``"own"`` — vlmfast's decode loop, CUDA graphs and compile allowed; ``"own-eager"`` — the
     loop without graphs or compile (data-dependent shapes in the step, e.g. MoE expert dispatch);
-    ``"hf"`` — plain ``generate``. ``box_space``: ``"resized"`` — absolute pixels of the image the model
+    ``"hf"`` — plain ``generate``. ``bbox_space``: ``"resized"`` — absolute pixels of the image the model
     saw (Qwen2.5-VL); ``"rel1000"`` — 0–1000 relative to the image (Qwen2-VL, Qwen3-VL, Qwen3.5).
     """
 
@@ -46,7 +46,7 @@ class Family:
     image_processor_class: str
     video_processor_class: str
     loop: str
-    box_space: str
+    bbox_space: str
     since: str  # the first transformers release with model_class
     real_first_special: int  # id of special_tokens[0] in the released vocabulary
     real_vocab: int  # embedding rows of the released models (the smallest size)
@@ -75,24 +75,24 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("qwen2_vl", "Qwen2-VL", ("qwen2_vl",), "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", loop="own", box_space="rel1000", since="4.45",
+           "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", loop="own", bbox_space="rel1000", since="4.45",
            real_first_special=151643, real_vocab=151936),
     Family("qwen2_5_vl", "Qwen2.5-VL", ("qwen2_5_vl",), "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", loop="own", box_space="resized", since="4.49",
+           "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", loop="own", bbox_space="resized", since="4.49",
            real_first_special=151643, real_vocab=151936),
     Family("qwen3_vl", "Qwen3-VL", ("qwen3_vl",), "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", box_space="rel1000", since="4.57",
+           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", bbox_space="rel1000", since="4.57",
            real_first_special=151643, real_vocab=151936, patch_size=16),
     # The stock expert dispatch gathers the tokens of each expert (nonzero / where): shapes depend on
     # the data, which a CUDA graph cannot hold. The eager loop gives generate's tokens.
     Family("qwen3_vl_moe", "Qwen3-VL-MoE", ("qwen3_vl_moe",), "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own-eager", box_space="rel1000", since="4.57",
+           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own-eager", bbox_space="rel1000", since="4.57",
            real_first_special=151643, real_vocab=151936, patch_size=16, moe=True),
     Family("qwen3_5", "Qwen3.5", ("qwen3_5",), "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", box_space="rel1000", since="5",
+           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", bbox_space="rel1000", since="5",
            real_first_special=248044, real_vocab=248320, patch_size=16, linear_attention=True, vocabulary="qwen3_5"),
     Family("qwen3_5_moe", "Qwen3.5-MoE", ("qwen3_5_moe",), "Qwen3_5MoeForConditionalGeneration", "Qwen3VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own-eager", box_space="rel1000", since="5",
+           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own-eager", bbox_space="rel1000", since="5",
            real_first_special=248044, real_vocab=248320, patch_size=16, linear_attention=True, moe=True,
            vocabulary="qwen3_5"),
 )
@@ -113,10 +113,9 @@ def family_of(config: dict) -> Family | None:
 
 def family_by_key(key: str) -> Family:
     """The family named ``key`` (``qwen2_5_vl`` …); a UsageError listing the valid keys otherwise."""
-    if key not in BY_KEY:
-        from vlmfast.errors import UsageError
+    from vlmfast.errors import check_choice
 
-        raise UsageError(f"unknown family {key!r}; valid families: {', '.join(BY_KEY)}", hint="e.g. --family qwen3_vl")
+    check_choice("--family", key, tuple(BY_KEY))
     return BY_KEY[key]
 
 

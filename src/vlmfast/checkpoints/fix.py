@@ -23,7 +23,7 @@ from vlmfast.checkpoints.readers import (
 )
 from vlmfast.errors import CheckpointError
 from vlmfast.files import atomic_write, publish_directory
-from vlmfast.checkpoints.locate import locate, require
+from vlmfast.checkpoints.locate import Located, locate, located, require
 
 
 class FixError(CheckpointError):
@@ -91,13 +91,14 @@ class FixResult:
 
 def _local_dir(spec) -> Path:
     """The directory to fix: a local model (or its config-only save), never a hub id or an adapter."""
-    return require(locate(spec), "model", "fsdp", "incomplete").path
+    return require(located(spec), "model", "fsdp", "incomplete").path
 
 
 def _cache_off_siblings(spec, d: Path) -> list[Path]:
     """When ``spec`` is a run dir that resolved to one of its checkpoints: the other checkpoint dirs beside
-    ``d`` whose configs also turn the cache off (fix changes only ``d``)."""
-    if Path(spec).expanduser().resolve() == d.resolve():
+    ``d`` whose configs also turn the cache off (fix changes only ``d``). A checkpoint handed over already
+    located names its own directory."""
+    if isinstance(spec, Located) or Path(spec).expanduser().resolve() == d.resolve():
         return []
     others = []
     for sibling in sorted(p for p in d.parent.iterdir() if p.is_dir() and p != d and (p / "config.json").is_file()):

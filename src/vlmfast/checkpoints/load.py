@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmfast.checkpoints.readers import CHAT_TEMPLATE, cache_off_locations, read_configs, saved_cache_enabled
-from vlmfast.errors import CheckpointError, UsageError
+from vlmfast.errors import CheckpointError, UsageError, check_choice
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
 
@@ -72,7 +72,7 @@ def choose_runtime(
             if on_cuda and not flash_attn_available:
                 notes.append("flash-attn is not installed: using sdpa (install it with: pip install 'vlmfast[gpu]')")
     elif attn not in ATTN_CHOICES:
-        raise UsageError(f"--attn {attn}: unknown", hint=f"use auto, {', '.join(ATTN_CHOICES)}")
+        check_choice("--attn", attn, ("auto", *ATTN_CHOICES))
     elif attn == "flash_attention_2":
         if not on_cuda:
             raise UsageError("--attn flash_attention_2 needs a CUDA device", hint="use --attn sdpa on CPU")

@@ -59,7 +59,7 @@ def locate(spec, *, hub: bool = False) -> Located:
         return walk(path)
     if path.exists():
         raise CheckpointError(f"{path}: is a file, not a checkpoint directory", hint="point at the directory holding config.json")
-    if HUB_ID.match(text) and not Path(text.split("/")[0]).is_dir():
+    if is_hub_id(text):
         if not hub:
             raise CheckpointError(
                 f"{text}: looks like a hub id, and this command reads local directories only",
@@ -67,6 +67,17 @@ def locate(spec, *, hub: bool = False) -> Located:
             )
         return probe_hub(text)
     raise CheckpointError(f"{text}: no such directory", hint="check the path; hub ids look like org/name")
+
+
+def is_hub_id(spec: str) -> bool:
+    """``org/name``, where ``org`` is not a local directory."""
+    return bool(HUB_ID.match(spec)) and not Path(spec.split("/")[0]).is_dir()
+
+
+def located(spec, *, hub: bool = False) -> Located:
+    """``spec`` itself when it is already :class:`Located` (a checkpoint is located once, where a run
+    starts, and travels down), else :func:`locate` of it."""
+    return spec if isinstance(spec, Located) else locate(spec, hub=hub)
 
 
 def require(found: Located, *kinds: str) -> Located:

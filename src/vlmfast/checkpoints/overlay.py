@@ -23,15 +23,16 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import PROCESSOR_CONFIGS, has_processor_config
 from vlmfast.checkpoints.fix import plan_fix
-from vlmfast.checkpoints.locate import locate, require
+from vlmfast.checkpoints.locate import located, require
 
 OVERLAY_PREFIX = "vlmfast-vllm-overlay-"
 
 
 @contextlib.contextmanager
 def overlay_for_vllm(ckpt_dir, base=None) -> Iterator[tuple[Path, list[str]]]:
-    """``(path, notes)``: a temporary directory vLLM can load in place of ``ckpt_dir`` (a local model
-    dir, a trainer output dir resolved as everywhere in vlmfast, or a LoRA adapter dir), and one note
+    """``(path, notes)``: a temporary directory vLLM can load in place of ``ckpt_dir`` (a checkpoint
+    already :class:`~vlmfast.checkpoints.locate.Located`, or a local model dir, a trainer output dir
+    resolved as everywhere in vlmfast, or a LoRA adapter dir), and one note
     per thing it changed or could not change. ``base`` (the base model dir) supplies missing processor,
     tokenizer and chat-template files, its EOS list, and for an adapter the model to merge into.
     The directory is removed on exit; nothing is ever written into ``ckpt_dir`` or ``base``."""
@@ -45,7 +46,7 @@ def overlay_for_vllm(ckpt_dir, base=None) -> Iterator[tuple[Path, list[str]]]:
 def build_overlay(ckpt_dir, into, base=None) -> tuple[Path, list[str]]:
     """Build the overlay inside the existing, empty directory ``into`` (the caller removes it)."""
     into = Path(into)
-    found = locate(ckpt_dir)
+    found = located(ckpt_dir)
     notes = [found.note] if getattr(found, "note", None) else []
     if found.kind == "adapter":
         from vlmfast.checkpoints.fix import merge_lora
@@ -57,7 +58,7 @@ def build_overlay(ckpt_dir, into, base=None) -> tuple[Path, list[str]]:
         return merged.out_dir, notes
     require(found, "model")  # anything else: the CheckpointError that says what to do
 
-    plan = plan_fix(found.path, processor_from=base)
+    plan = plan_fix(found, processor_from=base)
     target = Path(plan.target).absolute()
     out = into / target.name
     out.mkdir()

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from vlmfast.errors import EXIT_INTERRUPTED, UsageError, VlmfastError
+from vlmfast.errors import EXIT_INTERRUPTED, UsageError, VlmfastError, check_choice
 
 EXIT_CODES_HELP = """Exit codes: 0 ok · 1 unexpected failure · 2 bad input, options or checkpoint (nothing written) ·
 3 bench --fail-if-slower tripped · 4 bench --fail-on-cache-off tripped · 5 bench --fail-if-less-accurate or
@@ -187,8 +187,8 @@ NESTED = {"generation": _generation, "vllm": _vllm}  # option fields that are da
 
 def choice(option: str, value: str | None, choices) -> str | None:
     """``value`` when it is one of ``choices`` (None passes: the library's default applies)."""
-    if value is not None and value not in choices:
-        raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(choices)}")
+    if value is not None:
+        check_choice(option, value, choices)
     return value
 
 

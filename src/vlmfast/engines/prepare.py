@@ -1,7 +1,7 @@
 """How a request becomes what a model reads, the same for every engine: pixel limits, the chat template,
 images decoded and resized by Qwen's rule, a request's prefill cost and whether it fits the context.
 
-Both engines (:class:`vlmfast.engines.hf.engine.Engine` and :class:`vlmfast.engines.vllm.backend.VllmEngine`) are
+Both engines (:class:`vlmfast.engines.hf.engine.Engine` and :class:`vlmfast.engines.vllm.backend.VllmBackend`) are
 :class:`Preparer`\\ s, so the same request gives the same prompt and the same image pixels on either.
 """
 

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from vlmfast.errors import UsageError
+from vlmfast.errors import UsageError, check_choice
 
 SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains")
 # Where a predicted box's coordinates live. resized: pixels of the image the model saw (Qwen2.5-VL),
@@ -125,7 +125,7 @@ def resolve_scorer(truth, scorer: str = "auto") -> str:
     auto: a box (4 numbers, a list of boxes, ``{"bbox_2d": …}``, ``(x1,y1),(x2,y2)``) → bbox;
     one letter A–Z, optionally ``(B)``/``B.``/``B)`` → choice; a number → number; else exact.
     """
-    _check_scorer(scorer)
+    check_choice("scorer", scorer, SCORERS)
     if scorer != "auto":
         return scorer
     if isinstance(truth, (list, dict)):
@@ -147,7 +147,7 @@ def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image
     is in original pixels): from the resized image (``bbox_space="resized"``, needs both sizes), from
     0–1000 relative coordinates (``"rel1000"``, needs ``image_size``) or taken as is (``"original"``).
     ``answer=None`` (no answer) scores 0 with ``parse_failed``."""
-    check_bbox_space(bbox_space)
+    check_choice("bbox_space", bbox_space, BBOX_SPACES)
     truth = truth_text(truth)
     if truth is None:
         raise UsageError("no ground truth to score against", hint='give the record a "solution" or "answer"')
@@ -169,15 +169,6 @@ def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image
     return _binary(name, ok, False)
 
 
-def _check_scorer(scorer: str) -> None:
-    if scorer not in SCORERS:
-        raise UsageError(f"unknown scorer {scorer!r}", hint=f"choose one of: {', '.join(SCORERS)}")
-
-
-def check_bbox_space(bbox_space: str) -> None:
-    """UsageError unless ``bbox_space`` is one of :data:`BBOX_SPACES`."""
-    if bbox_space not in BBOX_SPACES:
-        raise UsageError(f"unknown bbox space {bbox_space!r}", hint=f"choose one of: {', '.join(BBOX_SPACES)}")
 
 
 def _binary(name: str, ok: bool, parse_failed: bool) -> Score:
@@ -383,9 +374,9 @@ def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "au
     """Copies of ``results_rows`` with the scoring fields set. ``truths`` maps row id → (truth, scorer);
     ids missing from it are left unscored (null score, ``format_ok`` still set). ``bbox_space`` None:
     each row's own (see :func:`row_bbox_space`); given, it wins over every row's."""
-    _check_scorer(default_scorer)
+    check_choice("--scorer", default_scorer, SCORERS)
     if bbox_space is not None:
-        check_bbox_space(bbox_space)
+        check_choice("bbox_space", bbox_space, BBOX_SPACES)
     out = []
     for row in results_rows:
         truth, scorer = truths.get(str(row.get("id")), (None, None))

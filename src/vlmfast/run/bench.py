@@ -17,9 +17,7 @@ is scored too, and ckpt − base accuracy comes with a paired confidence interva
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 from vlmfast.run.bench_figures import (
@@ -27,11 +25,12 @@ from vlmfast.run.bench_figures import (
     noise_notes, scenario_summary, speed_ratios,
 )
 from vlmfast.engines.bandwidth import run_bandwidth
+from vlmfast.engines.contract import Backend
 from vlmfast.engines.hf.engine import Engine
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
 from vlmfast.engines.rows import GenerationSettings, SampleResult, row_key
-from vlmfast.errors import UsageError
+from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import TEMPLATES
 from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
 from vlmfast.timing import free_memory, now, peak_memory_mib, reset_peak_memory
@@ -88,8 +87,7 @@ class BenchOptions:
         choices = [("--decoder", self.decoder, DECODERS), ("--scorer", self.scorer, SCORERS),
                    ("--template", self.template, tuple(TEMPLATES))]
         for option, value, known in choices + ([("--bbox-space", self.bbox_space, BBOX_SPACES)] if self.bbox_space is not None else []):
-            if value not in known:
-                raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(known)}")
+            check_choice(option, value, known)
         self._check_gates()
 
     def _check_gates(self) -> None:
@@ -120,18 +118,17 @@ def _engines(value) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def run_workload(engine: Engine, requests, image_sizes, batch_size: int) -> RunStats:
-    """The whole workload once, with per-step clocks on. ``batch_size`` counts answers (with n answers
-    per request, batch_size // n requests a batch), as in ``infer``."""
-    from vlmfast.engines.hf.scheduler import Scheduler
-
-    start = now(engine.device)
+def run_workload(backend: Backend, requests, image_sizes, batch_size: int) -> RunStats:
+    """The whole workload once through any engine's :class:`~vlmfast.engines.contract.Backend`, as the
+    runner drives it. ``batch_size`` counts answers (with n answers per request, batch_size // n requests
+    a batch), as in ``infer``."""
+    start = now(backend.device)
     timings, results = [], []
-    per_batch = max(1, batch_size // engine.settings.n)
-    for _, batch_results, t in Scheduler(engine).run(requests, image_sizes, per_batch):
-        results.extend(batch_results)
-        timings += [t] if t is not None else []  # None: every request of the batch failed (error rows)
-    return RunStats(now(engine.device) - start, timings, results)
+    for parts in backend.batches(requests, image_sizes, backend.plan(requests, image_sizes, batch_size)):
+        for _, batch_results, t in parts:
+            results.extend(batch_results)
+            timings += [t] if t is not None else []  # None: every request of the batch failed (error rows)
+    return RunStats(now(backend.device) - start, timings, results)
 
 
 def score_results(results: list[SampleResult], truths: dict, options: BenchOptions) -> list[dict]:
@@ -160,37 +157,33 @@ def run_bench(options: BenchOptions, progress=None, say=lambda text: None) -> di
     return report
 
 
-def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
-    from vlmfast.checkpoints.load import load
-    from vlmfast.checkpoints.locate import locate
-    from vlmfast.engines.hf.as_saved import AsSavedEngine, saved_generation_config
-    from vlmfast.engines.hf.compile_policy import prepare_cache
-    from vlmfast.timing import versions
+@dataclass
+class _Bench:
+    """One bench run's workload and what its scenarios recorded."""
 
-    found = locate(options.ckpt, hub=True)
-    base_found = locate(options.compare_base, hub=True) if options.compare_base else None
-    requests, sizes = _workload(options, scratch)
-    truths = {r.id: (r.truth, r.scorer) for r in requests}
-    settings = options.generation
-    common = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, record_steps=True)
-    compile_cache = prepare_cache(options.decoder, True) if options.compile else None  # before the model loads
-    fast = dict(common, decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
-                compile_cache=compile_cache)
-    scenarios: list[dict] = []
-    rows: dict[tuple[str, int], list[SampleResult]] = {}
+    options: BenchOptions
+    requests: list
+    sizes: dict
+    progress: object
+    say: object
+    truths: dict = field(default_factory=dict)
+    scenarios: list[dict] = field(default_factory=list)
+    rows: dict[tuple[str, int], list[SampleResult]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
-    def measure(name, run, batch_size, tokenizer, loaded=None):
-        """``run()`` does the whole workload once and returns its RunStats."""
-        say(f"{name} (batch {batch_size}): {options.warmup} warm-up + {options.repeats} timed runs")
-        for _ in range(options.warmup):
-            run()
+    def measure(self, name: str, backend: Backend, batch_size: int, tokenizer, loaded=None) -> None:
+        """Warm-up runs, then timed runs of the whole workload on ``backend``; the scenario's figures."""
+        o = self.options
+        self.say(f"{name} (batch {batch_size}): {o.warmup} warm-up + {o.repeats} timed runs")
+        for _ in range(o.warmup):
+            run_workload(backend, self.requests, self.sizes, batch_size)
         device = loaded.runtime.device if loaded is not None else "cpu"
         reset_peak_memory(device)
         runs = []
-        for _ in range(options.repeats):
-            runs.append(run())
-            progress.advance(1, runs[-1].new_tokens)
-        rows[(name, batch_size)] = runs[-1].results
+        for _ in range(o.repeats):
+            runs.append(run_workload(backend, self.requests, self.sizes, batch_size))
+            self.progress.advance(1, runs[-1].new_tokens)
+        self.rows[(name, batch_size)] = runs[-1].results
         summary = scenario_summary(name, batch_size, runs, tokenizer, peak_memory_mib(device))
         ok = [r for r in runs[-1].results if r.error is None]
         if loaded is not None:
@@ -198,68 +191,92 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
             summary.update(run_bandwidth(loaded, min(batch_size, len(ok) or 1), context, summary["decode_ms_per_token"]))
         else:  # vLLM's model lives in its own process: no weights here to count bytes from
             summary.update(decode_gb_per_s=None, peak_gb_per_s=None, bandwidth_pct_of_peak=None)
-        summary.update(_accuracy(score_results(runs[-1].results, truths, options)))
-        scenarios.append(summary)
+        summary.update(_accuracy(score_results(runs[-1].results, self.truths, o)))
+        self.scenarios.append(summary)
 
-    engines = options.engines
-    total = options.repeats * (len(options.batch_sizes) * (len(engines) + bool(options.compare_base)) + options.as_saved)
-    progress.start(total)
-    notes: list[str] = []
-    loaded = load(found, device=options.device, dtype=options.dtype, attn=options.attn)
-    cache = loaded.cache.as_dict()
-    notes += loaded.notes
-    tokenizer = loaded.processor.tokenizer
-    def on(engine, bs):
-        return lambda: run_workload(engine, requests, sizes, bs)
 
-    if "hf" in engines:
-        for bs in options.batch_sizes:
-            measure(CKPT, on(Engine(loaded, settings, **fast), bs), bs, tokenizer, loaded)
-    if options.as_saved:
-        measure(AS_SAVED, on(AsSavedEngine(loaded, settings, saved_generation_config(loaded), **common), 1), 1, tokenizer, loaded)
+def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.engines.hf.compile_policy import prepare_cache
+    from vlmfast.timing import versions
+
+    found = locate(options.ckpt, hub=True)
+    base_found = locate(options.compare_base, hub=True) if options.compare_base else None
+    requests, sizes = _workload(options, scratch)
+    bench = _Bench(options, requests, sizes, progress, say, truths={r.id: (r.truth, r.scorer) for r in requests})
+    compile_cache = prepare_cache(options.decoder, True) if options.compile else None  # before the model loads
+    n_engines = len(options.engines) + bool(options.compare_base)
+    progress.start(options.repeats * (len(options.batch_sizes) * n_engines + options.as_saved))
+    cache = _checkpoint_scenarios(bench, found, compile_cache)
+    if "vllm" in options.engines:
+        _vllm_scenarios(bench, found)
+    base_cache = _engine_scenarios(bench, BASE, base_found, compile_cache) if base_found is not None else None
+    return _report(options, requests, bench.scenarios, bench.rows, bench.truths, cache, base_cache, bench.notes,
+                   versions())
+
+
+def _engine_kwargs(options: BenchOptions, compile_cache) -> tuple[dict, dict]:
+    """The keywords of the as-saved reference and of vlmfast's engine: per-step clocks on for both."""
+    common = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, record_steps=True)
+    fast = dict(common, decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
+                compile_cache=compile_cache)
+    return common, fast
+
+
+def _checkpoint_scenarios(bench: _Bench, found, compile_cache) -> dict:
+    """The checkpoint on vlmfast's engine at each batch size (``--engines`` with hf), and plain generate
+    as saved at batch 1 (``--as-saved``). Returns the checkpoint's cache report; the model is freed."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.as_saved import AsSavedEngine, saved_generation_config
+    from vlmfast.engines.hf.backend import HfBackend
+
+    o = bench.options
+    common, fast = _engine_kwargs(o, compile_cache)
+    loaded = load(found, device=o.device, dtype=o.dtype, attn=o.attn)
+    bench.notes += loaded.notes
+    cache, tokenizer = loaded.cache.as_dict(), loaded.processor.tokenizer
+    if "hf" in o.engines:
+        for bs in o.batch_sizes:
+            bench.measure(CKPT, HfBackend.around(Engine(loaded, o.generation, **fast)), bs, tokenizer, loaded)
+    if o.as_saved:
+        reference = AsSavedEngine(loaded, o.generation, saved_generation_config(loaded), **common)
+        bench.measure(AS_SAVED, HfBackend.around(reference), 1, tokenizer, loaded)
     del loaded
     free_memory()
-    if "vllm" in engines:
-        with vllm_workload(found, options, requests, sizes) as (run_vllm, described):
-            notes.append(f"vLLM {described['vllm_version']}: start-up {described['startup_s']} s (not timed), "
-                         f"dtype {described['dtype']}, enforce_eager {described['enforce_eager']}")
-            notes += described["notes"]
-            for bs in options.batch_sizes:
-                measure(VLLM, lambda bs=bs: run_vllm(bs), bs, tokenizer)
-        free_memory()
-    base_cache = None
-    if base_found is not None:
-        base = load(base_found, device=options.device, dtype=options.dtype, attn=options.attn)
-        base_cache = base.cache.as_dict()
-        for bs in options.batch_sizes:
-            measure(BASE, on(Engine(base, settings, **fast), bs), bs, base.processor.tokenizer, base)
-        del base
-        free_memory()
-    return _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions())
+    return cache
 
 
-@contextlib.contextmanager
-def vllm_workload(found, options: BenchOptions, requests, sizes):
-    """(run(batch_size) → RunStats, vLLM's settings) on the checkpoint, vLLM started once, outside
-    every clock; vLLM stopped and its checkpoint overlay removed on exit."""
-    from vlmfast.engines.vllm.backend import VllmEngine
+def _engine_scenarios(bench: _Bench, name: str, found, compile_cache) -> dict:
+    """``found`` (the base) on vlmfast's engine at each batch size; its cache report."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.backend import HfBackend
 
-    engine = VllmEngine(found.source, options.generation, min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                        dtype=options.dtype)
-    try:
-        engine.start(requests)
+    o = bench.options
+    loaded = load(found, device=o.device, dtype=o.dtype, attn=o.attn)
+    cache = loaded.cache.as_dict()
+    for bs in o.batch_sizes:
+        engine = Engine(loaded, o.generation, **_engine_kwargs(o, compile_cache)[1])
+        bench.measure(name, HfBackend.around(engine), bs, loaded.processor.tokenizer, loaded)
+    del loaded
+    free_memory()
+    return cache
 
-        def run(batch_size: int) -> RunStats:
-            start = time.perf_counter()
-            timings, results = [], []
-            for _, rows, timing in engine.run(requests, sizes, batch_size):
-                results += rows
-                timings += [timing] if timing is not None else []
-            return RunStats(time.perf_counter() - start, timings, results)
 
-        yield run, engine.describe()
-    finally:
-        engine.close()
+def _vllm_scenarios(bench: _Bench, found) -> None:
+    """The checkpoint on vLLM at each batch size, vLLM started once, outside every clock; vLLM stopped
+    and its checkpoint overlay removed after."""
+    from vlmfast.engines.vllm.backend import VllmBackend
+
+    o = bench.options
+    with VllmBackend(found, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, dtype=o.dtype) as backend:
+        backend.start(bench.requests)
+        described = backend.describe()
+        bench.notes.append(f"vLLM {described['vllm_version']}: start-up {described['startup_s']} s (not timed), "
+                           f"dtype {described['dtype']}, enforce_eager {described['enforce_eager']}")
+        bench.notes += described["notes"]
+        for bs in o.batch_sizes:
+            bench.measure(VLLM, backend, bs, backend.tokenizer)
+    free_memory()
 
 
 def _accuracy(scored: list[dict]) -> dict:

@@ -8,15 +8,10 @@ from dataclasses import dataclass, field
 
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
-from vlmfast.errors import UsageError
+from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import DEFAULT_MAX_IMAGE_PIXELS
 from vlmfast.engines.rows import GenerationSettings
 
-
-
-def check_choice(option: str, value, choices) -> None:
-    if value not in choices:
-        raise UsageError(f"{option} {value}: unknown", hint=f"use one of: {', '.join(map(str, choices))}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +99,9 @@ class InferOptions:
                             ("--max-pixels", self.max_pixels), ("--min-pixels", self.min_pixels)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: expected a positive number", hint=f"drop {flag} for the default")
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise UsageError(f"--min-pixels {self.min_pixels} > --max-pixels {self.max_pixels}: need min <= max",
+                             hint="lower --min-pixels or raise --max-pixels")
         if self.batch_size is not None and self.batch_size < 1:
             raise UsageError(f"--batch-size {self.batch_size}: expected a positive integer or auto", hint="e.g. --batch-size 8")
         if self.overwrite and self.retry_errors:

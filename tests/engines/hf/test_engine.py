@@ -242,8 +242,8 @@ def test_prefill_in_groups_decodes_the_batch_as_one(loaded, images):
     of one whole-batch prefill, and of plain generate."""
     reqs = _requests(images)
     settings = GenerationSettings(max_new_tokens=16)
-    whole = Engine(loaded, settings, prefill_tokens=10_000)
-    split = Engine(loaded, settings, prefill_tokens=40)  # a few rows per group
+    whole = Engine(loaded, settings, max_batch_tokens=10_000)
+    split = Engine(loaded, settings, max_batch_tokens=40)  # a few rows per group
     ordered = sorted(reqs, key=lambda r: -split.cost(r))  # a batch comes most expensive first
     assert len(split.prepare(ordered).groups) >= 3 and len(whole.prepare(ordered).groups) == 1
     a, b = _run(whole, ordered, 6), _run(split, ordered, 6)

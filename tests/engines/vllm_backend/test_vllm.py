@@ -25,7 +25,7 @@ from vlmfast.engines.hf.engine import Engine, GenerationSettings  # noqa: E402
 from vlmfast.errors import UsageError  # noqa: E402
 from vlmfast.inputs.requests import Request  # noqa: E402
 from vlmfast.checkpoints.overlay import OVERLAY_PREFIX, overlay_for_vllm  # noqa: E402
-from vlmfast.engines.vllm.backend import VllmEngine  # noqa: E402
+from vlmfast.engines.vllm.backend import VllmBackend  # noqa: E402
 
 
 def use_settings(engine, settings):
@@ -95,7 +95,7 @@ def good(requests) -> list[Request]:
 
 @pytest.fixture(scope="module")
 def engine(broken, demo, before, requests):
-    eng = VllmEngine(str(broken), GenerationSettings(max_new_tokens=MAX_NEW), base=str(demo),
+    eng = VllmBackend(str(broken), GenerationSettings(max_new_tokens=MAX_NEW), base=str(demo),
                      kv_cache_gib=1, max_model_len=4096)
     eng.start(requests)
     yield eng
@@ -250,7 +250,7 @@ def test_without_vllm_the_engine_is_a_usage_error(monkeypatch, demo):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(UsageError) as err:
-        VllmEngine(str(demo))
+        VllmBackend(str(demo))
     assert err.value.exit_code == 2
     assert "pip install 'vlmfast[vllm]'" in err.value.hint and "scripts/setup_vllm.sh" in err.value.hint
 
@@ -258,7 +258,7 @@ def test_without_vllm_the_engine_is_a_usage_error(monkeypatch, demo):
 def test_settings_vllm_refuses_are_usage_errors_and_leave_no_overlay(demo):
     left = _overlays()
     with pytest.raises(UsageError, match="temperature"):
-        VllmEngine(str(demo), GenerationSettings(temperature=5.0))
+        VllmBackend(str(demo), GenerationSettings(temperature=5.0))
     assert _overlays() == left
 
 
@@ -275,7 +275,7 @@ def test_a_head_size_vllms_cpu_attention_lacks_is_a_usage_error(tmp_path):
     tiny = build_checkpoint(tmp_path / "tiny", preset="tiny", like="grpo")  # head_dim 16
     left = _overlays()
     with pytest.raises(UsageError, match="head sizes") as err:
-        VllmEngine(str(tiny))
+        VllmBackend(str(tiny))
     assert "--preset demo" in err.value.hint and _overlays() == left
 
 

@@ -20,8 +20,22 @@ class HfBackend:
         self.options, self.compile_cache = options, compile_cache
         self._build(loaded)
         self.device = self.engine.device
-        self.whole_batch_tokens = options.max_batch_tokens if options.decoder == "hf" else None
+        # --max-batch-tokens bounds the padded prompt tokens prefilled at once: vlmfast's decoder prefills a
+        # batch in groups within it; plain generate prefills the whole batch, so there it bounds the batch
+        self.batch_token_cap = options.max_batch_tokens if options.decoder == "hf" else None
         self.notes = list(notes) + list(loaded.notes) + ([compile_cache.note] if compile_cache is not None and compile_cache.note else [])
+
+    @classmethod
+    def around(cls, engine) -> HfBackend:
+        """A backend running an engine the caller built (bench: per-step clocks, the as-saved reference),
+        with no prefetch and no compile decision of its own."""
+        from vlmfast.engines.hf.scheduler import Scheduler
+
+        backend = cls.__new__(cls)
+        backend.options, backend.compile_cache, backend.loaded = None, None, engine.loaded
+        backend.engine, backend.scheduler = engine, Scheduler(engine)
+        backend.device, backend.batch_token_cap, backend.notes = engine.device, None, []
+        return backend
 
     def _build(self, loaded) -> None:
         from vlmfast.engines.hf.engine import Engine
@@ -31,7 +45,7 @@ class HfBackend:
         self.loaded = loaded
         self.engine = Engine(loaded, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, decoder=o.decoder,
                              cuda_graphs=o.cuda_graphs, compile=o.compile, compile_cache=self.compile_cache,
-                             prefill_tokens=o.max_batch_tokens)
+                             max_batch_tokens=o.max_batch_tokens)
         self.scheduler = Scheduler(self.engine, overlap=o.overlap)
 
     def context_problems(self, requests, image_sizes):
@@ -65,7 +79,7 @@ class HfBackend:
         from vlmfast.engines.hf.scheduler import plan
 
         per_batch = max(1, batch_size // self.engine.settings.n)
-        return plan(self.engine, requests, image_sizes, per_batch, self.whole_batch_tokens)
+        return plan(self.engine, requests, image_sizes, per_batch, self.batch_token_cap)
 
     def batches(self, requests, image_sizes, planned):
         try:

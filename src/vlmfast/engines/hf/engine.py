@@ -22,7 +22,7 @@ from vlmfast.checkpoints.load import Loaded
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.hf.capacity import PREFILL_TOKENS, RESIDENT_SHAPES
 from vlmfast.engines.hf.compile_policy import CompilePolicy
-from vlmfast.errors import UsageError
+from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
@@ -86,11 +86,10 @@ class Engine(Preparer):
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
                  max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
                  cuda_graphs: bool | None = None, compile: bool | None = False, sync_every: int | None = None,
-                 compile_cache=None, prefill_tokens: int | None = None, compiler=None):
+                 compile_cache=None, max_batch_tokens: int | None = None, compiler=None):
         from vlmfast.checkpoints.families import decode_choice
 
-        if decoder not in DECODERS:
-            raise UsageError(f"--decoder {decoder}: unknown", hint=f"use one of: {', '.join(DECODERS)}")
+        check_choice("--decoder", decoder, DECODERS)
         if decoder == "hf" and (compile or cuda_graphs):
             raise UsageError("--compile and --cuda-graphs apply to vlmfast's decoder; --decoder hf is plain generate",
                              hint="drop --decoder hf, or drop --compile / --cuda-graphs")
@@ -108,7 +107,7 @@ class Engine(Preparer):
                                     cache=compile_cache, compiler=compiler)
         self.sync_every = sync_every or (CUDA_SYNC_EVERY if self.on_cuda else 1)
         self.record_steps = record_steps
-        self.prefill_tokens = prefill_tokens or PREFILL_TOKENS["cuda" if self.on_cuda else "cpu"]
+        self.max_batch_tokens = max_batch_tokens or PREFILL_TOKENS["cuda" if self.on_cuda else "cpu"]
         super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
                          min_pixels=min_pixels, max_pixels=max_pixels)
         self._text = self._bias = self._generator = None
@@ -176,7 +175,7 @@ class Engine(Preparer):
 
     def prefill_groups(self, requests: Sequence[Request]) -> list[tuple[int, int]]:
         """Row ranges prefilled together: consecutive rows (a batch comes most expensive first) while
-        rows × the widest prompt stays within ``prefill_tokens``. Prefill is compute-bound and slows
+        rows × the widest prompt stays within ``max_batch_tokens``. Prefill is compute-bound and slows
         down once its activations outgrow the caches, while decode wants every row of the batch at
         once; ``--decoder hf`` prefills the whole batch inside generate."""
         if self.decoder_name == "hf" or not requests:
@@ -184,7 +183,7 @@ class Engine(Preparer):
         costs = [self.cost(r) for r in requests]
         groups, start = [], 0
         for i in range(1, len(requests) + 1):
-            if i == len(requests) or (i - start + 1) * max(costs[start:i + 1]) > self.prefill_tokens:
+            if i == len(requests) or (i - start + 1) * max(costs[start:i + 1]) > self.max_batch_tokens:
                 groups.append((start, i))
                 start = i
         return groups
@@ -319,7 +318,7 @@ class Engine(Preparer):
         family = self.loaded.family
         return result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
                           n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
-                          sample=sample, bbox_space=family.box_space if family else None)
+                          sample=sample, bbox_space=family.bbox_space if family else None)
 
     # -- the reference path: plain generate ------------------------------------------------------
     def generate(self, inputs, clock=None):

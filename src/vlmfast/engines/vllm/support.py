@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from pathlib import Path
 
 from vlmfast.errors import UsageError
 from vlmfast.engines.rows import BatchTiming, SampleResult
@@ -91,8 +90,3 @@ def quiet_known_warnings() -> None:
     # vLLM hands the pixel limits to the HF image processor under both names; transformers warns once per call.
     warnings.filterwarnings("ignore", message=r"Passing `min_pixels` and `max_pixels`", category=FutureWarning)
 
-
-def is_hub_id(spec: str) -> bool:
-    from vlmfast.checkpoints.locate import HUB_ID
-
-    return bool(HUB_ID.match(spec)) and not Path(spec.split("/")[0]).is_dir()
