@@ -164,6 +164,13 @@ def saved_cache_enabled(config: dict, generation_config: dict | None) -> bool:
     return not (isinstance(text, dict) and text.get("use_cache") is False)
 
 
+def saved_cache_report(found) -> dict:
+    """Where a located checkpoint, as saved, has the KV cache off, and whether plain ``generate`` would
+    use it (a hub id or an adapter: nothing read here, nothing found)."""
+    config, generation = read_configs(found.path) if found is not None and found.kind == "model" else ({}, None)
+    return {"found_off": cache_off_locations(config, generation), "saved_enabled": saved_cache_enabled(config, generation)}
+
+
 def text_setting(config: dict, key: str):
     """A language-model setting, top level first, then ``text_config`` (flat and nested layouts)."""
     text = config.get("text_config")

@@ -35,11 +35,9 @@ class EngineFacts:
     @classmethod
     def nothing_loaded(cls, options, found) -> EngineFacts:
         """A resume that finds every id already done loads no model: nothing to say about one."""
-        from vlmfast.checkpoints.readers import cache_off_locations, read_configs, saved_cache_enabled
+        from vlmfast.checkpoints.readers import saved_cache_report
 
-        config, generation = read_configs(found.path) if found is not None and found.kind == "model" else ({}, None)
-        cache = {"found_off": cache_off_locations(config, generation), "saved_enabled": saved_cache_enabled(config, generation),
-                 "forced_on": False}
+        cache = {**saved_cache_report(found), "forced_on": False}
         return cls(engine=options.engine, checkpoint=found.source if found is not None else options.ckpt, load_s=0.0,
                    cache=cache, device="none", dtype="none", attn="none", decoder=options.decoder if options.engine == "hf"
                    else "vllm", cuda_graphs=False, compiled=False, max_pixels=options.max_pixels, max_pixels_capped=False,

@@ -1,6 +1,6 @@
 """What a run did, in the report's figures: :class:`InferReport` and :func:`summarize`, for every
 engine (what differs between engines comes in :class:`~vlmfast.engines.contract.EngineFacts`). Clocks become phase figures in :func:`vlmfast.timing.summarize_timings`; rows become
-accuracy in :func:`vlmfast.evaluation.scoring.summarize`; decode bytes become bandwidth in :mod:`vlmfast.engines.hf.capacity`."""
+accuracy in :func:`vlmfast.evaluation.stats.summarize`; decode bytes become bandwidth in :mod:`vlmfast.engines.hf.capacity`."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class InferReport:
     max_new_tokens: int
     finish: dict
     no_answer: int  # successful rows without an <answer>…</answer>
-    scores: dict  # accuracy, format rate, … over the results file (see vlmfast.evaluation.scoring.summarize)
+    scores: dict  # accuracy, format rate, … over the results file (see vlmfast.evaluation.stats.summarize)
     oom_splits: int  # batches halved after a CUDA out-of-memory error
     max_pixels: int | None
     max_pixels_capped: bool

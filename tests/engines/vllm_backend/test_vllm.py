@@ -338,3 +338,29 @@ def test_n_answers_map_to_vllms_n(engine, good):
     assert [(rid, k) for rid, k, _ in sampled] == [(r.id, k) for r in good[:3] for k in range(3)]
     assert sampled == again and len({tokens for _, _, tokens in sampled}) > 3
     assert all(len({t for rid, _, t in greedy if rid == r.id}) == 1 for r in good[:3]) and len(greedy) == 9
+
+
+def test_engine_vllm_locates_the_checkpoint_once(demo, requests, tmp_path, monkeypatch):
+    """From a run directory, `infer --engine vllm` locates the checkpoint once, in the runner; the backend,
+    its overlay and the fix plan take the Located it hands down (vLLM is stopped before it starts)."""
+    import vlmfast.checkpoints.locate as locating
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.runner import infer
+
+    run = tmp_path / "run"
+    shutil.copytree(demo, run / "checkpoint-5")
+    calls = []
+    real = locating.locate
+    monkeypatch.setattr(locating, "locate", lambda spec, **kw: calls.append(str(spec)) or real(spec, **kw))
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(VllmBackend, "ready", stop)
+    image = requests[0].images[0]
+    with pytest.raises(Stop):
+        infer(InferOptions(ckpt=str(run), images=[image], prompt=PROMPT, engine="vllm"))
+    assert calls == [str(run)]

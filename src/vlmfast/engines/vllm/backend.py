@@ -382,16 +382,12 @@ class VllmBackend(Preparer):
         self.close()
 
 
-
-
 def open_vllm(options, found) -> VllmBackend:
     """The vLLM engine for ``options`` (checkpoint overlay, processor, sampling settings; vLLM itself starts
     in :meth:`VllmBackend.ready`). What the report says about the KV cache comes from the checkpoint's own
     configs, not the overlay's."""
-    from vlmfast.checkpoints.readers import cache_off_locations, read_configs, saved_cache_enabled
+    from vlmfast.checkpoints.readers import saved_cache_report
 
-    saved = found.path if found is not None and found.kind == "model" else None
-    config, generation = read_configs(saved) if saved is not None else ({}, None)
     v = options.vllm
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
                       min_pixels=options.min_pixels, max_pixels=options.max_pixels,
@@ -399,5 +395,4 @@ def open_vllm(options, found) -> VllmBackend:
                       tensor_parallel_size=v.tensor_parallel_size, data_parallel_size=v.data_parallel_size,
                       gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.max_num_seqs,
                       trust_remote_code=options.trust_remote_code,
-                      saved_cache={"found_off": cache_off_locations(config, generation),
-                                   "saved_enabled": saved_cache_enabled(config, generation)})
+                      saved_cache=saved_cache_report(found))
