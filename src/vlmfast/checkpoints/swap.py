@@ -117,3 +117,24 @@ def _weights_config(directory: Path) -> dict:
 def _tied(model) -> bool:
     return bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False)
                 or getattr(model.config, "tie_word_embeddings", False))
+
+
+def layout_difference(a: Path, b: Path) -> str | None:
+    """Why checkpoint directory ``b``'s weights would not fit where ``a``'s are (config or tensor names and
+    shapes differ, or either is not a full safetensors checkpoint); None when they would. Reads headers only."""
+    from vlmfast.checkpoints.readers import safetensors_header
+
+    shapes = []
+    for directory in (a, b):
+        files = sorted(Path(directory).glob("*.safetensors"))
+        if not files or (Path(directory) / "adapter_config.json").is_file():
+            return f"{directory} is not a full safetensors checkpoint"
+        shapes.append({normal_name(name): (meta["dtype"], tuple(meta["shape"])) for f in files
+                       for name, meta in safetensors_header(f).items() if name != "__metadata__"})
+    if _weights_config(a) != _weights_config(b):
+        return "its config differs from the running model's (architecture, sizes or settings)"
+    if shapes[0] != shapes[1]:
+        differing = sorted(set(shapes[0].items()) ^ set(shapes[1].items()))
+        return f"its tensors differ from the running model's (e.g. {differing[0][0]})"
+    return None
+

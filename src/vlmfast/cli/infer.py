@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
-                     CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, GpuMemory, IgnoreEos, Images, Iou, Json,
+                     CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, GpuMemory, IgnoreEos, Images, Iou, Json,
                      Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
                      Overlap, Overwrite, Prompt, PromptFile, RetryErrors, Reward, RewardThreshold, Samples, Scorer, Seed, SkipBad, System, Temperature,
-                     Template, TensorParallel, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
+                     PipelineParallel, Template, TensorParallel, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
                      guarded)
 
 
@@ -38,6 +38,8 @@ def infer(
     engine: Engine = "hf",
     tensor_parallel_size: TensorParallel = 1,
     data_parallel_size: DataParallel = 1,
+    pipeline_parallel_size: PipelineParallel = 1,
+    distributed_executor_backend: ExecutorBackend = None,
     gpu_memory_utilization: GpuMemory = 0.9,
     max_num_seqs: MaxNumSeqs = None,
     device: Device = None,

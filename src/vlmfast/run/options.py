@@ -8,33 +8,11 @@ from dataclasses import dataclass, field
 
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
+from vlmfast.engines.vllm.support import VllmSettings
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import DEFAULT_MAX_IMAGE_PIXELS
 from vlmfast.engines.rows import GenerationSettings
 
-
-
-@dataclass(frozen=True)
-class VllmSettings:
-    """``--engine vllm`` only: how vLLM spreads the work (it schedules inside each chunk of requests)."""
-
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int | None = None
-
-    def __post_init__(self):
-        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
-            raise UsageError("--tensor-parallel-size and --data-parallel-size must be at least 1", hint="e.g. 2")
-        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
-            raise UsageError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: expected 0.05 … 1.0",
-                             hint="e.g. --gpu-memory-utilization 0.9")
-        if self.max_num_seqs is not None and self.max_num_seqs < 1:
-            raise UsageError(f"--max-num-seqs {self.max_num_seqs}: expected at least 1", hint="or leave it to vLLM")
-
-    @property
-    def is_default(self) -> bool:
-        return self == VllmSettings()
 
 
 # (option name, its default, the flag) of settings only vlmfast's own engine has

@@ -36,6 +36,7 @@ class SweepOptions:
     fail_if_best_below: float | None = None
     watch: bool = False
     poll_s: float = 60.0
+    canary: int = 8  # --engine vllm: requests checked against a fresh engine after the first in-place reload
 
     def __post_init__(self):
         if self.infer.manifest is None and not self.infer.images:
@@ -45,8 +46,8 @@ class SweepOptions:
                              hint="e.g. --fail-if-best-below 0.6")
         if self.poll_s <= 0:
             raise UsageError(f"--poll {self.poll_s}: expected seconds > 0", hint="e.g. --poll 60")
-        if self.infer.engine != "hf":
-            raise UsageError("sweep swaps weights inside vlmfast's own engine", hint="drop --engine vllm")
+        if self.canary < 0:
+            raise UsageError(f"--canary {self.canary}: expected a number of requests, 0 to skip", hint="e.g. --canary 8")
 
 
 @dataclass
@@ -77,6 +78,9 @@ class _Models:
         if self.backend is None:
             start = time.perf_counter()
             self.backend = open_backend(self.options.infer, found, None, Distributed())
+            reload = getattr(self.backend, "reload", None)  # vLLM: reloads in place, checked by a canary
+            if reload is not None:
+                reload.canary_requests = self.options.canary
             self.how = ("load", time.perf_counter() - start)
         else:
             how, seconds, why = self.backend.switch_to(found)
@@ -84,6 +88,16 @@ class _Models:
             if why:
                 self.say(f"{found.path}: loaded afresh ({why})")
         self.current = found
+
+    def engine_news(self) -> tuple[dict, list[str]]:
+        """What the engine checked while the last checkpoint ran (vLLM's canary after the first in-place
+        reload): its seconds for the figures, and what it found, said once."""
+        reload = getattr(self.backend, "reload", None)
+        if reload is None or not reload.notes:
+            return {}, []
+        news = list(reload.notes)
+        reload.notes.clear()
+        return ({"canary_s": round(reload.canary_s, 3)} if reload.canary_s is not None else {}), news
 
     def close(self) -> None:
         if self.backend is not None:
@@ -121,6 +135,11 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     try:
         for entry in entries:
             figures.append(_evaluate(entry, options, models, out_dir, progress, say))
+            checked, news = models.engine_news()
+            figures[-1].update(checked)
+            for note in news:
+                say(note)
+            notes += news
         while options.watch and (wait or _sleep)(options.poll_s):
             seen = {f["step"] for f in figures}
             fresh = find_run_checkpoints(options.run_dir, complete_only=True).checkpoints

@@ -39,8 +39,9 @@ from vlmfast.errors import UsageError
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
-from vlmfast.engines.vllm.support import (chunk_timing, import_vllm, quiet_known_warnings, validation_errors,
-                                          vllm_version)
+from vlmfast.engines.vllm.reload import ReloadState, run_canary, switch
+from vlmfast.engines.vllm.support import (VllmSettings, check_cpu_head_size, chunk_timing, close_stacks, import_vllm,
+                                          quiet_known_warnings, shutdown, validation_errors, vllm_version)
 
 VLLM_CHUNK = {"cpu": 8, "cuda": 512}  # requests per LLM.generate call: vLLM batches inside; a chunk is what a kill can lose
 CPU_KV_CACHE_GIB = 4.0  # vLLM's own CPU default reserves 92 % of RAM (gpu_memory_utilization) for the worker
@@ -65,24 +66,22 @@ class VllmBackend(Preparer):
     name = "vllm"
 
     def __init__(self, ckpt, settings: GenerationSettings | None = None, *, base=None,
-                 min_pixels: int | None = None, max_pixels: int | None = None,
-                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                 max_num_seqs: int | None = None, dtype: str | None = None, enforce_eager: bool | None = None,
+                 min_pixels: int | None = None, max_pixels: int | None = None, parallel: VllmSettings | None = None,
+                 dtype: str | None = None, enforce_eager: bool | None = None,
                  max_model_len: int | None = None, kv_cache_gib: float | None = None,
-                 trust_remote_code: bool = False, engine_kwargs: dict | None = None, saved_cache: dict | None = None):
+                 trust_remote_code: bool = False, engine_kwargs: dict | None = None):
+        # what a rebuild for another checkpoint of a sweep (or the canary's fresh engine) is constructed with
+        self._requested = dict(base=base, min_pixels=min_pixels, max_pixels=max_pixels, parallel=parallel, dtype=dtype,
+                               enforce_eager=enforce_eager, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                               trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs)
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
         self.vllm_version = getattr(vllm, "__version__", None) or vllm_version()
         self.on_cpu = bool(current_platform.is_cpu())
-        self.found = located(ckpt, hub=True)
-        self.ckpt = self.found.source
         self.base = None if base is None else str(base)
         self.settings = settings or GenerationSettings()
-        self.tensor_parallel_size = tensor_parallel_size
-        self.data_parallel_size = data_parallel_size
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.max_num_seqs = max_num_seqs
+        self.parallel = parallel or VllmSettings()
         self.dtype = dtype if dtype not in (None, "auto") else ("float32" if self.on_cpu else "auto")
         self.enforce_eager = self.on_cpu if enforce_eager is None else bool(enforce_eager)
         self.max_model_len = max_model_len
@@ -91,34 +90,49 @@ class VllmBackend(Preparer):
         self.kv_cache_gib = kv_cache_gib
         self.trust_remote_code = trust_remote_code
         self.engine_kwargs = dict(engine_kwargs or {})
-        self.saved_cache = saved_cache or {}  # where the checkpoint itself had the cache off (vLLM always caches)
-        self.constructed_s = 0.0
         started = time.perf_counter()
         self.device = "cpu" if self.on_cpu else "cuda"
         self.llm = None
         self.startup_s: float | None = None
         self.max_images_per_prompt = 0
         self.timing_notes: list[str] = []
-        self._stack = contextlib.ExitStack()
-        self._cleanup = weakref.finalize(self, self._stack.close)  # the overlay goes even without close()
+        self.reload = ReloadState()  # a sweep's in-place reloads: see :mod:`vlmfast.engines.vllm.reload`
+        self._stacks: list[contextlib.ExitStack] = []  # the overlays in use; closed even without close()
+        self._cleanup = weakref.finalize(self, close_stacks, self._stacks)
+        self._build(ckpt)
+        self.constructed_s = time.perf_counter() - started
+
+    def rebuild_kwargs(self) -> dict:
+        return dict(self._requested)
+
+    def _build(self, ckpt) -> None:
+        """Everything read from the checkpoint: its overlay, processor, EOS list and sampling settings, and
+        where the checkpoint itself had the KV cache off (vLLM always caches)."""
+        from vlmfast.checkpoints.readers import saved_cache_report
+
+        stack = contextlib.ExitStack()
+        self._stacks.append(stack)
         try:
-            self.model_dir, self.notes = self._prepare_checkpoint()
-            self._load_processor(min_pixels, max_pixels)
+            self.found = located(ckpt, hub=True)
+            self.ckpt = self.found.source
+            self.saved_cache = saved_cache_report(self.found)
+            self.model_dir, self.notes = self._prepare_checkpoint(stack)
+            self._load_processor(self._requested["min_pixels"], self._requested["max_pixels"])
             self.ban_mechanism, self.ban_kwargs = self._vision_ban()
             self.sampling_params = self._sampling_params()  # invalid settings fail here, before vLLM starts
         except BaseException:
-            self._stack.close()  # the overlay goes with a failed construction
+            self._stacks.remove(stack)
+            stack.close()  # the overlay goes with a failed construction
             raise
-        self.constructed_s = time.perf_counter() - started
 
     # -- setup ------------------------------------------------------------------------------
-    def _prepare_checkpoint(self) -> tuple[str, list[str]]:
+    def _prepare_checkpoint(self, stack: contextlib.ExitStack) -> tuple[str, list[str]]:
         from vlmfast.checkpoints.overlay import overlay_for_vllm
 
         if self.found.kind == "hub":
             return self.ckpt, [f"{self.ckpt}: a hub id, handed to vLLM as is (no overlay: fix a local copy with "
                                "vlmfast fix if it lacks processor files or <|im_end|> in its EOS list)"]
-        path, notes = self._stack.enter_context(overlay_for_vllm(self.found, base=self.base))
+        path, notes = stack.enter_context(overlay_for_vllm(self.found, base=self.base))
         return str(path), list(notes)
 
     def _load_processor(self, min_pixels, max_pixels) -> None:
@@ -145,24 +159,7 @@ class VllmBackend(Preparer):
         super().__init__(processor, self.max_model_len or getattr(self.config.get_text_config(), "max_position_embeddings", None),
                          min_pixels=min_pixels, max_pixels=max_pixels)
         if self.on_cpu:
-            self._check_cpu_head_size()
-
-    def _check_cpu_head_size(self) -> None:
-        """vLLM's CPU attention takes a fixed list of head sizes; anything else fails deep in its engine
-        process. vlmfast's ``tiny`` preset (head_dim 16) is one of those: say so before starting."""
-        try:
-            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-            supported = list(CPUAttentionBackend.get_supported_head_sizes())
-        except Exception:  # another vLLM layout: let vLLM decide
-            return
-        text = self.config.get_text_config()
-        heads = getattr(text, "num_attention_heads", None)
-        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
-        if head_dim and head_dim not in supported:
-            raise UsageError(f"vLLM's CPU attention supports head sizes {supported}; {self.ckpt} has {head_dim}",
-                             hint="use the HF engine for this model (vlmfast's 'tiny' preset has head_dim 16; "
-                                  "build test checkpoints with --preset demo)")
+            check_cpu_head_size(self.config, self.ckpt)
 
     def _vision_ban(self) -> tuple[str, dict]:
         """How vision placeholder ids are kept out of the output. ``bad_words`` masks a one-token word to
@@ -180,17 +177,15 @@ class VllmBackend(Preparer):
         """The ``vllm.LLM`` keyword arguments :meth:`start` uses."""
         args = dict(
             model=self.model_dir, tokenizer=self.model_dir, dtype=self.dtype,
-            tensor_parallel_size=self.tensor_parallel_size, gpu_memory_utilization=self.gpu_memory_utilization,
+            tensor_parallel_size=self.parallel.tensor_parallel_size,
+            gpu_memory_utilization=self.parallel.gpu_memory_utilization,
             enforce_eager=self.enforce_eager, trust_remote_code=self.trust_remote_code,
             disable_log_stats=False,  # V1 fills RequestOutput.metrics only with stats on (the timing needs them)
             seed=self.settings.seed if self.settings.seed is not None else 0,
             mm_processor_kwargs={"min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
             limit_mm_per_prompt={"image": max(1, self.max_images_per_prompt), "video": 0},
         )
-        if self.data_parallel_size != 1:
-            args["data_parallel_size"] = self.data_parallel_size
-        if self.max_num_seqs is not None:
-            args["max_num_seqs"] = self.max_num_seqs
+        args.update(self.parallel.engine_args())
         if self.max_model_len is not None:
             args["max_model_len"] = self.max_model_len
         if self.kv_cache_gib is not None:
@@ -258,9 +253,12 @@ class VllmBackend(Preparer):
             yield from parts
 
     def batches(self, requests: Sequence[Request], image_sizes: dict, planned: list[list[int]]):
-        """Per planned chunk, a list holding its one (indices, results, timing) item. Starts vLLM on first use."""
+        """Per planned chunk, a list holding its one (indices, results, timing) item. Starts vLLM on first use;
+        after a sweep's first in-place reload, runs the canary before anything else."""
         if requests:
             self.start(requests)
+            if self.reload.canary_due:
+                run_canary(self, requests)
         for indices in planned:
             results, timing = self.generate_batch([requests[i] for i in indices])
             yield [(indices, results, timing)]
@@ -330,20 +328,26 @@ class VllmBackend(Preparer):
                            model_sizes=[list(im.size) for im in images], sample=k if n > 1 else None)
                 for k, c in enumerate(completions)]
 
+    def switch_to(self, found) -> tuple[str, float, str | None]:
+        """A sweep's next checkpoint: its weights reloaded into the running engine when it can be (see
+        :mod:`vlmfast.engines.vllm.reload`), else this backend rebuilt for it. ("reload" | "load", seconds,
+        why not in place)."""
+        return switch(self, found)
+
     # -- reporting and lifetime -----------------------------------------------------------------
     def describe(self) -> dict:
         """Engine name, vLLM version and settings, for the report."""
         return {
             "engine": self.name, "vllm_version": self.vllm_version, "device": "cpu" if self.on_cpu else "gpu",
             "model_dir": self.model_dir, "checkpoint": self.ckpt, "base": self.base,
-            "dtype": self.dtype, "tensor_parallel_size": self.tensor_parallel_size,
-            "data_parallel_size": self.data_parallel_size, "gpu_memory_utilization": self.gpu_memory_utilization,
-            "max_num_seqs": self.max_num_seqs, "enforce_eager": self.enforce_eager, "max_model_len": self.max_model_len,
+            "dtype": self.dtype, **self.parallel.described(),
+            "enforce_eager": self.enforce_eager, "max_model_len": self.max_model_len,
             "kv_cache_gib": self.kv_cache_gib, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
             "stop_token_ids": [] if self.settings.ignore_eos else list(self.eos_token_ids),
             "vision_ban": self.ban_mechanism, "banned_token_ids": list(self.suppress_token_ids),
             "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
-            "notes": list(self.notes) + list(self.timing_notes),
+            **self.reload.described(),
+            "notes": list(self.notes) + list(self.timing_notes) + list(self.reload.notes),
         }
 
     def facts(self):
@@ -358,22 +362,14 @@ class VllmBackend(Preparer):
             device=self.device, dtype=described["dtype"], attn="vllm", decoder="vllm", cuda_graphs=not self.enforce_eager,
             compiled=False, max_pixels=self.max_pixels, max_pixels_capped=self.max_pixels_capped, settings=described,
             peak_mem_kind=None if self.on_cpu else "this process only (vLLM's engine process not counted)",
-            versions={"vllm": self.vllm_version}, notes=list(self.notes) + list(self.timing_notes),
+            versions={"vllm": self.vllm_version}, notes=described["notes"],
         )
 
     def close(self) -> None:
         """Stop vLLM's engine process and remove the overlay. Idempotent."""
         llm, self.llm = self.llm, None
-        if llm is not None:
-            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-            with contextlib.suppress(Exception):
-                if core is not None:
-                    core.shutdown()
-            del llm
-            import gc
-
-            gc.collect()
-        self._cleanup()
+        shutdown(llm)
+        close_stacks(self._stacks)  # the finalizer stays armed for overlays a later rebuild makes
 
     def __enter__(self) -> "VllmBackend":
         return self
@@ -386,13 +382,6 @@ def open_vllm(options, found) -> VllmBackend:
     """The vLLM engine for ``options`` (checkpoint overlay, processor, sampling settings; vLLM itself starts
     in :meth:`VllmBackend.ready`). What the report says about the KV cache comes from the checkpoint's own
     configs, not the overlay's."""
-    from vlmfast.checkpoints.readers import saved_cache_report
-
-    v = options.vllm
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
-                      min_pixels=options.min_pixels, max_pixels=options.max_pixels,
-                      dtype=options.dtype,
-                      tensor_parallel_size=v.tensor_parallel_size, data_parallel_size=v.data_parallel_size,
-                      gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.max_num_seqs,
-                      trust_remote_code=options.trust_remote_code,
-                      saved_cache=saved_cache_report(found))
+                       min_pixels=options.min_pixels, max_pixels=options.max_pixels, parallel=options.vllm,
+                       dtype=options.dtype, trust_remote_code=options.trust_remote_code)

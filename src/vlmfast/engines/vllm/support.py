@@ -3,11 +3,83 @@ usage statistics off, its per-request clocks turned into vlmfast's batch timing,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from dataclasses import dataclass
 
-from vlmfast.errors import UsageError
+from vlmfast.errors import UsageError, check_choice
 from vlmfast.engines.rows import BatchTiming, SampleResult
+
+EXECUTOR_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # vLLM's distributed_executor_backend values
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """``--engine vllm`` only: how vLLM spreads the work, with vLLM's own parallelism (it schedules inside
+    each chunk of requests). ``distributed_executor_backend`` "ray" spans the nodes of a Ray cluster."""
+
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int | None = None
+
+    def __post_init__(self):
+        if min(self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size) < 1:
+            raise UsageError("--tensor-parallel-size, --data-parallel-size and --pipeline-parallel-size must be at "
+                             "least 1", hint="e.g. 2")
+        if self.distributed_executor_backend is not None:
+            check_choice("--distributed-executor-backend", self.distributed_executor_backend, EXECUTOR_BACKENDS)
+        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
+            raise UsageError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: expected 0.05 … 1.0",
+                             hint="e.g. --gpu-memory-utilization 0.9")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise UsageError(f"--max-num-seqs {self.max_num_seqs}: expected at least 1", hint="or leave it to vLLM")
+
+    @property
+    def is_default(self) -> bool:
+        return self == VllmSettings()
+
+    def engine_args(self) -> dict:
+        """``vllm.LLM`` keywords beyond tensor parallelism and memory: only what differs from vLLM's defaults."""
+        args = {}
+        if self.data_parallel_size != 1:
+            args["data_parallel_size"] = self.data_parallel_size
+        if self.pipeline_parallel_size != 1:
+            args["pipeline_parallel_size"] = self.pipeline_parallel_size
+        if self.distributed_executor_backend is not None:
+            args["distributed_executor_backend"] = self.distributed_executor_backend
+        if self.max_num_seqs is not None:
+            args["max_num_seqs"] = self.max_num_seqs
+        return args
+
+    def described(self) -> dict:
+        return {"tensor_parallel_size": self.tensor_parallel_size, "data_parallel_size": self.data_parallel_size,
+                "pipeline_parallel_size": self.pipeline_parallel_size,
+                "distributed_executor_backend": self.distributed_executor_backend,
+                "gpu_memory_utilization": self.gpu_memory_utilization, "max_num_seqs": self.max_num_seqs}
+
+
+def close_stacks(stacks: list[contextlib.ExitStack]) -> None:
+    """Close (remove) every overlay in ``stacks``; the list is emptied, so a second call does nothing."""
+    while stacks:
+        stacks.pop().close()
+
+
+def shutdown(llm) -> None:
+    """Stop a ``vllm.LLM``'s engine process (None: nothing to stop)."""
+    if llm is None:
+        return
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    with contextlib.suppress(Exception):
+        if core is not None:
+            core.shutdown()
+    del llm
+    import gc
+
+    gc.collect()
 
 INSTALL_HINT = ("install vLLM: pip install 'vlmfast[vllm]' (vLLM for CUDA); CPU development build: "
                 "bash scripts/setup_vllm.sh, then run vlmfast from .venv-vllm")
@@ -90,3 +162,20 @@ def quiet_known_warnings() -> None:
     # vLLM hands the pixel limits to the HF image processor under both names; transformers warns once per call.
     warnings.filterwarnings("ignore", message=r"Passing `min_pixels` and `max_pixels`", category=FutureWarning)
 
+
+def check_cpu_head_size(config, name: str) -> None:
+    """vLLM's CPU attention takes a fixed list of head sizes; anything else fails deep in its engine
+    process. vlmfast's ``tiny`` preset (head_dim 16) is one of those: say so before starting."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # another vLLM layout: let vLLM decide
+        return
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    if head_dim and head_dim not in supported:
+        raise UsageError(f"vLLM's CPU attention supports head sizes {supported}; {name} has {head_dim}",
+                         hint="use the HF engine for this model (vlmfast's 'tiny' preset has head_dim 16; "
+                              "build test checkpoints with --preset demo)")

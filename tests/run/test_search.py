@@ -1,0 +1,40 @@
+"""--search coarse: a coarse pass, then the best's neighbours, on made accuracy curves."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlmfast.run.search import coarse_every, coarse_steps, neighbours_to_evaluate, search
+
+STEPS = [100 * (i + 1) for i in range(24)]
+
+
+def curve(peak_index: int):
+    """A smooth curve over STEPS with its one peak at ``peak_index``."""
+    return {s: round(0.9 - 0.03 * abs(i - peak_index), 4) for i, s in enumerate(STEPS)}
+
+
+@pytest.mark.parametrize("peak", range(24))
+def test_finds_the_peak_of_24_checkpoints_evaluating_at_most_12(peak):
+    accuracy = curve(peak)
+    evaluated = search(STEPS, accuracy.__getitem__)
+    assert max(evaluated, key=lambda s: (accuracy[s], -s)) == STEPS[peak]
+    assert len(evaluated) <= 12 and len(set(evaluated)) == len(evaluated)
+
+
+def test_coarse_pass_takes_every_kth_and_the_last():
+    assert coarse_every(24) == 3 and coarse_every(5) == 1
+    assert coarse_steps(STEPS, 3) == STEPS[::3] + [STEPS[-1]]
+    assert coarse_steps([10, 20, 30], 2) == [10, 30]
+
+
+def test_neighbours_of_the_best_until_both_are_known_or_it_is_an_end():
+    assert neighbours_to_evaluate([1, 2, 3, 4], {1: 0.1, 3: 0.5}) == [2, 4]
+    assert neighbours_to_evaluate([1, 2, 3, 4], {2: 0.2, 3: 0.5, 4: 0.4}) == []
+    assert neighbours_to_evaluate([1, 2, 3, 4], {1: 0.9, 3: 0.5}) == [2]  # the first step is an end
+    assert neighbours_to_evaluate([1, 2], {1: None}) == []  # nothing to rank: no ground truth
+
+
+def test_every_given_by_hand():
+    evaluated = search(STEPS, curve(0).__getitem__, every=12)
+    assert evaluated[:3] == [STEPS[0], STEPS[12], STEPS[23]] and STEPS[1] in evaluated
