@@ -200,7 +200,8 @@ def load_rewards(specs, *, weights=None, kwargs=None, threshold: float = 1.0) ->
     if not specs:
         raise UsageError("no reward function given", hint="pass --reward FILE.py:FUNCTION")
     bound = parse_reward_kwargs(kwargs)
-    rewards = tuple(load_reward(spec, threshold=threshold, kwargs=bound) for spec in specs)
+    imported: dict[Path, object] = {}  # two functions of one file share its module, as in the trainer's process
+    rewards = tuple(load_reward(spec, threshold=threshold, kwargs=bound, _imported=imported) for spec in specs)
     return RewardSet(rewards, parse_reward_weights(weights, len(rewards)), float(threshold))
 
 
@@ -232,7 +233,7 @@ def parse_reward_kwargs(kwargs) -> dict:
     return value
 
 
-def load_reward(spec: str, *, threshold: float = 1.0, kwargs: Mapping | None = None) -> Reward:
+def load_reward(spec: str, *, threshold: float = 1.0, kwargs: Mapping | None = None, _imported=None) -> Reward:
     """The reward function ``spec`` names (``path/to/file.py:function_name``), ready to score rows.
 
     The file is imported under a module name of its own, with its directory first on ``sys.path``
@@ -249,7 +250,10 @@ def load_reward(spec: str, *, threshold: float = 1.0, kwargs: Mapping | None = N
     if not path.is_file():
         raise UsageError(f"--reward: {path}: no such file",
                          hint="give the path of the Python file holding the reward function")
-    module = _import(path)
+    key = path.resolve()
+    module = _imported[key] if _imported is not None and key in _imported else _import(path)
+    if _imported is not None:
+        _imported[key] = module
     owner, _, attribute = name.rpartition(".")  # Class.method: a reward kept as a static method (VLM-R1's modules)
     owner_obj = _attribute(module, owner) if owner else module
     if owner_obj is None or not hasattr(owner_obj, attribute):
