@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from vlmfast.evaluation.reference import r1v_count, rec_box, rec_iou, rec_resize, score_reference
+from vlmfast.evaluation.reference import (
+    r1v_count,
+    rec_box,
+    rec_iou,
+    rec_resize,
+    score_reference,
+)
 from vlmfast.evaluation.scoring import SCORERS, rescore, score_row
 
 

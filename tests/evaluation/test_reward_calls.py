@@ -9,8 +9,8 @@ import math
 import textwrap
 
 import pytest
-
 from conftest import cli, read_jsonl
+
 from vlmfast.errors import UsageError
 from vlmfast.evaluation.rewards import load_reward, load_rewards
 from vlmfast.run.rescore import rescore_file

@@ -3,9 +3,9 @@ data source and extra_info (verl), its columns (TRL), the generated ids; several
 
 import json
 
+from conftest import FakeBackend, read_jsonl
 from PIL import Image
 
-from conftest import FakeBackend, read_jsonl
 from vlmfast.evaluation.rewards import load_rewards
 from vlmfast.run.options import InferOptions
 from vlmfast.run.rescore import rescore_file

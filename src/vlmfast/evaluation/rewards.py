@@ -17,14 +17,22 @@ import itertools
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from vlmfast.errors import RewardError, UsageError
-from vlmfast.evaluation.reward_calls import (BATCH_KINDS, FORMS, KINDS, CallFailed, Item, call_batch, call_one,
-                                             detect_kind, reward_value)
+from vlmfast.evaluation.reward_calls import (
+    BATCH_KINDS,
+    FORMS,
+    KINDS,
+    CallFailed,
+    Item,
+    call_batch,
+    call_one,
+    detect_kind,
+    reward_value,
+)
 from vlmfast.evaluation.scoring import ROW_FIELDS, format_ok
 
 __all__ = ["FIELDS", "FORMS", "KINDS", "Reward", "RewardError", "RewardSet", "load_reward", "load_rewards",
