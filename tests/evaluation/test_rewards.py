@@ -73,7 +73,7 @@ def words(completions, solution, **kwargs):
 VERL = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     acc = 1.0 if "<answer>" + ground_truth + "</answer>" in solution_str else 0.0
-    if extra_info["id"] == "plain":
+    if extra_info.get("split") == "test":
         return acc * 0.25
     return {"score": acc, "geo": 1.0 if data_source == "geo" else 0.0, "pred": "a string is not a sub-score"}
 '''
@@ -108,13 +108,15 @@ def test_easyr1_sequential_scores_subscores_and_threshold(reward_file):
     assert reward.kind == "easyr1" and set(FIELDS) >= set(ROW_FIELDS)
     got = _by_id(ROWS, reward.score_rows(ROWS, TRUTHS))
     assert got["good"] == {**dict.fromkeys(FIELDS), "score": 1.0, "correct": True, "scorer": "reward:compute_score",
-                           "format_ok": True, "reward_scores": {"format": 1.0, "accuracy": 1.0, "length": 12.0}}
-    assert (got["plain"]["score"], got["plain"]["correct"], got["plain"]["format_ok"]) == (0.5, False, False)
-    assert got["plain"]["reward_scores"] == {"format": 0.0, "accuracy": 1.0, "length": 7.0}
+                           "format_ok": True, "reward_scores": {"format": 1.0, "accuracy": 1.0, "length": 12.0},
+                           "rewards": {"compute_score": 1.0}}
+    # "plain"'s truth is "<answer>4</answer>" as the manifest holds it: EasyR1 hands it over unstripped
+    assert (got["plain"]["score"], got["plain"]["correct"], got["plain"]["format_ok"]) == (0.0, False, False)
+    assert got["plain"]["reward_scores"] == {"format": 0.0, "accuracy": 0.0, "length": 7.0}
     assert (got["wrong"]["score"], got["wrong"]["correct"]) == (0.5, False)
     _check_nulls(got)
     lenient = _by_id(ROWS, load_reward(f"{path}:compute_score", threshold=0.5).score_rows(ROWS, TRUTHS))
-    assert [lenient[i]["correct"] for i in ("good", "plain", "wrong")] == [True, True, True]
+    assert [lenient[i]["correct"] for i in ("good", "plain", "wrong")] == [True, False, True]
 
 
 def test_easyr1_batch_is_one_call(reward_file):
@@ -132,31 +134,34 @@ def test_trl_reward_gets_conversational_completions_and_only_accepted_kwargs(rew
     reward = load_reward(f"{path}:accuracy_reward")
     assert reward.kind == "trl"
     got = _by_id(ROWS, reward.score_rows(ROWS, TRUTHS))
-    assert [got[i]["score"] for i in ("good", "plain", "wrong")] == [1.0, 1.0, 0.0]
-    assert [got[i]["correct"] for i in ("good", "plain", "wrong")] == [True, True, False]
-    assert reward.fn.__globals__["SEEN"] == [["ids", "prompts"]]
+    assert [got[i]["score"] for i in ("good", "plain", "wrong")] == [1.0, 0.0, 0.0]  # "plain": truth kept tagged
+    assert [got[i]["correct"] for i in ("good", "plain", "wrong")] == [True, False, False]
+    assert reward.fn.__globals__["SEEN"] == [["accu_reward_method", "completion_ids", "image_grid_thw", "image_path",
+                                              "log_extra", "log_metric", "problem", "prompts", "trainer_state"]]
     _check_nulls(got)
-    strict = load_reward(f"{path}:strict")  # no **kwargs: gets prompts, and no ids
-    assert [f["score"] for f in strict.score_rows(ROWS[:2], TRUTHS)] == [12.0, 12.0]
+    strict = load_reward(f"{path}:strict")  # no **kwargs: gets prompts (one user turn each), nothing else
+    assert [f["score"] for f in strict.score_rows(ROWS[:2], TRUTHS)] == [1.0, 1.0]
     assert load_reward(f"{path}:short").kind == "trl"  # VLM-R1's format_reward(completions, **kwargs)
 
 
 def test_verl_score_dict_and_data_source(reward_file):
     reward = load_reward(f"{reward_file('verl_reward.py', VERL)}:compute_score")
     assert reward.kind == "verl"
-    truths = {**TRUTHS, "good": {"ground_truth": "4", "data_source": "geo"}}
+    truths = {**TRUTHS, "good": {"ground_truth": "4", "data_source": "geo"},
+              "plain": {"manifest_truth": "4", "data_source": None, "record": {"extra_info": {"split": "test"}}}}
     got = _by_id(ROWS, reward.score_rows(ROWS, truths))
     assert (got["good"]["score"], got["good"]["correct"], got["good"]["reward_scores"]) == (1.0, True, {"geo": 1.0})
     assert (got["plain"]["score"], got["plain"]["correct"], got["plain"]["reward_scores"]) == (0.25, False, {})
-    assert got["wrong"]["reward_scores"] == {"geo": 0.0}  # data_source "vlmfast" when the record has none
+    assert got["wrong"]["reward_scores"] == {"geo": 0.0}  # data_source None when the record has none
     _check_nulls(got)
 
 
-def test_bbox_truth_is_passed_as_json(reward_file):
+def test_bbox_truth_is_passed_as_the_manifest_holds_it(reward_file):
     path = reward_file("verl_box.py", 'def compute_score(solution_str, ground_truth):\n'
-                                      '    return float(ground_truth == "[1, 2, 3, 4]")\n')
+                                      '    return float(ground_truth == [1, 2, 3, 4]) + 2 * (ground_truth == "[1,2,3,4]")\n')
     reward = load_reward(f"{path}:compute_score")
     assert reward.score_rows([{"id": "b", "text": "x"}], {"b": [1, 2, 3, 4]})[0]["score"] == 1.0
+    assert reward.score_rows([{"id": "b", "text": "x"}], {"b": "[1,2,3,4]"})[0]["score"] == 2.0
 
 
 def test_user_exception_names_function_and_row(reward_file):
@@ -211,9 +216,12 @@ def test_kind_from_annotations(reward_file):
     assert load_reward(f"{path}:batch").kind == "easyr1-batch"
     assert load_reward(f"{path}:one").kind == "easyr1"
     assert load_reward(f"{path}:typed").kind == "easyr1"
-    for name in ("two", "needs_more"):
+    assert load_reward(f"{path}:two").kind == "easyr1-legacy"  # EasyR1 <= 0.3: (predict_str, ground_truth)
+    assert load_reward(f"{path}:needs_more").kind == "trl"  # VLM-R1 hands image_path over
+    odd = reward_file("odd.py", "def three(a, b, c): ...\ndef nothing(): ...\n")
+    for name in ("three", "nothing"):
         with pytest.raises(UsageError, match="not a reward function signature") as err:
-            load_reward(f"{path}:{name}")
+            load_reward(f"{odd}:{name}")
         assert all(form in err.value.hint for form in FORMS)
 
 

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from vlmfast.cli.common import BboxSpace, Command, Iou, Json, Reward, RewardThreshold, Scorer, choice, command, guarded
+from vlmfast.cli.common import (BboxSpace, Command, Iou, Json, Reward, RewardKwargs, RewardThreshold, RewardWeights, Scorer,
+                                choice, command, guarded)
 
 
 @command(cls=Command, epilog="Exit codes: 0 ok · 2 unreadable results or manifest.")
@@ -18,6 +19,8 @@ def score(
     iou: Iou = 0.5,
     bbox_space: BboxSpace = None,
     reward: Reward = None,
+    reward_weights: RewardWeights = None,
+    reward_kwargs: RewardKwargs = None,
     reward_threshold: RewardThreshold = 1.0,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="--reward: a row whose reward function raises gets reward_error instead of stopping the command.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL).")] = None,
@@ -28,10 +31,11 @@ def score(
     def run():
         from vlmfast.report.terminal import print_json, render_scores
         from vlmfast.run.rescore import rescore_file
-        from vlmfast.evaluation.rewards import load_reward
+        from vlmfast.evaluation.rewards import load_rewards
         from vlmfast.evaluation.scoring import SCORERS
 
-        scoring = load_reward(reward, threshold=reward_threshold) if reward else None
+        scoring = load_rewards(reward, weights=reward_weights, kwargs=reward_kwargs,
+                               threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
                                bbox_space=bbox_space, out=out, reward=scoring, skip_bad=skip_bad)
         render_scores(str(results), summary)

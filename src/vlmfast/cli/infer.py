@@ -5,8 +5,9 @@ from __future__ import annotations
 from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
                      CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, GpuMemory, IgnoreEos, Images, Iou, Json,
                      Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
-                     Overlap, Overwrite, Prompt, PromptFile, RetryErrors, Reward, RewardThreshold, Samples, Scorer, Seed, SkipBad, System, Temperature,
-                     PipelineParallel, Template, TensorParallel, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
+                     Overlap, Overwrite, PipelineParallel, Prompt, PromptFile, RetryErrors, Reward, RewardKwargs,
+                     RewardThreshold, RewardWeights, Samples, Scorer, Seed, SkipBad, System, Temperature,
+                     Template, TensorParallel, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
                      guarded)
 
 
@@ -53,6 +54,8 @@ def infer(
     iou: Iou = 0.5,
     bbox_space: BboxSpace = None,
     reward: Reward = None,
+    reward_weights: RewardWeights = None,
+    reward_kwargs: RewardKwargs = None,
     reward_threshold: RewardThreshold = 1.0,
     out: Out = None,
     overwrite: Overwrite = False,

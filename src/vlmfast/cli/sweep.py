@@ -13,7 +13,8 @@ from vlmfast.cli.infer import infer as infer_command
 # infer's options that a sweep passes to each checkpoint's run, declared once in infer
 FROM_INFER = ("template", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
               "max_new_tokens", "temperature", "top_p", "seed", "n", "ignore_eos", "decoder", "cuda_graphs", "compile_",
-              "device", "dtype", "attn", "scorer", "iou", "bbox_space", "reward", "reward_threshold", "json_out")
+              "device", "dtype", "attn", "scorer", "iou", "bbox_space", "reward", "reward_weights",
+              "reward_kwargs", "reward_threshold", "json_out")
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)

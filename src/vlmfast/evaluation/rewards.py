@@ -1,9 +1,12 @@
-"""A trainer's own reward function as the scorer: ``--reward path/to/file.py:function``.
+"""A trainer's own reward functions as the scorer: ``--reward path/to/file.py:function`` (repeatable).
 
-The file is imported by path and the function is called the way its trainer calls it (EasyR1
-sequential or batch, TRL / VLM-R1, verl), recognised from its parameter names. Its reward becomes
-the row's ``score``; ``correct`` is ``score >= threshold``. Standard library only at import time: the
-user's file imports what it needs.
+Each file is imported by path and its function called exactly the way its trainer calls it (EasyR1
+batch / sequential / ≤ 0.3, TRL / VLM-R1, verl: see :mod:`vlmfast.evaluation.reward_calls`), with the
+manifest's ground truth untouched and ``--reward-kwargs`` bound as EasyR1's ``reward_function_kwargs``.
+Several functions are weighted and summed as TRL's GRPOTrainer does (``reward_weights``; a ``None`` is
+"not applicable": left out of that function's mean and out of the sum, the row left out entirely
+when every function says None). The total becomes the row's ``score``; ``correct`` is
+``score >= threshold``. Standard library only at import time: the user's file imports what it needs.
 """
 
 from __future__ import annotations
@@ -12,60 +15,40 @@ import importlib.util
 import inspect
 import itertools
 import json
-import numbers
 import re
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from vlmfast.errors import RewardError, UsageError
-from vlmfast.evaluation.scoring import ROW_FIELDS, format_ok, truth_text
-
-__all__ = ["FIELDS", "FORMS", "KINDS", "Reward", "RewardError", "load_reward"]
-
-# The fields score_rows gives a row: scoring's own (so a rewarded results file has the usual
-# columns), the reward's sub-scores, and the error --skip-bad recorded instead of a reward.
-FIELDS = (*ROW_FIELDS, "reward_scores", "reward_error")
-KINDS = ("easyr1", "easyr1-batch", "trl", "verl")
-FORMS = (
-    "EasyR1 sequential: compute_score(reward_input: dict) -> dict with 'overall'",
-    "EasyR1 batch: compute_score(reward_inputs: list[dict]) -> list[dict]",
-    "TRL / VLM-R1: f(completions, solution, **kwargs) -> list[float]",
-    "verl: compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict",
+from vlmfast.evaluation.reward_calls import (
+    BATCH_KINDS,
+    FORMS,
+    KINDS,
+    CallFailed,
+    Item,
+    call_batch,
+    call_one,
+    detect_kind,
+    reward_value,
 )
-# Arguments vlmfast can supply, per kind; a required parameter outside these cannot be called.
-_SUPPLIED = {"trl": {"completions", "solution", "prompts", "ids"},
-             "verl": {"data_source", "solution_str", "ground_truth", "extra_info"}}
-_BATCH_KINDS = ("easyr1-batch", "trl")
+from vlmfast.evaluation.scoring import ROW_FIELDS, format_ok
+
+__all__ = ["FIELDS", "FORMS", "KINDS", "Reward", "RewardError", "RewardSet", "load_reward", "load_rewards",
+           "parse_reward_kwargs", "parse_reward_weights"]
+
+# The fields score_rows gives a row: scoring's own (so a rewarded results file has the usual columns),
+# each function's reward by name (None: not applicable), the sub-scores, and the error --skip-bad recorded.
+FIELDS = (*ROW_FIELDS, "rewards", "reward_scores", "reward_error")
 _modules = itertools.count()
-
-
-@dataclass(frozen=True)
-class _Item:
-    """One row to reward: its id, response text and length, truth text, prompt, verl data source."""
-
-    id: str
-    text: str
-    n_new_tokens: int | None
-    truth: str
-    prompt: str | None
-    data_source: str
-
-
-class _Failure(Exception):
-    """User code failed on ``item``; ``what`` is ``Type: message`` or a description of a bad value."""
-
-    def __init__(self, item: _Item, what: str, batch: int = 1):
-        super().__init__(what)
-        self.item, self.what, self.batch = item, what, batch
 
 
 @dataclass(frozen=True)
 class Reward:
     """A loaded reward function. ``kind`` is one of :data:`KINDS`; ``keywords`` the parameter names it
-    accepts by keyword (``var_keyword``: it also takes ``**kwargs``)."""
+    accepts by keyword (``var_keyword``: it also takes ``**kwargs``); ``bound`` the keyword arguments
+    bound to every call; ``label`` the file's ``REWARD_NAME`` (EasyR1) when it declares one."""
 
     fn: Callable
     name: str
@@ -74,6 +57,8 @@ class Reward:
     keywords: frozenset[str]
     var_keyword: bool = False
     threshold: float = 1.0
+    bound: Mapping = field(default_factory=dict)
+    label: str | None = None
 
     @property
     def scorer(self) -> str:
@@ -81,84 +66,44 @@ class Reward:
         return f"reward:{self.name}"
 
     def score_rows(self, rows: list[dict], truths: dict[str, object], *, skip_bad: bool = False) -> list[dict]:
-        """The scoring fields (:data:`FIELDS`) for each of ``rows``, in order.
+        """The scoring fields (:data:`FIELDS`) for each of ``rows``, in order: see :meth:`RewardSet.score_rows`."""
+        return RewardSet((self,), (1.0,), self.threshold).score_rows(rows, truths, skip_bad=skip_bad)
 
-        ``truths`` maps row id → the truth: a value, a ``(truth, scorer)`` pair as
-        :func:`vlmfast.inputs.convert.read_truths` gives, or a record ``{"ground_truth": …, "data_source": …}``.
-        Error rows get all nulls and rows without truth only ``format_ok``, as
-        :func:`vlmfast.evaluation.scoring.score_row` does. Batch kinds get one call for all the rows to reward.
-        User code that raises, or returns no number, is a :class:`RewardError` naming the function and
-        the row (the batch's first row when the batch call raised); with ``skip_bad`` that row instead
-        gets ``score``/``correct`` None and ``reward_error`` set, and the others are still rewarded (a
-        failed batch is retried one row per call to find the rows that fail)."""
-        out: list[dict] = []
-        todo: list[tuple[dict, _Item]] = []
-        for row in rows:
-            fields = dict.fromkeys(FIELDS)
-            out.append(fields)
-            if row.get("error") is not None:
-                continue
-            fields["format_ok"] = format_ok(row.get("text"))
-            truth, data_source = _truth_record(truths.get(str(row.get("id"))))
-            if truth is not None:
-                todo.append((fields, _item(row, truth, data_source)))
-        for (fields, _), result in zip(todo, self._reward_all([item for _, item in todo], skip_bad)):
-            if isinstance(result, _Failure):
-                fields.update(scorer=self.scorer, reward_error=result.what)
-            else:
-                score, subscores = result
-                fields.update(score=score, correct=score >= self.threshold, scorer=self.scorer,
-                              reward_scores=subscores)
-        return out
-
-    # -- calling the user's function -------------------------------------------------------------
-    def _reward_all(self, items: list[_Item], skip_bad: bool) -> list:
+    def rewards(self, items: list[Item], skip_bad: bool) -> list:
+        """(reward or None, sub-scores) per item, or a :class:`CallFailed` for an item that failed
+        (only with ``skip_bad``; else a :class:`RewardError`). Batch kinds: one call for all the items;
+        a failed batch is retried one item per call to find the items that fail."""
         if not items:
             return []
-        if self.kind in _BATCH_KINDS:
+        if self.kind in BATCH_KINDS:
             try:
-                return self._call_batch(items)
-            except _Failure as failure:
+                return self._batch(items)
+            except CallFailed as failure:
                 if not skip_bad:
                     raise self._error(failure) from failure.__cause__
         results = []
         for item in items:
             try:
-                results.append(self._call_batch([item])[0] if self.kind in _BATCH_KINDS else self._call_one(item))
-            except _Failure as failure:
+                results.append(self._batch([item])[0] if self.kind in BATCH_KINDS else self._one(item))
+            except CallFailed as failure:
                 if not skip_bad:
                     raise self._error(failure) from failure.__cause__
                 results.append(failure)
         return results
 
-    def _call_batch(self, items: list[_Item]) -> list[tuple[float, dict]]:
-        if self.kind == "easyr1-batch":
-            values = _invoke(self.fn, items, [_easyr1_input(i) for i in items])
-        else:
-            kwargs = {"completions": [[{"role": "assistant", "content": i.text}] for i in items],
-                      "solution": [i.truth for i in items], "prompts": [i.prompt for i in items],
-                      "ids": [i.id for i in items]}
-            values = _invoke(self.fn, items, **{k: v for k, v in kwargs.items() if self._accepts(k)})
-        if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
-            raise _Failure(items[0], f"returned {type(values).__name__}, expected a list of {len(items)}", len(items))
-        values = list(values)
-        if len(values) != len(items):
-            raise _Failure(items[0], f"returned {len(values)} values for {len(items)} rows", len(items))
+    def _batch(self, items: list[Item]) -> list:
+        values = call_batch(self.kind, self.fn, items, self.bound, self._accepts)
         key = "overall" if self.kind == "easyr1-batch" else None
-        return [_reward_value(v, key, item) for v, item in zip(values, items)]
+        return [reward_value(v, key, item, none_ok=self.kind == "trl") for v, item in zip(values, items)]
 
-    def _call_one(self, item: _Item) -> tuple[float, dict]:
-        if self.kind == "easyr1":
-            return _reward_value(_invoke(self.fn, [item], _easyr1_input(item)), "overall", item)
-        kwargs = {"data_source": item.data_source, "solution_str": item.text, "ground_truth": item.truth,
-                  "extra_info": {"id": item.id}}
-        return _reward_value(_invoke(self.fn, [item], **{k: v for k, v in kwargs.items() if self._accepts(k)}),
-                             "score", item)
+    def _one(self, item: Item):
+        key = "score" if self.kind == "verl" else "overall"
+        return reward_value(call_one(self.kind, self.fn, item, self.bound, self._accepts), key, item)
 
     def _accepts(self, name: str) -> bool:
         return self.var_keyword or name in self.keywords
 
-    def _error(self, failure: _Failure) -> RewardError:
+    def _error(self, failure: CallFailed) -> RewardError:
         where = f"row {failure.item.id}" if failure.batch == 1 else \
             f"a batch of {failure.batch} rows starting at row {failure.item.id}"
         return RewardError(f"reward function {self.name} ({self.source}) failed on {where}: {failure.what}",
@@ -166,86 +111,143 @@ class Reward:
                                 "reward_error and go on")
 
 
-def _invoke(fn: Callable, items: list[_Item], *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # the user's code: any exception is theirs to report, with the row
-        raise _Failure(items[0], f"{type(exc).__name__}: {exc}", len(items)) from exc
+@dataclass(frozen=True)
+class RewardSet:
+    """Several reward functions with their weights, scored together as TRL's GRPOTrainer sums them."""
 
+    rewards: tuple[Reward, ...]
+    weights: tuple[float, ...]
+    threshold: float = 1.0
 
-def _easyr1_input(item: _Item) -> dict:
-    data = {"response": item.text, "response_length": item.n_new_tokens, "ground_truth": item.truth}
-    if item.prompt is not None:
-        data["prompt"] = item.prompt
-    return data
+    @property
+    def scorer(self) -> str:
+        """The ``scorer`` field of rewarded rows: ``reward:`` and the functions' names joined by ``+``."""
+        return "reward:" + "+".join(r.name for r in self.rewards)
 
+    @property
+    def names(self) -> list[str]:
+        """Each function's key in a row's ``rewards``: its name, with its file's stem when two share it."""
+        plain = [r.name for r in self.rewards]
+        return [f"{r.source.stem}:{r.name}" if plain.count(r.name) > 1 else r.name for r in self.rewards]
 
-def _reward_value(value, key: str | None, item: _Item) -> tuple[float, dict]:
-    """(reward, sub-scores) from a returned number, or from a dict's ``key`` plus its other numbers."""
-    if key is not None and isinstance(value, Mapping):
-        if key not in value:
-            raise _Failure(item, f"returned a dict without {key!r} (keys: {', '.join(map(str, value))})")
-        subscores = {str(k): n for k, v in value.items() if k != key and (n := _number(v)) is not None}
-        value = value[key]
-    else:
+    def score_rows(self, rows: list[dict], truths: dict[str, object], *, skip_bad: bool = False) -> list[dict]:
+        """The scoring fields (:data:`FIELDS`) for each of ``rows``, in order.
+
+        ``truths`` maps row id → the truth: a record as :func:`vlmfast.inputs.convert.read_reward_truths`
+        or ``Request.truth_record`` gives it (``manifest_truth``, ``record``, ``data_source``), a
+        ``{"ground_truth": …}`` dict, a ``(truth, scorer)`` pair or the value itself. The function sees the
+        manifest's value as it is. Error rows get all nulls, rows without truth only ``format_ok``.
+        ``score`` is Σ weight × reward over the functions that did not return None (None when all did);
+        ``rewards`` holds each function's own value. User code that raises, or returns no number, is a
+        :class:`RewardError` naming the function and the row; with ``skip_bad`` that row gets ``score``
+        None and ``reward_error`` instead, and the others are still rewarded."""
+        out: list[dict] = []
+        todo: list[tuple[dict, Item]] = []
+        for row in rows:
+            fields = dict.fromkeys(FIELDS)
+            out.append(fields)
+            if row.get("error") is not None:
+                continue
+            fields["format_ok"] = format_ok(row.get("text"))
+            found, truth, record, source = _truth_record(truths.get(str(row.get("id"))))
+            if found:
+                todo.append((fields, _item(row, truth, record, source)))
+        items = [item for _, item in todo]
+        per_function = [reward.rewards(items, skip_bad) for reward in self.rewards]
+        for k, (fields, _) in enumerate(todo):
+            self._combine(fields, [results[k] for results in per_function])
+        return out
+
+    def _combine(self, fields: dict, results: list) -> None:
+        fields["scorer"] = self.scorer
+        failed = [(name, r) for name, r in zip(self.names, results) if isinstance(r, CallFailed)]
+        if failed:
+            fields["reward_error"] = "; ".join(r.what if len(self.rewards) == 1 else f"{name}: {r.what}" for name, r in failed)
+            return
+        values = [value for value, _ in results]
+        fields["rewards"] = dict(zip(self.names, values))
         subscores = {}
-    number = _number(value)
-    if number is None:
-        raise _Failure(item, f"returned {type(value).__name__} {value!r:.60}, not a finite number")
-    return number, subscores
+        for name, (_, subs) in zip(self.names, results):
+            subscores.update(subs if len(self.rewards) == 1 else {f"{name}/{k}": v for k, v in subs.items()})
+        fields["reward_scores"] = subscores
+        if all(v is None for v in values):
+            return  # not applicable to this row: no score, left out of every mean
+        total = sum(w * v for w, v in zip(self.weights, values) if v is not None)  # TRL's nansum
+        fields.update(score=total, correct=total >= self.threshold)
 
 
-def _number(value) -> float | None:
-    if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)):
-        try:
-            value = value.item()  # a 0-d numpy array or torch tensor
-        except (TypeError, ValueError, RuntimeError):
-            return None
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return number if number == number and abs(number) != float("inf") else None
-    return None
-
-
-def _truth_record(value) -> tuple[str | None, str]:
-    """(truth text, verl data source) from a ``truths`` value; truth None when there is none."""
-    data_source = "vlmfast"
+def _truth_record(value) -> tuple[bool, object, Mapping | None, str | None]:
+    """(has truth, the manifest's truth untouched, the manifest line, verl data source) from a ``truths`` value."""
+    if isinstance(value, Mapping) and "manifest_truth" in value:
+        truth = value["manifest_truth"]
+        return truth is not None, truth, value.get("record"), value.get("data_source")
+    if isinstance(value, Mapping) and "ground_truth" in value:
+        return value["ground_truth"] is not None, value["ground_truth"], None, value.get("data_source")
     if isinstance(value, tuple) and len(value) == 2 and (value[1] is None or isinstance(value[1], str)):
         value = value[0]  # read_truths' (truth, scorer)
-    elif isinstance(value, Mapping) and "ground_truth" in value:
-        data_source = str(value.get("data_source") or data_source)
-        value = value["ground_truth"]
-    truth = truth_text(value)
-    if truth is not None and not isinstance(truth, str):
-        truth = json.dumps(truth, ensure_ascii=False)  # reward functions take text; a box is its JSON
-    return truth, data_source
+    return value is not None, value, None, None
 
 
-def _item(row: dict, truth: str, data_source: str) -> _Item:
-    text = row.get("text")
-    prompt = row.get("prompt")
-    return _Item(str(row.get("id")), text if isinstance(text, str) else "", row.get("n_new_tokens"), truth,
-                 prompt if isinstance(prompt, str) else None, data_source)
+def _item(row: dict, truth, record: Mapping | None, data_source: str | None) -> Item:
+    text, prompt = row.get("text"), row.get("prompt")
+    images = row.get("images")
+    if not isinstance(images, list):  # a row from another tool: the manifest line's images
+        line = record or {}
+        images = line.get("images") or ([line["image"]] if isinstance(line.get("image"), str) else [])
+    return Item(str(row.get("id")), text if isinstance(text, str) else "", row.get("n_new_tokens"), truth,
+                prompt if isinstance(prompt, str) else None, tuple(images or ()), record, data_source,
+                row.get("token_ids"), row.get("model_image_sizes"))
 
 
 # -- loading -------------------------------------------------------------------------------------
-def load_reward(spec: str, *, threshold: float = 1.0) -> Reward:
+def load_rewards(specs, *, weights=None, kwargs=None, threshold: float = 1.0) -> RewardSet:
+    """The reward functions ``specs`` names (one ``FILE.py:FUNCTION`` or a list), weighted by ``weights``
+    (a list of numbers or ``"1,0.5"``; default 1 each) and with ``kwargs`` (a dict or its JSON text) bound
+    to every call. UsageError for a bad spec, weights that do not match, or kwargs that are not a JSON object."""
+    specs = [specs] if isinstance(specs, str) else list(specs or ())
+    if not specs:
+        raise UsageError("no reward function given", hint="pass --reward FILE.py:FUNCTION")
+    bound = parse_reward_kwargs(kwargs)
+    imported: dict[Path, object] = {}  # two functions of one file share its module, as in the trainer's process
+    rewards = tuple(load_reward(spec, threshold=threshold, kwargs=bound, _imported=imported) for spec in specs)
+    return RewardSet(rewards, parse_reward_weights(weights, len(rewards)), float(threshold))
+
+
+def parse_reward_weights(weights, count: int) -> tuple[float, ...]:
+    """``count`` weights from ``"1,0.5"`` or a list (TRL's ``reward_weights``); None → 1 each."""
+    if weights is None:
+        return (1.0,) * count
+    parts = [w for w in weights.split(",") if w.strip()] if isinstance(weights, str) else list(weights)
+    try:
+        values = tuple(float(w) for w in parts)
+    except (TypeError, ValueError):
+        raise UsageError(f"--reward-weights {weights!r}: expected numbers", hint="e.g. --reward-weights 1,0.5") from None
+    if len(values) != count:
+        raise UsageError(f"--reward-weights gives {len(values)} weight(s) for {count} reward function(s)",
+                         hint="one weight per --reward, in the same order")
+    return values
+
+
+def parse_reward_kwargs(kwargs) -> dict:
+    """The keyword arguments bound to every reward call, from a dict or its JSON text (None → none)."""
+    if kwargs is None or isinstance(kwargs, Mapping):
+        return dict(kwargs or {})
+    try:
+        value = json.loads(kwargs)
+    except ValueError as exc:
+        raise UsageError(f"--reward-kwargs: not JSON ({exc})", hint='e.g. --reward-kwargs \'{"max_response_length": 4096}\'') from None
+    if not isinstance(value, dict):
+        raise UsageError("--reward-kwargs: expected a JSON object", hint='e.g. --reward-kwargs \'{"format_weight": 0.1}\'')
+    return value
+
+
+def load_reward(spec: str, *, threshold: float = 1.0, kwargs: Mapping | None = None, _imported=None) -> Reward:
     """The reward function ``spec`` names (``path/to/file.py:function_name``), ready to score rows.
 
     The file is imported under a module name of its own, with its directory first on ``sys.path``
     while it imports (so ``from utils import …`` of a sibling file works, as when the trainer runs it).
-    The calling form is recognised from the parameter names, in this order:
-
-    - a parameter ``completions`` → TRL / VLM-R1: keyword call with ``completions`` (conversational
-      form), ``solution``, and ``prompts``/``ids`` where the function accepts them;
-    - parameters ``solution_str`` and ``ground_truth`` → verl: keyword call per row, ``data_source``
-      and ``extra_info`` where accepted; a dict result's ``score`` is the reward;
-    - first parameter ``reward_inputs`` (or annotated as a list) → EasyR1 batch: one list of dicts;
-    - first parameter ``reward_input`` (or annotated as a dict) → EasyR1 sequential: one dict per row.
-
-    EasyR1 dicts hold ``response``, ``response_length`` (n_new_tokens), ``ground_truth`` (and the
-    row's ``prompt``); a result dict's ``overall`` is the reward and its other numbers sub-scores.
-    Other required parameters make the signature unrecognised. Raises UsageError (with a hint) for
+    The calling form is recognised by :func:`vlmfast.evaluation.reward_calls.detect_kind`; ``kwargs``
+    are bound to every call (EasyR1's ``reward_function_kwargs``). Raises UsageError (with a hint) for
     a bad spec, a file that fails to import, or a name that is not such a function."""
     path_text, sep, name = str(spec).rpartition(":")
     forms = "accepted forms: " + "; ".join(FORMS)
@@ -256,29 +258,44 @@ def load_reward(spec: str, *, threshold: float = 1.0) -> Reward:
     if not path.is_file():
         raise UsageError(f"--reward: {path}: no such file",
                          hint="give the path of the Python file holding the reward function")
-    module = _import(path)
-    if not hasattr(module, name):
+    key = path.resolve()
+    module = _imported[key] if _imported is not None and key in _imported else _import(path)
+    if _imported is not None:
+        _imported[key] = module
+    owner, _, attribute = name.rpartition(".")  # Class.method: a reward kept as a static method (VLM-R1's modules)
+    owner_obj = _attribute(module, owner) if owner else module
+    if owner_obj is None or not hasattr(owner_obj, attribute):
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                        and getattr(v, "__module__", None) == module.__name__)
         raise UsageError(f"--reward: {path} has no {name!r}",
                          hint=f"functions defined there: {', '.join(found) or 'none'}")
-    fn = getattr(module, name)
+    fn = getattr(owner_obj, attribute)
     if not callable(fn):
         raise UsageError(f"--reward: {path}:{name} is a {type(fn).__name__}, not a function",
                          hint="name the reward function itself")
+    bound = dict(kwargs or {})
     try:
         params = list(inspect.signature(fn).parameters.values())
+        kind = detect_kind(fn, module, bound)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--reward: cannot read the signature of {name} ({exc})", hint=forms) from exc
-    kind = _kind(params)
     if kind is None:
         shown = ", ".join(str(p) for p in params)
-        raise UsageError(f"--reward: {name}({shown}) is not a reward function signature vlmfast knows", hint=forms)
-    return Reward(fn, name, kind, path, frozenset(p.name for p in params if p.kind in _BY_KEYWORD),
-                  any(p.kind is p.VAR_KEYWORD for p in params), float(threshold))
+        unbound = [p.name for p in params[1:] if p.default is p.empty and p.name not in bound
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        hint = forms + (f"; bind {', '.join(unbound)} with --reward-kwargs '{{\"{unbound[0]}\": …}}' as the trainer's "
+                        "config does" if unbound else "")
+        raise UsageError(f"--reward: {name}({shown}) is not a reward function signature vlmfast knows", hint=hint)
+    keywords = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    label = getattr(module, "REWARD_NAME", None)
+    return Reward(fn, name, kind, path, keywords, any(p.kind is p.VAR_KEYWORD for p in params), float(threshold),
+                  bound, label if isinstance(label, str) else None)
 
 
-_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+def _attribute(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _import(path: Path):
@@ -304,30 +321,3 @@ def _import(path: Path):
         if added and directory in sys.path:
             sys.path.remove(directory)
     return module
-
-
-def _kind(params: list[inspect.Parameter]) -> str | None:
-    names = {p.name for p in params if p.kind in _BY_KEYWORD}
-    required = {p.name for p in params if p.default is p.empty and p.kind in (*_BY_KEYWORD, p.POSITIONAL_ONLY)}
-    if "completions" in names:
-        return "trl" if required <= _SUPPLIED["trl"] else None
-    if {"solution_str", "ground_truth"} <= names:
-        return "verl" if required <= _SUPPLIED["verl"] else None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not positional or required - {positional[0].name}:
-        return None
-    first = positional[0]
-    annotation = _annotation_text(first.annotation)
-    if first.name == "reward_inputs" or (first.name != "reward_input" and annotation.startswith(("list", "sequence"))):
-        return "easyr1-batch"
-    if first.name == "reward_input" or annotation.startswith(("dict", "mapping")):
-        return "easyr1"
-    return None
-
-
-def _annotation_text(annotation) -> str:
-    """``list[dict]``, ``List[Dict]``, ``list`` or the string form of any of them, lower case, unqualified."""
-    if isinstance(annotation, type):
-        annotation = annotation.__name__
-    text = annotation if isinstance(annotation, str) else repr(annotation)
-    return text.replace("typing.", "").replace("collections.abc.", "").lower()

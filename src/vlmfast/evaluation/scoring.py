@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from vlmfast.errors import UsageError, check_choice
 
-SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains")
+# Published evaluation scripts' rules, rule for rule, on the whole row (vlmfast.evaluation.reference).
+REFERENCE_SCORERS = ("vlm-r1-rec", "easyr1-math", "r1v-counting")
+SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains", *REFERENCE_SCORERS)
 # Where a predicted box's coordinates live. resized: pixels of the image the model saw (Qwen2.5-VL),
 # mapped back with the row's image_sizes / model_image_sizes; original: pixels of the image as given;
 # rel1000: 0–1000 relative to the image (Qwen2-VL, Qwen3-VL, Qwen3.5), x_pixel = x / 1000 * original width.
@@ -343,6 +345,9 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
     fields["format_ok"] = format_ok(text)
     if truth_text(truth) is None:
         return fields
+    if scorer in REFERENCE_SCORERS:
+        from vlmfast.evaluation.reference import score_reference
+        return {**fields, **score_reference(scorer, row, truth_text(truth))}
     answer = parse_reasoning(text)[1] if isinstance(text, str) else None
     if answer is None and plain_fallback and isinstance(text, str) and not _ANY_TAG.search(text):
         answer = text

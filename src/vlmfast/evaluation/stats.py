@@ -38,11 +38,24 @@ def summarize(rows: list[dict]) -> dict:
     }
     names = sorted({r["scorer"] for r in scored if r.get("scorer")})
     summary["by_scorer"] = {n: _score_stats([r for r in scored if r.get("scorer") == n]) for n in names}
+    if any(isinstance(r.get("rewards"), dict) for r in ok):  # --reward: each function beside the total
+        summary["rewards"] = reward_means(ok)
     if any(r.get("sample") is not None for r in rows):  # n answers per request: pass@k, maj@k, solve rates
         from vlmfast.evaluation.samples import summarize_samples
 
         summary["samples"] = summarize_samples(rows)
     return summary
+
+
+def reward_means(rows: list[dict]) -> dict:
+    """Per reward function (the rows' ``rewards``): its mean over the rows it rewarded, and how many rows it
+    called not applicable (None, left out of its mean as TRL's nanmean leaves them). ``not_applicable_rows``
+    beside them counts the rows every function left out (no score)."""
+    names = list(dict.fromkeys(n for r in rows if isinstance(r.get("rewards"), dict) for n in r["rewards"]))
+    given = [r["rewards"] for r in rows if isinstance(r.get("rewards"), dict)]
+    out = {n: {"mean": mean(g[n] for g in given if g.get(n) is not None),
+               "not_applicable_rows": sum(1 for g in given if g.get(n) is None)} for n in names}
+    return {"functions": out, "not_applicable_rows": sum(1 for g in given if all(v is None for v in g.values()))}
 
 
 def _score_stats(scored: list[dict]) -> dict:

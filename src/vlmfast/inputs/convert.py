@@ -214,9 +214,21 @@ def write_manifest(rows: list[dict], out_path: str) -> Path:
 def read_truths(manifest: str) -> dict[str, tuple[object, str | None]]:
     """id → (truth, scorer) for every record of a manifest, read exactly as a run reads it (same ids,
     same ground-truth fields); records a run could not use are skipped."""
+    return {r.id: (r.truth, r.scorer) for r in _good_requests(manifest)}
+
+
+def _good_requests(manifest: str) -> list[Request]:
     items, _ = read_manifest(manifest, default_prompt="-")  # prompts do not matter for scoring
     bad = [p for r in items if not isinstance(r, Request) for p in r.problems]
     if bad:
         raise InputError(f"{len(bad)} bad manifest record(s):\n" + "\n".join(f"  - {p}" for p in bad[:50]),
                          hint=f"fix them (scorers are: {', '.join(SCORERS)})", problems=[str(p) for p in bad])
-    return {r.id: (r.truth, r.scorer) for r in items}
+    return items
+
+
+def read_reward_truths(manifest: str) -> dict[str, dict]:
+    """id → what a trainer's reward function is handed of each manifest record: ``manifest_truth`` (the
+    ground truth byte for byte as the line holds it), ``record`` (the line itself), ``data_source`` and
+    ``ground_truth``/``scorer`` as :func:`read_truths` gives them. Same records, same ids as a run."""
+    return {r.id: r.truth_record() for r in _good_requests(manifest)}
+

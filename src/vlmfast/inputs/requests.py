@@ -31,7 +31,7 @@ TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION}
 
 # Manifest keys we understand; anything else is ignored (and reported once).
 MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages", "solution", "answer", "scorer",
-                           "data_source"})
+                           "data_source", "extra_info"})
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,15 @@ class Request:
     scorer: str | None = None
     image_sizes: tuple[tuple[int, int], ...] = ()
     data_source: str | None = None  # verl reward functions take it (the dataset's name)
+    # The ground truth exactly as the manifest line holds it, and the line itself: trainers hand both to
+    # reward functions untouched (dataset columns, verl's extra_info), unlike ``truth`` (normalised for scoring).
+    manifest_truth: object = field(default=None, compare=False)
+    record: dict | None = field(default=None, compare=False, repr=False)
 
     def truth_record(self) -> dict:
         """What a reward function or scorer needs of this request's ground truth."""
-        return {"ground_truth": self.truth, "scorer": self.scorer, "data_source": self.data_source}
+        return {"ground_truth": self.truth, "scorer": self.scorer, "data_source": self.data_source,
+                "manifest_truth": self.manifest_truth, "record": self.record}
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,8 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
         raise ValueError('"id" must be a string or an integer')
     source = record.get("data_source")
     return Request(id=str(rid), images=tuple(images), prompt=prompt, system=system, truth=truth_text(truth),
-                   scorer=scorer, data_source=str(source) if source is not None else None)
+                   scorer=scorer, data_source=str(source) if source is not None else None, manifest_truth=truth,
+                   record=record)
 
 
 def parse_messages(messages, system=None):

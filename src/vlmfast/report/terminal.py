@@ -124,6 +124,12 @@ def render_scores(source: str, summary: dict) -> None:
                  f"mean think {_fmt(summary.get('mean_think_chars'), ' chars', 0)} · "
                  f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
                  f"{plural(summary.get('rows_without_truth', 0), 'row')} without ground truth")
+    rewards = summary.get("rewards") or {}
+    for name, figures in rewards.get("functions", {}).items():
+        stderr.print(f"reward {escape(name)}: mean {_fmt(figures['mean'], '', 3)}"
+                     + (f" · not applicable to {plural(figures['not_applicable_rows'], 'row')}" if figures["not_applicable_rows"] else ""))
+    if rewards.get("not_applicable_rows"):
+        stderr.print(f"{plural(rewards['not_applicable_rows'], 'row')} every reward function called not applicable (None): left out of the scores")
     if summary.get("bbox_spaces"):
         stderr.print("boxes read in: " + ", ".join(f"{space} ({n})" for space, n in sorted(summary["bbox_spaces"].items())))
     for note in summary.get("notes", []):

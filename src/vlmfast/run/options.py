@@ -56,7 +56,9 @@ class InferOptions:
     scorer: str = "auto"  # default scorer for rows with ground truth and no scorer of their own
     iou: float = 0.5
     bbox_space: str | None = None  # None: each row's own (the model family's convention), else resized
-    reward: str | None = None  # FILE.py:FUNCTION, the trainer's reward function, instead of the built-in scorers
+    reward: str | list[str] | None = None  # FILE.py:FUNCTION (one or several): the trainer's reward functions score
+    reward_weights: str | None = None  # "1,0.5": one weight per reward function, summed as TRL does
+    reward_kwargs: str | None = None  # JSON object bound to every reward call (EasyR1's reward_function_kwargs)
     reward_threshold: float = 1.0  # a rewarded row is correct when its reward is at least this
     engine: str = "hf"  # "hf" (vlmfast's engine on transformers) | "vllm"
     vllm: VllmSettings = field(default_factory=VllmSettings)

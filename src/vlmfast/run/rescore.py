@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from vlmfast.inputs.convert import read_truths
+from vlmfast.inputs.convert import read_reward_truths, read_truths
 from vlmfast.errors import InputError
 from vlmfast.files import atomic_write
 from vlmfast.evaluation.scoring import BBOX_SPACES, rescore, row_bbox_space
@@ -93,8 +93,9 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     ``manifest``: the summary (:func:`vlmfast.evaluation.stats.summarize`) plus what was matched. ``bbox_space``
     None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
     the rows are written there with their scoring fields (atomically, in the results file's order,
-    every other field unchanged). ``reward`` (a :class:`vlmfast.evaluation.rewards.Reward`) scores instead of the
-    built-in scorers, as ``infer --reward`` does; ``skip_bad`` records its failures in the rows."""
+    every other field unchanged). ``reward`` (a :class:`vlmfast.evaluation.rewards.RewardSet` or ``Reward``) scores
+    instead of the built-in scorers, as ``infer --reward`` does, each function handed the manifest line's own
+    ground truth, columns and data source; ``skip_bad`` records its failures in the rows."""
     results = Path(results)
     if not results.is_file():
         raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
@@ -102,7 +103,8 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     rows, notes = read_result_rows(results)
     truths = read_truths(manifest)
     if reward is not None:
-        scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, truths, skip_bad=skip_bad))]
+        lines = read_reward_truths(manifest)
+        scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, lines, skip_bad=skip_bad))]
     else:
         scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)
     if out is not None:

@@ -22,7 +22,7 @@ from vlmfast.errors import EXIT_FAILURE, Interrupted, UsageError, VlmfastError
 from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, collect, raise_for_problems
 from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from vlmfast.run.parallel import Distributed
-from vlmfast.evaluation.rewards import load_reward
+from vlmfast.evaluation.rewards import load_rewards
 from vlmfast.run.results import ResultsWriter, finalize, part_path, prepare_out, read_existing
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
@@ -67,7 +67,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
     dist = Distributed()
-    reward = load_reward(options.reward, threshold=options.reward_threshold) if options.reward else None  # fails early
+    reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
+                          threshold=options.reward_threshold) if options.reward else None  # fails early
     work = collect_work(options, dist)
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
         return summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
@@ -228,7 +229,8 @@ def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, re
     from vlmfast.evaluation.scoring import score_row
 
     if reward is not None:
-        for r, fields in zip(rows, reward.score_rows([r.record() for r in rows], truths, skip_bad=options.skip_bad)):
+        records = [{**r.record(), "token_ids": r.token_ids} for r in rows]  # TRL hands reward functions the ids
+        for r, fields in zip(rows, reward.score_rows(records, truths, skip_bad=options.skip_bad)):
             r.extra = fields
         return
     for r in rows:

@@ -1,0 +1,65 @@
+"""infer --reward hands reward functions what score --reward hands them: the manifest line's own ground truth,
+data source and extra_info (verl), its columns (TRL), the generated ids; several functions summed with weights."""
+
+import json
+
+from conftest import FakeBackend, read_jsonl
+from PIL import Image
+
+from vlmfast.evaluation.rewards import load_rewards
+from vlmfast.run.options import InferOptions
+from vlmfast.run.rescore import rescore_file
+from vlmfast.run.runner import infer
+
+REWARDS = '''
+SEEN = []
+
+def verl_score(data_source, solution_str, ground_truth, extra_info=None):
+    SEEN.append(("verl", data_source, ground_truth, extra_info))
+    return {"score": 1.0 if data_source == "geo" and isinstance(ground_truth, str) else 0.5, "seen": 1.0}
+
+def trl_ids(completions, solution, completion_ids, **kwargs):
+    SEEN.append(("trl", solution, kwargs["split"], completion_ids))
+    return [None if s == "<answer>B</answer>" else 2.0 for s in solution]
+
+def n_ids(completions, completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+'''
+
+
+def test_infer_and_score_hand_the_functions_the_same_manifest_values(tmp_path):
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"im{i}.png"))
+        Image.new("RGB", (56, 56), (i * 60, 40, 90)).save(paths[-1])
+    lines = [{"id": "q0", "image": paths[0], "prompt": "Roots?", "solution": "[-2,7]", "data_source": "geo",
+              "extra_info": {"index": 0}, "split": "test"},
+             {"id": "q1", "image": paths[1], "prompt": "Which?", "solution": "<answer>B</answer>", "split": "test"},
+             {"id": "q2", "image": paths[2], "prompt": "Count?", "solution": 4, "data_source": "count", "split": "val"}]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    specs = [f"{tmp_path / 'rewards.py'}:verl_score", f"{tmp_path / 'rewards.py'}:trl_ids"]
+    out = tmp_path / "r.jsonl"
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=specs, reward_weights="1,0.25",
+                                batch_size=3), backend=FakeBackend(tokens=5))
+    rows = read_jsonl(out)
+    assert [r["rewards"] for r in rows] == [{"verl_score": 1.0, "trl_ids": 2.0}, {"verl_score": 0.5, "trl_ids": None},
+                                            {"verl_score": 0.5, "trl_ids": 2.0}]
+    assert [r["score"] for r in rows] == [1.5, 0.5, 1.0] and rows[0]["reward_scores"] == {"verl_score/seen": 1.0}
+    assert report.scores["rewards"]["functions"]["trl_ids"] == {"mean": 2.0, "not_applicable_rows": 1}
+    rewards = load_rewards(specs, weights=[1, 0.25])
+    seen_infer = list(rows)
+    again = rescore_file(out, str(manifest), reward=rewards, out=tmp_path / "again.jsonl")
+    assert read_jsonl(tmp_path / "again.jsonl") == seen_infer and again["mean_score"] == 1.0
+    seen = rewards.rewards[0].fn.__globals__["SEEN"]
+    verl_calls = [s for s in seen if s[0] == "verl"]
+    assert verl_calls == [("verl", "geo", "[-2,7]", {"index": 0, "num_turns": None, "rollout_reward_scores": {}}),
+                          ("verl", None, "<answer>B</answer>", {"num_turns": None, "rollout_reward_scores": {}}),
+                          ("verl", "count", 4, {"num_turns": None, "rollout_reward_scores": {}})]
+    trl_calls = [s for s in seen if s[0] == "trl"]
+    assert trl_calls == [("trl", ["[-2,7]", "<answer>B</answer>", 4], ["test", "test", "val"], [None, None, None])]
+    # a results file keeps no token ids; infer hands the generated ones over, as TRL's completion_ids
+    infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(tmp_path / "ids.jsonl"),
+                       reward=f"{tmp_path / 'rewards.py'}:n_ids", batch_size=3), backend=FakeBackend(tokens=5))
+    assert [r["score"] for r in read_jsonl(tmp_path / "ids.jsonl")] == [5.0, 5.0, 5.0]
