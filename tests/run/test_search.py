@@ -38,3 +38,30 @@ def test_neighbours_of_the_best_until_both_are_known_or_it_is_an_end():
 def test_every_given_by_hand():
     evaluated = search(STEPS, curve(0).__getitem__, every=12)
     assert evaluated[:3] == [STEPS[0], STEPS[12], STEPS[23]] and STEPS[1] in evaluated
+
+
+def test_sweep_search_coarse_finds_the_known_peak_of_a_made_run(grpo_ckpt, tmp_path, monkeypatch):
+    """24 checkpoints whose accuracy peaks at step 1500: the sweep evaluates at most 12, names the peak
+    best, and lists the steps it skipped."""
+    import shutil
+
+    import vlmfast.run.sweep as sweeping
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.sweep import SweepOptions, sweep
+
+    run = tmp_path / "run"
+    for step in STEPS:
+        shutil.copytree(grpo_ckpt, run / f"checkpoint-{step}")
+    accuracy = curve(STEPS.index(1500))
+    seen = []
+
+    def made(entry, options, models, out_dir, progress, say):
+        seen.append(entry.step)
+        return {"step": entry.step, "path": str(entry.path), "label": entry.label, "accuracy": accuracy[entry.step]}
+
+    monkeypatch.setattr(sweeping, "_evaluate", made)
+    infer = InferOptions(ckpt=str(run), images=["unused.png"], prompt="p")
+    report = sweep(SweepOptions(run_dir=str(run), out_dir=str(tmp_path / "out"), infer=infer, search="coarse"))
+    assert report["best"]["step"] == 1500 and len(seen) <= 12 and sorted(seen) == report["search"]["evaluated"]
+    assert sorted(report["search"]["skipped"] + seen) == STEPS and report["search"]["every"] == 3
+    assert any("--search coarse evaluated" in note for note in report["notes"])

@@ -14,7 +14,8 @@ from vlmfast.cli.infer import infer as infer_command
 FROM_INFER = ("template", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
               "max_new_tokens", "temperature", "top_p", "seed", "n", "ignore_eos", "decoder", "cuda_graphs", "compile_",
               "device", "dtype", "attn", "scorer", "iou", "bbox_space", "reward", "reward_weights",
-              "reward_kwargs", "reward_threshold", "json_out")
+              "reward_kwargs", "reward_threshold", "json_out", "engine", "tensor_parallel_size", "data_parallel_size",
+              "pipeline_parallel_size", "distributed_executor_backend", "gpu_memory_utilization", "max_num_seqs")
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
@@ -28,6 +29,9 @@ def sweep(
     watch: Annotated[bool, typer.Option("--watch", help="Keep polling RUN_DIR and evaluate new checkpoints as the trainer writes them (once their weights are complete), until Ctrl-C.", rich_help_panel=INPUT)] = False,
     poll: Annotated[float, typer.Option(help="--watch: seconds between looks at RUN_DIR.", rich_help_panel=INPUT)] = 60.0,
     fail_if_best_below: Annotated[Optional[float], typer.Option(help="Exit 5 when the best checkpoint's accuracy is below X (CI after training).", rich_help_panel="Gates")] = None,
+    search: Annotated[str, typer.Option(help="all: every checkpoint; coarse: every k-th one (--every), then the best's neighbours until both are evaluated.", rich_help_panel=INPUT)] = "all",
+    every: Annotated[Optional[int], typer.Option(help="--search coarse: evaluate every k-th checkpoint first (default: about 8 of them).", rich_help_panel=INPUT)] = None,
+    canary: Annotated[int, typer.Option(help="--engine vllm: after the first in-place weight reload, check N requests against a fresh engine (0: no check).", rich_help_panel=INPUT)] = 8,
     **shared,
 ):
     """Evaluate every checkpoint of a training run (and its base) on one manifest: which step is best?"""
@@ -47,7 +51,8 @@ def sweep(
         # --base here is the run's starting model (step 0), not a LoRA adapter's base
         infer = from_params(InferOptions, params, ckpt=run_dir, base=None, batch_size=batch_size_value(batch_size))
         options = SweepOptions(run_dir=run_dir, out_dir=str(out_dir), infer=infer, base=base, steps=wanted,
-                               fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll)
+                               fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll, search=search,
+                               every=every, canary=canary)
         bar = ProgressBar()
         try:
             report = run_sweep(options, progress=bar, say=render_note if not bar.live else (lambda text: None))

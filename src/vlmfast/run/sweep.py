@@ -37,6 +37,8 @@ class SweepOptions:
     watch: bool = False
     poll_s: float = 60.0
     canary: int = 8  # --engine vllm: requests checked against a fresh engine after the first in-place reload
+    search: str = "all"  # "all" | "coarse": every k-th checkpoint, then the best's neighbours (run/search.py)
+    every: int | None = None  # --search coarse: k (None: about 8 checkpoints in the coarse pass)
 
     def __post_init__(self):
         if self.infer.manifest is None and not self.infer.images:
@@ -46,6 +48,15 @@ class SweepOptions:
                              hint="e.g. --fail-if-best-below 0.6")
         if self.poll_s <= 0:
             raise UsageError(f"--poll {self.poll_s}: expected seconds > 0", hint="e.g. --poll 60")
+        from vlmfast.errors import check_choice
+        from vlmfast.run.search import SEARCHES
+
+        check_choice("--search", self.search, SEARCHES)
+        if self.search == "coarse" and self.watch:
+            raise UsageError("--search coarse picks among the checkpoints there now; --watch waits for new ones",
+                             hint="drop one of them")
+        if self.every is not None and self.every < 1:
+            raise UsageError(f"--every {self.every}: expected a stride of 1 or more", hint="e.g. --every 5")
         if self.canary < 0:
             raise UsageError(f"--canary {self.canary}: expected a number of requests, 0 to skip", hint="e.g. --canary 8")
 
@@ -132,14 +143,31 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     models = _Models(options, say)
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "") for s in listing.skipped]
+    searched = None
+
+    def evaluate(entry: _Entry) -> float | None:
+        figures.append(_evaluate(entry, options, models, out_dir, progress, say))
+        checked, news = models.engine_news()
+        figures[-1].update(checked)
+        for note in news:
+            say(note)
+        notes.extend(news)
+        return figures[-1]["accuracy"]
+
     try:
-        for entry in entries:
-            figures.append(_evaluate(entry, options, models, out_dir, progress, say))
-            checked, news = models.engine_news()
-            figures[-1].update(checked)
-            for note in news:
-                say(note)
-            notes += news
+        if options.search == "coarse":
+            from vlmfast.run.search import coarse_every, search
+
+            for entry in (e for e in entries if e.label == "base"):
+                evaluate(entry)
+            by_step = {e.step: e for e in entries if e.label != "base"}
+            every = options.every or coarse_every(len(by_step))
+            evaluated = search(list(by_step), lambda step: evaluate(by_step[step]), every)
+            searched = {"search": "coarse", "every": every, "evaluated": sorted(evaluated),
+                        "skipped": [s for s in by_step if s not in evaluated]}
+        else:
+            for entry in entries:
+                evaluate(entry)
         while options.watch and (wait or _sleep)(options.poll_s):
             seen = {f["step"] for f in figures}
             fresh = find_run_checkpoints(options.run_dir, complete_only=True).checkpoints
@@ -149,7 +177,15 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
     finally:
         models.close()
-    return _report(options, figures, notes)
+    report = _report(options, figures, notes)
+    if searched is not None:
+        report["search"] = searched
+        if searched["skipped"]:
+            report["notes"].append(f"--search coarse evaluated {len(searched['evaluated'])} of "
+                                   f"{len(searched['evaluated']) + len(searched['skipped'])} checkpoints (skipped steps "
+                                   f"{', '.join(map(str, searched['skipped']))}); a plain sweep into the same --out-dir "
+                                   "evaluates only those")
+    return report
 
 
 def _sleep(seconds: float) -> bool:
