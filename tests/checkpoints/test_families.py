@@ -301,3 +301,18 @@ def test_capacity_counts_keys_and_values_of_full_attention_layers_only(family_lo
     shape = shape_from_model(family_loaded("qwen3_5").model, "float32")
     assert shape.layers == 1 and shape.kv_bytes_per_token == 1 * 2 * 32 * 2 * 4  # 1 of 4 layers, 2 kv heads of 32
     assert shape_from_model(family_loaded("qwen3_vl").model, "float32").layers == 2
+
+
+@pytest.mark.parametrize("max_new", [1, 2])
+@pytest.mark.parametrize("key", ON_THIS_LINE)
+def test_one_or_two_new_tokens_on_the_static_path_equal_plain_generate(key, max_new, family_loaded, images):
+    """A multiple-choice evaluation asks for one or two tokens: the static (graph / compile) path builds no
+    decode state for one, and its warm-up stays inside the output buffer for two."""
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+
+    loaded, reqs = family_loaded(key), [Request(str(p), (str(p),), PROMPT) for p in images[:2]]
+    settings = GenerationSettings(max_new_tokens=max_new, ignore_eos=True)
+    reference = [r.token_ids for r in _run(Engine(loaded, settings, decoder="hf"), reqs, 2)]
+    static = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)
+    assert [r.token_ids for r in _run(static, reqs, 2)] == reference
+    assert all(len(tokens) == max_new for tokens in reference)

@@ -4,6 +4,8 @@ import copy
 import json
 import os
 
+import pytest
+
 from conftest import cli, read_jsonl, vlmfast
 from vlmfast.engines.hf.compile_policy import CompileCache, decide
 
@@ -89,3 +91,13 @@ def test_an_uncompiled_run_records_its_step_time_for_the_next_decision(loaded, i
     cache.flush()
     stats = cache.stats(engine.shape_key(engine.last_shape))
     assert set(stats) == {"eager_step_ms"} and stats["eager_step_ms"] > 0
+
+
+@pytest.mark.parametrize("max_new", ["1", "2"])
+def test_compile_with_one_or_two_new_tokens_runs_to_the_end(grpo_ckpt, images, tmp_path, max_new):
+    """`--compile --max-new-tokens 1` crashed in the static warm-up (a write past the output buffer)."""
+    out = tmp_path / "r.jsonl"
+    r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0].parent, "--prompt", "Describe.", "--device", "cpu",
+            "--max-new-tokens", max_new, "--ignore-eos", "--compile", "--out", out)
+    rows = read_jsonl(out)
+    assert r.returncode == 0 and rows and all(row["error"] is None and row["n_new_tokens"] == int(max_new) for row in rows)

@@ -224,7 +224,9 @@ class DecodeState:
         self.offset = torch.zeros(1, **long)  # tokens produced so far, minus one
         self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)  # False on prompt padding
         self.keys = torch.arange(max_len, device=device)
-        self.out = torch.full((batch, max_new), pad_id, **long)
+        # one spare column: warm-up and capture steps run on garbage before load() and write at offset + 1,
+        # which without it is past the end when max_new is small; run_loop never reads past max_new
+        self.out = torch.full((batch, max_new + 1), pad_id, **long)
         self.running = torch.zeros(batch, dtype=torch.bool, device=device)
         self.padded = True
         self.logits = None
@@ -283,6 +285,7 @@ class DecodeState:
 
     def warm_up(self) -> None:
         """One step on garbage (a compiled forward compiles here); :meth:`load` resets what it wrote."""
+        self.offset.zero_()
         self._body()
 
     def capture(self, warmup: int = 2) -> None:
@@ -294,6 +297,7 @@ class DecodeState:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(warmup):
+                    self.offset.zero_()  # each warm-up writes column 1, whatever max_new is
                     self._body()
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()

@@ -245,9 +245,12 @@ class Engine(Preparer):
         shape (CUDA graphs, ``torch.compile``) when enabled, the exact eager state otherwise."""
         import torch
 
-        from vlmfast.engines.hf.decode import batch_bucket, length_bucket, run_loop
+        from vlmfast.engines.hf.decode import Decoded, batch_bucket, length_bucket, run_loop
 
         s = self.settings
+        if s.max_new_tokens == 1:  # prefill chose the only token: no decode state is built at all
+            prefilled.caches = []
+            return Decoded([[t] for t in prefilled.first.tolist()], 1, 0)
         rows, length = prefilled.first.shape[0], prefilled.prompt_len + s.max_new_tokens
         self.last_shape = (batch_bucket(rows) if self.cuda_graphs else rows, length_bucket(length))
         with torch.inference_mode():
