@@ -8,6 +8,19 @@ import tempfile
 from pathlib import Path
 
 
+def check_output_file(option: str, path) -> None:
+    """A UsageError (raised before any work) when ``path`` cannot become a file: it is a directory, or
+    the directory it would go in is a file."""
+    from vlmfast.errors import UsageError
+
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory; a results file is written there",
+                         hint=f"name a file, e.g. {option} {path / 'results.jsonl'}")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UsageError(f"{option} {path}: {path.parent} is a file, not a directory", hint="choose another path")
+
+
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write ``data`` to a temp file beside ``path``, fsync it, then rename it over ``path``: readers
     see the old file or the new one, never a torn one. ``mode`` defaults to 0666 less the umask

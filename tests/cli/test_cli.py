@@ -168,3 +168,13 @@ def test_suggested_commands_name_a_vlmfast_the_shell_finds(monkeypatch):
     assert command != "vlmfast" and os.access(command, os.X_OK)
     monkeypatch.setattr(shutil, "which", lambda name: str(VLMFAST))  # on PATH: the short name
     assert console_script() == "vlmfast"
+
+
+@pytest.mark.parametrize("command", ["infer", "score", "convert"])
+def test_out_that_is_a_directory_is_a_clear_error(command, grpo_ckpt, images, tmp_path):
+    results = tmp_path / "r.jsonl"
+    results.write_text('{"id": "a", "text": "x"}\n')
+    args = {"infer": ["--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p"],
+            "score": [results, "--manifest", results], "convert": [results]}[command]
+    r = cli(command, *args, "--out", tmp_path)
+    assert r.returncode == 2 and f"--out {tmp_path}: is a directory" in r.stderr and "results.jsonl" in r.stderr

@@ -136,3 +136,29 @@ def test_sweep_cli_json_report_plot_and_gate(run, tmp_path):
     assert "best: step 200" in r.stderr
     bad = cli("sweep", run["run"], "--manifest", run["manifest"], "--out-dir", out, "--steps", "7")
     assert bad.returncode == 2 and "7" in bad.stderr
+
+
+def test_a_half_written_checkpoint_is_skipped_with_its_reason_and_the_sweep_goes_on(run, tmp_path):
+    from vlmfast.run.sweep import sweep
+
+    cut = tmp_path / "run"
+    shutil.copytree(run["run"], cut)
+    weights = cut / "checkpoint-300" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:300_000])  # as `head -c 300000` leaves it
+    inputs = dict(run, run=cut)
+    report = sweep(_options(inputs, tmp_path / "out"))
+    assert [c["step"] for c in report["checkpoints"]] == [100, 200]
+    assert any("checkpoint-300" in note and "incomplete" in note for note in report["notes"])
+    r = cli("sweep", cut, "--manifest", run["manifest"], "--out-dir", tmp_path / "cli", "--max-new-tokens", "6",
+            "--device", "cpu")
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "incomplete" in r.stdout + r.stderr
+
+
+def test_a_sweep_that_fails_before_its_first_checkpoint_leaves_no_out_dir(run, tmp_path):
+    """A missing run dir, and a manifest whose record has no prompt: exit 2, and no empty --out-dir."""
+    no_prompt = tmp_path / "no-prompt.jsonl"
+    no_prompt.write_text('{"id": "a", "image": "missing.png"}\n')
+    for k, (target, manifest) in enumerate([(tmp_path / "nothing-here", run["manifest"]), (run["run"], no_prompt)]):
+        out = tmp_path / f"out-{k}"
+        r = cli("sweep", target, "--manifest", manifest, "--out-dir", out, "--device", "cpu")
+        assert r.returncode == 2 and not out.exists(), (k, r.stderr)

@@ -154,8 +154,10 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
     merged = d.with_name(d.name + "-merged")  # ms-swift export --merge_lora writes it beside the adapter
     if kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
         path, kind = merged, "model"
-    if complete_only and not weights_complete(path):
-        return None
+    if not weights_complete(path):  # a save cut short (or still being written): listed, never loaded
+        return None if complete_only else Skipped(
+            d, step, "its weights are incomplete (a safetensors file shorter than its header says, or a shard "
+                     "missing)", "the save was interrupted or is still being written; rerun once it is complete")
     return RunCheckpoint(step, path, layout if kind == "model" else "lora")
 
 

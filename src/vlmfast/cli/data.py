@@ -34,6 +34,10 @@ def score(
         from vlmfast.evaluation.rewards import load_rewards
         from vlmfast.evaluation.scoring import SCORERS
 
+        from vlmfast.files import check_output_file
+
+        if out is not None:
+            check_output_file("--out", out)
         scoring = load_rewards(reward, weights=reward_weights, kwargs=reward_kwargs,
                                threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
@@ -56,8 +60,10 @@ def convert(
 
     def run():
         from vlmfast.inputs.convert import FORMATS, convert_file, write_manifest
+        from vlmfast.files import check_output_file
         from vlmfast.report.terminal import stderr
 
+        check_output_file("--out", out)
         rows = convert_file(str(source), choice("--format", format_, FORMATS), image_root=image_root)
         path = write_manifest(rows, str(out))
         stderr.print(f"wrote {len(rows)} record(s) to {path}", markup=False)

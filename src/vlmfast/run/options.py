@@ -10,6 +10,7 @@ from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
 from vlmfast.engines.vllm.support import VllmSettings
 from vlmfast.errors import UsageError, check_choice
+from vlmfast.files import check_output_file
 from vlmfast.inputs.requests import DEFAULT_MAX_IMAGE_PIXELS
 from vlmfast.engines.rows import GenerationSettings
 
@@ -87,6 +88,8 @@ class InferOptions:
         if self.overwrite and self.retry_errors:
             raise UsageError("--overwrite redoes every id; --retry-errors resumes and redoes only error rows",
                              hint="drop one of them")
+        if self.out is not None:
+            check_output_file("--out", self.out)
         if (self.overwrite or self.retry_errors) and self.out is None:
             raise UsageError("--overwrite and --retry-errors act on a results file", hint="add --out results.jsonl")
         if self.engine == "vllm":

@@ -133,12 +133,24 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
           wait: Callable[[float], bool] | None = None) -> dict:
     """Evaluate every checkpoint of the run (and ``base`` as step 0); the sweep report (``SCHEMA``).
     ``wait(seconds)`` (``watch`` only) returns False to stop watching; by default it sleeps."""
-    from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
     out_dir = Path(options.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     listing = find_run_checkpoints(options.run_dir, steps=options.steps, complete_only=options.watch)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _sweep(options, listing, out_dir, progress, say, wait)
+    except BaseException:
+        if created and not any(out_dir.iterdir()):  # failed before writing anything: leave no empty dir
+            out_dir.rmdir()
+        raise
+
+
+def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -> dict:
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.runs import find_run_checkpoints
+
     entries = ([_Entry(0, locate(options.base).path, "base")] if options.base else [])
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     models = _Models(options, say)
