@@ -151,7 +151,20 @@ def test_a_repeated_id_is_said_and_its_last_row_scored(tmp_path):
             {"id": "a", "text": "<answer>1</answer>"}]
     summary = rescore_file(_results(tmp_path, rows), str(manifest))
     assert (summary["rows"], summary["accuracy"]) == (2, 1.0)
-    assert any("1 row(s) repeat an earlier id (a)" in n for n in summary["notes"])
+    assert any("1 row(s) repeat an earlier id and sample (a)" in n for n in summary["notes"])
+
+
+def test_n_answer_rows_are_kept_by_id_and_sample_with_their_n_answer_figures(tmp_path):
+    """A `--n 2` results file: every (id, sample) row is scored and written back, with pass@k figures."""
+    manifest = _manifest(tmp_path, {"a": "1", "b": "2"})
+    rows = [{"id": "a", "sample": 0, "text": "<answer>1</answer>"}, {"id": "a", "sample": 1, "text": "<answer>9</answer>"},
+            {"id": "b", "sample": 0, "text": "<answer>7</answer>"}, {"id": "b", "sample": 1, "text": "<answer>8</answer>"}]
+    out = tmp_path / "rescored.jsonl"
+    summary = rescore_file(_results(tmp_path, rows), str(manifest), out=out)
+    assert summary["rows"] == 4 and summary["accuracy"] == 0.25 and not summary["notes"]
+    assert [(r["id"], r["sample"], r["correct"]) for r in read_jsonl(out)] == [
+        ("a", 0, True), ("a", 1, False), ("b", 0, False), ("b", 1, False)]
+    assert summary["samples"] is not None and summary["samples"]["pass_at_k"]["2"] == 0.5
 
 
 def test_a_torn_last_line_is_passed_over_with_a_note(tmp_path):

@@ -35,7 +35,7 @@ def read_result_rows(path: Path) -> tuple[list[dict], list[str]]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read the results file ({exc.strerror})", hint="check the path and permissions") from exc
     lines = data.split(b"\n")
-    rows: dict[str, dict] = {}
+    rows: dict[tuple, dict] = {}  # by (id, sample), as everywhere: --n K files hold K rows per id
     problems, notes, repeated = [], [], Counter()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -52,10 +52,10 @@ def read_result_rows(path: Path) -> tuple[list[dict], list[str]]:
         if (what := _row_problem(row)) is not None:
             problems.append(f"{path}:{number}: {what}")
             continue
-        rid = str(row["id"])
-        if rid in rows:
-            repeated[rid] += 1
-        rows[rid] = row
+        key = (str(row["id"]), row.get("sample"))
+        if key in rows:
+            repeated[key[0] if key[1] is None else f"{key[0]}#{key[1]}"] += 1
+        rows[key] = row
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems[:MAX_LISTED])
         more = f"\n  … and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
@@ -65,8 +65,8 @@ def read_result_rows(path: Path) -> tuple[list[dict], list[str]]:
         raise InputError(f"{path}: holds no result rows", hint=ROWS_HINT)
     if repeated:
         shown = ", ".join(sorted(repeated)[:5]) + (" …" if len(repeated) > 5 else "")
-        notes.append(f"{path}: {sum(repeated.values())} row(s) repeat an earlier id ({shown}); the last row of each id "
-                     f"is scored, {len(rows)} rows in all")
+        notes.append(f"{path}: {sum(repeated.values())} row(s) repeat an earlier id and sample ({shown}); the last row "
+                     f"of each is scored, {len(rows)} rows in all")
     return list(rows.values()), notes
 
 
