@@ -162,3 +162,15 @@ def test_a_sweep_that_fails_before_its_first_checkpoint_leaves_no_out_dir(run, t
         out = tmp_path / f"out-{k}"
         r = cli("sweep", target, "--manifest", manifest, "--out-dir", out, "--device", "cpu")
         assert r.returncode == 2 and not out.exists(), (k, r.stderr)
+
+
+def test_sweep_takes_the_prompt_its_hint_names(run, tmp_path):
+    """A manifest without prompts: the error's hint names --prompt, and sweep takes it."""
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({"id": r["id"], "image": r["images"][0]}) + "\n" for r in run["fresh"][100]))
+    first = cli("sweep", run["run"], "--manifest", bare, "--out-dir", tmp_path / "a", "--steps", "100", "--device", "cpu",
+                "--max-new-tokens", "6")
+    assert first.returncode == 2 and "--prompt" in first.stderr
+    r = cli("sweep", run["run"], "--manifest", bare, "--prompt", "Count.", "--out-dir", tmp_path / "b", "--steps", "100",
+            "--device", "cpu", "--max-new-tokens", "6")
+    assert r.returncode == 0 and _tokens(read_jsonl(tmp_path / "b" / "step-100.jsonl")) == _tokens(run["fresh"][100])
