@@ -17,8 +17,10 @@
 # Knobs: SIZES="3b 7b", MODES="default compile hf", OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
 # steps per invocation, by their estimates), WRITE_RESULTS=1 (0: the table only in OUT_DIR),
 # PYTHON=python3, WHEELS=DIR (missing packages are installed from there with `pip install --no-index
-# --find-links DIR`; fill it where an index is reachable, same Python and platform: `pip download
-# qwen-vl-utils -d DIR`).
+# --find-links DIR`, qwen-vl-utils without its video dependencies; fill it where an index is reachable,
+# for the GPU machine's Python version and platform: `pip download --no-deps qwen-vl-utils -d DIR`).
+# Before installing, the script says what it will install from where, and refuses a folder whose compiled
+# wheels are for another Python version.
 #
 # How the steps are sized (seconds = token-steps × ms per token + model load; figures measured on an
 # H100 with random weights of the 3B shape, torch 2.11, transformers 5.17, vlmfast 0.1): plain generate
@@ -46,14 +48,28 @@ need = {"torch": "torch", "torchvision": "torchvision", "transformers": "transfo
 print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
 PY
 }
+wheels_fit() {  # the wheel folder holds compiled wheels for this Python, or none compiled at all
+  local tag tags
+  tag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")') || die "$py cannot run" 2
+  tags=$(find "$WHEELS" -maxdepth 1 -name '*.whl' | { grep -oE -- '-cp[0-9]+-' || true; } | tr -d - | sort -u | tr '\n' ' ')
+  [ -z "$tags" ] || [[ " $tags" == *" $tag "* ]] || die "the wheels in $WHEELS are built for ${tags% } and this \
+Python ($py) is $tag: pip download them with the GPU machine's Python version (pip download --python-version \
+${tag#cp} --only-binary=:all: ...)" 2
+}
 python_ready() {
-  local missing pkg
+  local missing pkg deps
   missing=$(missing_packages) || die "$py cannot run" 2
+  if [ -n "$missing" ] && [ -n "${WHEELS:-}" ]; then
+    say "will install from $WHEELS (no index): $missing"
+    wheels_fit
+  fi
   for pkg in $missing; do
     [ -n "${WHEELS:-}" ] || die "missing Python package '$pkg' and no WHEELS=DIR to install it from \
 (pip download '$pkg' -d DIR where an index is reachable)" 2
     say "installing $pkg from $WHEELS"
-    "$py" -m pip install --no-index --find-links "$WHEELS" "$pkg" \
+    deps=()
+    [ "$pkg" = qwen-vl-utils ] && deps=(--no-deps)  # images need none of its video dependencies (av, ...)
+    "$py" -m pip install --no-index --find-links "$WHEELS" "${deps[@]}" "$pkg" \
       || die "pip could not install '$pkg' from $WHEELS: a wheel it needs is not there, or this Python is \
 externally managed (PYTHON=a venv's python); pip's message is above" 2
   done

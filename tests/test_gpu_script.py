@@ -76,6 +76,10 @@ def test_a_missing_package_fails_loudly(tmp_path):
     wheels.mkdir()
     r = gpu_sh(tmp_path / "out", PYTHON=bare, SIZES="3b", WHEELS=wheels)
     assert r.returncode == 2 and f"pip could not install 'torch' from {wheels}" in r.stderr
+    assert f"will install from {wheels} (no index): torch" in r.stdout + r.stderr
+    (wheels / "torch-2.0.0-cp27-cp27mu-linux_x86_64.whl").write_bytes(b"")  # built for another Python
+    r = gpu_sh(tmp_path / "out", PYTHON=bare, SIZES="3b", WHEELS=wheels)
+    assert r.returncode == 2 and "built for cp27" in r.stderr and "pip could not install" not in r.stderr
 
 
 # Stands in for the GPU machine's Python: the checks pass, and each vlmfast command leaves behind what the
