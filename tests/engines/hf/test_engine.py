@@ -286,3 +286,28 @@ def test_n_answers_through_plain_generate_too(loaded, images):
     rows = [r for _, rs, _ in Scheduler(engine).run(reqs, {}, 2) for r in rs]
     assert [(r.id, r.sample) for r in rows] == [(q.id, k) for q in reqs for k in range(3)]
     assert all(r.n_new_tokens >= 1 and r.error is None for r in rows)
+
+
+def test_a_used_decode_shape_is_kept_over_one_unused_since_longer(loaded, monkeypatch):
+    """Eviction is least-recently-used: a hit refreshes a shape, so the shape evicted is the one unused
+    the longest, not the one built first."""
+    from vlmfast.engines.hf.capacity import RESIDENT_SHAPES
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+
+    released = []
+
+    class Built:
+        def __init__(self, shape):
+            self.shape = shape
+
+        def release(self):
+            released.append(self.shape)
+
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=4))
+    monkeypatch.setattr(engine, "_build_static", Built)
+    resident = RESIDENT_SHAPES["cpu"]
+    shapes = [(1, 256 * (k + 1)) for k in range(resident + 1)]
+    for shape in [*shapes[:resident], shapes[0], shapes[resident]]:  # fill, use the first again, one more
+        engine.last_shape = shape
+        assert engine._static_state().shape == shape
+    assert released == [shapes[1]] and shapes[0] in engine._static

@@ -272,9 +272,11 @@ class Engine(Preparer):
 
     def _static_state(self):
         """The static state of this batch's shape, built (captured / compiled) on first use, its time in
-        ``compile_s``. At most RESIDENT_SHAPES stay built; the oldest is released, its memory freed now."""
+        ``compile_s``. At most RESIDENT_SHAPES stay built; the least recently used is released, its memory
+        freed now (a run alternating between two shapes keeps both, whatever a third one did)."""
         shape = self.last_shape
         if shape in self._static:
+            self._static[shape] = self._static.pop(shape)  # most recently used: last in line for eviction
             return self._static[shape]
         while len(self._static) >= RESIDENT_SHAPES["cuda" if self.on_cuda else "cpu"]:
             self._static.pop(next(iter(self._static))).release()
