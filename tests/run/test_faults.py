@@ -239,3 +239,29 @@ def test_offline_nothing_touches_the_network(loaded, grpo_ckpt, images, tmp_path
     report = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(images[0])], prompt="p", out=str(tmp_path / "r.jsonl"),
                                 generation=GenerationSettings(max_new_tokens=2)))
     assert report.samples == 1 and report.errors == 0
+
+
+def test_the_failed_attempts_tensors_are_freed_before_the_halves_retry(loaded, grpo_ckpt, images, tmp_path, monkeypatch):
+    """What the failed attempt allocated (here a stand-in for its prefill caches) is gone before the retry:
+    a retry inside the except block would keep it alive through the exception's traceback."""
+    import weakref
+
+    import torch
+
+    held = []
+    real_prefill = Engine.prefill
+
+    def prefill(self, prepared):
+        if len(prepared.requests) > 1:
+            activations = torch.empty(1024)  # what this attempt holds when it runs out of memory
+            held.append(weakref.ref(activations))
+            raise _oom()
+        alive = sum(ref() is not None for ref in held)
+        assert alive == 0, f"{alive} tensor(s) of a failed attempt still alive at the retry"
+        return real_prefill(self, prepared)
+
+    monkeypatch.setattr(Engine, "prefill", prefill)
+    report = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(p) for p in images[:2]], prompt="Count.", batch_size=2,
+                                out=str(tmp_path / "r.jsonl"), generation=GenerationSettings(max_new_tokens=4)),
+                   loaded=loaded)
+    assert held and report.oom_splits == 1 and report.errors == 0

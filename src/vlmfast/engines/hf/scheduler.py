@@ -78,23 +78,30 @@ class Scheduler:
     def _resilient(self, requests: Sequence[Request], indices: list[int], prefetched: Prefetched | None = None
                    ) -> Iterator[Batch]:
         """A CUDA out-of-memory error halves the batch and retries both halves; a sample that does not
-        fit even alone becomes an error row. Nothing is dropped, and the count lands in the report."""
+        fit even alone becomes an error row. Nothing is dropped, and the count lands in the report.
+
+        The retry happens after the ``except`` block, holding only the error's message: the exception's
+        traceback keeps the failed attempt's frames, and with them its prefill caches, static KV cache and
+        vision activations, which would otherwise stay allocated while both halves run."""
+        failed = None
         try:
             results, timing = self.engine.generate_batch([requests[i] for i in indices], prefetched)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
-            free_device_cache()
-            if len(indices) == 1:
-                r = requests[indices[0]]
-                yield indices, [error_row(r.id, r, f"out of memory even alone ({exc})")], None
-                return
-            self.oom_splits += 1
-            half = len(indices) // 2
-            for part in (indices[:half], indices[half:]):
-                yield from self._resilient(requests, part, _subset(prefetched, [requests[i].id for i in part]))
+            failed = str(exc)
+        if failed is None:
+            yield indices, results, timing
             return
-        yield indices, results, timing
+        free_device_cache()  # the failed attempt's tensors are unreferenced now: their memory goes back
+        if len(indices) == 1:
+            r = requests[indices[0]]
+            yield indices, [error_row(r.id, r, f"out of memory even alone ({failed})")], None
+            return
+        self.oom_splits += 1
+        half = len(indices) // 2
+        for part in (indices[:half], indices[half:]):
+            yield from self._resilient(requests, part, _subset(prefetched, [requests[i].id for i in part]))
 
 
 def _subset(prefetched: Prefetched | None, ids: list[str]) -> Prefetched | None:
