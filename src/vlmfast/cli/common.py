@@ -115,6 +115,7 @@ TensorParallel = Annotated[int, typer.Option(help="--engine vllm: GPUs per model
 DataParallel = Annotated[int, typer.Option(help="--engine vllm: model replicas (vLLM's data parallel).", rich_help_panel=SCALE)]
 GpuMemory = Annotated[float, typer.Option(help="--engine vllm: share of GPU memory vLLM may take.", rich_help_panel=SCALE)]
 MaxNumSeqs = Annotated[Optional[int], typer.Option(help="--engine vllm: sequences vLLM runs at once (default: vLLM's).", rich_help_panel=SCALE)]
+Threads = Annotated[Optional[int], typer.Option(help="Torch's CPU threads (default: this process's share of the cores it may use: the cores ÷ the processes launched beside it).", rich_help_panel=FAST)]
 PipelineParallel = Annotated[int, typer.Option(help="--engine vllm: pipeline stages per model replica (across GPUs or nodes).", rich_help_panel=SCALE)]
 ExecutorBackend = Annotated[Optional[str], typer.Option(help="--engine vllm: vLLM's distributed executor: mp (one node), ray (a Ray cluster, several nodes).", rich_help_panel=SCALE)]
 

@@ -7,7 +7,7 @@ from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSiz
                      Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
                      Overlap, Overwrite, PipelineParallel, Prompt, PromptFile, RetryErrors, Reward, RewardKwargs,
                      RewardThreshold, RewardWeights, Samples, Scorer, Seed, SkipBad, System, Temperature,
-                     Template, TensorParallel, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
+                     Template, TensorParallel, Threads, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
                      guarded)
 
 
@@ -36,6 +36,7 @@ def infer(
     cuda_graphs: CudaGraphs = None,
     compile_: Compile = None,
     overlap: Overlap = None,
+    threads: Threads = None,
     engine: Engine = "hf",
     tensor_parallel_size: TensorParallel = 1,
     data_parallel_size: DataParallel = 1,

@@ -19,7 +19,8 @@ from vlmfast.engines.rows import GenerationSettings
 # (option name, its default, the flag) of settings only vlmfast's own engine has
 HF_ONLY = (("device", None, "--device"), ("attn", None, "--attn"), ("decoder", "vlmfast", "--decoder"),
            ("cuda_graphs", None, "--cuda-graphs"), ("compile", None, "--compile"), ("overlap", None, "--overlap"),
-           ("max_batch_tokens", None, "--max-batch-tokens"), ("allow_pickle", False, "--allow-pickle"))
+           ("max_batch_tokens", None, "--max-batch-tokens"), ("allow_pickle", False, "--allow-pickle"),
+           ("threads", None, "--threads"))
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class InferOptions:
     decoder: str = "vlmfast"  # "vlmfast" (own decode loop) | "hf" (plain model.generate, the reference)
     cuda_graphs: bool | None = None  # None: on CUDA with the vlmfast decoder
     compile: bool | None = None  # None: decided after the first batch, by what the workload would save
+    threads: int | None = None  # torch's CPU threads (None: this process's share of the cores it may use)
     scorer: str = "auto"  # default scorer for rows with ground truth and no scorer of their own
     iou: float = 0.5
     bbox_space: str | None = None  # None: each row's own (the model family's convention), else resized
@@ -77,6 +79,7 @@ class InferOptions:
         if not 0 <= self.iou <= 1:
             raise UsageError(f"--iou {self.iou}: expected a value in [0, 1]", hint="e.g. --iou 0.5")
         for flag, value in (("--max-image-pixels", self.max_image_pixels), ("--max-batch-tokens", self.max_batch_tokens),
+                            ("--threads", self.threads),
                             ("--max-pixels", self.max_pixels), ("--min-pixels", self.min_pixels)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: expected a positive number", hint=f"drop {flag} for the default")

@@ -103,3 +103,37 @@ def test_shape_from_a_real_model(loaded):
     embed = loaded.model.get_input_embeddings().weight.numel()  # the tiny model's embeddings are untied
     assert shape.lm_params == sum(p.numel() for p in loaded.model.parameters()) - vision - embed > 0
     assert peak_bandwidth_gbps("NVIDIA GH200 480GB") == 4000.0
+
+
+def test_cpu_threads_are_this_process_share_of_its_cores(monkeypatch):
+    import os
+
+    from vlmfast.engines.hf.capacity import cpu_threads
+
+    cores = len(os.sched_getaffinity(0))
+    for variable in ("LOCAL_WORLD_SIZE", "PYTEST_XDIST_WORKER_COUNT"):
+        monkeypatch.delenv(variable, raising=False)
+    assert cpu_threads() == (cores, f"the {cores} core(s) this process may use")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(cores))
+    assert cpu_threads()[0] == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(4 * cores))  # more processes than cores: one thread each
+    assert cpu_threads()[0] == 1 and "÷" in cpu_threads()[1]
+    assert cpu_threads(3) == (3, "--threads")
+
+
+def test_the_report_states_the_cpu_threads(grpo_ckpt, images, tmp_path):
+    import json
+
+    import torch
+
+    from conftest import cli
+
+    before = torch.get_num_threads()
+    try:
+        r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--max-new-tokens", "2",
+                "--device", "cpu", "--threads", "1", "--out", tmp_path / "r.jsonl", "--json")
+        report = json.loads(r.stdout)
+        assert r.returncode == 0 and torch.get_num_threads() == 1
+        assert "CPU threads: 1 (--threads)" in report["notes"]
+    finally:
+        torch.set_num_threads(before)

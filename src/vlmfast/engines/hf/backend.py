@@ -158,4 +158,12 @@ def open_hf(options, found, loaded, dist) -> HfBackend:
         loaded = load(found, device=device or dist.device, dtype=options.dtype, attn=options.attn,
                       trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
                       base=options.base, merge=options.merge)
+    if loaded.runtime.device == "cpu" or options.threads:
+        import torch
+
+        from vlmfast.engines.hf.capacity import cpu_threads
+
+        threads, why = cpu_threads(options.threads)
+        torch.set_num_threads(threads)
+        notes.append(f"CPU threads: {threads} ({why})")
     return HfBackend(options, loaded, compile_cache, notes)

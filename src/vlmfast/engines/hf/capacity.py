@@ -94,3 +94,22 @@ def cuda_batch_size(shape: ModelShape, free_bytes: int, prompt_tokens: int, max_
     context = prompt_tokens + max_new_tokens
     size = auto_batch_size(shape, free_bytes, context, max_batch=max_batch, buckets=BATCH_BUCKETS, **memory)
     return size, batch_memory(shape, size, context, buckets=BATCH_BUCKETS, **memory)
+
+
+def cpu_threads(requested: int | None = None) -> tuple[int, str]:
+    """Threads for torch on a CPU, and why: ``requested`` (``--threads``), else this process's share of the
+    cores it may run on — ``os.sched_getaffinity`` ÷ the processes started beside it on this machine
+    (accelerate's ``LOCAL_WORLD_SIZE``, pytest-xdist's workers). Measured on 2 cores with one other busy
+    process: torch's default of 2 threads made a decode step 4× slower than 1 thread (OpenMP threads spin
+    waiting for a core that is taken)."""
+    import os
+
+    if requested:
+        return requested, "--threads"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for variable in ("LOCAL_WORLD_SIZE", "PYTEST_XDIST_WORKER_COUNT"):
+        value = os.environ.get(variable, "")
+        if value.isdigit() and int(value) > 1:
+            return max(1, cores // int(value)), f"{cores} core(s) this process may use ÷ {value} local processes"
+    return cores, f"the {cores} core(s) this process may use"
+
