@@ -68,7 +68,7 @@ def plan_swap(loaded, directory: Path) -> SwapPlan:
             files.setdefault(file.name, []).append((name, home))
             filled.add(home)
             nbytes += meta["data_offsets"][1] - meta["data_offsets"][0]
-    tied = {name for name in state if name.endswith("lm_head.weight")} if _tied(model) else set()
+    tied = {name for name in state if name.endswith("lm_head.weight")} if _shares_head(model) else set()
     missing = [name for name in state if name not in filled and name not in tied]
     if missing:
         return SwapPlan(None, f"{len(missing)} of the loaded model's tensors are not in it (e.g. {missing[0]})")
@@ -92,8 +92,9 @@ def swap_into(loaded, found, plan: SwapPlan):
             with safe_open(str(found.path / file), framework="pt", device=str(device)) as f:
                 for name, home in pairs:
                     state[home].copy_(f.get_tensor(name))
-        if _tied(loaded.model):
-            loaded.model.tie_weights()
+        # no tie_weights(): a head that shares the embedding's tensor got the new values with it, and one the
+        # load left untied must stay so (re-tying would point a captured graph at memory that is freed)
+    _swap_generation_config(loaded.model, found.path)
     config, generation = read_configs(found.path)
     cache = CacheReport(cache_off_locations(config, generation), saved_cache_enabled(config, generation), True)
     eos, note = eos_list(saved_eos(config, generation)[0], loaded.processor.tokenizer)
@@ -114,9 +115,21 @@ def _weights_config(directory: Path) -> dict:
     return clean(AutoConfig.from_pretrained(str(directory)).to_dict())
 
 
-def _tied(model) -> bool:
-    return bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False)
-                or getattr(model.config, "tie_word_embeddings", False))
+def _shares_head(model) -> bool:
+    """Whether the LM head and the input embedding are one tensor in the loaded model (what the load did,
+    not what the config says)."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embed is not None and head.weight is embed.weight
+
+
+def _swap_generation_config(model, directory: Path) -> None:
+    """The next checkpoint's generation config on the model (plain ``generate`` reads it), the cache forced
+    on as at load."""
+    from transformers import GenerationConfig
+
+    if (Path(directory) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(directory))
+    model.generation_config.use_cache = True
 
 
 def layout_difference(a: Path, b: Path) -> str | None:

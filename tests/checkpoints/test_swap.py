@@ -1,0 +1,32 @@
+"""Weight swaps: a head the load left untied stays untied (whatever the config says), and the next
+checkpoint's generation config comes along."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+
+def test_a_swap_keeps_an_untied_head_untied_and_takes_the_next_generation_config(tmp_path):
+    from vlmfast.checkpoints.load import load
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.swap import plan_swap, swap_into
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    first = build_checkpoint(tmp_path / "a", preset="tiny", like="grpo", seed=1)
+    second = build_checkpoint(tmp_path / "b", preset="tiny", like="grpo", seed=2)
+    gen = json.loads((second / "generation_config.json").read_text())
+    gen["repetition_penalty"] = 1.25
+    (second / "generation_config.json").write_text(json.dumps(gen))
+    loaded = load(locate(first), device="cpu", dtype="float32")
+    model = loaded.model
+    model.config.get_text_config().tie_word_embeddings = True  # the config claims tied; the load left them apart
+    head = model.get_output_embeddings().weight
+    assert head is not model.get_input_embeddings().weight
+    swapped = swap_into(loaded, locate(second), plan_swap(loaded, second))
+    fresh = load(locate(second), device="cpu", dtype="float32").model
+    assert model.get_output_embeddings().weight is head  # the same storage a captured graph reads
+    assert torch.equal(head, fresh.get_output_embeddings().weight)
+    assert not torch.equal(head, model.get_input_embeddings().weight)
+    assert swapped.model.generation_config.repetition_penalty == 1.25 and swapped.model.generation_config.use_cache
