@@ -28,7 +28,13 @@ FIGURES = (("tokens_per_s", 1), ("ttft_ms_p50", 1), ("decode_ms_per_token", 2), 
 
 def mode_of(report: dict) -> str:
     workload = report["workload"]
-    return "hf" if workload.get("decoder") == "hf" else "compile" if workload.get("compile") else "default"
+    if workload.get("decoder") == "hf":
+        return "hf"
+    if not workload.get("compile"):
+        return "default"
+    # a compile that failed ran the uncompiled step: its figures are not "compile" figures
+    ran = [s.get("compiled") for s in report.get("scenarios", []) if s.get("name") != "ckpt-vllm"]
+    return "compile" if all(c is not False for c in ran) else "compile failed (uncompiled)"
 
 
 def _read(path: Path) -> dict | None:
@@ -61,7 +67,8 @@ def rows(benches: list[dict]) -> list[list[str]]:
             if s["name"] != "ckpt":
                 continue
             cells = ["–" if s.get(k) is None else f"{s[k]:.{d}f}" for k, d in FIGURES]
-            found.append(((name, MODES.index(mode), s["batch_size"]), [name, mode, str(s["batch_size"]), str(samples), *cells]))
+            order = MODES.index(mode) if mode in MODES else len(MODES)
+            found.append(((name, order, s["batch_size"]), [name, mode, str(s["batch_size"]), str(samples), *cells]))
     return [cells for _, cells in sorted(found)]
 
 

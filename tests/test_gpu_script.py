@@ -221,3 +221,18 @@ def test_table_is_rebuilt_from_every_report_in_the_directory(tmp_path):
     assert [line for line in lines if line.startswith(("| mixed", "| same"))] == [
         "| mixed | 8052 | 80.0 | 3952 | 20.0 | 60 | 4.00× |", "| same | 8192 | 75.0 | 3616 | 30.0 | 32 | 2.50× |"]
     assert (out / "table.md").read_text() == r.stdout[:-1]  # print() adds a newline after the table's own
+
+
+def test_a_compile_that_failed_is_not_labelled_compile(tmp_path):
+    """bench records what ran (`compiled` per scenario): a compile that fell back is its own row label."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_table", TABLE)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    report = _bench_report("ckpt", 8, [1], compile=True)
+    assert table.mode_of(report) == "compile"  # older reports, without the figure: as asked
+    report["scenarios"][0]["compiled"] = True
+    assert table.mode_of(report) == "compile"
+    report["scenarios"][0]["compiled"] = False
+    assert table.mode_of(report) == "compile failed (uncompiled)"

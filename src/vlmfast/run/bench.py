@@ -192,6 +192,12 @@ class _Bench:
         else:  # vLLM's model lives in its own process: no weights here to count bytes from
             summary.update(decode_gb_per_s=None, peak_gb_per_s=None, bandwidth_pct_of_peak=None)
         summary.update(_accuracy(score_results(runs[-1].results, self.truths, o)))
+        facts = backend.facts()
+        summary["compiled"] = facts.compiled  # what ran, not what was asked: a failed compile falls back
+        if o.compile and name != VLLM and not facts.compiled:
+            why = [n for n in facts.notes if "compile" in n.lower()]
+            self.notes.append(f"{name} (batch {batch_size}): --compile was asked, the decode step ran uncompiled"
+                              + (f" ({'; '.join(why)})" if why else ""))
         self.scenarios.append(summary)
 
 
