@@ -103,11 +103,13 @@ def test_a_missing_hub_repo_is_told_apart_from_no_network(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dead = _probe({"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
-    assert f"ERROR nobody/no-such-model: cannot reach the hub at http://127.0.0.1:{port}" in dead.stdout, dead.stderr
+    assert (f"ERROR nobody/no-such-model: no such directory, and as a hub id the hub at http://127.0.0.1:{port} "
+            "cannot be reached") in dead.stdout, dead.stderr
     assert "HTTPS_PROXY" in dead.stdout and "no such model" not in dead.stdout
 
     offline = _probe({"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
-    assert "ERROR nobody/no-such-model: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set" in offline.stdout
+    assert ("ERROR nobody/no-such-model: no such directory, and as a hub id it is not in the local Hugging Face cache "
+            "(HF_HUB_OFFLINE is set)") in offline.stdout
 
 
 def test_path_errors_and_doctor_import_neither_torch_nor_transformers(grpo_ckpt, tmp_path):
@@ -129,3 +131,16 @@ def test_path_errors_and_doctor_import_neither_torch_nor_transformers(grpo_ckpt,
                            env={**os.environ, "COLUMNS": "200"})
         assert said in r.stderr, r.stderr
         assert r.stderr.strip().endswith(("exit 2 False False", "exit 0 False False")), r.stderr
+
+
+def test_a_mistyped_local_path_says_no_such_directory_first(tmp_path):
+    """`outs/my-run` looks like org/name: offline, and for commands that read local dirs only, the first
+    words are "no such directory", not a hub problem."""
+    from conftest import cli
+
+    r = cli("doctor", "outs/my-run")
+    assert r.returncode == 2 and "outs/my-run: no such directory" in r.stdout + r.stderr
+    (tmp_path / "im.png").write_bytes(b"")
+    r = cli("infer", "--ckpt", "outs/my-run", "--images", tmp_path / "im.png", "--prompt", "p")
+    assert r.returncode == 2 and "outs/my-run: no such directory" in r.stderr
+

@@ -62,8 +62,9 @@ def locate(spec, *, hub: bool = False) -> Located:
     if is_hub_id(text):
         if not hub:
             raise CheckpointError(
-                f"{text}: looks like a hub id, and this command reads local directories only",
-                hint=f"download it first (huggingface-cli download {text} --local-dir DIR), then pass DIR",
+                f"{text}: no such directory (read as a hub id org/name, it would need downloading: this command "
+                "reads local directories only)",
+                hint=f"check the path; for a hub model: huggingface-cli download {text} --local-dir DIR, then pass DIR",
             )
         return probe_hub(text)
     raise CheckpointError(f"{text}: no such directory", hint="check the path; hub ids look like org/name")
@@ -212,9 +213,10 @@ def probe_hub(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> Located:
         if snapshot is not None:
             return Located(snapshot, "model", f"{repo_id}: from the local Hugging Face cache (HF_HUB_OFFLINE is set)")
         raise CheckpointError(
-            f"{repo_id}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set",
-            hint=f"download it where the hub is reachable (huggingface-cli download {repo_id} --local-dir DIR) and pass DIR, "
-                 "or unset HF_HUB_OFFLINE",
+            f"{repo_id}: no such directory, and as a hub id it is not in the local Hugging Face cache "
+            "(HF_HUB_OFFLINE is set)",
+            hint=f"check the path; for a hub model: download it where the hub is reachable (huggingface-cli download "
+                 f"{repo_id} --local-dir DIR) and pass DIR, or unset HF_HUB_OFFLINE",
         )
     try:
         HfApi().model_info(repo_id, timeout=timeout)
@@ -228,8 +230,9 @@ def probe_hub(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> Located:
         if snapshot is not None:
             return Located(snapshot, "model", f"{repo_id}: the hub is unreachable ({type(exc).__name__}); using the cached copy")
         raise CheckpointError(
-            f"{repo_id}: cannot reach the hub at {constants.ENDPOINT} ({type(exc).__name__})",
-            hint="check the network or proxy (HTTPS_PROXY); or download the model where the hub is reachable and pass "
-                 "its directory; HF_HUB_OFFLINE=1 uses models already in the local cache",
+            f"{repo_id}: no such directory, and as a hub id the hub at {constants.ENDPOINT} cannot be reached "
+            f"({type(exc).__name__})",
+            hint="check the path; for a hub model: check the network or proxy (HTTPS_PROXY), or download it where the "
+                 "hub is reachable and pass its directory; HF_HUB_OFFLINE=1 uses models already in the local cache",
         ) from exc
     return Located(None, "hub", "hub id", hub_id=repo_id)
