@@ -74,6 +74,18 @@ def test_think_tokens_never_exceed_new_tokens():
     assert (s["mean_think_tokens"], s["mean_answer_tokens"], s["mean_new_tokens"]) == (3.0, 3.0, 7.0)
 
 
+def test_mean_think_tokens_stay_below_mean_new_tokens_when_some_samples_have_no_think():
+    """A long unclosed think beside short answers without one: the means are over every sample, so the
+    think mean cannot rise above the new-token mean (it showed 128.0 above 123.9)."""
+    def row(rid, ids):
+        return SampleResult(id=rid, images=[], prompt="", text=FakeTokenizer().decode(ids), think=None, answer=None,
+                            finish_reason="length", n_new_tokens=len(ids), token_ids=ids)
+
+    rows = [row("long", [0] + [1] * 9), row("short", [4, 4])]  # an unclosed think of 10; 2 tokens, no tags
+    s = scenario_summary(CKPT, 2, [RunStats(wall_s=1.0, timings=[], results=rows)], FakeTokenizer())
+    assert (s["mean_think_tokens"], s["mean_new_tokens"]) == (5.0, 6.0)
+
+
 @pytest.mark.parametrize("walls, cv, noisy", [
     ([1.0, 1.0, 1.3], 15.7, True),  # mean 1.1, variance (0.01 + 0.01 + 0.04) / 2 = 0.03 → 0.1732 / 1.1
     ([2.0, 2.0, 2.1], 2.8, False),  # variance (1 + 1 + 4) / 900 / 2 → 0.0577 / 2.0333

@@ -64,8 +64,9 @@ def scenario_summary(name: str, batch_size: int, runs: list[RunStats], tokenizer
         "tokens_per_s_p90": rounded(percentile(tps, 90)),
         "samples_per_s": rounded(statistics.median(sps), 4) if sps else None,
         "mean_new_tokens": rounded(sum(r.n_new_tokens for r in last) / n),
-        "mean_think_tokens": rounded(sum(thinks) / len(thinks)) if thinks else None,
-        "mean_answer_tokens": rounded(sum(answers) / len(answers)) if answers else None,
+        # over every sample (one without a think counts 0), as mean_new_tokens: the three add up, never exceed
+        "mean_think_tokens": rounded(sum(thinks) / n) if thinks else None,
+        "mean_answer_tokens": rounded(sum(answers) / n) if answers else None,
         "no_answer_rate": rounded(sum(r.answer is None for r in last) / n, 4),
         "truncation_rate": rounded(sum(r.finish_reason == "length" for r in last) / n, 4),
         "peak_mem_mib": rounded(peak[0], 1) if peak else None,
