@@ -174,3 +174,13 @@ def test_sweep_takes_the_prompt_its_hint_names(run, tmp_path):
     r = cli("sweep", run["run"], "--manifest", bare, "--prompt", "Count.", "--out-dir", tmp_path / "b", "--steps", "100",
             "--device", "cpu", "--max-new-tokens", "6")
     assert r.returncode == 0 and _tokens(read_jsonl(tmp_path / "b" / "step-100.jsonl")) == _tokens(run["fresh"][100])
+
+
+def test_reward_errors_are_counted_and_named_as_the_reason_there_is_no_best(run, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def accuracy(completions, solution, **kwargs):\n    raise ValueError('boom')\n")
+    r = cli("sweep", run["run"], "--manifest", run["manifest"], "--out-dir", tmp_path / "out", "--steps", "100",
+            "--device", "cpu", "--max-new-tokens", "6", "--reward", f"{broken}:accuracy", "--skip-bad", "--json")
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["checkpoints"][0]["reward_errors"] == 4 and report["best"] is None
+    assert "4 reward call(s) failed" in r.stderr and "no row had ground truth" not in r.stderr

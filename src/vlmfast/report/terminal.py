@@ -93,16 +93,20 @@ def render_note(text: str) -> None:
 def render_sweep(report: dict) -> None:
     """``vlmfast sweep``: one line per checkpoint, the best one, the gate, on stderr."""
     table = Table(title=f"vlmfast sweep: {escape(report['run_dir'])}", title_justify="left")
-    for column in ("step", "accuracy (95 % CI)", "format", "new tokens", "no answer", "tokens/s", "load / swap"):
+    for column in ("step", "accuracy (95 % CI)", "format", "new tokens", "no answer", "tokens/s", "load / swap", "errors"):
         table.add_column(column, justify="right")
     for c in report["checkpoints"]:
         ci = f" ({_pct(c['ci_low'])}–{_pct(c['ci_high'])})" if c["ci_low"] is not None else ""
-        switch = (f"swap {_fmt(c['swap_s'], ' s')}" if "swap_s" in c else f"load {_fmt(c.get('load_s'), ' s')}")
+        how = next((k for k in ("swap_s", "reload_s", "load_s") if k in c), None)
+        switch = f"{how[:-2]} {_fmt(c[how], ' s')}" if how else "–"
+        errors = str(c.get("errors", 0)) + (f" + {c['reward_errors']} reward" if c.get("reward_errors") else "")
         table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, _pct(c["format_rate"]),
-                      _fmt(c["mean_new_tokens"], "", 1), _pct(c["no_answer_rate"]), _fmt(c["tokens_per_s"], "", 1), switch)
+                      _fmt(c["mean_new_tokens"], "", 1), _pct(c["no_answer_rate"]), _fmt(c["tokens_per_s"], "", 1), switch,
+                      errors)
     stderr.print(table)
-    best = report["best"]
+    best, failed = report["best"], sum(c.get("reward_errors") or 0 for c in report["checkpoints"])
     stderr.print(f"best: step {best['step']} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
+                 else f"best: none ({failed} reward call(s) failed: see reward_error in the step files)" if failed
                  else "best: none (no row had ground truth to score)")
     if report["gate"] and report["gate"]["failed"]:
         stderr.print(f"[red]gate:[/red] {escape(report['gate']['message'])}")

@@ -239,7 +239,7 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
         "mean_new_tokens": round(sum(r.get("n_new_tokens") or 0 for r in ok) / len(ok), 2) if ok else None,
         "no_answer_rate": round(sum(r.get("answer") is None and _answer(r) is None for r in ok) / len(ok), 4) if ok else None,
         "tokens_per_s": report.tokens_per_s, f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
-        "errors": len(rows) - len(ok),
+        "errors": len(rows) - len(ok), "reward_errors": sum(r.get("reward_error") is not None for r in ok),
     }
     if "samples" in scores:
         figures["samples"] = scores["samples"]
