@@ -155,6 +155,13 @@ def _unreadable(ctx):
     return d, {}
 
 
+def _truncated(ctx):
+    d = _copy(ctx.base, ctx.tmp / "t")
+    weights = d / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # header intact, data cut short
+    return d, {}
+
+
 CASES = {
     "cache-off": (_cache_off, [("error", "generation_config.json: use_cache"), ("warning", "config.json: use_cache"),
                                ("warning", "config.json: text_config.use_cache")]),
@@ -170,6 +177,7 @@ CASES = {
     "weights-missing": (_delete("model.safetensors"), None),
     "pickle-weights": (_pickle, [("warning", "pytorch_model.bin")]),
     "weights-unreadable": (_unreadable, None),
+    "weights-incomplete": (_truncated, None),
     "remote-code": (_auto_map, [("warning", "config.json: auto_map")]),
     "vocab-mismatch": (_vocab_mismatch, [("error", "config.json: vocab_size")]),
     "vocab-differs-from-base": (_vocab_differs, [("warning", "config.json: vocab_size")]),
@@ -274,3 +282,23 @@ def test_hub_ids_and_missing_paths_are_clear_errors(tmp_path):
     assert "huggingface-cli download" in err.value.hint
     with pytest.raises(CheckpointError, match="no such directory"):
         diagnose(tmp_path / "nope")
+
+
+def test_truncated_weights_are_a_finding_and_a_run_falls_back_to_its_highest_complete_checkpoint(grpo_ckpt, tmp_path):
+    """`head -c 300000` on the newest checkpoint's weights: doctor names it; infer on the run dir uses the
+    highest complete checkpoint and says which it skipped and why."""
+    import shutil
+
+    from vlmfast.checkpoints.doctor import diagnose
+    from vlmfast.checkpoints.locate import locate
+
+    run = tmp_path / "run"
+    for step in (100, 300):
+        shutil.copytree(grpo_ckpt, run / f"checkpoint-{step}")
+    weights = run / "checkpoint-300" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:300_000])
+    codes = {f.code for f in diagnose(run / "checkpoint-300")}
+    assert "weights-incomplete" in codes
+    found = locate(run)
+    assert found.path == run / "checkpoint-100" and "checkpoint-300 (weights incomplete" in found.note
+    assert "weights-incomplete" not in {f.code for f in diagnose(run)}

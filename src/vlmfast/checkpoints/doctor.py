@@ -15,6 +15,7 @@ from pathlib import Path
 from vlmfast.checkpoints.readers import (
     NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting,
+    weights_complete,
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
 from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
@@ -25,7 +26,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "tokenizer-missing", "chat-template-missing", "unknown-class", "fsdp-unmerged", "weights-missing",
     "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
-    "trainer-state", "swift-args", "processor-family-mismatch", "untested-family",
+    "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
 )
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
 # Classes transformers renamed or never had, and what the checkpoint should say instead.
@@ -271,6 +272,11 @@ def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> 
     elif target.kind == "incomplete":
         out.append(Finding("error", "weights-missing", str(d), "config.json but no weights (*.safetensors / *.bin)",
                            "the save is incomplete: save again, or point at a checkpoint-N that holds weights"))
+    elif not weights_complete(d):
+        out.append(Finding("error", "weights-incomplete", str(d),
+                           "the weights are incomplete: a safetensors file is shorter than its header says, or a shard "
+                           "the index names is missing", "the save was cut short or is still being written: save again, "
+                           "or point at the run directory (its highest complete checkpoint is used)"))
     pickles = [p.name for p in sorted(d.glob("*.bin")) if p.name not in NOT_WEIGHTS]
     if pickles and not any(d.glob("*.safetensors")):
         out.append(Finding("warning", "pickle-weights", pickles[0],

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import adapter_base_or_none, has_weights, is_adapter_dir
+from vlmfast.checkpoints.readers import adapter_base_or_none, has_weights, is_adapter_dir, weights_complete
 from vlmfast.errors import CheckpointError
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -162,14 +162,16 @@ def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Locate
         except CheckpointError:
             why[child.name] = "no config.json"
     why.update({d.name: SKIP_REASONS[f.kind] for _, d, f in located if f.kind in SKIP_REASONS})
-    usable = [(n, d, found) for n, d, found in located if found.kind in ("model", "adapter")]
+    cut = {d.name for _, d, f in located if f.kind in ("model", "adapter") and not weights_complete(f.path)}
+    why.update({name: "weights incomplete: a save cut short or still being written" for name in cut})
+    usable = [(n, d, found) for n, d, found in located if found.kind in ("model", "adapter") and d.name not in cut]
     if usable:
         n, chosen, found = usable[0]
         merged = chosen.with_name(chosen.name + "-merged")  # ms-swift export --merge_lora writes it beside
         if found.kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
             found = Located(merged, "model")
         where = found.path.relative_to(path).as_posix()
-        note = f"using {where} (highest of {len(usable)} {label} dirs with weights in {path})"
+        note = f"using {where} (highest of {len(usable)} {label} dirs with complete weights in {path})"
         skipped = [f"{d.name} ({why.get(d.name, 'no weights')})" for m, d in numbered if m > n]
         if skipped:
             note += f"; skipped {', '.join(skipped)}"

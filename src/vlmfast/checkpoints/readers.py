@@ -8,6 +8,7 @@ fix and LoRA code all read checkpoints through here, so reading a config costs a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from vlmfast.errors import CheckpointError
@@ -243,3 +244,47 @@ def tensor_index(d: Path) -> dict[str, tuple[str, list[int], int]]:
             if name != "__metadata__":
                 index[name] = (meta["dtype"], meta["shape"], meta["data_offsets"][1] - meta["data_offsets"][0])
     return index
+
+
+# -- is it fully written? ------------------------------------------------------------------------
+def weights_complete(path) -> bool:
+    """True once a checkpoint dir's weights are fully written (for watching a run that is still saving).
+
+    A model dir: config.json, and weights whose every file is complete — each shard that
+    ``*.index.json`` names exists, shards named ``-0000i-of-0000n`` have their index (written last),
+    and each ``.safetensors`` file is at least as long as its header says (8-byte length + header + end
+    offset of its last tensor). ``.bin`` files cannot be checked without unpickling: non-empty counts.
+    An adapter dir: its ``adapter_model.safetensors`` (or ``.bin``) complete."""
+    d = Path(path)
+    if (d / "config.json").is_file() and has_weights(d):
+        return _model_weights_complete(d)
+    if is_adapter_dir(d):
+        st = d / "adapter_model.safetensors"
+        return _file_complete(st if st.is_file() else d / "adapter_model.bin")
+    return False
+
+
+_SHARD = re.compile(r"-\d+-of-\d+\.safetensors$")
+
+
+def _model_weights_complete(d: Path) -> bool:
+    indexes = sorted(d.glob("*.safetensors.index.json")) + sorted(d.glob("*.bin.index.json"))
+    for index in indexes:
+        weight_map = maybe_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            return False
+        if not all(isinstance(name, str) and _file_complete(d / name) for name in set(weight_map.values())):
+            return False
+    files = [p for pattern in ("*.safetensors", "*.bin") for p in d.glob(pattern)
+             if not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS]
+    if any(_SHARD.search(p.name) for p in files) and not any(i.name.endswith(".safetensors.index.json") for i in indexes):
+        return False  # save_pretrained writes the index after the last shard
+    return bool(files or indexes) and all(_file_complete(p) for p in files)
+
+
+def _file_complete(p: Path) -> bool:
+    try:
+        size = p.stat().st_size
+        return size >= safetensors_length(p) if p.suffix == ".safetensors" else size > 0
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # absent, or a header still being written
+        return False
