@@ -381,3 +381,26 @@ def test_parse_number_reads_the_last_number():
     assert parse_number("first 3, then 4, finally 7.5") == (7.5, False)
     assert parse_number("12%") == (12.0, True)
     assert parse_number("no digits") is None
+
+
+def test_untagged_text_is_scored_only_on_an_answer_it_states():
+    """A 2,800-character noise text with stray standalone "A"s, or "Loo1Loo…" against "1", is not an answer;
+    a short plain reply, a final "the answer is …" line and \\boxed{} are."""
+    from vlmfast.evaluation.scoring import score_row, stated_answer
+
+    noise = ("zq " * 300 + " A " + "xv " * 600)[:2800]
+    assert score_row({"text": noise}, "A", "choice")["correct"] is False
+    assert score_row({"text": "Loo1Loo" * 100}, "1", "number")["correct"] is False
+    assert score_row({"text": "There are 3 cars."}, "3", "number")["correct"] is True
+    assert score_row({"text": "Let me count. " * 10 + "\nSo the answer is B."}, "B", "choice")["correct"] is True
+    assert stated_answer("work " * 40 + r"so \boxed{12}") == "12"
+
+
+def test_accuracy_over_tagged_answers_is_reported_beside_the_overall():
+    from vlmfast.evaluation.stats import summarize
+
+    rows = [{"text": "<answer>1</answer>", "score": 1.0, "correct": True, "format_ok": True},
+            {"text": "<answer>2</answer>", "score": 0.0, "correct": False, "format_ok": True},
+            {"text": "1", "score": 1.0, "correct": True, "format_ok": False}]
+    s = summarize(rows)
+    assert s["accuracy"] == pytest.approx(2 / 3) and (s["tagged_accuracy"], s["tagged_rows"]) == (0.5, 2)

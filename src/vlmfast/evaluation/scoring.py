@@ -30,6 +30,12 @@ ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_TAG = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 _ANY_TAG = re.compile(r"</?(?:think|answer)>")
+# An untagged text states an answer in \boxed{…}, in a last "answer is …" / "Answer: …" line, or by being
+# short. Anything else is not an answer: a 2,800-character noise text with a stray "A" in it, or "Loo1Loo…"
+# read against "1", must not score as right.
+STATED_MAX_CHARS = 64
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_STATED_LINE = re.compile(r"(?:answer\s*(?:is|:)|answer\s+is\s*:)\s*(.+?)\s*\.?\s*$", re.I)
 _QUOTES = "\"'`“”‘’«»"
 _STRIP = ".,;:!?()[]{}<>*_~-" + _QUOTES
 _UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
@@ -329,6 +335,18 @@ def format_ok(text: str | None) -> bool:
     return not outside.strip()
 
 
+def stated_answer(text: str) -> str | None:
+    """The answer an untagged text states: the last ``\\boxed{…}``; else what follows "answer is" or
+    "Answer:" on its last line that says so; else the whole text when it is short (at most
+    ``STATED_MAX_CHARS``); else None: a long text that states nothing is not scored as an answer."""
+    if boxed := _BOXED.findall(text):
+        return boxed[-1].strip()
+    for line in reversed([line for line in text.strip().splitlines() if line.strip()]):
+        if (m := _STATED_LINE.search(line)):
+            return m.group(1).strip()
+    return text.strip() if len(text.strip()) <= STATED_MAX_CHARS else None
+
+
 def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str | None = None,
               plain_fallback: bool = True, **opts) -> dict:
     """The scoring fields for one result row (see ``ROW_FIELDS``); ``opts`` go to :func:`score_answer`.
@@ -336,8 +354,8 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
     The answer is read from the row's ``text`` (an ``answer`` field, if any, is not consulted: other
     tools write none, or their own). Error rows get all nulls; rows without ground truth get only
     ``format_ok``. With ``plain_fallback`` a row whose text carries no think/answer tags at all (a base
-    model answering plainly) is scored on its whole text, so checkpoint and base are compared on the
-    same questions. Boxes: see :func:`row_bbox_space`."""
+    model answering plainly) is scored on the answer it states (:func:`stated_answer`), so checkpoint and
+    base are compared on the same questions. Boxes: see :func:`row_bbox_space`."""
     if row.get("error") is not None:
         return dict.fromkeys(ROW_FIELDS)
     text = row.get("text")
@@ -350,7 +368,7 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
         return {**fields, **score_reference(scorer, row, truth_text(truth))}
     answer = parse_reasoning(text)[1] if isinstance(text, str) else None
     if answer is None and plain_fallback and isinstance(text, str) and not _ANY_TAG.search(text):
-        answer = text
+        answer = stated_answer(text)
     s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
                      model_size=_first_size(row.get("model_image_sizes")),
                      bbox_space=row_bbox_space(row, bbox_space), **opts)

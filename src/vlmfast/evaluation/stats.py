@@ -29,8 +29,13 @@ def summarize(rows: list[dict]) -> dict:
     ok = [r for r in rows if r.get("error") is None]
     scored = [r for r in ok if r.get("score") is not None]
     parts = [parse_reasoning(r["text"]) for r in ok if isinstance(r.get("text"), str)]
+    tagged = [r for r in scored if isinstance(r.get("text"), str) and parse_reasoning(r["text"])[1] is not None]
     summary = {
         **_score_stats(scored),
+        # accuracy over rows that answered inside <answer> tags, beside the overall (untagged rows are scored
+        # on the answer they state, if any)
+        "tagged_accuracy": mean(bool(r["correct"]) for r in tagged if r.get("correct") is not None),
+        "tagged_rows": len(tagged),
         "format_rate": mean(bool(r["format_ok"]) for r in ok if r.get("format_ok") is not None),
         "mean_think_chars": mean(len(think) for think, _ in parts if think is not None),
         "mean_answer_chars": mean(len(answer) for _, answer in parts if answer is not None),

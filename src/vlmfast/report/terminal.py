@@ -52,7 +52,8 @@ def render_infer(report) -> None:
     scores = report.scores or {}
     if scores.get("scored"):
         table.add_row("accuracy", f"{_pct(scores['accuracy'])} of {plural(scores['scored'], 'scored row')} · format ok "
-                      f"{_pct(scores['format_rate'])} · answer not parsed {scores['answer_parse_failures']}")
+                      f"{_pct(scores['format_rate'])} · answer not parsed {scores['answer_parse_failures']}"
+                      f" · in <answer> tags {_pct(scores.get('tagged_accuracy'))} of {scores.get('tagged_rows', 0)}")
     elif scores.get("format_rate") is not None:
         table.add_row("format", f"{_pct(scores['format_rate'])} of rows have <think>…</think><answer>…</answer> (no ground truth to score)")
     table.add_row("new tokens", _fmt(report.new_tokens))
@@ -124,6 +125,8 @@ def render_scores(source: str, summary: dict) -> None:
         table.add_row(name, str(g.get("scored") or 0), _pct(g.get("accuracy")), _fmt(g.get("mean_score"), "", 3),
                       str(g.get("answer_parse_failures") or 0))
     stderr.print(table)
+    stderr.print(f"accuracy over answers in <answer> tags: {_pct(summary.get('tagged_accuracy'))} of "
+                 f"{plural(summary.get('tagged_rows', 0), 'row')}")
     stderr.print(f"format ok (<think>…</think><answer>…</answer>): {_pct(summary.get('format_rate'))} · "
                  f"mean think {_fmt(summary.get('mean_think_chars'), ' chars', 0)} · "
                  f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
