@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from vlmfast.errors import UsageError, check_choice
+from vlmfast.evaluation.answers import stated_answer
 
 # Published evaluation scripts' rules, rule for rule, on the whole row (vlmfast.evaluation.reference).
 REFERENCE_SCORERS = ("vlm-r1-rec", "easyr1-math", "r1v-counting")
@@ -30,12 +31,6 @@ ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_TAG = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 _ANY_TAG = re.compile(r"</?(?:think|answer)>")
-# An untagged text states an answer in \boxed{…}, in a last "answer is …" / "Answer: …" line, or by being
-# short. Anything else is not an answer: a 2,800-character noise text with a stray "A" in it, or "Loo1Loo…"
-# read against "1", must not score as right.
-STATED_MAX_CHARS = 64
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
-_STATED_LINE = re.compile(r"(?:answer\s*(?:is|:)|answer\s+is\s*:)\s*(.+?)\s*\.?\s*$", re.I)
 _QUOTES = "\"'`“”‘’«»"
 _STRIP = ".,;:!?()[]{}<>*_~-" + _QUOTES
 _UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
@@ -333,18 +328,6 @@ def format_ok(text: str | None) -> bool:
         return False
     outside = text[: at[0]] + text[at[1] + len(tags[1]): at[2]] + text[at[3] + len(tags[3]):]
     return not outside.strip()
-
-
-def stated_answer(text: str) -> str | None:
-    """The answer an untagged text states: the last ``\\boxed{…}``; else what follows "answer is" or
-    "Answer:" on its last line that says so; else the whole text when it is short (at most
-    ``STATED_MAX_CHARS``); else None: a long text that states nothing is not scored as an answer."""
-    if boxed := _BOXED.findall(text):
-        return boxed[-1].strip()
-    for line in reversed([line for line in text.strip().splitlines() if line.strip()]):
-        if (m := _STATED_LINE.search(line)):
-            return m.group(1).strip()
-    return text.strip() if len(text.strip()) <= STATED_MAX_CHARS else None
 
 
 def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str | None = None,
