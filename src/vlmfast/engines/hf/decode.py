@@ -19,6 +19,7 @@ import torch
 from transformers import AttentionInterface
 
 from vlmfast.engines.hf.linear_states import LinearStateCache, check_cache_api, linear_modules
+from vlmfast.engines.hf.sampling import select, token_hashes
 
 
 class StaticKV(LinearStateCache):
@@ -169,21 +170,6 @@ def suppress_bias(vocab: int, token_ids, device) -> torch.Tensor:
     return bias
 
 
-def select(logits, bias, *, temperature: float, top_p: float, generator=None):
-    """The next token of every row: argmax when ``temperature`` is 0; otherwise temperature, then
-    nucleus (top-p) filtering as transformers does it, then a draw from ``generator``."""
-    scores = logits + bias
-    if temperature == 0:
-        return scores.argmax(-1)
-    scores = scores / temperature
-    if top_p < 1.0:
-        ordered, order = torch.sort(scores, descending=False)
-        drop = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
-        drop[..., -1:] = False  # the most likely token always stays
-        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
-
-
 @dataclass
 class Decoded:
     tokens: list[list[int]]  # per row: every generated token (pad after the row's EOS), first token included
@@ -208,11 +194,11 @@ class DecodeState:
     goes as soon as it is released (a graph pool and a KV cache per shape are gigabytes on a GPU)."""
 
     def __init__(self, decoder: TextDecoder, batch: int, max_len: int, max_new: int, *, static: bool, eos_ids,
-                 pad_id: int, bias, temperature: float, top_p: float, generator=None, forward=None):
+                 pad_id: int, bias, temperature: float, top_p: float, forward=None):
         device = bias.device
         long = dict(dtype=torch.long, device=device)
         self.decoder, self.batch, self.max_len, self.max_new, self.static = decoder, batch, max_len, max_new, static
-        self.bias, self.temperature, self.top_p, self.generator = bias, temperature, top_p, generator
+        self.bias, self.temperature, self.top_p = bias, temperature, top_p
         self.cache = decoder.new_cache(batch, max_len)
         if static:
             self.cache.index = torch.zeros(1, **long)
@@ -228,15 +214,17 @@ class DecodeState:
         # which without it is past the end when max_new is small; run_loop never reads past max_new
         self.out = torch.full((batch, max_new + 1), pad_id, **long)
         self.running = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.row_keys = torch.zeros(batch, **long)  # sampling: each row's own noise (spare rows: key 0, ignored)
+        self.hashed_tokens = token_hashes(bias.shape[0], device) if temperature != 0 else None
         self.padded = True
         self.logits = None
         self.graph = None
         self.rows = self.t = 0
 
-    def load(self, *, first, next_position, key_valid, caches, prompt_len: int, repeat: int = 1) -> None:
+    def load(self, *, first, next_position, key_valid, caches, prompt_len: int, repeat: int = 1, keys=None) -> None:
         """Take a new batch: its prefill caches (each prompt's copied to ``repeat`` rows), first tokens,
-        positions and padding (per decode row). Spare rows (static shapes) are not running and attend to
-        everything (no empty softmax)."""
+        positions, padding and sampling keys (per decode row). Spare rows (static shapes) are not running
+        and attend to everything (no empty softmax)."""
         rows = first.shape[0]
         self.rows, self.t = rows, 1
         self.cache.fill(caches, prompt_len, repeat)
@@ -254,10 +242,14 @@ class DecodeState:
         self.out[:rows, 0] = first
         self.running.fill_(False)
         self.running[:rows] = ~torch.isin(first, self.eos) if len(self.eos) else True
+        self.row_keys.zero_()
+        if keys is not None:
+            self.row_keys[:rows] = keys
 
     def record(self, logits) -> None:
         """Select the next token of every row, record it (pad for finished rows), advance by one."""
-        chosen = select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, generator=self.generator)
+        chosen = select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, keys=self.row_keys,
+                        step=self.offset + 1, hashed_tokens=self.hashed_tokens)
         chosen = torch.where(self.running, chosen, self.pad)
         self.out.index_copy_(1, self.offset + 1, chosen[:, None])
         self.tokens.copy_(chosen[:, None])
@@ -267,20 +259,17 @@ class DecodeState:
         self.cache.advance()
 
     def _body(self) -> None:
-        """One step as a CUDA graph holds it: the forward, and for greedy decoding the selection too
-        (sampling draws outside the graph, from the run's own generator)."""
+        """One step as a CUDA graph holds it: the forward and the choice of the next token (a draw is a
+        pure function of device tensors: :mod:`vlmfast.engines.hf.sampling`)."""
         with decode_attention_for(self.decoder):
             self.logits = self.forward(self)
-        if self.temperature == 0:
-            self.record(self.logits)
+        self.record(self.logits)
 
     def step(self) -> None:
         if self.graph is not None:
             self.graph.replay()
         else:
             self._body()
-        if self.temperature != 0:
-            self.record(self.logits)
         self.t += 1
 
     def warm_up(self) -> None:

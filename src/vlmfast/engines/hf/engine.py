@@ -15,6 +15,7 @@ fallback for families the loop does not know. Batching, prefetch and out-of-memo
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,6 +78,7 @@ class Prefilled:
     prompt_len: int
     vision_s: float | None = None  # the vision tower's share of the prefill
     repeat: int = 1  # decode rows per prompt row (n answers per request; ``first`` … are per decode row)
+    keys: object = None  # (rows,) each decode row's sampling key; None when greedy
 
 
 class Engine(Preparer):
@@ -110,7 +112,9 @@ class Engine(Preparer):
         self.max_batch_tokens = max_batch_tokens or PREFILL_TOKENS["cuda" if self.on_cuda else "cpu"]
         super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
                          min_pixels=min_pixels, max_pixels=max_pixels)
-        self._text = self._bias = self._generator = None
+        self._text = self._bias = None
+        # sampling draws are keyed by (seed, request id, sample): without --seed, one seed drawn for this engine
+        self.seed = settings.seed if settings.seed is not None else secrets.randbits(31)
         self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → a static DecodeState
         self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
 
@@ -217,7 +221,8 @@ class Engine(Preparer):
         does (last prompt position + 1 + step)."""
         import torch
 
-        from vlmfast.engines.hf.decode import rope_positions, select
+        from vlmfast.engines.hf.decode import rope_positions
+        from vlmfast.engines.hf.sampling import select
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
 
         model = self.loaded.model
@@ -228,16 +233,16 @@ class Engine(Preparer):
                 pos = rope_positions(model, inputs)
                 out = model(**inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
                 n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
+                keys = self._keys(prepared.requests[g.start:g.end])
                 firsts.append(select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
-                                     temperature=self.settings.temperature, top_p=self.settings.top_p,
-                                     generator=self._sampler()))
+                                     temperature=self.settings.temperature, top_p=self.settings.top_p, keys=keys))
                 positions.append(pos[:, :, -1:].repeat_interleave(n, 1) + 1)
                 masks.append(inputs["attention_mask"].bool().repeat_interleave(n, 0))
                 caches.append((g.start, g.end, out.past_key_values))
         length = max(m.shape[1] for m in masks)
         key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
         return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length, vision.seconds,
-                         self.settings.n)
+                         self.settings.n, self._keys(prepared.requests))
 
     # -- phase 3: decode -------------------------------------------------------------------------
     def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
@@ -257,7 +262,8 @@ class Engine(Preparer):
             static = self.cuda_graphs or self.policy.enabled
             state = self._static_state() if static else self._new_state(rows, length, static=False)
             state.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
-                       caches=prefilled.caches, prompt_len=prefilled.prompt_len, repeat=prefilled.repeat)
+                       caches=prefilled.caches, prompt_len=prefilled.prompt_len, repeat=prefilled.repeat,
+                       keys=prefilled.keys)
             prefilled.caches = []  # the prompts' keys now live in the decode state's cache
             clock = (lambda t: steps_at.append(now(self.device))) if self.record_steps and steps_at is not None else None
             return run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
@@ -268,7 +274,7 @@ class Engine(Preparer):
         s = self.settings
         return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
                            pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
-                           top_p=s.top_p, generator=self._sampler(), forward=forward)
+                           top_p=s.top_p, forward=forward)
 
     def _static_state(self):
         """The static state of this batch's shape, built (captured / compiled) on first use, its time in
@@ -332,11 +338,11 @@ class Engine(Preparer):
         import torch
         from transformers import LogitsProcessorList
 
+        from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
+
         kwargs = self.generate_kwargs()
         if clock is not None:
             kwargs["logits_processor"] = LogitsProcessorList([clock])
-        from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
-
         with torch.inference_mode(), use_merged_vision_attention(self.loaded.model):  # the same vision numerics
             return self.loaded.model.generate(**inputs, **kwargs)
 
@@ -385,14 +391,7 @@ class Engine(Preparer):
             self._bias = suppress_bias(self._decoder().vocab, self.loaded.suppress_token_ids, self.loaded.model.device)
         return self._bias
 
-    def _sampler(self):
-        """One generator per engine, seeded once: a seeded run draws the same tokens every time."""
-        if self.settings.greedy:
-            return None
-        if self._generator is None:
-            import torch
+    def _keys(self, requests: Sequence[Request]):
+        from vlmfast.engines.hf.sampling import row_keys
 
-            generator = torch.Generator(device=self.loaded.model.device)
-            generator.manual_seed(self.settings.seed if self.settings.seed is not None else generator.seed())
-            self._generator = generator
-        return self._generator
+        return None if self.settings.greedy else row_keys(self.seed, [r.id for r in requests], self.settings.n, self.device)

@@ -1,0 +1,77 @@
+"""Choosing the next token: greedy, or a seeded draw that needs no host sync and no generator state.
+
+A draw is the exponential race ``argmax(p / E)`` with ``E ~ Exp(1)`` per vocabulary entry, which picks
+token i with probability ``p_i`` (gpt-fast and vLLM sample this way: no ``torch.multinomial``, whose
+read-backs stall the host every step). The noise is not drawn from a generator: it is a hash of
+(the row's key, the step, the token id), so
+
+- a row's tokens depend only on its own key — :func:`row_key` of (seed, request id, sample index) — never
+  on which batch it ran in, on its neighbours, on spare rows of a captured graph, on resume order or on
+  which checkpoint the engine held before: the same (seed, checkpoint, id, sample) gives the same
+  answer in every run;
+- the whole choice is a pure function of device tensors, so a CUDA graph can hold it.
+
+The hash is lowbias32-style integer mixing (two xor-shift-multiply rounds with multipliers below 2³¹,
+so no product leaves int64) on values kept in 32 bits; the top 24 bits make a uniform in (0, 1).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+_M32 = 0xFFFFFFFF
+_STEP = 0x61C88647  # spreads consecutive steps apart before mixing
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of every element of ``x`` (int64 holding values in [0, 2³²))."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    return x ^ (x >> 16)
+
+
+def row_key(seed: int, request_id: str, sample: int) -> int:
+    """The 32-bit key of one answer: (seed, request id, sample index) → the same draws in every run."""
+    return zlib.crc32(f"{seed}\x00{request_id}\x00{sample}".encode("utf-8"))
+
+
+def row_keys(seed: int, request_ids, n: int, device) -> torch.Tensor:
+    """The keys of a batch's decode rows: each request's n answers in order (sample 0…n−1)."""
+    keys = [row_key(seed, rid, k) for rid in request_ids for k in range(n)]
+    return torch.tensor(keys, dtype=torch.long, device=device)
+
+
+def token_hashes(vocab: int, device) -> torch.Tensor:
+    """Each token id hashed once per state: the per-step noise is one more mix against these."""
+    return _mix(torch.arange(vocab, dtype=torch.long, device=device))
+
+
+def uniform_noise(keys: torch.Tensor, step: torch.Tensor, hashed_tokens: torch.Tensor) -> torch.Tensor:
+    """(rows, vocab) uniforms in (0, 1), a pure function of each row's key, the step and the token id.
+    ``step`` is a 0-d or 1-element device tensor (a graph replays it), or a Python int."""
+    row = _mix((keys & _M32) ^ _mix((step * _STEP + 1) & _M32))  # (rows,)
+    bits = _mix(row[:, None] ^ hashed_tokens[None, :]) >> 8  # 24 bits: exact in float32
+    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+
+
+def select(logits, bias, *, temperature: float, top_p: float, keys=None, step=0, hashed_tokens=None):
+    """The next token of every row: argmax when ``temperature`` is 0; otherwise temperature, then
+    nucleus (top-p) filtering as transformers does it, then the exponential race on each row's own noise
+    (``keys``: (rows,) int64 from :func:`row_key`; ``step``: which token of the answer this is)."""
+    scores = logits + bias
+    if temperature == 0:
+        return scores.argmax(-1)
+    scores = scores / temperature
+    if top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=False)
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[..., -1:] = False  # the most likely token always stays
+        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    if hashed_tokens is None:
+        hashed_tokens = token_hashes(scores.shape[-1], scores.device)
+    exponential = -torch.log(uniform_noise(keys, step, hashed_tokens))
+    return (scores.softmax(-1) / exponential).argmax(-1)
