@@ -191,3 +191,23 @@ def test_graphs_with_one_or_two_new_tokens_replay_the_eager_tokens(on_gpu, image
     eager, _ = _run(Engine(on_gpu, settings, cuda_graphs=False), images)
     replayed, _ = _run(Engine(on_gpu, settings), images)
     assert replayed == eager
+
+
+def test_sampled_graph_steps_never_sync_and_draw_as_the_eager_loop(on_gpu, images):
+    """Sampling sits inside the captured step (keyed noise, no generator, no multinomial): a replayed
+    step makes no host sync (sync debug mode raises on one), and a seeded batch draws the eager loop's
+    tokens in float32."""
+    settings = GenerationSettings(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
+    graphs, _ = _run(Engine(on_gpu, settings), images[:3])
+    eager, _ = _run(Engine(on_gpu, settings, cuda_graphs=False), images[:3])
+    assert graphs == eager
+
+    engine = Engine(on_gpu, settings)
+    _run(engine, images[:3])  # captures the shape
+    state = next(iter(engine._static.values()))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):
+            state.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
