@@ -316,3 +316,53 @@ def test_one_or_two_new_tokens_on_the_static_path_equal_plain_generate(key, max_
     static = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)
     assert [r.token_ids for r in _run(static, reqs, 2)] == reference
     assert all(len(tokens) == max_new for tokens in reference)
+
+
+def _tensor_bytes(*objects) -> int:
+    """Bytes of every distinct tensor reachable from the objects' lists, dicts and attributes (one level)."""
+    import torch
+
+    seen, total = set(), 0
+
+    def visit(value):
+        nonlocal total
+        if isinstance(value, torch.Tensor):
+            if value.data_ptr() not in seen:
+                seen.add(value.data_ptr())
+                total += value.numel() * value.element_size()
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+
+    for obj in objects:
+        for v in vars(obj).values():
+            visit(v)
+    return total
+
+
+@pytest.mark.parametrize("key", ["qwen2_5_vl", *ON_THIS_LINE])
+def test_planned_cache_bytes_are_the_bytes_the_caches_hold(key, family_loaded, grpo_ckpt, images):
+    """The auto batch size's arithmetic against what is really allocated: a static decode state's keys,
+    values and linear-attention states (per family), and the prefill caches of a batch split into
+    several prefill groups, all alive until decode copies them in."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.bandwidth import shape_from_model
+    from vlmfast.engines.hf.capacity import batch_memory
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+
+    loaded = load(str(grpo_ckpt), device="cpu") if key == "qwen2_5_vl" else family_loaded(key)
+    shape = shape_from_model(loaded.model, "float32")
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=4), max_batch_tokens=1)  # one prompt per prefill group
+    state = engine._new_state(3, 512, static=True)
+    planned = batch_memory(shape, 3, 512, logits_bytes=0)
+    assert _tensor_bytes(state.cache) - 8 == planned.static_bytes  # 8: the cache's int64 write index
+    reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
+    prefilled = engine.prefill(engine.prepare(reqs))
+    assert len(prefilled.caches) == 3  # three groups, every cache still held
+    held = sum(_tensor_bytes(layer) for _, _, cache in prefilled.caches for layer in cache.layers)
+    widest = prefilled.prompt_len
+    assert held <= batch_memory(shape, 3, 512, prompt_tokens=widest).prefill_cache_bytes
+    assert held > batch_memory(shape, 1, 512, prompt_tokens=widest).prefill_cache_bytes  # more than one group's

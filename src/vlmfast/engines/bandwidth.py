@@ -46,6 +46,7 @@ class ModelShape:
     vocab_size: int
     lm_params: int  # language-model parameters read every step (decoder + LM head; not the vision tower)
     dtype_bytes: int
+    state_bytes_per_row: int = 0  # linear-attention conv + recurrent states of one sequence (Qwen3.5), any length
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -72,12 +73,24 @@ def shape_from_model(model, dtype: str) -> ModelShape:
         vision_params += embed.weight.numel()
     # Qwen3.5's linear-attention layers keep a fixed-size state, no keys or values: they hold no KV cache
     kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    linear = sum(kind == "linear_attention" for kind in kinds)
     return ModelShape(
         layers=sum(kind != "linear_attention" for kind in kinds), kv_heads=getattr(text, "num_key_value_heads", heads),
         head_dim=head_dim,
         hidden_size=text.hidden_size, vocab_size=text.vocab_size, lm_params=total - vision_params,
         dtype_bytes=DTYPE_BYTES[dtype],
+        state_bytes_per_row=linear * linear_state_bytes(text, DTYPE_BYTES[dtype]) if linear else 0,
     )
+
+
+def linear_state_bytes(text, dtype_bytes: int) -> int:
+    """One sequence's states in one Gated DeltaNet layer, as transformers keeps them: the conv state
+    (key, key and value channels × the conv kernel, model dtype) and the recurrent state (value heads ×
+    key dim × value dim, float32)."""
+    key_dim, value_heads = text.linear_num_key_heads * text.linear_key_head_dim, text.linear_num_value_heads
+    conv_channels = 2 * key_dim + value_heads * text.linear_value_head_dim
+    return (conv_channels * text.linear_conv_kernel_dim * dtype_bytes
+            + value_heads * text.linear_key_head_dim * text.linear_value_head_dim * 4)
 
 
 def decode_bytes_per_step(shape: ModelShape, batch: int, context_tokens: float) -> float:

@@ -43,7 +43,7 @@ class Preparer:
         """Prefill tokens this request will take (image tokens from the image headers' sizes)."""
         # rough prompt + template tokens: image tokens dominate; the sum orders batches, sizes prefill groups
         # and the auto batch size (the exact count comes from the processor, later)
-        tokens = len(request.prompt) // 3 + 16
+        tokens = (len(request.prompt) + len(request.system or "")) // 3 + 16
         sizes = dict(zip(request.images, request.image_sizes)) if request.image_sizes else (image_sizes or {})
         return tokens + sum(self.image_tokens(*sizes.get(path, (448, 448))) for path in request.images)
 

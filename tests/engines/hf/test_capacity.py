@@ -35,7 +35,7 @@ def test_auto_batch_size_from_free_memory():
     gib = 2**30
     # 2048-token contexts: 2048 × 36 KiB = 72 MiB KV per sample (+ logits)
     assert auto_batch_size(QWEN_3B, 60 * gib, 2048) == 64  # capped
-    assert auto_batch_size(QWEN_3B, 4 * gib, 2048) == 47  # 0.85 × 4 GiB ÷ (72 MiB + 1.2 MB logits)
+    assert auto_batch_size(QWEN_3B, 4 * gib, 2048) == 47  # 0.85 × 4 GiB ÷ (72 MiB + 1.5 MB logits)
     assert auto_batch_size(QWEN_3B, 4 * gib, 2048, vision_bytes_per_sample=200 * 2**20) == 12
     assert auto_batch_size(QWEN_3B, 10 * 2**20, 2048) == 1  # never below one
 
@@ -43,23 +43,35 @@ def test_auto_batch_size_from_free_memory():
 # vlmfast's CUDA graph buckets and length multiple, written out: the figures below are computed by hand
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 GIB = 2**30
-ROW_2048 = 2048 * 36_864 + 151_936 * 8  # one row's KV cache at 2048 positions + float32 logits and a copy = 76,712,960
+ROW_2048 = 2048 * 36_864 + 151_936 * 10  # one row's KV cache at 2048 positions + 10 bytes of logits per entry = 77,016,832
+PROMPT_1000 = 1000 * 36_864  # one row's prefill cache of a 1000-token prompt = 36,864,000
 
 
 def test_batch_memory_parts_by_hand():
     m = batch_memory(QWEN_3B, 33, 1900, prompt_tokens=1000, buckets=BUCKETS, length_multiple=256, resident_shapes=2,
-                     prefill_group_tokens=32768, vision_bytes_per_sample=1000)
+                     vision_bytes_per_sample=1000)
     assert (m.rows, m.cache_len) == (48, 2048)  # 33 rows run as the 48 bucket; 1900 positions round up to 8 × 256
-    assert m.static_bytes == 48 * ROW_2048 == 3_682_222_080
-    assert m.prefill_cache_bytes == 32768 * 36_864  # 33 × 1000 prompt tokens > one group of 32768: the group
+    assert m.static_bytes == 48 * ROW_2048 == 3_696_807_936
+    assert m.prefill_cache_bytes == 33 * PROMPT_1000 == 1_216_512_000  # every group's cache, all 33 prompts
     assert m.activation_bytes == 48 * 1000
-    assert m.total_bytes == 2 * 3_682_222_080 + 1_207_959_552 + 48_000
-    small = batch_memory(QWEN_3B, 4, 2048, prompt_tokens=1000, prefill_group_tokens=32768)
-    assert (small.rows, small.prefill_cache_bytes) == (4, 4000 * 36_864)  # fewer prompt tokens than a group
+    assert m.total_bytes == 2 * 3_696_807_936 + 1_216_512_000 + 48_000
+    sampled = batch_memory(QWEN_3B, 4, 2048, logits_bytes=48)  # sampling's sort, mask and noise: 48 bytes per entry
+    assert sampled.static_bytes == 4 * (2048 * 36_864 + 151_936 * 48)
+
+
+def test_linear_attention_states_count_in_every_cache():
+    """A hybrid model (Qwen3.5: 3 of 4 layers linear) holds each sequence's conv and recurrent states
+    in every resident decode shape and in its prefill cache, whatever the length."""
+    hybrid = ModelShape(layers=9, kv_heads=2, head_dim=256, hidden_size=2048, vocab_size=248_320, lm_params=2 * 10**9,
+                        dtype_bytes=2, state_bytes_per_row=27 * 3_276_800)
+    m = batch_memory(hybrid, 8, 1024, prompt_tokens=500, resident_shapes=2)
+    kv = 9 * 2 * 256 * 2 * 2
+    assert m.static_bytes == 8 * (1024 * kv + 27 * 3_276_800 + 248_320 * 10)
+    assert m.prefill_cache_bytes == 8 * (500 * kv + 27 * 3_276_800)
 
 
 def test_auto_batch_size_rounds_to_buckets():
-    # budget int(0.85 × 4 GiB) = 3,650,722,201 bytes: 47 rows of 76,712,960 fit, 48 do not
+    # budget int(0.85 × 4 GiB) = 3,650,722,201 bytes: 47 rows of 77,016,832 fit, 48 do not
     assert auto_batch_size(QWEN_3B, 4 * GIB, 2048) == 47
     assert auto_batch_size(QWEN_3B, 4 * GIB, 2048, buckets=BUCKETS) == 32  # 47 would run (and allocate) as 48
     assert auto_batch_size(QWEN_3B, 4 * GIB, 2048, buckets=BUCKETS, max_batch=40) == 32  # 40 is no bucket
@@ -68,31 +80,31 @@ def test_auto_batch_size_rounds_to_buckets():
 
 
 def test_auto_batch_size_counts_two_resident_shapes():
-    # two caches: 153,425,920 bytes per row → 23 rows fit the 3,650,722,201-byte budget; buckets → 16
+    # two caches: 154,033,664 bytes per row → 23 rows fit the 3,650,722,201-byte budget; buckets → 16
     assert auto_batch_size(QWEN_3B, 4 * GIB, 2048, resident_shapes=2) == 23
     assert auto_batch_size(QWEN_3B, 4 * GIB, 2048, resident_shapes=2, buckets=BUCKETS) == 16
 
 
-def test_auto_batch_size_counts_the_prefill_cache():
-    # 6 GiB × 0.85 = 5,476,083,302 bytes. 64 rows: 4,909,629,440 of static cache fits alone, but not with
-    # one prefill group's cache beside it (32768 × 36,864 = 1,207,959,552); 48 rows: 4,890,181,632 fit
-    memory = dict(prompt_tokens=1024, buckets=BUCKETS)
-    assert auto_batch_size(QWEN_3B, 6 * GIB, 2048, **memory) == 64
-    assert auto_batch_size(QWEN_3B, 6 * GIB, 2048, prefill_group_tokens=32768, **memory) == 48
-    # all together on 8 GiB (budget 7,301,444,403): 48 rows need 2 × 3,682,222,080 + 1,207,959,552 bytes,
-    # 32 rows 2 × 2,454,814,720 + 1,207,959,552 = 6,117,588,992
-    assert auto_batch_size(QWEN_3B, 8 * GIB, 2048, resident_shapes=2, prefill_group_tokens=32768, **memory) == 32
+def test_auto_batch_size_counts_the_prefill_caches():
+    # 6 GiB × 0.85 = 5,476,083,302 bytes. 64 rows: 4,929,077,248 of static cache fits alone; with 1024-token
+    # prompts every row's prefill cache (37,748,736) is alive too: 48 rows need 3,696,807,936 + 1,811,939,328
+    # = 5,508,747,264 (over), 32 rows 2,464,538,624 + 1,207,959,552 = 3,672,498,176
+    assert auto_batch_size(QWEN_3B, 6 * GIB, 2048, buckets=BUCKETS) == 64
+    assert auto_batch_size(QWEN_3B, 6 * GIB, 2048, prompt_tokens=1024, buckets=BUCKETS) == 32
+    # all together on 8 GiB (budget 7,301,444,403): 32 rows need 2 × 2,464,538,624 + 1,207,959,552 = 6,137,036,800
+    assert auto_batch_size(QWEN_3B, 8 * GIB, 2048, resident_shapes=2, prompt_tokens=1024, buckets=BUCKETS) == 32
 
 
 def test_cuda_batch_size_uses_the_decode_loops_constants():
-    from vlmfast.engines.hf.capacity import cuda_batch_size
+    from vlmfast.engines.hf.capacity import PROMPT_SLACK_TOKENS, cuda_batch_size
     from vlmfast.engines.hf.decode import BATCH_BUCKETS, LENGTH_BUCKET
-    from vlmfast.engines.hf.capacity import PREFILL_TOKENS
 
-    assert (BATCH_BUCKETS, LENGTH_BUCKET, PREFILL_TOKENS["cuda"]) == (BUCKETS, 256, 32768)  # the figures above
-    size, memory = cuda_batch_size(QWEN_3B, 8 * GIB, 1024, 1000)  # 2024 positions → 2048
-    assert size == 32 and memory.rows == 32 and memory.cache_len == 2048
-    assert memory.total_bytes == 6_117_588_992
+    assert (BATCH_BUCKETS, LENGTH_BUCKET, PROMPT_SLACK_TOKENS) == (BUCKETS, 256, 64)  # the figures below
+    # a 1000-token estimate plans 1064 (the template's slack): 2064 positions → 2304, not 2048; 32 rows:
+    # 2 × 32 × (2304 × 36,864 + 1,519,360) + 32 × 1064 × 36,864 = 6,788,202,496 ≤ 7,301,444,403
+    size, memory = cuda_batch_size(QWEN_3B, 8 * GIB, 1000, 1000)
+    assert size == 32 and memory.rows == 32 and memory.cache_len == 2304
+    assert memory.total_bytes == 6_788_202_496
 
 
 def test_shape_from_a_real_model(loaded):

@@ -69,10 +69,11 @@ class HfBackend:
         # vision tower activations for the widest sample: ~4 patches per image token, a dozen live tensors
         vision_hidden = getattr(self.loaded.model.config.vision_config, "hidden_size", 1280)
         size, memory = cuda_batch_size(shape, free, widest, self.engine.settings.max_new_tokens,
-                                       vision_bytes_per_sample=widest * 4 * vision_hidden * shape.dtype_bytes * 12)
+                                       vision_bytes_per_sample=widest * 4 * vision_hidden * shape.dtype_bytes * 12,
+                                       sampled=not self.engine.settings.greedy)
         return size, (f"batch size auto: {size} (free GPU memory {free / 2**30:.1f} GiB, prompts up to {widest} + "
                       f"{self.engine.settings.max_new_tokens} new tokens, {memory.total_bytes / 2**30:.1f} GiB planned "
-                      "with CUDA-graph buckets, two resident decode shapes and a prefill group's cache)")
+                      "with CUDA-graph buckets, two resident decode shapes and the batch's prefill caches)")
 
     def plan(self, requests, image_sizes, batch_size):
         """Batches of ``batch_size`` decode rows: with n answers per request, batch_size // n requests."""

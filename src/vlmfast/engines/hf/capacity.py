@@ -16,6 +16,14 @@ RESIDENT_SHAPES = {"cuda": 2, "cpu": 3}
 # slows by a third past ~4k tokens at once (the vision tower's activations leave the caches), while
 # decode keeps gaining from all 32 rows. A GPU prefills far more at once; its limit is activation memory.
 PREFILL_TOKENS = {"cuda": 32768, "cpu": 2048}
+# Bytes per vocabulary entry per row while the next token is chosen: the model's logits, their float32
+# copy and the biased scores (greedy); sampling adds the sorted scores and their int64 order, the nucleus
+# mask, the probabilities and the int64 noise hashes with their float uniforms (about 38 more at once).
+LOGITS_BYTES = {"greedy": 10, "sampled": 48}
+# A prompt's token estimate counts image tokens exactly (from the image headers) and text at 3 characters
+# a token; the chat template and vision markers add a few dozen. Planning for this many more keeps a
+# prompt estimated just under a cache-length boundary from running, unplanned, in the next length bucket.
+PROMPT_SLACK_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -24,9 +32,9 @@ class BatchMemory:
 
     rows: int  # the batch as it runs: rounded up to a captured batch bucket
     cache_len: int  # positions per row in the static cache: prompt + new tokens, rounded up
-    static_bytes: int  # one decode shape: KV cache of rows × cache_len, plus its logits
+    static_bytes: int  # one decode shape: KV cache of rows × cache_len, linear-attention states, logits
     resident_shapes: int  # decode shapes holding such a cache at once
-    prefill_cache_bytes: int  # the HF cache of one prefill group, alive while the static cache is filled
+    prefill_cache_bytes: int  # every prefill group's HF cache: all alive until the static cache is filled
     activation_bytes: int  # vision tower activations of the rows (prefill)
 
     @property
@@ -40,21 +48,21 @@ def _round_up(value: int, multiple: int) -> int:
 
 def batch_memory(shape: ModelShape, rows: int, context_tokens: int, *, prompt_tokens: int = 0,
                  buckets: tuple[int, ...] = (), length_multiple: int = 1, resident_shapes: int = 1,
-                 prefill_group_tokens: int = 0, vision_bytes_per_sample: int = 0) -> BatchMemory:
+                 vision_bytes_per_sample: int = 0, logits_bytes: int = LOGITS_BYTES["greedy"]) -> BatchMemory:
     """What a batch of ``rows`` with contexts up to ``context_tokens`` (prompt + new tokens) holds at
     its peak: ``resident_shapes`` static caches of the bucketed batch (the first of ``buckets`` that
     is >= rows; rows as given without buckets) × the context rounded up to ``length_multiple``, each
-    with float32 logits and a processed copy per row; the prefill cache of one group (its padded
-    tokens: ``prefill_group_tokens`` at most, rows × ``prompt_tokens`` when fewer); vision activations."""
+    with its rows' linear-attention states and ``logits_bytes`` per vocabulary entry per row; the prefill
+    caches of every group of the batch (rows × ``prompt_tokens`` positions and states — prefill keeps
+    them all until decode copies them in); vision activations."""
     run_rows = next((b for b in buckets if b >= rows), rows)
     cache_len = _round_up(context_tokens, length_multiple)
-    logits = shape.vocab_size * 4 * 2
-    prefill_tokens = min(prefill_group_tokens, rows * prompt_tokens)
+    per_row = shape.state_bytes_per_row
     return BatchMemory(
         rows=run_rows, cache_len=cache_len,
-        static_bytes=run_rows * (cache_len * shape.kv_bytes_per_token + logits),
+        static_bytes=run_rows * (cache_len * shape.kv_bytes_per_token + per_row + shape.vocab_size * logits_bytes),
         resident_shapes=resident_shapes,
-        prefill_cache_bytes=prefill_tokens * shape.kv_bytes_per_token,
+        prefill_cache_bytes=rows * (prompt_tokens * shape.kv_bytes_per_token + per_row),
         activation_bytes=run_rows * vision_bytes_per_sample,
     )
 
@@ -83,14 +91,17 @@ def auto_batch_size(
 
 
 def cuda_batch_size(shape: ModelShape, free_bytes: int, prompt_tokens: int, max_new_tokens: int, *,
-                    vision_bytes_per_sample: int = 0, max_batch: int = 64) -> tuple[int, BatchMemory]:
+                    vision_bytes_per_sample: int = 0, max_batch: int = 64, sampled: bool = False) -> tuple[int, BatchMemory]:
     """:func:`auto_batch_size` for vlmfast's CUDA decode: CUDA-graph batch buckets, cache lengths
-    rounded to the captured length multiple, two resident decode shapes, and the prefill cache of one
-    CUDA prefill group beside them. Returns the batch size and its memory by part."""
+    rounded to the captured length multiple (the prompt estimate plus ``PROMPT_SLACK_TOKENS``), two
+    resident decode shapes, and the batch's prefill caches beside them. Returns the batch size and its
+    memory by part."""
     from vlmfast.engines.hf.decode import BATCH_BUCKETS, LENGTH_BUCKET  # torch: only here, where CUDA is in use
 
+    prompt_tokens += PROMPT_SLACK_TOKENS
     memory = dict(prompt_tokens=prompt_tokens, length_multiple=LENGTH_BUCKET, resident_shapes=RESIDENT_SHAPES["cuda"],
-                  prefill_group_tokens=PREFILL_TOKENS["cuda"], vision_bytes_per_sample=vision_bytes_per_sample)
+                  vision_bytes_per_sample=vision_bytes_per_sample,
+                  logits_bytes=LOGITS_BYTES["sampled" if sampled else "greedy"])
     context = prompt_tokens + max_new_tokens
     size = auto_batch_size(shape, free_bytes, context, max_batch=max_batch, buckets=BATCH_BUCKETS, **memory)
     return size, batch_memory(shape, size, context, buckets=BATCH_BUCKETS, **memory)
