@@ -101,3 +101,51 @@ def test_compile_with_one_or_two_new_tokens_runs_to_the_end(grpo_ckpt, images, t
             "--max-new-tokens", max_new, "--ignore-eos", "--compile", "--out", out)
     rows = read_jsonl(out)
     assert r.returncode == 0 and rows and all(row["error"] is None and row["n_new_tokens"] == int(max_new) for row in rows)
+
+
+def test_each_decode_shape_to_come_is_a_compile_of_its_own():
+    """Compiling is judged against one compile per (batch, length) shape the rest of the run will build."""
+    measured = {"compile_s_warm": 2.0, "eager_step_ms": 10.0, "compiled_step_ms": 5.0}
+    assert decide([measured], device="cuda", step_ms=10.0, remaining_steps=1000).compile  # 5 s > 2 s
+    three = decide([measured, measured, {}], device="cuda", step_ms=10.0, remaining_steps=1000)
+    assert not three.compile  # 5 s <= 2 + 2 + 40 s
+    assert "44.0 s to compile (3 decode shapes, each compiled anew)" in three.reason
+
+
+def test_planned_shapes_name_every_batch_size_and_length_bucket(loaded, images):
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import Request
+
+    reqs = [Request(str(p), (str(p),), "Count.") for p in images[:5]]
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=6))
+    shapes = engine.planned_shapes(reqs, {}, [[0, 1], [2, 3], [4]])
+    assert [rows for rows, _ in shapes] == [2, 2, 1]  # a CPU runs each batch at its own row count
+    assert all(length % 256 == 0 for _, length in shapes)
+    engine.settings = GenerationSettings(max_new_tokens=6, n=3)
+    assert [rows for rows, _ in engine.planned_shapes(reqs, {}, [[0, 1], [4]])] == [6, 3]  # n rows per request
+
+
+def test_past_the_recompile_limit_later_shapes_decode_uncompiled_and_it_is_said(loaded, images, monkeypatch):
+    """dynamo past its recompile limit would run the step uncompiled while the policy said compiled; it is told
+    to fail instead, and the policy turns compiling off for the shapes still to come (tokens unchanged)."""
+    import torch
+
+    from vlmfast.engines.hf import compile_policy
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.engines.hf.scheduler import Scheduler
+    from vlmfast.inputs.requests import Request
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(compile_policy, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)
+    reqs = [Request(str(p), (str(p),), "Count.") for p in images[:3]]
+    settings = GenerationSettings(max_new_tokens=4)
+    engine = Engine(loaded, settings, compile=True,
+                    compiler=lambda fn: torch.compile(fn, backend="eager", dynamic=False))
+    got = {r.id: r.token_ids for _, rs, _ in Scheduler(engine).run(reqs, {}, 2) for r in rs}  # shapes of 2 rows, then 1
+    torch._dynamo.reset()
+    eager = {r.id: r.token_ids for _, rs, _ in Scheduler(Engine(loaded, settings)).run(reqs, {}, 2) for r in rs}
+    assert got == eager and engine.policy.enabled is False
+    assert engine.policy.notes == ["more decode shapes than torch.compile's recompile limit (1): the shapes built "
+                                   "so far stay compiled, later ones decode uncompiled"]

@@ -88,7 +88,7 @@ class HfBackend:
                 yield parts
                 first = next((t for _, _, t in parts if t is not None), None)
                 if k == 0 and first is not None:
-                    self.engine.decide_compile(first, len(planned) - 1)
+                    self.engine.decide_compile(first, self.engine.planned_shapes(requests, image_sizes, planned[1:]))
         finally:
             self.engine.policy.flush()
 

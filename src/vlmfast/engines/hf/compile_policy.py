@@ -135,18 +135,19 @@ def _torch_default(path: str) -> bool:
     return os.path.abspath(path) == os.path.abspath(default_cache_dir())
 
 
-def decide(stats: dict, *, device: str, step_ms: float, remaining_steps: int) -> Decision:
+def decide(stats: dict | list[dict], *, device: str, step_ms: float, remaining_steps: int) -> Decision:
     """Compile the decode step when the steps still to run, times what fusion saves per step, outweigh
-    what compiling costs on this machine (measured before, for this shape; else a default)."""
+    what compiling costs on this machine: one compile per decode shape the rest of the run will use
+    (``stats``: each shape's measurements; a shape measured before costs its measured seconds, else a
+    default). The saving is judged on the first shape's measured gain, else a default."""
     kind = _kind(device)
-    if "compile_s_warm" in stats:
-        cost, cost_is = stats["compile_s_warm"], "measured, cache warm"
-    elif "compile_s_cold" in stats:  # compiled once here: inductor's cache is warm now
-        cost, cost_is = min(stats["compile_s_cold"], DEFAULT_WARM_COMPILE_S[kind]), "cache warm since the last compile (estimate)"
-    else:
-        cost, cost_is = DEFAULT_COLD_COMPILE_S[kind], "first compile on this machine (estimate)"
-    if stats.get("eager_step_ms") and stats.get("compiled_step_ms"):
-        gain, gain_is = max(0.0, 1 - stats["compiled_step_ms"] / stats["eager_step_ms"]), "measured"
+    shapes = [stats] if isinstance(stats, dict) else list(stats) or [{}]
+    costs = [_compile_cost(s, kind) for s in shapes]
+    cost = sum(seconds for seconds, _ in costs)
+    cost_is = costs[0][1] if len(costs) == 1 else f"{len(costs)} decode shapes, each compiled anew"
+    first = shapes[0]
+    if first.get("eager_step_ms") and first.get("compiled_step_ms"):
+        gain, gain_is = max(0.0, 1 - first["compiled_step_ms"] / first["eager_step_ms"]), "measured"
     else:
         gain, gain_is = DEFAULT_GAIN[kind], "estimate"
     saving = remaining_steps * step_ms / 1000 * gain
@@ -154,6 +155,15 @@ def decide(stats: dict, *, device: str, step_ms: float, remaining_steps: int) ->
     reason = (f"compile {'on' if verdict else 'off'}: {remaining_steps} decode steps to go × {step_ms:.2f} ms × "
               f"{gain:.0%} saved ({gain_is}) = {saving:.1f} s {'>' if verdict else '<='} {cost:.1f} s to compile ({cost_is})")
     return Decision(verdict, reason)
+
+
+def _compile_cost(stats: dict, kind: str) -> tuple[float, str]:
+    """Seconds one shape's compile will take here, and how that is known."""
+    if "compile_s_warm" in stats:
+        return stats["compile_s_warm"], "measured, cache warm"
+    if "compile_s_cold" in stats:  # compiled once here: inductor's cache is warm now
+        return min(stats["compile_s_cold"], DEFAULT_WARM_COMPILE_S[kind]), "cache warm since the last compile (estimate)"
+    return DEFAULT_COLD_COMPILE_S[kind], "first compile on this machine (estimate)"
 
 
 def prepare_cache(decoder: str, requested: bool | None) -> CompileCache | None:
@@ -168,7 +178,10 @@ def prepare_cache(decoder: str, requested: bool | None) -> CompileCache | None:
     return cache
 
 
-RECOMPILE_LIMIT = 64  # dynamo stops recompiling a function after 8 shapes by default: decode has a shape per bucket
+# dynamo stops recompiling a function after 8 shapes by default, and decode has a shape per bucket; past the
+# limit it would run the step uncompiled while the report says compiled, so it is told to fail instead
+# (the policy then turns compiling off for the shapes still to come, said aloud)
+RECOMPILE_LIMIT = 64
 
 
 class CompilePolicy:
@@ -206,6 +219,8 @@ class CompilePolicy:
             for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
                 if hasattr(config, name):
                     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+            if hasattr(config, "fail_on_recompile_limit_hit"):
+                config.fail_on_recompile_limit_hit = True
             compiler = self.compiler or (lambda fn: torch.compile(fn, dynamic=False, fullgraph=False))
             self._forward = compiler(forward_static)
         return self._forward
@@ -240,18 +255,24 @@ class CompilePolicy:
                 raise
             # a machine without a C++ compiler for inductor, an op it cannot compile: run uncompiled
             self.enabled, self._forward = False, None
-            self.notes.append(f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                              "decoding uncompiled")
+            if "RecompileLimit" in type(exc).__name__:
+                self.notes.append(f"more decode shapes than torch.compile's recompile limit ({RECOMPILE_LIMIT}): the "
+                                  "shapes built so far stay compiled, later ones decode uncompiled")
+            else:
+                self.notes.append(f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                                  "decoding uncompiled")
             return False
 
     @property
     def undecided(self) -> bool:
         return not self._decided and self.cache is not None
 
-    def decide(self, key: str, *, step_ms: float, remaining_steps: int) -> bool:
-        """After the first batch (``requested`` None): compile from now on if it pays. True when it switched on."""
+    def decide(self, keys: list[str], *, step_ms: float, remaining_steps: int) -> bool:
+        """After the first batch (``requested`` None): compile from now on if it pays, counting one compile for
+        each decode shape (``keys``) the rest of the run will build. True when it switched on."""
         self._decided = True
-        verdict = decide(self.cache.stats(key), device=self.device, step_ms=step_ms, remaining_steps=remaining_steps)
+        verdict = decide([self.cache.stats(k) for k in keys], device=self.device, step_ms=step_ms,
+                         remaining_steps=remaining_steps)
         self.notes.append(verdict.reason)
         self.enabled = verdict.compile
         return verdict.compile

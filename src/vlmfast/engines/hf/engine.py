@@ -23,11 +23,12 @@ from vlmfast.checkpoints.load import Loaded
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.hf.capacity import PREFILL_TOKENS, RESIDENT_SHAPES
 from vlmfast.engines.hf.compile_policy import CompilePolicy
+from vlmfast.engines.hf.plain_generate import PlainGenerate
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
-from vlmfast.timing import StepClock, free_device_cache, now, vision_clock
+from vlmfast.timing import free_device_cache, now, vision_clock
 
 CUDA_SYNC_EVERY = 8  # CUDA: one EOS read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
 
@@ -81,7 +82,7 @@ class Prefilled:
     keys: object = None  # (rows,) each decode row's sampling key; None when greedy
 
 
-class Engine(Preparer):
+class Engine(Preparer, PlainGenerate):
     """Runs one batch of requests through a :class:`~vlmfast.checkpoints.load.Loaded` model. Pixel limits,
     the chat template, image decoding, costs and the context check are :class:`~vlmfast.engines.prepare.Preparer`'s."""
 
@@ -298,14 +299,26 @@ class Engine(Preparer):
         state.release()
         return self._build_static(shape)  # the compile failed: the policy is off now, build uncompiled
 
-    def decide_compile(self, first: BatchTiming, batches_left: int) -> None:
+    def decide_compile(self, first: BatchTiming, later: list[tuple[int, int]]) -> None:
         """After the first batch, when nobody said ``--compile`` / ``--no-compile``: compile the decode step
-        for the rest of the run if what it would save outweighs what it costs (the policy decides)."""
-        if not self.policy.undecided or batches_left < 1 or first.steps < 2 or first.decode_s <= 0 or self.last_shape is None:
+        for the rest of the run if what it would save outweighs what it costs — one compile per decode
+        shape of the ``later`` batches (:meth:`planned_shapes`); the policy decides."""
+        if not self.policy.undecided or not later or first.steps < 2 or first.decode_s <= 0 or self.last_shape is None:
             return
         step_ms = first.decode_s * 1000 / (first.steps - 1)
-        if self.policy.decide(self.shape_key(self.last_shape), step_ms=step_ms, remaining_steps=batches_left * first.steps):
+        shapes = list(dict.fromkeys(later))
+        if self.policy.decide([self.shape_key(s) for s in shapes], step_ms=step_ms,
+                              remaining_steps=len(later) * first.steps):
             self.forget_shapes()  # later batches build compiled decode steps
+
+    def planned_shapes(self, requests: Sequence[Request], image_sizes: dict, planned: list[list[int]]) -> list[tuple[int, int]]:
+        """The static decode shape (batch, cache length) each planned batch will likely take (prompt lengths
+        estimated as :meth:`cost` does)."""
+        from vlmfast.engines.hf.decode import batch_bucket, length_bucket
+
+        n, new = self.settings.n, self.settings.max_new_tokens
+        return [(batch_bucket(len(b) * n) if self.cuda_graphs else len(b) * n,
+                 length_bucket(max(self.cost(requests[i], image_sizes) for i in b) + new)) for b in planned if b]
 
     def forget_shapes(self) -> None:
         """Release every built decode shape (later batches build them again)."""
@@ -330,48 +343,6 @@ class Engine(Preparer):
         return result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
                           n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
                           sample=sample, bbox_space=family.bbox_space if family else None)
-
-    # -- the reference path: plain generate ------------------------------------------------------
-    def generate(self, inputs, clock=None):
-        """``model.generate`` with the cache on: vlmfast's settings over the checkpoint's generation
-        config (repetition penalty etc. kept), our stop list, suppressed vision placeholders."""
-        import torch
-        from transformers import LogitsProcessorList
-
-        from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
-
-        kwargs = self.generate_kwargs()
-        if clock is not None:
-            kwargs["logits_processor"] = LogitsProcessorList([clock])
-        with torch.inference_mode(), use_merged_vision_attention(self.loaded.model):  # the same vision numerics
-            return self.loaded.model.generate(**inputs, **kwargs)
-
-    def generate_kwargs(self) -> dict:
-        s, loaded = self.settings, self.loaded
-        kwargs = dict(
-            use_cache=True, max_new_tokens=s.max_new_tokens, min_new_tokens=None, max_length=None,
-            pad_token_id=loaded.pad_token_id, eos_token_id=self._eos() or None,
-            suppress_tokens=list(loaded.suppress_token_ids) or None,
-        )
-        if s.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:  # n answers per request: generate expands each prompt n times itself
-            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None, num_return_sequences=s.n)
-        return kwargs
-
-    def _generate_hf(self, inputs, steps_at, t1):
-        """``generate`` timed from inside: a logits processor reads the clock as each token's logits
-        are ready (the only window into generate's loop)."""
-        clock = StepClock(self.device, self.record_steps)
-        output = self.generate(inputs, clock)
-        end = now(self.device)
-        prompt_len = inputs["input_ids"].shape[1]
-        first = clock.times[0] if clock.times else end
-        steps_at.extend(clock.times[1:])
-        tokens = output[:, prompt_len:].tolist()
-        if self.settings.greedy and self.settings.n > 1:  # greedy answers are all alike: decoded once, n rows
-            tokens = [row for row in tokens for _ in range(self.settings.n)]
-        return tokens, first - t1, first, output.shape[1] - prompt_len, 0
 
     # -- pieces ----------------------------------------------------------------------------------
     def _eos(self) -> list[int]:
