@@ -366,3 +366,36 @@ def test_planned_cache_bytes_are_the_bytes_the_caches_hold(key, family_loaded, g
     widest = prefilled.prompt_len
     assert held <= batch_memory(shape, 3, 512, prompt_tokens=widest).prefill_cache_bytes
     assert held > batch_memory(shape, 1, 512, prompt_tokens=widest).prefill_cache_bytes  # more than one group's
+
+
+@pytest.mark.parametrize("key", ON_THIS_LINE)
+def test_every_familys_vision_tower_runs_one_attention_call_per_layer(key, family_loaded, monkeypatch):
+    """Merged vision attention covers each family's tower: one SDPA call per layer over all images, the
+    same features as transformers' call per image."""
+    import torch
+
+    from vlmfast.engines.hf.vision_attention import use_merged_vision_attention, vision_attention_modules
+
+    model = family_loaded(key).model
+    tower = model.model.visual
+    assert vision_attention_modules(model)
+    config = tower.config
+    grid = torch.tensor([[1, 8, 8], [1, 4, 8]])
+    torch.manual_seed(0)
+    pixels = torch.randn(int(grid.prod(-1).sum()), config.in_channels * config.temporal_patch_size * config.patch_size ** 2)
+
+    def forward():
+        with torch.inference_mode():
+            out = tower(pixels, grid_thw=grid)
+        out = getattr(out, "pooler_output", out)
+        return out[0] if isinstance(out, tuple) else out
+
+    per_image = forward()
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or original(*a, **k))
+    with use_merged_vision_attention(model) as merged:
+        got = forward()
+    assert merged and calls == [2] * len(tower.blocks)  # each layer: one call over the two images
+    torch.testing.assert_close(got, per_image, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """The vision tower's attention in one call per layer instead of one per window or image.
 
-Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision towers pack every image of a prefill group into one sequence
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and -MoE) / Qwen3.5 (and -MoE) vision towers pack every image of a prefill group into one sequence
 and say in ``cu_seqlens`` where each attention segment starts: images in full-attention layers, and in
 Qwen2.5-VL's windowed layers 112-px windows (64 patches; 16 per 448-px image). Under sdpa or eager,
 transformers splits the sequence and calls attention once per segment — per layer, hundreds of small
@@ -47,6 +47,9 @@ VISION_ATTENTION_CLASSES = frozenset({
     "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention",
     "transformers.models.qwen2_vl.modeling_qwen2_vl.VisionAttention",
     "transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLVisionAttention",
+    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe.Qwen3VLMoeVisionAttention",
+    "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5VisionAttention",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeVisionAttention",
 })
 
 _active: dict[int, object] = {}  # id → module whose attention runs merged (while a context is open)
