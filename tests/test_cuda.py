@@ -213,3 +213,13 @@ def test_sampled_graph_steps_never_sync_and_draw_as_the_eager_loop(on_gpu, image
             state.step()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_per_step_times_come_from_cuda_events_without_a_sync_per_step(on_gpu, images):
+    """bench's per-step clock records a CUDA event after each step and reads them at the end: the device
+    syncs of a recorded run are only the EOS checks (one per 8 steps), and every step has a time."""
+    settings = GenerationSettings(max_new_tokens=24, ignore_eos=True)
+    _, (timing,) = _run(Engine(on_gpu, settings, record_steps=True), images[:3])
+    assert len(timing.step_times_s) == timing.steps - 1 and all(t > 0 for t in timing.step_times_s)
+    _, (plain,) = _run(Engine(on_gpu, settings), images[:3])
+    assert timing.syncs == plain.syncs

@@ -18,3 +18,13 @@ def test_spread_min_max_and_coefficient_of_variation():
     assert spread([2.0, 4.0, 6.0, 8.0]) == (2.0, 8.0, pytest.approx(100 * (20 / 3) ** 0.5 / 5))
     assert spread([3.0]) == (3.0, 3.0, None) and spread([]) == (None, None, None) and spread([0.0, 0.0])[2] is None
     assert rounded(1.23456) == 1.235 and rounded(None) is None
+
+
+def test_step_times_on_a_cpu_are_clock_reads_in_order():
+    from vlmfast.timing import StepTimes
+
+    clock = StepTimes("cpu")
+    for step in range(3):
+        clock(step)
+    times = clock.times()
+    assert len(times) == 3 and clock.origin <= times[0] <= times[1] <= times[2]

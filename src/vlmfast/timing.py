@@ -108,6 +108,39 @@ class StepClock:
         return scores
 
 
+class StepTimes:
+    """When each decode step finished, without making the host wait: on CUDA an event is recorded after each
+    step (no synchronize, so a replayed graph's steps run back to back as in a real run) and read once at
+    the end; on a CPU the clock is read directly. Call it after each step; :meth:`times` gives host-clock
+    seconds, counted from when the clock was made."""
+
+    def __init__(self, device):
+        self.cuda = str(device).startswith("cuda")
+        self.marks: list = []
+        if self.cuda:
+            import torch
+
+            self._event = lambda: torch.cuda.Event(enable_timing=True)
+            self.start = self._event()
+            self.start.record()
+        self.origin = time.perf_counter()
+
+    def __call__(self, step=None) -> None:
+        if self.cuda:
+            event = self._event()
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def times(self) -> list[float]:
+        if not self.cuda:
+            return list(self.marks)
+        if self.marks:
+            self.marks[-1].synchronize()
+        return [self.origin + self.start.elapsed_time(event) / 1000 for event in self.marks]
+
+
 class _Marks:
     seconds: float | None = None
 

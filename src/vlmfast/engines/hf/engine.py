@@ -28,7 +28,7 @@ from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
-from vlmfast.timing import free_device_cache, now, vision_clock
+from vlmfast.timing import StepTimes, free_device_cache, now, vision_clock
 
 CUDA_SYNC_EVERY = 8  # CUDA: one EOS read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
 
@@ -266,8 +266,11 @@ class Engine(Preparer, PlainGenerate):
                        caches=prefilled.caches, prompt_len=prefilled.prompt_len, repeat=prefilled.repeat,
                        keys=prefilled.keys)
             prefilled.caches = []  # the prompts' keys now live in the decode state's cache
-            clock = (lambda t: steps_at.append(now(self.device))) if self.record_steps and steps_at is not None else None
-            return run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
+            clock = StepTimes(self.device) if self.record_steps and steps_at is not None else None
+            decoded = run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
+            if clock is not None:
+                steps_at.extend(clock.times())
+            return decoded
 
     def _new_state(self, rows: int, length: int, *, static: bool, forward=None):
         from vlmfast.engines.hf.decode import DecodeState
