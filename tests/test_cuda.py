@@ -223,3 +223,17 @@ def test_per_step_times_come_from_cuda_events_without_a_sync_per_step(on_gpu, im
     assert len(timing.step_times_s) == timing.steps - 1 and all(t > 0 for t in timing.step_times_s)
     _, (plain,) = _run(Engine(on_gpu, settings), images[:3])
     assert timing.syncs == plain.syncs
+
+
+def test_a_graph_per_attended_length_and_the_eager_tokens(on_gpu, images):
+    """CUDA graphs attend to the filled keys: one graph per ATTEND_STEP multiple up to the cache length,
+    sharing one memory pool; a run that crosses a boundary replays the eager loop's tokens."""
+    from vlmfast.engines.hf.decode import ATTEND_STEP
+
+    settings = GenerationSettings(max_new_tokens=300, ignore_eos=True)
+    eager, _ = _run(Engine(on_gpu, settings, cuda_graphs=False), images[:2], 2)
+    engine = Engine(on_gpu, settings)
+    graphs, _ = _run(engine, images[:2], 2)
+    assert graphs == eager
+    state = next(iter(engine._static.values()))
+    assert sorted(state.graphs) == list(range(ATTEND_STEP, state.max_len + 1, ATTEND_STEP)) and len(state.graphs) >= 2

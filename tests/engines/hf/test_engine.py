@@ -311,3 +311,26 @@ def test_a_used_decode_shape_is_kept_over_one_unused_since_longer(loaded, monkey
         engine.last_shape = shape
         assert engine._static_state().shape == shape
     assert released == [shapes[1]] and shapes[0] in engine._static
+
+
+def test_a_static_step_attends_to_the_filled_keys_only_and_tokens_do_not_change(loaded, images, monkeypatch):
+    """Uncompiled static shapes (CUDA graphs' path; here without graphs) attend to the filled keys rounded up
+    to ATTEND_STEP, not to the whole cache: the attended length grows with the answer, and the tokens are
+    the eager loop's (which attends to exactly the filled keys). A small step makes every batch cross several."""
+    from vlmfast.engines.hf import decode
+
+    monkeypatch.setattr(decode, "ATTEND_STEP", 16)
+    seen = []
+    body = decode.DecodeState._body
+    monkeypatch.setattr(decode.DecodeState, "_body", lambda self: seen.append(self.cache.attend) or body(self))
+    reqs = _requests(images[:3])
+    settings = GenerationSettings(max_new_tokens=40, ignore_eos=True)
+    eager = _run(Engine(loaded, settings), reqs, 3)
+    seen.clear()
+    static = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)
+    assert {k: v.token_ids for k, v in _run(static, reqs, 3).items()} == {k: v.token_ids for k, v in eager.items()}
+    state = next(iter(static._static.values()))
+    warm_up, *attended = seen
+    assert warm_up == state.max_len  # building the shape runs one step over the whole cache
+    assert len(set(attended)) >= 3 and attended == sorted(attended)  # grows with the answer, never shrinks
+    assert max(attended) < state.max_len and all(a % 16 == 0 for a in attended)

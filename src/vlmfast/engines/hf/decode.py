@@ -42,6 +42,7 @@ class StaticKV(LinearStateCache):
         self.batch, self.max_len, self.dtype = batch, max_len, dtype
         self.length = 0
         self.index: torch.Tensor | None = None
+        self.attend: int | None = None  # static mode: keys attended to (a multiple of ATTEND_STEP), None: all
 
     def fill(self, caches, length: int, repeat: int = 1) -> None:
         """Copy prefill caches — (start row, end row, HF cache) per prefill group — into the first
@@ -65,7 +66,7 @@ class StaticKV(LinearStateCache):
         if self.index is not None:
             k.index_copy_(2, self.index, key)
             v.index_copy_(2, self.index, value)
-            return k, v
+            return (k, v) if self.attend is None else (k[:, :, :self.attend], v[:, :, :self.attend])
         end = self.length + key.shape[2]
         k[:, :, self.length:end] = key
         v[:, :, self.length:end] = value
@@ -185,16 +186,19 @@ class DecodeState:
     Two ways to run the same state:
     - eager (``static=False``, any device): the cache is sliced to the filled length, so attention sees
       exactly the keys HF's dynamic cache would, and greedy tokens equal ``generate``'s;
-    - static (CUDA graphs, ``torch.compile``): fixed shapes — the whole cache with an additive mask, the
-      write index and the step offset as device tensors, so a step never needs the host. Built once per
+    - static (CUDA graphs, ``torch.compile``): fixed shapes — the cache with an additive mask, the write
+      index and the step offset as device tensors, so a step never needs the host. Built once per
       (batch, cache length) shape and reused by every batch of that shape; rows beyond a batch are spare.
+      Uncompiled (CUDA graphs alone) a step attends to the filled keys rounded up to ``ATTEND_STEP``,
+      a graph per such length, chosen on the host from the step count; compiled, to the whole cache
+      (each length would be a compile of its own).
 
     ``forward`` is :func:`forward_eager`, :func:`forward_static` or a compiled ``forward_static``: a plain
     function of the state, never a bound method, so a state holds no reference to itself and its memory
     goes as soon as it is released (a graph pool and a KV cache per shape are gigabytes on a GPU)."""
 
     def __init__(self, decoder: TextDecoder, batch: int, max_len: int, max_new: int, *, static: bool, eos_ids,
-                 pad_id: int, bias, temperature: float, top_p: float, forward=None):
+                 pad_id: int, bias, temperature: float, top_p: float, forward=None, attend_buckets: bool = False):
         device = bias.device
         long = dict(dtype=torch.long, device=device)
         self.decoder, self.batch, self.max_len, self.max_new, self.static = decoder, batch, max_len, max_new, static
@@ -218,15 +222,19 @@ class DecodeState:
         self.hashed_tokens = token_hashes(bias.shape[0], device) if temperature != 0 else None
         self.padded = True
         self.logits = None
-        self.graph = None
-        self.rows = self.t = 0
+        # static: the key lengths a step may attend to — every ATTEND_STEP up to the cache's length (a graph
+        # each), so a step reads what is filled, not the whole cache; one length (all) for a compiled step
+        steps = range(ATTEND_STEP, max_len, ATTEND_STEP) if attend_buckets and static else ()
+        self.attends = (*steps, max_len)
+        self.graphs: dict[int, object] = {}
+        self.rows = self.t = self.prompt_len = 0
 
     def load(self, *, first, next_position, key_valid, caches, prompt_len: int, repeat: int = 1, keys=None) -> None:
         """Take a new batch: its prefill caches (each prompt's copied to ``repeat`` rows), first tokens,
         positions, padding and sampling keys (per decode row). Spare rows (static shapes) are not running
         and attend to everything (no empty softmax)."""
         rows = first.shape[0]
-        self.rows, self.t = rows, 1
+        self.rows, self.t, self.prompt_len = rows, 1, prompt_len
         self.cache.fill(caches, prompt_len, repeat)
         if self.static:
             self.cache.index.fill_(prompt_len)
@@ -266,41 +274,63 @@ class DecodeState:
         self.record(self.logits)
 
     def step(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
+        attend = self._attend()
+        if self.graphs:
+            self.graphs[attend].replay()
         else:
+            if self.static:
+                self.cache.attend = attend
             self._body()
         self.t += 1
+
+    def _attend(self) -> int:
+        """The shortest attended length that holds every key this step sees (prompt, then tokens so far)."""
+        needed = self.prompt_len + self.t
+        return next((a for a in self.attends if a >= needed), self.attends[-1])
+
+    @property
+    def graph(self):
+        """A captured step (the one over the whole cache), or None."""
+        return self.graphs.get(self.attends[-1])
 
     def warm_up(self) -> None:
         """One step on garbage (a compiled forward compiles here); :meth:`load` resets what it wrote."""
         self.offset.zero_()
+        if self.static:
+            self.cache.attend = self.attends[-1]
         self._body()
 
     def capture(self, warmup: int = 2) -> None:
-        """Record one step in a CUDA graph (after warm-up runs on a side stream, as capture requires).
-        ``thread_local`` capture: the prefetch worker may allocate or copy on its own thread meanwhile,
-        which the default (``global``) mode turns into a capture error."""
+        """Record a step in a CUDA graph per attended length (after warm-up runs on a side stream, as capture
+        requires), the graphs sharing one memory pool (they never run at once). ``thread_local`` capture:
+        the prefetch worker may allocate or copy on its own thread meanwhile, which the default
+        (``global``) mode turns into a capture error."""
+        pool = None
         with torch.cuda.device(self.bias.device):  # the model's GPU, whichever is current
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    self.offset.zero_()  # each warm-up writes column 1, whatever max_new is
+            for attend in reversed(self.attends):  # the longest first: its pool fits every shorter step
+                self.cache.attend = attend
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(warmup):
+                        self.offset.zero_()  # each warm-up writes column 1, whatever max_new is
+                        self._body()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                     self._body()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self._body()
+                pool = pool or graph.pool()
+                self.graphs[attend] = graph
 
     def any_running(self) -> bool:
         return bool(self.running.any())  # the read-back: a host sync on an accelerator
 
     def release(self) -> None:
         """Give back the cache, the graph and its memory pool now (not at the next garbage collection)."""
-        if self.graph is not None:
-            self.graph.reset()
-        self.graph = self.cache = self.logits = self.out = self.key_valid = None
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs = {}
+        self.cache = self.logits = self.out = self.key_valid = None
 
 
 def forward_eager(state: DecodeState):
@@ -311,11 +341,12 @@ def forward_eager(state: DecodeState):
 
 
 def forward_static(state: DecodeState):
-    """The next-token logits over the whole cache: keys not yet written, and prompt padding, are masked
-    by an additive mask in the model's dtype, made once per step (a boolean mask would be converted in
-    every layer)."""
+    """The next-token logits over the cache's first ``attend`` keys (all of them when unset): keys not yet
+    written, and prompt padding, are masked by an additive mask in the model's dtype, made once per step
+    (a boolean mask would be converted in every layer)."""
     cache = state.cache
-    seen = state.key_valid & (state.keys <= cache.index)
+    attend = cache.attend or cache.max_len
+    seen = state.key_valid[:, :attend] & (state.keys[:attend] <= cache.index)
     dtype = cache.dtype
     mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
     return state.decoder(state.tokens, state.next_position + state.offset, mask[:, None, None, :], cache)
@@ -340,6 +371,7 @@ def run_loop(loop, *, stop_on_eos: bool, sync_every: int, on_step=None) -> Decod
 # -- static shapes: CUDA graphs and torch.compile --------------------------------------------------
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 LENGTH_BUCKET = 256  # cache lengths are rounded up to a multiple of this, so batches share a captured graph
+ATTEND_STEP = 256  # a static step attends to the filled keys rounded up to this: a graph per multiple
 
 
 def batch_bucket(rows: int) -> int:

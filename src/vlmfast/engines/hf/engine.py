@@ -273,12 +273,12 @@ class Engine(Preparer, PlainGenerate):
             return decoded
 
     def _new_state(self, rows: int, length: int, *, static: bool, forward=None):
-        from vlmfast.engines.hf.decode import DecodeState
+        from vlmfast.engines.hf.decode import DecodeState, forward_static
 
         s = self.settings
         return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
                            pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
-                           top_p=s.top_p, forward=forward)
+                           top_p=s.top_p, forward=forward, attend_buckets=forward is forward_static)
 
     def _static_state(self):
         """The static state of this batch's shape, built (captured / compiled) on first use, its time in
