@@ -177,3 +177,17 @@ def test_a_reward_function_that_raises_stops_the_run_naming_it(small, tmp_path):
     rows = {r["id"]: r for r in read_jsonl(tmp_path / "s.jsonl")}
     assert "the reward function broke" in rows["q2"]["reward_error"] and rows["q2"]["score"] is None
     assert rows["q3"]["score"] == 1.0 and report.samples == 4
+
+
+def test_an_engine_that_compiled_in_an_earlier_run_still_reports_this_runs_rate(small):
+    """A sweep keeps one engine: compile seconds spent on an earlier checkpoint are not this run's, so they
+    come off neither its wall time nor its tokens/s (which was null once the step had been compiled)."""
+    import dataclasses
+
+    class CompiledBefore(FakeBackend):
+        def facts(self):
+            return dataclasses.replace(super().facts(), compile_s=1000.0, compiled=True)
+
+    report = infer(_options(small), backend=CompiledBefore(tokens=5))
+    assert report.compile_s is None and report.generate_s > 0
+    assert report.tokens_per_s > 0 and report.new_tokens == 20  # (generate_s is rounded in the report)

@@ -78,8 +78,10 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
         batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
         work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
+        compiled_before = backend.facts().compile_s  # an engine kept across runs (a sweep's) compiled before
         mine = run_batches(backend, options, work, batch_size, dist, progress, reward)
         facts = backend.facts()
+        facts = dataclasses.replace(facts, compile_s=facts.compile_s - compiled_before)  # this run's share only
     dist.barrier()
     gathered = dist.gather(mine)  # a collective: every process takes part (a no-op for one process)
     everyone = gathered if dist.is_main else [mine]  # the others report their own share
