@@ -148,7 +148,7 @@ def test_steps_filter(tmp_path):
     assert find_run_checkpoints(tmp_path, steps=[2, 300], complete_only=True).steps == [2]  # 300: not saved yet
 
 
-def test_complete_only_leaves_half_written_checkpoints_out(tmp_path):
+def test_complete_only_lists_half_written_checkpoints_as_pending(tmp_path):
     _model(tmp_path / "checkpoint-2")
     _model(tmp_path / "checkpoint-4", cut=3)  # weights still being written
     (tmp_path / "checkpoint-6").mkdir()  # just created
@@ -161,7 +161,9 @@ def test_complete_only_leaves_half_written_checkpoints_out(tmp_path):
     assert all("weights are incomplete" in s.reason for s in everything.skipped if s.step in (4, 8))
     assert everything.skipped[3].reason == "config.json but no weights (*.safetensors / *.bin)"
     ready = find_run_checkpoints(tmp_path, complete_only=True)
-    assert ready.checkpoints == [RunCheckpoint(2, tmp_path / "checkpoint-2", "hf-trainer")] and ready.skipped == []
+    assert ready.checkpoints == [RunCheckpoint(2, tmp_path / "checkpoint-2", "hf-trainer")]
+    assert [(s.step, s.pending) for s in ready.skipped] == [(4, True), (6, True), (8, True), (10, True)]
+    assert not any(s.pending for s in everything.skipped)
 
 
 def test_weights_complete_safetensors_lengths(tmp_path):

@@ -191,3 +191,20 @@ def test_an_engine_that_compiled_in_an_earlier_run_still_reports_this_runs_rate(
     report = infer(_options(small), backend=CompiledBefore(tokens=5))
     assert report.compile_s is None and report.generate_s > 0
     assert report.tokens_per_s > 0 and report.new_tokens == 20  # (generate_s is rounded in the report)
+
+
+def test_progress_counts_answers_against_answers_and_restarts_per_run(small, capsys):
+    """With --n 3 the bar's total is requests × 3 (it counted answers against requests: 12/4); a second run on
+    the same bar (a sweep's next checkpoint) starts its own count and rate."""
+    from vlmfast.engines.rows import GenerationSettings
+    from vlmfast.report.terminal import ProgressBar
+
+    bar = ProgressBar(enabled=True)
+    bar.live = False  # plain lines, as in a CI log
+    options = _options(small, generation=GenerationSettings(max_new_tokens=4, n=3, temperature=1.0, seed=0))
+    infer(options, progress=bar, backend=FakeBackend(tokens=5))
+    first = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress:")]
+    infer(options, progress=bar, backend=FakeBackend(tokens=5))
+    second = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress:")]
+    assert first[-1].startswith("progress: 12/12 answers") and second[-1].startswith("progress: 12/12 answers")
+    assert first[0].startswith("progress: 6/12 answers")  # batches of 2 requests × 3 answers

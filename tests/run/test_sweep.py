@@ -115,14 +115,22 @@ def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
 
     def wait(seconds):
         looks.append(seconds)
-        if len(looks) == 1:  # the trainer saves a new checkpoint meanwhile
+        if len(looks) == 1:  # the trainer saves a new checkpoint meanwhile, and is half-way through another
             shutil.copytree(run["run"] / "checkpoint-300", live / "checkpoint-300")
-        return len(looks) < 2
+            shutil.copytree(run["run"] / "checkpoint-200", live / "checkpoint-200")
+            weights = live / "checkpoint-200" / "model.safetensors"
+            weights.write_bytes(weights.read_bytes()[:300_000])
+        return len(looks) < 3
 
+    said = []
     options = _options(run, tmp_path / "s", watch=True, poll_s=5)
-    report = sweep(type(options)(**{**options.__dict__, "run_dir": str(live)}), wait=wait)
-    assert [c["step"] for c in report["checkpoints"]] == [100, 300] and looks == [5, 5]
+    report = sweep(type(options)(**{**options.__dict__, "run_dir": str(live)}), wait=wait, say=said.append)
+    assert [c["step"] for c in report["checkpoints"]] == [100, 300] and looks == [5, 5, 5]
     assert _tokens(read_jsonl(tmp_path / "s" / "step-300.jsonl")) == _tokens(run["fresh"][300])
+    watching = [s for s in said if s.startswith("watching ")]
+    assert len(watching) == 3 and "1 checkpoint(s) evaluated, next look in 5 s" in watching[0]
+    assert [s for s in said if s.startswith("not yet: ")] == [s for s in said if "checkpoint-200" in s][:1]
+    assert len([s for s in said if s.startswith("not yet: ")]) == 1  # said once, not at every look
 
 
 def test_sweep_cli_json_report_plot_and_gate(run, tmp_path):

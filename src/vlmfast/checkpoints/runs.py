@@ -40,6 +40,7 @@ class Skipped:
     step: int | None
     reason: str
     hint: str | None = None
+    pending: bool = False  # ``complete_only``: not fully written yet, evaluated once it is
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,10 @@ def find_run_checkpoints(run_dir, *, steps: Sequence[int] | None = None, complet
     ``trainer_state.json`` records, when that step has no checkpoint-N.
 
     ``steps`` keeps those steps only; a step not found is an InputError listing the steps found.
-    ``complete_only`` (for watching a run that is still training) leaves out, silently, checkpoints
-    whose weights are not fully written yet (:func:`weights_complete`) and numbered dirs without
-    weights; it then returns an empty listing instead of raising when nothing is ready, and a
-    requested step that is not there yet is not an error. Raises InputError when ``run_dir`` is not
+    ``complete_only`` (for watching a run that is still training) lists checkpoints whose weights are not
+    fully written yet (:func:`weights_complete`) and numbered dirs without weights as ``pending`` skips;
+    it then returns an empty listing instead of raising when nothing is ready, and a requested step that
+    is not there yet is not an error. Raises InputError when ``run_dir`` is not
     a directory, is itself one checkpoint, or holds no checkpoint."""
     root = Path(run_dir).expanduser()
     if not root.is_dir():
@@ -141,21 +142,20 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
     except CheckpointError:
         if shards := sorted((d / "actor").glob(FSDP_SHARDS)):
             return _unmerged(step, d, Located(d / "actor" / "huggingface", "fsdp", shards=tuple(shards)))
-        return None if complete_only else Skipped(d, step, "no config.json and no weights")
+        return Skipped(d, step, "no config.json and no weights", pending=complete_only)
     if found.kind == "fsdp":
         return _unmerged(step, d, found)
     if found.kind not in ("model", "adapter"):
-        return None if complete_only else Skipped(
-            d, step, "config.json but no weights (*.safetensors / *.bin)",
-            "the save was interrupted or is still being written")
+        return Skipped(d, step, "config.json but no weights (*.safetensors / *.bin)",
+                       "the save was interrupted or is still being written", pending=complete_only)
     path, kind = found.path, found.kind
     merged = d.with_name(d.name + "-merged")  # ms-swift export --merge_lora writes it beside the adapter
     if kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
         path, kind = merged, "model"
     if not weights_complete(path):  # a save cut short (or still being written): listed, never loaded
-        return None if complete_only else Skipped(
-            d, step, "its weights are incomplete (a safetensors file shorter than its header says, or a shard "
-                     "missing)", "the save was interrupted or is still being written; rerun once it is complete")
+        return Skipped(d, step, "its weights are incomplete (a safetensors file shorter than its header says, or a "
+                       "shard missing)", "the save was interrupted or is still being written; rerun once it is complete",
+                       pending=complete_only)
     return RunCheckpoint(step, path, layout if kind == "model" else "lora")
 
 

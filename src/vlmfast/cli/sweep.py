@@ -55,7 +55,7 @@ def sweep(
                                every=every, canary=canary)
         bar = ProgressBar()
         try:
-            report = run_sweep(options, progress=bar, say=render_note if not bar.live else (lambda text: None))
+            report = run_sweep(options, progress=bar, say=bar.note)
         finally:
             bar.stop()
         render_sweep(report)

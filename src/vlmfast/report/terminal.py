@@ -144,44 +144,58 @@ def render_scores(source: str, summary: dict) -> None:
 
 
 class ProgressBar:
-    """Samples and tokens/s on stderr: a live bar on a terminal, one plain line per batch otherwise
-    (CI logs show progress without control characters)."""
+    """Answers and tokens/s on stderr: a live bar on a terminal, one plain line per batch otherwise (CI logs
+    show progress without control characters). Each :meth:`start` begins a new count (a sweep starts one
+    per checkpoint); the rate is the current one, over the last ``RATE_WINDOW_S`` seconds."""
 
-    def __init__(self, enabled: bool | None = None, unit: str = "samples"):
+    RATE_WINDOW_S = 10.0
+
+    def __init__(self, enabled: bool | None = None, unit: str = "answers"):
         self.enabled = True if enabled is None else enabled
         self.unit = unit
         self.live = self.enabled and stderr.is_terminal
         self._progress = None
         self._task = None
-        self._tokens = 0
-        self._done = 0
-        self._total = 0
-        self._start = 0.0
+        self._done = self._total = 0
+        self._title = ""
+        self._recent: list[tuple[float, int]] = []  # (time, tokens so far) of recent batches
 
-    def start(self, total_samples: int) -> None:
+    def start(self, total: int, title: str = "") -> None:
+        """A new count of ``total`` answers (requests × answers per request), under ``title`` (e.g. a step)."""
         import time
 
-        self._total, self._start = total_samples, time.perf_counter()
+        self.stop()  # the previous count's bar goes before the next one's starts
+        self._total, self._done, self._title = total, 0, title
+        self._recent = [(time.perf_counter(), 0)]
         if not self.live:
             return
         self._progress = Progress(
-            TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=stderr, transient=True,
+            TextColumn(f"[bold]{escape(title) or 'generating'}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn(self.unit), TextColumn("{task.fields[tps]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=stderr, transient=True,
         )
         self._progress.start()
-        self._task = self._progress.add_task("generate", total=total_samples, tps="")
+        self._task = self._progress.add_task("generate", total=total, tps="")
 
-    def advance(self, samples: int, new_tokens: int) -> None:
+    def advance(self, answers: int, new_tokens: int) -> None:
         import time
 
-        self._tokens += new_tokens
-        self._done += samples
-        elapsed = time.perf_counter() - self._start
-        tps = f"{self._tokens / elapsed:,.1f} tokens/s" if elapsed > 0 else ""
+        self._done += answers
+        now = time.perf_counter()
+        self._recent.append((now, self._recent[-1][1] + new_tokens))
+        while len(self._recent) > 2 and now - self._recent[1][0] > self.RATE_WINDOW_S:
+            self._recent.pop(0)
+        (t0, k0), (t1, k1) = self._recent[0], self._recent[-1]
+        tps = f"{(k1 - k0) / (t1 - t0):,.1f} tokens/s" if t1 > t0 else ""
         if self._progress is not None:
-            self._progress.update(self._task, advance=samples, tps=tps)
+            self._progress.update(self._task, advance=answers, tps=tps)
         elif self.enabled:
-            print(f"progress: {self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
+            title = f"{self._title}: " if self._title else ""
+            print(f"progress: {title}{self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line above the live bar (or a plain line): a sweep names each checkpoint as it starts."""
+        (self._progress.console if self._progress is not None else stderr).print(f"[yellow]note:[/yellow] {escape(text)}")
 
     def stop(self) -> None:
         if self._progress is not None:

@@ -30,8 +30,8 @@ from vlmfast.timing import peak_memory_mib, reset_peak_memory
 
 
 class Progress(Protocol):
-    def start(self, total_samples: int) -> None: ...
-    def advance(self, samples: int, new_tokens: int) -> None: ...
+    def start(self, total: int) -> None: ...  # answers to come: requests × answers per request
+    def advance(self, answers: int, new_tokens: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
 
     reset_peak_memory(backend.device)
     if progress:
-        progress.start(len(my_todo) + len(my_bad))
+        progress.start((len(my_todo) + len(my_bad)) * n)
     start = time.perf_counter()
     failure = None
     with contextlib.closing(backend.batches(my_todo, work.image_sizes, planned)) as stream:

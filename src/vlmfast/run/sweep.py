@@ -154,7 +154,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -
     entries = ([_Entry(0, locate(options.base).path, "base")] if options.base else [])
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     models = _Models(options, say)
-    figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "") for s in listing.skipped]
+    figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
+                          for s in listing.skipped if not s.pending]
     searched = None
 
     def evaluate(entry: _Entry) -> float | None:
@@ -180,10 +181,16 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -
         else:
             for entry in entries:
                 evaluate(entry)
-        while options.watch and (wait or _sleep)(options.poll_s):
+        waiting_on: set[str] = set()  # incomplete checkpoints already said
+        while options.watch and (say(f"watching {options.run_dir}: {len(figures)} checkpoint(s) evaluated, "
+                                     f"next look in {options.poll_s:g} s (Ctrl-C ends the sweep)") or
+                                 (wait or _sleep)(options.poll_s)):
             seen = {f["step"] for f in figures}
-            fresh = find_run_checkpoints(options.run_dir, complete_only=True).checkpoints
-            for c in (c for c in fresh if c.step not in seen):
+            looked = find_run_checkpoints(options.run_dir, complete_only=True)
+            for skipped in (s for s in looked.skipped if s.pending and str(s.path) not in waiting_on):
+                waiting_on.add(str(skipped.path))
+                say(f"not yet: {skipped.path} ({skipped.reason})")
+            for c in (c for c in looked.checkpoints if c.step not in seen):
                 figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say))
     except KeyboardInterrupt:
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
