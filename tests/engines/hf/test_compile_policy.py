@@ -149,3 +149,17 @@ def test_past_the_recompile_limit_later_shapes_decode_uncompiled_and_it_is_said(
     assert got == eager and engine.policy.enabled is False
     assert engine.policy.notes == ["more decode shapes than torch.compile's recompile limit (1): the shapes built "
                                    "so far stay compiled, later ones decode uncompiled"]
+
+
+def test_compiling_on_a_cpu_does_not_log_the_cuda_home_warning(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from torch.utils import cpp_extension
+
+    from vlmfast.engines.hf.compile_policy import CompilePolicy
+
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    CompilePolicy(True, device="cpu", compiler=lambda fn: fn).forward()
+    with caplog.at_level(logging.WARNING, logger="torch.utils.cpp_extension"):
+        assert cpp_extension._find_cuda_home() == str(tmp_path)
+    assert not [r for r in caplog.records if "No CUDA runtime" in r.getMessage()]

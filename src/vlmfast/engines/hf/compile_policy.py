@@ -178,6 +178,19 @@ def prepare_cache(decoder: str, requested: bool | None) -> CompileCache | None:
     return cache
 
 
+def quiet_cuda_home_warning() -> None:
+    """Compiling on a CPU imports torch's C++ extension helper, which logs "No CUDA runtime is found, using
+    CUDA_HOME=…" when a CUDA toolkit is installed without a GPU: true, and nothing to act on for a CPU run."""
+    import logging
+
+    log = logging.getLogger("torch.utils.cpp_extension")
+    if not any(getattr(f, "vlmfast", False) for f in log.filters):
+        def drop(record) -> bool:
+            return not str(record.msg).startswith("No CUDA runtime is found")
+        drop.vlmfast = True
+        log.addFilter(drop)
+
+
 # dynamo stops recompiling a function after 8 shapes by default, and decode has a shape per bucket; past the
 # limit it would run the step uncompiled while the report says compiled, so it is told to fail instead
 # (the policy then turns compiling off for the shapes still to come, said aloud)
@@ -221,6 +234,8 @@ class CompilePolicy:
                     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
             if hasattr(config, "fail_on_recompile_limit_hit"):
                 config.fail_on_recompile_limit_hit = True
+            if not self.device.startswith("cuda"):
+                quiet_cuda_home_warning()
             compiler = self.compiler or (lambda fn: torch.compile(fn, dynamic=False, fullgraph=False))
             self._forward = compiler(forward_static)
         return self._forward
