@@ -178,14 +178,15 @@ def test_user_exception_names_function_and_row(reward_file):
     assert [got[0]["score"], got[2]["score"]] == [1.0, 0.5]
 
 
-def test_batch_exception_names_first_row_and_skip_bad_finds_the_row(reward_file):
+def test_a_failed_batch_is_retried_row_by_row_to_name_the_row_that_fails(reward_file):
     reward = load_reward(f"{reward_file('math.py', BATCH)}:compute_score")
     rows = [ROWS[0], {"id": "bad", "text": "boom"}, ROWS[2]]
     truths = {"good": "4", "bad": "4", "wrong": "4"}
-    with pytest.raises(RewardError, match=r"a batch of 3 rows starting at row good: KeyError: 'boom'"):
+    with pytest.raises(RewardError, match=r"failed on row bad: KeyError: 'boom'"):
         reward.score_rows(rows, truths)
+    assert reward.fn.__globals__["CALLS"] == [3, 1, 1]  # the failed batch, then one row per call up to the bad one
     got = reward.score_rows(rows, truths, skip_bad=True)
-    assert reward.fn.__globals__["CALLS"] == [3, 3, 1, 1, 1]  # the failed batch, then one row per call
+    assert reward.fn.__globals__["CALLS"] == [3, 1, 1, 3, 1, 1, 1]
     assert [g["score"] for g in got] == [1.0, None, 0.0]
     assert got[1]["reward_error"] == "KeyError: 'boom'" and got[1]["correct"] is None
 

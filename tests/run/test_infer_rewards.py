@@ -63,3 +63,24 @@ def test_infer_and_score_hand_the_functions_the_same_manifest_values(tmp_path):
     infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(tmp_path / "ids.jsonl"),
                        reward=f"{tmp_path / 'rewards.py'}:n_ids", batch_size=3), backend=FakeBackend(tokens=5))
     assert [r["score"] for r in read_jsonl(tmp_path / "ids.jsonl")] == [5.0, 5.0, 5.0]
+
+
+def test_a_reward_that_cannot_be_called_fails_before_anything_generates(tmp_path):
+    """A reward needing a column the manifest lacks fails on a check call made before the model loads, naming
+    the function and the row; no batch runs, nothing is written."""
+    import pytest
+
+    from vlmfast.errors import RewardError
+
+    image = tmp_path / "im.png"
+    Image.new("RGB", (56, 56)).save(image)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "q0", "image": str(image), "prompt": "Count?", "solution": "3"}) + "\n")
+    rewards = tmp_path / "needs.py"
+    rewards.write_text("def accuracy(completions, solution, difficulty, **kwargs):\n"
+                       "    return [1.0 for _ in completions]\n")
+    backend, out = FakeBackend(), tmp_path / "r.jsonl"
+    with pytest.raises(RewardError, match=r"before loading the model.*accuracy .*row q0: TypeError"):
+        infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=[f"{rewards}:accuracy"]),
+              backend=backend)
+    assert backend.batches_run == 0 and not out.exists()

@@ -75,12 +75,14 @@ class Reward:
         a failed batch is retried one item per call to find the items that fail."""
         if not items:
             return []
+        batch_failure = None
         if self.kind in BATCH_KINDS:
             try:
                 return self._batch(items)
             except CallFailed as failure:
-                if not skip_bad:
+                if len(items) == 1 and not skip_bad:
                     raise self._error(failure) from failure.__cause__
+                batch_failure = failure  # one call per item finds the row that fails, to name it
         results = []
         for item in items:
             try:
@@ -89,6 +91,8 @@ class Reward:
                 if not skip_bad:
                     raise self._error(failure) from failure.__cause__
                 results.append(failure)
+        if batch_failure is not None and not skip_bad:  # every row passes alone: the batch call itself fails
+            raise self._error(batch_failure) from batch_failure.__cause__
         return results
 
     def _batch(self, items: list[Item]) -> list:
@@ -157,6 +161,26 @@ class RewardSet:
         for k, (fields, _) in enumerate(todo):
             self._combine(fields, [results[k] for results in per_function])
         return out
+
+    def check(self, requests) -> None:
+        """Call every function once, before any model loads, on the first of ``requests`` with ground truth,
+        answered with its own truth (``<think>…</think><answer>TRUTH</answer>``): a function that cannot even
+        be called (a missing column, a wrong signature, an import inside it) fails in a second, not after the
+        first batch has generated. A RewardError saying so."""
+        request = next((r for r in requests if _truth_record(r.truth_record())[0]), None)
+        if request is None:
+            return
+        truth = _truth_record(request.truth_record())[1]
+        answer = truth if isinstance(truth, str) else json.dumps(truth)
+        sizes = [list(size) for size in request.image_sizes] if request.image_sizes else None
+        row = {"id": request.id, "text": f"<think>check</think><answer>{answer}</answer>", "prompt": request.prompt,
+               "images": list(request.images), "n_new_tokens": 8, "token_ids": [0] * 8, "error": None,
+               "model_image_sizes": sizes}  # the images' own sizes stand in for the resized ones
+        try:
+            self.score_rows([row], {request.id: request.truth_record()})
+        except RewardError as exc:
+            raise RewardError(f"before loading the model, a check call with the first request's own ground truth as "
+                              f"the answer: {exc.message}", hint=exc.hint) from exc.__cause__
 
     def _combine(self, fields: dict, results: list) -> None:
         fields["scorer"] = self.scorer
