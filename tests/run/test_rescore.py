@@ -198,3 +198,15 @@ def test_many_bad_lines_are_capped_in_the_message(tmp_path):
     assert len(exc.value.problems) == MAX_LISTED + 10
     assert exc.value.message.count("\n  - ") == MAX_LISTED and exc.value.message.endswith("… and 10 more")
     assert read_result_rows(_results(tmp_path, [{"id": 7, "text": "x"}], "ok.jsonl")) == ([{"id": 7, "text": "x"}], [])
+
+
+def test_score_on_a_partial_results_file_names_the_ids_without_rows(tmp_path, images):
+    from vlmfast.run.rescore import rescore_file
+
+    manifest = _scored_manifest(tmp_path, images)
+    results = tmp_path / "partial.jsonl"
+    results.write_text(json.dumps({"id": "count-1", "text": "<answer>3</answer>", "error": None}) + "\n")
+    summary = rescore_file(results, str(manifest))
+    assert summary["rows"] == 1 and summary["manifest_ids_without_rows"] == 4
+    note = next(n for n in summary["notes"] if "have no row" in n)
+    assert note.startswith("4 of 5 manifest id(s) have no row in") and "mcq-1" in note and "count-1" not in note

@@ -114,8 +114,14 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         shown = ", ".join(unknown[:5]) + (" …" if len(unknown) > 5 else "")
         notes.append(f"{len(unknown)} of {len(scored)} row id(s) are not in {manifest} ({shown}): left unscored; ids must be "
                      "the manifest's \"id\" (or its image path where a record has no id)")
+    answered = {str(r["id"]) for r in scored}
+    missing = [rid for rid in truths if rid not in answered]  # a partial results file (a run still going, or cut short)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        notes.append(f"{len(missing)} of {len(truths)} manifest id(s) have no row in {results} ({shown}): the figures "
+                     "are over the rows there are")
     summary = summarize(scored)
-    summary.update(results=str(results), manifest=manifest, rows=len(scored),
+    summary.update(results=str(results), manifest=manifest, rows=len(scored), manifest_ids_without_rows=len(missing),
                    rows_without_truth=sum(1 for r in scored if truths.get(str(r["id"]), (None, None))[0] is None),
                    rows_not_in_manifest=len(unknown),
                    bbox_spaces=dict(Counter(row_bbox_space(r, bbox_space) for r in scored if r.get("scorer") == "bbox")),
