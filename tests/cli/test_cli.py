@@ -55,6 +55,7 @@ def test_infer_json_report_and_jsonl_results(grpo_ckpt, images, tmp_path):
                     "--max-new-tokens", 12, "--out", out, "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["skipped_existing"] == 6 and json.loads(again.stdout)["samples"] == 0
+    assert "nothing to do: 6 row(s) already in" in again.stderr and "tokens/s" not in again.stderr
     assert read_jsonl(out) == rows
 
 

@@ -32,7 +32,11 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def render_infer(report) -> None:
-    """The KV-cache timing report of an ``infer`` run, on stderr."""
+    """The KV-cache timing report of an ``infer`` run, on stderr (a run with nothing left to do: its notes)."""
+    if report.samples == 0 and report.skipped_existing:
+        for note in report.notes:
+            render_note(note)
+        return
     cache = report.cache
     table = Table(title="vlmfast infer", show_header=False, title_justify="left", box=None, padding=(0, 2))
     table.add_column(style="bold")

@@ -73,8 +73,11 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     if reward is not None:
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
-        return summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
-                         rows=list(work.existing.values()), batch_size=options.batch_size or 0)
+        report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
+                           rows=list(work.existing.values()), batch_size=options.batch_size or 0)
+        report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out} "
+                               "(--overwrite runs them again)")
+        return report
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
