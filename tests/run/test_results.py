@@ -78,7 +78,9 @@ def test_overwrite_into_a_new_directory(tmp_path):
 
 
 def test_stdout_rows_come_out_in_input_order(capsys):
-    w = ResultsWriter(None)
+    ResultsWriter(None).write([_row(0)], [0])  # a library call without a file: nothing printed
+    assert capsys.readouterr().out == ""
+    w = ResultsWriter(None, stdout=True)
     w.write([_row(2)], [2])
     assert capsys.readouterr().out == ""
     w.write([_row(0)], [0])

@@ -209,3 +209,9 @@ def test_progress_counts_answers_against_answers_and_restarts_per_run(small, cap
     second = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress:")]
     assert first[-1].startswith("progress: 12/12 answers") and second[-1].startswith("progress: 12/12 answers")
     assert first[0].startswith("progress: 6/12 answers")  # batches of 2 requests × 3 answers
+
+
+def test_a_library_call_without_out_returns_rows_and_prints_none(small, capsys):
+    report = infer(_options(small), backend=FakeBackend())
+    assert capsys.readouterr().out == ""
+    assert [r.id for r in report.results] == small and all(r.text for r in report.results)

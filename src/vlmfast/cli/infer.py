@@ -74,7 +74,7 @@ def infer(
 
         if json_out and out is None:
             raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")
-        options = from_params(InferOptions, params, batch_size=batch_size_value(batch_size))
+        options = from_params(InferOptions, params, batch_size=batch_size_value(batch_size), rows_to_stdout=out is None)
         bar = ProgressBar(enabled=None if is_main_process() else False)
         try:
             report = run_infer(options, progress=bar)

@@ -125,11 +125,13 @@ def sigint_deferred():
 
 
 class ResultsWriter:
-    """Appends rows to a JSONL file one batch at a time; on stdout, emits rows in input order as
-    soon as every earlier row is known (stdout cannot be rewritten at the end)."""
+    """Appends rows to a JSONL file one batch at a time; without a file and with ``stdout``, emits rows in
+    input order as soon as every earlier row is known (stdout cannot be rewritten at the end); with
+    neither, keeps nothing (the caller holds the rows)."""
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None, *, stdout: bool = False):
         self.path = Path(path) if path is not None else None
+        self.stdout = stdout
         self._file = None
         self._pending: dict[int, dict] = {}  # stdout only: position -> row, until its turn
         self._next = 0
@@ -138,6 +140,8 @@ class ResultsWriter:
         """One batch: every row, then flush and fsync, so a crash loses at most the batch in flight.
         ``positions`` are the rows' places in input order (0-based, each once)."""
         if self.path is None:
+            if not self.stdout:
+                return
             self._pending.update(zip(positions, rows))
             ready = []
             while self._next in self._pending:

@@ -162,7 +162,7 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     planned = backend.plan(my_todo, work.image_sizes, batch_size)
     rounds = dist.reduce_max(len(planned))  # every process takes part in every boundary check
     out = Path(options.out) if options.out is not None else None
-    writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out)
+    writer = ResultsWriter(part_path(out, dist.rank) if dist.world > 1 else out, stdout=options.rows_to_stdout)
     position = {rid: i for i, rid in enumerate(work.order)}
     truths = {r.id: r.truth_record() for r in my_todo}
     results: list[SampleResult] = []
