@@ -179,3 +179,18 @@ def test_out_that_is_a_directory_is_a_clear_error(command, grpo_ckpt, images, tm
             "score": [results, "--manifest", results], "convert": [results]}[command]
     r = cli(command, *args, "--out", tmp_path)
     assert r.returncode == 2 and f"--out {tmp_path}: is a directory" in r.stderr and "results.jsonl" in r.stderr
+
+
+def test_tables_in_a_log_keep_every_number_on_its_line(tmp_path):
+    """Not on a terminal (CI logs), tables render 200 columns wide rather than rich's 80: a wide table is not
+    wrapped or cut."""
+    import subprocess
+    import sys
+
+    code = ("from rich.table import Table\nfrom vlmfast.report.terminal import stderr\n"
+            "t = Table()\n[t.add_column(f'column {i}') for i in range(8)]\n"
+            "t.add_row(*[f'{i}.12 % (0.10–0.90)' for i in range(8)])\nstderr.print(t)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    row = next(line for line in r.stderr.splitlines() if "0.12 %" in line)
+    assert all(f"{i}.12 % (0.10–0.90)" in row for i in range(8)), r.stderr

@@ -10,7 +10,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # notes and hints: one line each, greppable in logs
+def _console() -> Console:
+    """Rich on stderr. Not on a terminal (a CI log, a pipe) rich assumes 80 columns and would wrap cells and cut
+    intervals short: there the width is COLUMNS when set, else 200, so a table keeps every number on its line."""
+    import os
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)  # notes and hints: one line each, greppable
+    if not console.is_terminal:
+        console.width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 200
+    return console
+
+
+stderr = _console()
 
 
 def print_json(data: dict) -> None:
