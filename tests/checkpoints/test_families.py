@@ -399,3 +399,17 @@ def test_every_familys_vision_tower_runs_one_attention_call_per_layer(key, famil
         got = forward()
     assert merged and calls == [2] * len(tower.blocks)  # each layer: one call over the two images
     torch.testing.assert_close(got, per_image, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("key", ON_THIS_LINE)
+def test_every_family_has_a_demo_preset_whose_loop_tokens_are_generates(key, tmp_path, images):
+    from vlmfast.checkpoints.load import load
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+
+    loaded = load(str(build_checkpoint(tmp_path / key, preset="demo", family=key)), device="cpu")
+    assert sum(p.numel() for p in loaded.model.parameters()) > 5_000_000
+    reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:2]]
+    settings = GenerationSettings(max_new_tokens=12, ignore_eos=True)
+    reference = [r.token_ids for r in _run(Engine(loaded, settings, decoder="hf"), reqs, 2)]
+    assert [r.token_ids for r in _run(Engine(loaded, settings), reqs, 2)] == reference

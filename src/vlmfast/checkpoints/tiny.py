@@ -264,7 +264,7 @@ def _existing_checkpoint(out: pathlib.Path, want: dict) -> bool:
         f"{out} already holds {reason}; wanted family={want.get('family', DEFAULT_FAMILY)!r}, "
         f"preset={want['preset']!r}, like={want['like']!r}, seed={want['seed']!r} with transformers "
         f"{want['transformers_version']}",
-        hint="choose another directory, or replace it: --overwrite (Python: overwrite=True)",
+        hint="choose another directory, or replace it (--overwrite)",
     )
 
 

@@ -21,6 +21,13 @@ _EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size":
 _LINEAR = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
            "linear_num_key_heads": 2, "linear_num_value_heads": 4}
 _HYBRID_LAYERS = ["linear_attention"] * 3 + ["full_attention"]  # Qwen3.5's pattern: one full layer in four
+# demo: ~6M parameters like Qwen2.5-VL's demo preset, big enough that a cache-off decode is plainly slower
+_DEMO_TEXT = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 2}
+_DEMO_QWEN3_VISION = {**_QWEN3_VISION, "hidden_size": 128, "intermediate_size": 512, "depth": 4, "num_heads": 4}
+_DEMO_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256}
+_DEMO_LINEAR = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                "linear_num_key_heads": 4, "linear_num_value_heads": 8}
 
 # family key → preset → shapes. Qwen2.5-VL's presets are vlmfast.checkpoints.tiny.PRESETS (its demo and real
 # shapes); the other families have the test size. initializer_range 0.1: see vlmfast.checkpoints.tiny.
@@ -28,26 +35,44 @@ FAMILY_PRESETS: dict[str, dict[str, dict]] = {
     "qwen2_vl": {"tiny": {
         "text": {**_TEXT, "mrope_section": [2, 3, 3]},
         "vision": {"embed_dim": 32, "mlp_ratio": 2, "depth": 2, "num_heads": 2},
-        "initializer_range": 0.1}},
+        "initializer_range": 0.1}, "demo": {
+        "text": {**_DEMO_TEXT, "mrope_section": [8, 12, 12]},
+        "vision": {"embed_dim": 128, "mlp_ratio": 4, "depth": 4, "num_heads": 4},
+        "initializer_range": 0.05}},
     "qwen3_vl": {"tiny": {
         "text": {**_TEXT, "head_dim": 16, "mrope_section": [4, 2, 2]},
         "vision": {**_QWEN3_VISION, "deepstack_visual_indexes": [0, 1]},  # DeepStack into both decoder layers
-        "initializer_range": 0.1}},
+        "initializer_range": 0.1}, "demo": {
+        "text": {**_DEMO_TEXT, "head_dim": 64, "mrope_section": [12, 10, 10]},
+        "vision": {**_DEMO_QWEN3_VISION, "deepstack_visual_indexes": [1, 3]},
+        "initializer_range": 0.05}},
     "qwen3_vl_moe": {"tiny": {
         "text": {**_TEXT, "head_dim": 16, "mrope_section": [4, 2, 2], **_EXPERTS, "decoder_sparse_step": 1},
         "vision": {**_QWEN3_VISION, "deepstack_visual_indexes": [0, 1]},
-        "initializer_range": 0.1}},
+        "initializer_range": 0.1}, "demo": {
+        "text": {**_DEMO_TEXT, "head_dim": 64, "mrope_section": [12, 10, 10], **_DEMO_EXPERTS, "decoder_sparse_step": 1},
+        "vision": {**_DEMO_QWEN3_VISION, "deepstack_visual_indexes": [1, 3]},
+        "initializer_range": 0.05}},
     "qwen3_5": {"tiny": {
         # head_dim 32 with a quarter rotary: 8 rotary dims, 4 frequencies split 2/1/1 over t/h/w
         "text": {**_TEXT, "num_hidden_layers": 4, "head_dim": 32, "mrope_section": [2, 1, 1], **_LINEAR,
                  "layer_types": _HYBRID_LAYERS},
         "vision": dict(_QWEN3_VISION),
-        "initializer_range": 0.1}},
+        "initializer_range": 0.1}, "demo": {
+        # head_dim 64, a quarter rotary: 16 rotary dims, 8 frequencies split 4/2/2
+        "text": {**_DEMO_TEXT, "num_hidden_layers": 8, "head_dim": 64, "mrope_section": [4, 2, 2], **_DEMO_LINEAR,
+                 "layer_types": _HYBRID_LAYERS * 2},
+        "vision": dict(_DEMO_QWEN3_VISION),
+        "initializer_range": 0.05}},
     "qwen3_5_moe": {"tiny": {
         "text": {**_TEXT, "num_hidden_layers": 4, "head_dim": 32, "mrope_section": [2, 1, 1], **_LINEAR,
                  "layer_types": _HYBRID_LAYERS, **_EXPERTS, "shared_expert_intermediate_size": 32},
         "vision": dict(_QWEN3_VISION),
-        "initializer_range": 0.1}},
+        "initializer_range": 0.1}, "demo": {
+        "text": {**_DEMO_TEXT, "num_hidden_layers": 8, "head_dim": 64, "mrope_section": [4, 2, 2], **_DEMO_LINEAR,
+                 "layer_types": _HYBRID_LAYERS * 2, **_DEMO_EXPERTS, "shared_expert_intermediate_size": 256},
+        "vision": dict(_DEMO_QWEN3_VISION),
+        "initializer_range": 0.05}},
 }
 # Pixel limits the tiny processors ship. Qwen2/2.5-VL: the released defaults. Qwen3 families: the released
 # maximum, a small minimum so that test images stay a few tokens each (32x32 px per token).

@@ -78,7 +78,7 @@ def make_checkpoint(
     preset: Annotated[str, typer.Option(help="tiny (tests) | demo (~6M params, cache-off cost visible on a CPU) | 3b | 7b (the real shapes; GPU benchmarks)")] = "tiny",
     like: Annotated[str, typer.Option(help="grpo (use_cache false everywhere, as trainers save) | base")] = "grpo",
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
-    family: Annotated[str, typer.Option(help="qwen2_vl | qwen2_5_vl | qwen3_vl | qwen3_vl_moe | qwen3_5 | qwen3_5_moe (Qwen3.5: transformers 5.x only; families other than qwen2_5_vl: preset tiny)")] = "qwen2_5_vl",
+    family: Annotated[str, typer.Option(help="qwen2_vl | qwen2_5_vl | qwen3_vl | qwen3_vl_moe | qwen3_5 | qwen3_5_moe (Qwen3.5: transformers 5.x only; presets 3b and 7b: qwen2_5_vl only)")] = "qwen2_5_vl",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing directory.")] = False,
 ):
     """Build a random-weight Qwen-VL checkpoint offline (the family's real model and processor classes)."""
