@@ -5,7 +5,6 @@ bootstrap interval, the exact McNemar test). Standard library only, like :mod:`v
 
 from __future__ import annotations
 
-import math
 import random
 from fractions import Fraction
 
@@ -97,10 +96,25 @@ def paired_comparison(a: dict, b: dict, *, resamples: int = 10_000, seed: int = 
 
 
 def _bootstrap_interval(diffs: list[float], resamples: int, seed: int, confidence: float) -> tuple[float, float]:
-    rng = random.Random(seed)
+    """Percentile interval of the mean of ``diffs`` resampled with replacement. A resample is a draw of how
+    many times each distinct value is taken — multinomial over the distinct values, the same distribution as
+    drawing n items — so paired 0/1 scores (three distinct differences) cost O(resamples), not
+    O(resamples × n): 5,000 samples × 10,000 resamples in milliseconds with numpy (always installed beside
+    transformers; the pure-Python draw below is the fallback)."""
     n = len(diffs)
-    means = [sum(rng.choices(diffs, k=n)) / n for _ in range(resamples)]
+    counts: dict[float, int] = {}
+    for d in diffs:
+        counts[d] = counts.get(d, 0) + 1
+    values = list(counts)
     alpha = (1 - confidence) / 2
+    try:
+        import numpy as np
+    except ImportError:
+        rng = random.Random(seed)
+        means = [sum(rng.choices(diffs, k=n)) / n for _ in range(resamples)]
+    else:
+        drawn = np.random.default_rng(seed).multinomial(n, [counts[v] / n for v in values], size=resamples)
+        means = (drawn @ np.array(values, dtype=float) / n).tolist()
     return percentile(means, 100 * alpha), percentile(means, 100 * (1 - alpha))
 
 
@@ -109,6 +123,9 @@ def mcnemar_exact(a_only: int, b_only: int) -> float:
     n = a_only + b_only
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+    tail, term = 0, 1  # C(n, 0) + … + C(n, k), each term from the last (thousands of discordant pairs: 1 ms)
+    for k in range(min(a_only, b_only) + 1):
+        tail += term
+        term = term * (n - k) // (k + 1)
     # Exact rational arithmetic: 0.5 ** n underflows long before n gets large.
     return min(1.0, float(Fraction(2 * tail, 2 ** n)))

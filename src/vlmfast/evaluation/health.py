@@ -1,0 +1,89 @@
+"""The shape of a checkpoint's answers: length, truncation, answer blocks, repetition, rewards.
+
+What GRPO runs go wrong on shows in the answers before it shows in accuracy: responses that grow until
+they hit the length limit or collapse to a few tokens, loops that repeat one phrase, several or empty
+``<answer>`` blocks that a lenient reward still scores, sub-rewards (format) rising while accuracy
+stays flat. :func:`health` gives those figures for one checkpoint's rows (standard library only).
+
+Repetition, defined: a row repeats when the last ``REPEAT_TAIL_WORDS`` words of its text (split on
+whitespace; all of them when the text has fewer, but at least ``REPEAT_MIN_WORDS``) are one n-gram of
+1 to ``REPEAT_MAX_N`` words repeated back to back at least ``REPEAT_MIN_TIMES`` times — "the the the …",
+"I think so. I think so. …" — counted from the end of the text, where a loop that ran into the length
+limit sits.
+"""
+
+from __future__ import annotations
+
+import re
+
+from vlmfast.timing import percentile
+
+REPEAT_TAIL_WORDS = 60
+REPEAT_MIN_WORDS = 8
+REPEAT_MAX_N = 8
+REPEAT_MIN_TIMES = 4
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+KEYS = ("mean_new_tokens", "new_tokens_p50", "new_tokens_p90", "new_tokens_max", "mean_think_chars",
+        "mean_answer_chars", "truncation_rate", "no_answer_rate", "empty_answer_rate", "multi_answer_rate",
+        "repetition_rate", "format_rate")
+
+
+def repeats(text: str) -> bool:
+    """Whether ``text`` ends in a loop (the module's definition)."""
+    words = text.split()
+    if len(words) < REPEAT_MIN_WORDS:
+        return False
+    tail = words[-REPEAT_TAIL_WORDS:]
+    for n in range(1, REPEAT_MAX_N + 1):
+        gram, times, end = tail[-n:], 0, len(tail)
+        while end - n >= 0 and tail[end - n:end] == gram:
+            times, end = times + 1, end - n
+        if times >= REPEAT_MIN_TIMES and times * n >= min(len(tail), REPEAT_MIN_WORDS):
+            return True
+    return False
+
+
+def answer_blocks(text: str) -> list[str]:
+    """Every ``<answer>…</answer>`` block of ``text``, in order."""
+    return _ANSWER.findall(text)
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def health(rows: list[dict]) -> dict:
+    """The figures of :data:`KEYS` (and ``reward_means`` with ``--reward``) over the rows that ran (error rows
+    left out): response length in tokens (mean, p50, p90, max), think and answer length in characters,
+    the rates of truncation (``finish_reason`` length), no answer (no ``<answer>`` block and no stated
+    answer), an empty answer block, several answer blocks, repetition (:func:`repeats`) and format. None
+    where nothing can be averaged."""
+    from vlmfast.evaluation.scoring import parse_reasoning
+
+    ok = [r for r in rows if r.get("error") is None and isinstance(r.get("text"), str)]
+    tokens = [int(r.get("n_new_tokens") or 0) for r in ok]
+    parts = [parse_reasoning(r["text"]) for r in ok]
+    blocks = [answer_blocks(r["text"]) for r in ok]
+    p50, p90 = percentile(tokens, 50), percentile(tokens, 90)
+    figures = {
+        "mean_new_tokens": round(sum(tokens) / len(tokens), 2) if tokens else None,
+        "new_tokens_p50": None if p50 is None else round(p50, 1),
+        "new_tokens_p90": None if p90 is None else round(p90, 1),
+        "new_tokens_max": max(tokens) if tokens else None,
+        "mean_think_chars": _mean(len(think) for think, _ in parts if think is not None),
+        "mean_answer_chars": _mean(len(answer) for _, answer in parts if answer is not None),
+        "truncation_rate": _mean(r.get("finish_reason") == "length" for r in ok),
+        "no_answer_rate": _mean(r.get("answer") is None and answer is None for r, (_, answer) in zip(ok, parts)),
+        "empty_answer_rate": _mean(any(not b.strip() for b in found) for found in blocks),
+        "multi_answer_rate": _mean(len(found) > 1 for found in blocks),
+        "repetition_rate": _mean(repeats(r["text"]) for r in ok),
+        "format_rate": _mean(bool(r["format_ok"]) for r in ok if r.get("format_ok") is not None),
+    }
+    given = [r["rewards"] for r in ok if isinstance(r.get("rewards"), dict)]
+    if given:
+        names = list(dict.fromkeys(n for g in given for n in g))
+        figures["reward_means"] = {n: _mean(g[n] for g in given if isinstance(g.get(n), (int, float))) for n in names}
+        figures["reward_mean"] = _mean(r["score"] for r in ok if isinstance(r.get("score"), (int, float)))
+    return figures
