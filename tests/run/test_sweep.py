@@ -192,3 +192,21 @@ def test_reward_errors_are_counted_and_named_as_the_reason_there_is_no_best(run,
     report = json.loads(r.stdout)
     assert r.returncode == 0 and report["checkpoints"][0]["reward_errors"] == 4 and report["best"] is None
     assert "4 reward call(s) failed" in r.stderr and "no row had ground truth" not in r.stderr
+
+
+def test_the_report_carries_health_paired_figures_and_flags(run, tmp_path):
+    from vlmfast.evaluation.flags import compare, per_request
+    from vlmfast.run.sweep import sweep
+
+    report = sweep(_options(run, tmp_path / "s", base=str(run["base"]), steps=(100, 200)))
+    base, s100, s200 = report["checkpoints"]
+    assert base["label"] == "base" and base["vs_base"] is None and s200["vs_best"] is None  # 200 is the best
+    for c in report["checkpoints"]:
+        assert {"new_tokens_p50", "new_tokens_p90", "truncation_rate", "repetition_rate", "empty_answer_rate",
+                "multi_answer_rate", "mean_think_chars"} <= set(c)
+    rows = {step: read_jsonl(tmp_path / "s" / name) for step, name in ((0, "base.jsonl"), (200, "step-200.jsonl"))}
+    assert s200["vs_base"] == compare(per_request(rows[200]), per_request(rows[0]))
+    right = {step: {r["id"] for r in rs if r["correct"]} for step, rs in rows.items()}
+    assert s200["vs_base"]["wrong_to_right"] == len(right[200] - right[0])
+    assert s200["vs_base"]["right_to_wrong"] == len(right[0] - right[200])
+    assert isinstance(report["flags"], list) and all(f["step"] in (0, 100, 200) for f in report["flags"])

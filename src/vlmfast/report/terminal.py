@@ -106,28 +106,56 @@ def render_note(text: str) -> None:
     stderr.print(f"[yellow]note:[/yellow] {escape(text)}")
 
 
+FLAG_MARKS = {"format_only_gain": "format", "length_blowup": "long", "length_collapse": "short",
+              "truncation": "trunc", "repetition": "loop", "collapse_after_peak": "collapse",
+              "reward_without_accuracy": "reward"}
+
+
 def render_sweep(report: dict) -> None:
-    """``vlmfast sweep``: one line per checkpoint, the best one, the gate, on stderr."""
+    """``vlmfast sweep``: one line per checkpoint (with its difference from base, its health and its flags), the
+    best one, the flags' messages, the gate, on stderr."""
     table = Table(title=f"vlmfast sweep: {escape(report['run_dir'])}", title_justify="left")
-    for column in ("step", "accuracy (95 % CI)", "format", "new tokens", "no answer", "tokens/s", "load / swap", "errors"):
-        table.add_column(column, justify="right")
+    samples = any(c.get("samples") for c in report["checkpoints"])
+    columns = ["step", "accuracy (95 % CI)", "vs base (flips)", "format", "tokens p50/p90", "trunc", "loop",
+               *(["pass@k · maj@k · same"] if samples else []), "tokens/s", "load / swap", "errors", "flags"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "flags" else "right")
+    flags: dict[int, list[str]] = {}
+    for f in report.get("flags", []):
+        flags.setdefault(f["step"], []).append(FLAG_MARKS.get(f["code"], f["code"]))
     for c in report["checkpoints"]:
         ci = f" ({_pct(c['ci_low'])}–{_pct(c['ci_high'])})" if c["ci_low"] is not None else ""
         how = next((k for k in ("swap_s", "reload_s", "load_s") if k in c), None)
         switch = f"{how[:-2]} {_fmt(c[how], ' s')}" if how else "–"
         errors = str(c.get("errors", 0)) + (f" + {c['reward_errors']} reward" if c.get("reward_errors") else "")
-        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, _pct(c["format_rate"]),
-                      _fmt(c["mean_new_tokens"], "", 1), _pct(c["no_answer_rate"]), _fmt(c["tokens_per_s"], "", 1), switch,
-                      errors)
+        vs = c.get("vs_base")
+        versus = (f"{vs['difference'] * 100:+.1f} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
+                  if vs and vs.get("difference") is not None else "–")
+        lengths = f"{_fmt(c.get('new_tokens_p50'), '', 0)}/{_fmt(c.get('new_tokens_p90'), '', 0)}"
+        extra = [_samples_cell(c.get("samples"))] if samples else []
+        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, versus,
+                      _pct(c["format_rate"]), lengths, _pct(c.get("truncation_rate")), _pct(c.get("repetition_rate")),
+                      *extra, _fmt(c["tokens_per_s"], "", 1), switch, errors, " ".join(flags.get(c["step"], [])))
     stderr.print(table)
     best, failed = report["best"], sum(c.get("reward_errors") or 0 for c in report["checkpoints"])
     stderr.print(f"best: step {best['step']} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
                  else f"best: none ({failed} reward call(s) failed: see reward_error in the step files)" if failed
                  else "best: none (no row had ground truth to score)")
+    for f in report.get("flags", []):
+        stderr.print(f"[yellow]flag {f['code']}:[/yellow] {escape(f['message'])}")
     if report["gate"] and report["gate"]["failed"]:
         stderr.print(f"[red]gate:[/red] {escape(report['gate']['message'])}")
     for note in report["notes"]:
         render_note(note)
+
+
+def _samples_cell(samples: dict | None) -> str:
+    """pass@k and maj@k at the largest k (all of a request's answers), and the all-same rate, of a run with several
+    answers per request."""
+    if not samples or not samples.get("pass_at_k"):
+        return "–"
+    k = max(samples["pass_at_k"], key=int)
+    return f"{_pct(samples['pass_at_k'][k])} · {_pct(samples.get('maj_at_k'))} · {_pct(samples.get('all_same_rate'))} (k={k})"
 
 
 def render_scores(source: str, summary: dict) -> None:

@@ -70,7 +70,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
     work = collect_work(options, dist)
-    if reward is not None:
+    if reward is not None and not options.skip_bad:  # --skip-bad records reward failures per row instead
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
         report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,

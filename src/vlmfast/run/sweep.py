@@ -154,12 +154,13 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -
     entries = ([_Entry(0, locate(options.base).path, "base")] if options.base else [])
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     models = _Models(options, say)
+    tables: dict[int, dict] = {}  # step → its per-request table (vlmfast.evaluation.flags.per_request)
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
                           for s in listing.skipped if not s.pending]
     searched = None
 
     def evaluate(entry: _Entry) -> float | None:
-        figures.append(_evaluate(entry, options, models, out_dir, progress, say))
+        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables))
         checked, news = models.engine_news()
         figures[-1].update(checked)
         for note in news:
@@ -191,12 +192,12 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -
                 waiting_on.add(str(skipped.path))
                 say(f"not yet: {skipped.path} ({skipped.reason})")
             for c in (c for c in looked.checkpoints if c.step not in seen):
-                figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say))
+                figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say, tables))
     except KeyboardInterrupt:
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
     finally:
         models.close()
-    report = _report(options, figures, notes)
+    report = _report(options, figures, notes, tables)
     if searched is not None:
         report["search"] = searched
         if searched["skipped"]:
@@ -212,9 +213,11 @@ def _sleep(seconds: float) -> bool:
     return True
 
 
-def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say) -> dict:
-    """One checkpoint's run (resumed from its results file if there is one) and its figures."""
+def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say, tables) -> dict:
+    """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
+    table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
     from vlmfast.checkpoints.locate import locate
+    from vlmfast.evaluation.flags import per_request
     from vlmfast.run.results import read_existing
     from vlmfast.run.runner import infer
 
@@ -226,10 +229,12 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
                    backend=models.at(found))
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
+    tables[entry.step] = per_request(rows)
     return _figures(entry, out, rows, report, how, seconds)
 
 
 def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:
+    from vlmfast.evaluation.health import health
     from vlmfast.evaluation.samples import accuracy_interval
     from vlmfast.evaluation.stats import summarize
 
@@ -242,9 +247,7 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
         "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out), "rows": len(rows),
         "accuracy": round(correct / len(scored), 4) if scored else None,
         "ci_low": None if low is None else round(low, 4), "ci_high": None if high is None else round(high, 4),
-        "format_rate": scores.get("format_rate"),
-        "mean_new_tokens": round(sum(r.get("n_new_tokens") or 0 for r in ok) / len(ok), 2) if ok else None,
-        "no_answer_rate": round(sum(r.get("answer") is None and _answer(r) is None for r in ok) / len(ok), 4) if ok else None,
+        **health(rows),
         "tokens_per_s": report.tokens_per_s, f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
         "errors": len(rows) - len(ok), "reward_errors": sum(r.get("reward_error") is not None for r in ok),
     }
@@ -253,15 +256,16 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
     return figures
 
 
-def _answer(row: dict):
-    from vlmfast.evaluation.scoring import parse_reasoning
+def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables: dict[int, dict]) -> dict:
+    from vlmfast.evaluation.flags import compare, flag_run
 
-    return parse_reasoning(row["text"])[1] if isinstance(row.get("text"), str) else None
-
-
-def _report(options: SweepOptions, figures: list[dict], notes: list[str]) -> dict:
     ranked = [f for f in figures if f["accuracy"] is not None]
     best = max(ranked, key=lambda f: (f["accuracy"], -f["step"])) if ranked else None  # ties: the earlier step
+    base = next((f for f in figures if f["label"] == "base"), None)
+    for f in figures:  # paired against base and the best, over the requests both scored
+        f["vs_base"] = compare(tables[f["step"]], tables[base["step"]]) if base and f is not base else None
+        f["vs_best"] = compare(tables[f["step"]], tables[best["step"]]) if best and f is not best else None
+    notes = notes + _undistinguished(best, figures)
     gate = None
     if options.fail_if_best_below is not None:
         failed = best is None or best["accuracy"] < options.fail_if_best_below
@@ -273,7 +277,21 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str]) -> dic
         "checkpoints": sorted(figures, key=lambda f: f["step"]),
         "best": {"step": best["step"], "path": best["path"], "accuracy": best["accuracy"]} if best else None,
         "gate": gate, "exit_code": EXIT_LESS_ACCURATE if gate and gate["failed"] else 0, "notes": notes,
+        "flags": flag_run(figures, tables, base_step=base["step"] if base else None),
     }
+
+
+def _undistinguished(best: dict | None, figures: list[dict]) -> list[str]:
+    """A note when the best step is not told apart from others: their paired interval against it holds 0."""
+    if best is None:
+        return []
+    tied = [f["step"] for f in figures if f is not best and f.get("vs_best") and f["vs_best"]["ci_high"] is not None
+            and f["vs_best"]["ci_high"] >= 0]
+    if not tied:
+        return []
+    label = "base" if best["label"] == "base" else f"step {best['step']}"
+    return [f"the best ({label}) is not distinguishable from step(s) {', '.join(map(str, tied))}: their paired 95 % "
+            "interval against it includes no difference (more evaluation rows would tell them apart)"]
 
 
 def write_sweep_dir(report: dict, directory) -> list[str]:

@@ -1,0 +1,133 @@
+"""What changed across a sweep: each checkpoint against base and against the best, and flags on the run.
+
+Per request (a request with several answers counts once): its score is the mean correctness of its
+answers, it is *right* when its answers' majority vote is correct (the one answer, with one), and it is
+*format-valid* when at least half of its answers are. :func:`compare` pairs two checkpoints over the
+requests both scored: the accuracy difference with its paired bootstrap interval and McNemar p-value
+(:func:`vlmfast.evaluation.stats.paired_comparison`), and how many requests flipped each way.
+
+Flags (:func:`flag_run`), each rule with its threshold:
+
+- ``format_only_gain``: accuracy is above base's by more than ``GAIN`` (points), but over the requests
+  format-valid in both (at least ``MIN_COMMON`` of them) the gain is ``GAIN`` or less: the answers learnt
+  the format, not the task.
+- ``length_blowup`` / ``length_collapse``: the median response length is at least ``BLOWUP`` × base's, or
+  at most ``COLLAPSE`` × base's.
+- ``truncation``: more than ``TRUNCATION`` of the answers stopped at the length limit.
+- ``repetition``: more than ``REPETITION`` of the answers end in a loop
+  (:func:`vlmfast.evaluation.health.repeats`).
+- ``collapse_after_peak``: a checkpoint after the best one whose accuracy is below the best's interval
+  (its ``ci_low``).
+- ``reward_without_accuracy``: the mean reward is above base's by more than ``REWARD_GAIN`` while the
+  accuracy stays inside base's interval.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+GAIN = 0.05
+MIN_COMMON = 5
+BLOWUP = 2.0
+COLLAPSE = 0.5
+TRUNCATION = 0.05
+REPETITION = 0.05
+REWARD_GAIN = 0.05
+CODES = ("format_only_gain", "length_blowup", "length_collapse", "truncation", "repetition", "collapse_after_peak",
+         "reward_without_accuracy")
+
+
+def per_request(rows: list[dict]) -> dict[str, tuple[float, bool, bool]]:
+    """id → (score, right, format-valid) over the rows with ground truth (see the module docstring)."""
+    from vlmfast.evaluation.samples import majority_correct
+
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row.get("error") is None and row.get("correct") is not None:
+            groups[str(row["id"])].append(row)
+    out = {}
+    for rid, answers in groups.items():
+        answers.sort(key=lambda r: r.get("sample") or 0)
+        score = sum(bool(r["correct"]) for r in answers) / len(answers)
+        right = bool(answers[0]["correct"]) if len(answers) == 1 else majority_correct(answers)
+        formatted = sum(bool(r.get("format_ok")) for r in answers) * 2 >= len(answers)
+        out[rid] = (score, right, formatted)
+    return out
+
+
+def flipped(a: dict, b: dict) -> dict[str, list[str]]:
+    """Requests (:func:`per_request` tables) right in ``b`` and wrong in ``a`` (``right_to_wrong``: going from b
+    to a), and the other way round."""
+    shared = [rid for rid in a if rid in b]
+    return {"right_to_wrong": [rid for rid in shared if b[rid][1] and not a[rid][1]],
+            "wrong_to_right": [rid for rid in shared if a[rid][1] and not b[rid][1]]}
+
+
+def compare(a: dict, b: dict, *, seed: int = 0) -> dict:
+    """Checkpoint ``a`` against ``b`` (:func:`per_request` tables): ``n`` requests both scored, ``difference``
+    (a − b) with ``ci_low``/``ci_high`` and ``p_value``, ``right_to_wrong`` and ``wrong_to_right`` counts."""
+    from vlmfast.evaluation.stats import paired_comparison
+
+    paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, resamples=2000, seed=seed)
+    flips = flipped(a, b)
+    rounded = {k: None if paired[k] is None else round(paired[k], 4) for k in ("difference", "ci_low", "ci_high")}
+    return {"n": paired["n"], **rounded, "p_value": None if paired["p_value"] is None else round(paired["p_value"], 6),
+            "right_to_wrong": len(flips["right_to_wrong"]), "wrong_to_right": len(flips["wrong_to_right"])}
+
+
+def _flag(code: str, step: int, figure, threshold, message: str) -> dict:
+    return {"code": code, "step": step, "figure": figure, "threshold": threshold, "message": f"step {step}: {message}"}
+
+
+def flag_run(checkpoints: list[dict], tables: dict[int, dict], *, base_step: int | None = None) -> list[dict]:
+    """The flags of a sweep: ``checkpoints`` are its per-step figures (accuracy, ci_low/ci_high, the health
+    figures), ``tables`` each step's :func:`per_request` table, ``base_step`` the base's step (None: no
+    base, so no rule that needs one)."""
+    flags = []
+    by_step = {c["step"]: c for c in checkpoints}
+    base = by_step.get(base_step) if base_step is not None else None
+    ranked = [c for c in checkpoints if c.get("accuracy") is not None]
+    best = max(ranked, key=lambda c: (c["accuracy"], -c["step"])) if ranked else None
+    for c in sorted(checkpoints, key=lambda c: c["step"]):
+        step = c["step"]
+        if (c.get("truncation_rate") or 0) > TRUNCATION:
+            flags.append(_flag("truncation", step, c["truncation_rate"], TRUNCATION,
+                               f"{c['truncation_rate']:.0%} of answers stopped at the length limit"))
+        if (c.get("repetition_rate") or 0) > REPETITION:
+            flags.append(_flag("repetition", step, c["repetition_rate"], REPETITION,
+                               f"{c['repetition_rate']:.0%} of answers end in a repeated phrase"))
+        if best is not None and step > best["step"] and c.get("accuracy") is not None and best.get("ci_low") is not None \
+                and c["accuracy"] < best["ci_low"]:
+            flags.append(_flag("collapse_after_peak", step, c["accuracy"], best["ci_low"],
+                               f"accuracy {c['accuracy']:.1%} is below the interval of the best step {best['step']} "
+                               f"(from {best['ci_low']:.1%})"))
+        if base is None or c is base:
+            continue
+        flags += _against_base(c, base, tables.get(step, {}), tables.get(base["step"], {}))
+    return flags
+
+
+def _against_base(c: dict, base: dict, mine: dict, theirs: dict) -> list[dict]:
+    flags, step = [], c["step"]
+    ours, base_p50 = c.get("new_tokens_p50"), base.get("new_tokens_p50")
+    if ours is not None and base_p50:
+        ratio = round(ours / base_p50, 3)
+        if ratio >= BLOWUP:
+            flags.append(_flag("length_blowup", step, ratio, BLOWUP, f"median length {ours:g} tokens is {ratio:g}× base's"))
+        elif ratio <= COLLAPSE:
+            flags.append(_flag("length_collapse", step, ratio, COLLAPSE, f"median length {ours:g} tokens is {ratio:g}× base's"))
+    if c.get("accuracy") is not None and base.get("accuracy") is not None and c["accuracy"] - base["accuracy"] > GAIN:
+        common = [rid for rid in mine if rid in theirs and mine[rid][2] and theirs[rid][2]]
+        if len(common) >= MIN_COMMON:
+            gain = round(sum(mine[r][0] - theirs[r][0] for r in common) / len(common), 4)
+            if gain <= GAIN:
+                flags.append(_flag("format_only_gain", step, gain, GAIN,
+                                   f"accuracy is {c['accuracy'] - base['accuracy']:+.1%} over base, but {gain:+.1%} over "
+                                   f"the {len(common)} requests both answered in format: the gain is the format"))
+    rewards = c.get("reward_mean"), base.get("reward_mean")
+    if None not in rewards and rewards[0] - rewards[1] > REWARD_GAIN and c.get("accuracy") is not None \
+            and base.get("ci_low") is not None and base["ci_low"] <= c["accuracy"] <= base["ci_high"]:
+        flags.append(_flag("reward_without_accuracy", step, round(rewards[0] - rewards[1], 4), REWARD_GAIN,
+                           f"mean reward {rewards[0] - rewards[1]:+.3f} over base while accuracy {c['accuracy']:.1%} "
+                           f"stays inside base's interval"))
+    return flags

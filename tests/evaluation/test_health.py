@@ -1,0 +1,53 @@
+"""Health figures of one checkpoint's answers, on rows made by hand: lengths, truncation, answer blocks and
+the repetition rule on both sides of each of its bounds."""
+
+import pytest
+
+from vlmfast.evaluation.health import REPEAT_MIN_TIMES, REPEAT_MIN_WORDS, health, repeats
+
+
+def _row(rid, text, tokens=10, finish="eos", **kw):
+    return {"id": rid, "text": text, "n_new_tokens": tokens, "finish_reason": finish, "error": None,
+            "answer": None, **kw}
+
+
+def test_repetition_rule_on_both_sides_of_its_bounds():
+    assert repeats("the " * REPEAT_MIN_WORDS)  # one word, 8 times
+    assert not repeats("the " * (REPEAT_MIN_WORDS - 1))  # too short to judge
+    assert repeats("Let me think. " * REPEAT_MIN_TIMES)  # a 3-word phrase 4 times = 12 words
+    assert not repeats("Let me think. " * (REPEAT_MIN_TIMES - 1) + "So the answer is 4.")  # the loop did not end it
+    assert not repeats("a b c d e f g h i j k l m n o p")  # no phrase repeats
+    assert repeats("Some reasoning first, then " + "1 2 3 4 5 6 7 8 " * REPEAT_MIN_TIMES)  # an 8-word phrase
+    assert not repeats("1 2 3 4 5 6 7 8 9 " * REPEAT_MIN_TIMES)  # a 9-word phrase is longer than the rule looks for
+    assert not repeats("yes yes yes no yes yes yes yes")  # 5 at the end: fewer than 8 words in the loop
+
+
+def test_health_figures_by_hand():
+    rows = [
+        _row("a", "<think>xx</think><answer>4</answer>", tokens=10, format_ok=True, answer="4"),
+        _row("b", "<think>x</think><answer></answer>", tokens=20, format_ok=True),
+        _row("c", "<answer>1</answer><answer>2</answer>", tokens=30, format_ok=False, answer="1"),
+        _row("d", "no no " * 10, tokens=40, finish="length", format_ok=False),
+        {"id": "e", "text": None, "error": "cannot decode image", "n_new_tokens": 0, "finish_reason": None},
+    ]
+    h = health(rows)
+    assert h["mean_new_tokens"] == 25.0 and h["new_tokens_p50"] == 25.0 and h["new_tokens_max"] == 40
+    assert h["new_tokens_p90"] == pytest.approx(37.0)
+    assert h["truncation_rate"] == 0.25 and h["repetition_rate"] == 0.25
+    assert h["empty_answer_rate"] == 0.25 and h["multi_answer_rate"] == 0.25
+    assert h["no_answer_rate"] == 0.25  # d only: b has an (empty) block, so it answered, with nothing
+    assert h["format_rate"] == 0.5 and h["mean_think_chars"] == 1.5
+    assert "reward_means" not in h
+
+
+def test_reward_means_per_function():
+    rows = [_row("a", "<answer>1</answer>", rewards={"format": 1.0, "accuracy": 0.0}, score=1.0),
+            _row("b", "<answer>2</answer>", rewards={"format": 1.0, "accuracy": 1.0}, score=2.0),
+            _row("c", "x", rewards={"format": 0.0, "accuracy": None}, score=0.0)]
+    h = health(rows)
+    assert h["reward_means"] == {"format": 0.6667, "accuracy": 0.5} and h["reward_mean"] == 1.0
+
+
+def test_nothing_to_average_is_none():
+    h = health([{"id": "x", "text": None, "error": "boom"}])
+    assert all(h[k] is None for k in ("mean_new_tokens", "new_tokens_p50", "truncation_rate", "repetition_rate"))
