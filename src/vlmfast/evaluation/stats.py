@@ -40,6 +40,9 @@ def summarize(rows: list[dict]) -> dict:
         "mean_answer_chars": mean(len(answer) for _, answer in parts if answer is not None),
         "bbox_unmapped": sum(1 for r in scored if r.get("bbox_unmapped")),
     }
+    from vlmfast.evaluation.health import health
+
+    summary["health"] = health(rows)  # the answers' shape: length, truncation, answer blocks, repetition
     names = sorted({r["scorer"] for r in scored if r.get("scorer")})
     summary["by_scorer"] = {n: _score_stats([r for r in scored if r.get("scorer") == n]) for n in names}
     if any(isinstance(r.get("rewards"), dict) for r in ok):  # --reward: each function beside the total

@@ -72,6 +72,15 @@ def render_infer(report) -> None:
     elif scores.get("format_rate") is not None:
         table.add_row("format", f"{_pct(scores['format_rate'])} of rows have <think>…</think><answer>…</answer> (no ground truth to score)")
     table.add_row("new tokens", _fmt(report.new_tokens))
+    h = scores.get("health") or {}
+    if h.get("new_tokens_p50") is not None:
+        table.add_row("health", f"length p50 {_fmt(h['new_tokens_p50'], '', 0)} / p90 {_fmt(h['new_tokens_p90'], '', 0)} / "
+                      f"max {h['new_tokens_max']} tokens · truncated {_pct(h['truncation_rate'])} · repeating "
+                      f"{_pct(h['repetition_rate'])} · empty answer {_pct(h['empty_answer_rate'])} · several answers "
+                      f"{_pct(h['multi_answer_rate'])}")
+    samples = scores.get("samples")
+    if samples and samples.get("pass_at_k"):
+        table.add_row("n answers", "pass@k · maj@k · all same: " + _samples_cell(samples))
     table.add_row("load", _fmt(report.load_s, " s") + (f"  (compile + capture {report.compile_s:.1f} s, apart)" if report.compile_s else ""))
     table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')}, "
                   f"{_fmt(report.preprocess_exposed_s, ' s')} of it not overlapped)")
