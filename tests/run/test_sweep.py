@@ -68,7 +68,7 @@ def test_every_checkpoint_once_rows_equal_fresh_loads_and_the_best_step(run, tmp
         assert _tokens(read_jsonl(c["results"])) == _tokens(run["fresh"][c["step"]])  # swapped weights = a fresh load
     by_step = {c["step"]: c for c in report["checkpoints"]}
     assert by_step[200]["accuracy"] == 1.0 and by_step[100]["accuracy"] < 1.0
-    assert report["best"] == {"step": 200, "path": str(run["run"] / "checkpoint-200"), "accuracy": 1.0}
+    assert report["best"] == {"step": 200, "label": "hf-trainer", "path": str(run["run"] / "checkpoint-200"), "accuracy": 1.0}
     assert "load_s" in by_step[0] and all("swap_s" in by_step[s] for s in (100, 200, 300))  # loaded once
     assert 0 <= by_step[100]["ci_low"] <= by_step[100]["accuracy"] <= by_step[100]["ci_high"] <= 1
     assert report["schema"] == "vlmfast.sweep/1" and report["exit_code"] == 0

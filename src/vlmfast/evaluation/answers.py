@@ -1,5 +1,5 @@
-"""Reading the answer an untagged text states, for scoring a model that answered without
-``<answer>`` tags (a base model answering plainly)."""
+"""Reading answers: the one an untagged text states, for scoring a model that answered without ``<answer>``
+tags (a base model answering plainly), and a box answer in the image's own pixels."""
 
 from __future__ import annotations
 
@@ -23,3 +23,17 @@ def stated_answer(text: str) -> str | None:
         if (m := _STATED_LINE.search(line)):
             return m.group(1).strip()
     return text.strip() if len(text.strip()) <= STATED_MAX_CHARS else None
+
+
+def predicted_box(row: dict, bbox_space: str | None = None) -> list[float] | None:
+    """A box row's predicted box in the original image's pixels, mapped as the bbox scorer maps it (the row's
+    own ``bbox_space``, else resized); None when the answer holds no box or its image sizes are unknown."""
+    from vlmfast.evaluation.scoring import box_scale, parse_box, row_bbox_space
+
+    got = parse_box(row.get("answer") or row.get("text") or "")
+    space = row_bbox_space(row, bbox_space)
+    if got is None or space == "original":
+        return got
+    sizes, model = row.get("image_sizes") or [None], row.get("model_image_sizes") or [None]
+    scale = box_scale(sizes[0], model[0] if space == "resized" else (1000, 1000))
+    return None if scale is None else [got[0] * scale[0], got[1] * scale[1], got[2] * scale[0], got[3] * scale[1]]

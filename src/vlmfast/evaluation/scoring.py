@@ -296,7 +296,7 @@ def _score_bbox(answer: str, truth, threshold: float, image_size, model_size, bb
     got = parse_box(answer)
     unmapped = False
     if got is not None and bbox_space != "original":
-        scale = _scale(image_size, model_size if bbox_space == "resized" else (1000, 1000))
+        scale = box_scale(image_size, model_size if bbox_space == "resized" else (1000, 1000))
         if scale is None:
             unmapped = True  # compare as is, but say so: the IoU may be in the wrong pixel space
         else:
@@ -306,7 +306,8 @@ def _score_bbox(answer: str, truth, threshold: float, image_size, model_size, bb
     return Score(1.0 if ok else 0.0, ok, "bbox", got is None, iou=value, bbox_unmapped=unmapped)
 
 
-def _scale(image_size, model_size):
+def box_scale(image_size, model_size):
+    """(x, y) factors from a box in ``model_size`` pixels to ``image_size`` pixels; None when a size is unknown."""
     try:
         (W, H), (w, h) = image_size, model_size
         W, H, w, h = float(W), float(H), float(w), float(h)

@@ -147,7 +147,8 @@ def render_sweep(report: dict) -> None:
                       *extra, _fmt(c["tokens_per_s"], "", 1), switch, errors, " ".join(flags.get(c["step"], [])))
     stderr.print(table)
     best, failed = report["best"], sum(c.get("reward_errors") or 0 for c in report["checkpoints"])
-    stderr.print(f"best: step {best['step']} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
+    where = ("base" if best.get("label") == "base" else f"step {best['step']}") if best else ""
+    stderr.print(f"best: {where} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
                  else f"best: none ({failed} reward call(s) failed: see reward_error in the step files)" if failed
                  else "best: none (no row had ground truth to score)")
     for f in report.get("flags", []):

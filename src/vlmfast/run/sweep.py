@@ -273,9 +273,10 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
                 "message": (f"best accuracy {best['accuracy'] if best else 'none (no ground truth?)'} is below "
                             f"{options.fail_if_best_below}") if failed else None}
     return {
-        "schema": SCHEMA, "run_dir": options.run_dir, "out_dir": options.out_dir,
+        "schema": SCHEMA, "run_dir": options.run_dir, "out_dir": options.out_dir, "manifest": options.infer.manifest,
         "checkpoints": sorted(figures, key=lambda f: f["step"]),
-        "best": {"step": best["step"], "path": best["path"], "accuracy": best["accuracy"]} if best else None,
+        "best": {"step": best["step"], "label": best["label"], "path": best["path"], "accuracy": best["accuracy"]}
+        if best else None,
         "gate": gate, "exit_code": EXIT_LESS_ACCURATE if gate and gate["failed"] else 0, "notes": notes,
         "flags": flag_run(figures, tables, base_step=base["step"] if base else None),
     }
@@ -295,7 +296,8 @@ def _undistinguished(best: dict | None, figures: list[dict]) -> list[str]:
 
 
 def write_sweep_dir(report: dict, directory) -> list[str]:
-    """``report.json`` and (with the plot extra) ``plot.png`` in the sweep's output dir; what was written."""
+    """``report.json``, ``report.html`` and (with the plot extra) ``plot.png`` in the sweep's output dir; what
+    was written."""
     import json
 
     from vlmfast.files import atomic_write
@@ -304,6 +306,11 @@ def write_sweep_dir(report: dict, directory) -> list[str]:
     directory = Path(directory)
     atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
     said = [f"wrote {directory / 'report.json'}"]
+    if report["checkpoints"]:
+        from vlmfast.report.html import write_html_report
+        from vlmfast.run.sweep_page import page_data
+
+        said.append(f"wrote {write_html_report(page_data(report), directory / 'report.html')} (open it in a browser)")
     if not any(c["accuracy"] is not None for c in report["checkpoints"]):
         return said
     if plot_available():

@@ -1,0 +1,92 @@
+"""What ``report.html`` shows of a sweep, gathered from its files: every step's rows (read back from their
+results files), the manifest's ground truth, each answer's predicted box in the image's pixels, and the
+requests that flipped against base. :func:`vlmfast.report.html.write_html_report` renders it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ANSWER_CHARS = 240  # an answer longer than this is cut in the page (the results file has it whole)
+
+
+def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None) -> dict:
+    """The page's data for a sweep ``report`` (schema vlmfast.sweep/1): ``checkpoints``, ``flags``, ``notes`` and
+    ``best`` as they are, plus ``samples`` (id, prompt, truth, image path and size, true box), ``answers`` per
+    step (per sample: [answer, correct 1/0/None, score, predicted box] or None) and ``flips`` per step
+    against base (sample indices)."""
+    from vlmfast.evaluation.flags import flipped, per_request
+    from vlmfast.run.results import read_existing
+
+    rows_by_step = dict(rows_by_step or {})
+    for c in report["checkpoints"]:
+        if c["step"] not in rows_by_step and Path(c["results"]).is_file():
+            rows_by_step[c["step"]] = list(read_existing(Path(c["results"]), repair=False)[0].values())
+    truths = _truths(report.get("manifest"))
+    samples, index = [], {}
+    for c in report["checkpoints"]:
+        for row in rows_by_step.get(c["step"], []):
+            rid = str(row["id"])
+            if rid not in index:
+                index[rid] = len(samples)
+                samples.append(_sample(row, truths.get(rid)))
+    answers = {c["step"]: _answers(rows_by_step.get(c["step"], []), index) for c in report["checkpoints"]}
+    base = next((c for c in report["checkpoints"] if c["label"] == "base"), None)
+    flips = {}
+    if base is not None:
+        reference = per_request(rows_by_step.get(base["step"], []))
+        for c in report["checkpoints"]:
+            if c is not base:
+                got = flipped(per_request(rows_by_step.get(c["step"], [])), reference)
+                flips[c["step"]] = {k: [index[rid] for rid in ids] for k, ids in got.items()}
+    return {"run_dir": report["run_dir"], "best": report.get("best"), "flags": report.get("flags", []),
+            "notes": report.get("notes", []), "checkpoints": report["checkpoints"], "samples": samples,
+            "answers": answers, "flips": flips}
+
+
+def _truths(manifest: str | None) -> dict:
+    if not manifest or not Path(manifest).is_file():
+        return {}
+    from vlmfast.inputs.convert import read_truths
+
+    try:
+        return {rid: truth for rid, (truth, _) in read_truths(manifest).items()}
+    except Exception:  # noqa: BLE001 - a manifest changed since the sweep: the page shows no truths, not an error
+        return {}
+
+
+def _sample(row: dict, truth) -> dict:
+    from vlmfast.evaluation.scoring import parse_box
+
+    images = row.get("images") or []
+    sizes = row.get("image_sizes") or []
+    is_box = row.get("scorer") == "bbox" or (truth is not None and not isinstance(truth, (int, float))
+                                              and parse_box(truth) is not None and row.get("scorer") in (None, "bbox"))
+    return {"id": str(row["id"]), "prompt": row.get("prompt") or "", "truth": _text(truth),
+            "image_path": images[0] if images else None, "size": sizes[0] if sizes else None,
+            "truth_box": parse_box(truth) if is_box else None}
+
+
+def _answers(rows: list[dict], index: dict[str, int]) -> list:
+    """Per sample, its answer in this step (the first sample's with several answers per request)."""
+    from vlmfast.evaluation.answers import predicted_box
+
+    out: list = [None] * len(index)
+    for row in rows:
+        at = index.get(str(row["id"]))
+        if at is None or (row.get("sample") or 0) != 0:
+            continue
+        text = row.get("error") or row.get("answer") or row.get("text") or ""
+        text = text if len(text) <= ANSWER_CHARS else text[:ANSWER_CHARS] + " …"
+        correct = None if row.get("correct") is None else int(bool(row["correct"]))
+        score = row.get("iou") if row.get("scorer") == "bbox" else row.get("score")
+        out[at] = [text, correct, None if score is None else round(float(score), 3),
+                   predicted_box(row) if row.get("scorer") == "bbox" else None]
+    return out
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

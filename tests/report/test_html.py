@@ -1,0 +1,113 @@
+"""report.html: one self-contained page (no network), its data escaped and read back, and the page of a real
+4-checkpoint sweep rendered in headless Chromium: no script errors, the curves, the sample browser with
+the true and predicted boxes of a box row. A screenshot is kept as a test artifact."""
+
+import json
+import os
+import re
+import shutil
+import urllib.parse
+
+import pytest
+
+from conftest import read_jsonl
+from vlmfast.report.html import render
+
+HOSTILE = "q</script><script>alert(1)</script>"
+
+
+def _page(**over):
+    checkpoints = [{"step": s, "label": "base" if s == 0 else "hf-trainer", "accuracy": a, "ci_low": a - 0.1,
+                    "ci_high": a + 0.1, "format_rate": 0.5, "new_tokens_p50": 20, "new_tokens_p90": 30,
+                    "truncation_rate": 0.0, "repetition_rate": 0.0, "tokens_per_s": 100.0}
+                   for s, a in ((0, 0.2), (100, 0.5))]
+    page = {"run_dir": "runs/<x>", "best": {"step": 100, "path": "p", "accuracy": 0.5},
+            "flags": [{"code": "truncation", "step": 100, "figure": 0.1, "threshold": 0.05, "message": "step 100: <b>"}],
+            "notes": [], "checkpoints": checkpoints,
+            "samples": [{"id": HOSTILE, "prompt": "Where is the <cat>?", "truth": "[1, 2, 30, 40]", "image_path": None,
+                         "size": [100, 80], "truth_box": [1, 2, 30, 40]}],
+            "answers": {0: [["[0, 0, 10, 10]", 0, 0.0, [0, 0, 10, 10]]], 100: [["[1, 2, 30, 41]", 1, 0.97, [1, 2, 30, 41]]]},
+            "flips": {100: {"wrong_to_right": [0], "right_to_wrong": []}}}
+    return {**page, **over}
+
+
+def _data(text: str) -> dict:
+    payload = re.search(r"<script type='application/json' id='vlmfast-data'>(.*?)</script>", text, re.S).group(1)
+    return json.loads(payload)
+
+
+def test_the_page_is_self_contained_and_its_data_reads_back():
+    text = render(_page())
+    assert not re.search(r"""(src|href)=['"]?(https?:)?//""", text)  # nothing from the network
+    assert HOSTILE not in text and "alert(1)</script>" not in text  # no way out of the data block
+    outside = text.replace(re.search(r"id='vlmfast-data'>.*?</script>", text, re.S).group(0), "")
+    assert "<cat>" not in outside and "runs/&lt;x&gt;" in text and "step 100: &lt;b&gt;" in text
+    data = _data(text)
+    assert data["samples"][0]["id"] == HOSTILE and data["samples"][0]["truth_box"] == [1, 2, 30, 40]
+    assert [s["answers"][0][3] for s in data["steps"]] == [[0, 0, 10, 10], [1, 2, 30, 41]]
+    assert data["flipped_any"] == [0] and data["best_index"] == 1
+    assert text.count("<svg class='curve'") == 4  # accuracy, format, length, truncation (no pass@k without --n)
+
+
+def test_pass_at_k_gets_its_curve_with_several_answers():
+    page = _page()
+    for c in page["checkpoints"]:
+        c["samples"] = {"pass_at_k": {"1": 0.3, "4": 0.6}}
+    assert render(page).count("<svg class='curve'") == 5
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, images):
+    """A 4-checkpoint sweep (base + 3 steps) whose manifest has a box row; step 200's answer to it is made a box."""
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.engines.rows import GenerationSettings
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.sweep import SweepOptions, sweep, write_sweep_dir
+
+    root = tmp_path_factory.mktemp("html")
+    for step, seed in ((100, 1), (200, 2), (300, 3)):
+        build_checkpoint(root / "run" / f"checkpoint-{step}", preset="tiny", like="grpo", seed=seed)
+    base = build_checkpoint(root / "base", preset="tiny", like="base", seed=0)
+    lines = [{"id": f"q{i}", "image": str(p), "prompt": "Count.", "solution": str(i)} for i, p in enumerate(images[:3])]
+    lines.append({"id": "box", "image": str(images[3]), "prompt": "Where is the square?", "solution": [4, 6, 30, 34],
+                  "scorer": "bbox"})
+    manifest = root / "m.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    infer = InferOptions(ckpt=str(root / "run"), manifest=str(manifest), device="cpu",
+                         generation=GenerationSettings(max_new_tokens=8))
+    out = root / "out"
+    report = sweep(SweepOptions(run_dir=str(root / "run"), out_dir=str(out), infer=infer, base=str(base)))
+    rows = read_jsonl(out / "step-200.jsonl")
+    for row in rows:
+        if row["id"] == "box":
+            row.update(text="<think>t</think><answer>[5, 6, 28, 30]</answer>", answer="[5, 6, 28, 30]", bbox_space="original")
+    (out / "step-200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_sweep_dir(report, out)
+    return out
+
+
+def test_a_real_sweeps_page_renders_in_chromium_with_its_curves_and_boxes(swept, tmp_path):
+    from browser import dump_dom, screenshot
+
+    page = swept / "report.html"
+    url = page.as_uri() + "#sample=" + urllib.parse.quote("box")
+    dom = dump_dom(url, tmp_path / "profile")
+    assert 'data-ready="1"' in dom and 'data-errors="[]"' in dom
+    assert dom.count('<svg class="curve"') == 4 and 'id="list"' in dom
+    detail = dom[dom.index('id="detail"'):dom.index("</table>", dom.index('id="detail"'))]
+    assert 'data-sample="box"' in detail
+    boxes = detail[detail.index('class="boxes"'):detail.index("</svg>", detail.index('class="boxes"'))]
+    assert boxes.count("<rect") == 2  # the true box and step 200's prediction
+    assert detail.count("<tr>") == 5  # a header and the answers of base and three steps
+    artifacts = os.environ.get("VLMFAST_TEST_ARTIFACTS")
+    where = (tmp_path if not artifacts else __import__("pathlib").Path(artifacts))
+    where.mkdir(parents=True, exist_ok=True)
+    shot = screenshot(url, where / "report.png", tmp_path / "profile-shot")
+    print(f"screenshot of the rendered report: {shot}")
+    assert shot.stat().st_size > 10_000
+
+
+def test_the_page_is_written_beside_report_json(swept):
+    text = (swept / "report.html").read_text()
+    assert _data(text)["samples"][3]["truth_box"] == [4, 6, 30, 34]
+    assert shutil.disk_usage(swept).free > 0 and (swept / "report.json").is_file()
