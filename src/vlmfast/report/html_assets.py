@@ -4,8 +4,8 @@ The script reads the data embedded once as JSON and renders the sample browser o
 samples filtered as asked (all, flipped against base, wrong at the best step, by text), and for the one
 picked its thumbnail with the true box and each checkpoint's predicted box drawn over it, its prompt,
 its ground truth and every checkpoint's answer with its score. ``#sample=ID`` in the address picks one on
-load. Errors are collected into ``data-errors`` and the page says it is ready in ``data-ready``, so a
-headless browser can check both.
+load. Errors are collected into ``data-errors`` and the page says it is ready in ``data-ready`` (and when,
+in ``data-ready-ms`` from navigation start), so a headless browser can check both.
 """
 
 CSS = """
@@ -101,6 +101,7 @@ JS = r"""
   var first = want ? samples.findIndex(function (s) { return s.id === want; }) : (samples.length ? 0 : -1);
   if (first >= 0) { list.value = String(first); show(first); }
   mark();
+  document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));
   document.body.setAttribute("data-ready", "1");
 })();
 """
