@@ -45,7 +45,8 @@ def synthetic(root: Path, steps: int, samples: int) -> dict:
                             "tokens_per_s": 900.0})
         answers[step] = [["[12, 18, 108, 143]", int(rng.random() < acc), 0.91, [12, 18, 108, 143]] if s["truth_box"]
                          else [str(rng.randint(0, 7)), int(rng.random() < acc), 1.0, None] for s in sample_list]
-    flips = {c["step"]: {"wrong_to_right": rng.sample(range(samples), 300), "right_to_wrong": rng.sample(range(samples), 200)}
+    flips = {c["step"]: {"wrong_to_right": rng.sample(range(samples), min(300, samples // 4)),
+                         "right_to_wrong": rng.sample(range(samples), min(200, samples // 6))}
              for c in checkpoints[1:]}
     return {"run_dir": "runs/synthetic", "best": {"step": checkpoints[-1]["step"], "label": "hf-trainer", "path": "x",
                                                   "accuracy": checkpoints[-1]["accuracy"]},
