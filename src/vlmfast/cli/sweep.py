@@ -32,6 +32,8 @@ def sweep(
     search: Annotated[str, typer.Option(help="all: every checkpoint; coarse: every k-th one (--every), then the best's neighbours until both are evaluated.", rich_help_panel=INPUT)] = "all",
     every: Annotated[Optional[int], typer.Option(help="--search coarse: evaluate every k-th checkpoint first (default: about 8 of them).", rich_help_panel=INPUT)] = None,
     canary: Annotated[int, typer.Option(help="--engine vllm: after the first in-place weight reload, check N requests against a fresh engine (0: no check).", rich_help_panel=INPUT)] = 8,
+    tensorboard: Annotated[Optional[str], typer.Option(help="A TensorBoard log dir (the trainer's works): each checkpoint's figures as scalars at its step under eval/vlmfast (written at the end; pip install 'vlmfast[tensorboard]').", rich_help_panel=OUTPUT)] = None,
+    wandb: Annotated[Optional[str], typer.Option(help="PROJECT or PROJECT/RUN_ID: each checkpoint's figures to W&B against global_step (the trainer's run works; written at the end; pip install 'vlmfast[wandb]').", rich_help_panel=OUTPUT)] = None,
     **shared,
 ):
     """Evaluate every checkpoint of a training run (and its base) on one manifest: which step is best?"""
@@ -42,7 +44,7 @@ def sweep(
         from vlmfast.errors import UsageError
         from vlmfast.run.options import InferOptions
         from vlmfast.report.terminal import ProgressBar, print_json, render_note, render_sweep
-        from vlmfast.run.sweep import SweepOptions, sweep as run_sweep, write_sweep_dir
+        from vlmfast.run.sweep import SweepOptions, publish, sweep as run_sweep, write_sweep_dir
 
         try:
             wanted = tuple(int(s) for s in steps.split(",") if s.strip()) if steps else None
@@ -52,14 +54,14 @@ def sweep(
         infer = from_params(InferOptions, params, ckpt=run_dir, base=None, batch_size=batch_size_value(batch_size))
         options = SweepOptions(run_dir=run_dir, out_dir=str(out_dir), infer=infer, base=base, steps=wanted,
                                fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll, search=search,
-                               every=every, canary=canary)
+                               every=every, canary=canary, tensorboard=tensorboard, wandb=wandb)
         bar = ProgressBar()
         try:
             report = run_sweep(options, progress=bar, say=bar.note)
         finally:
             bar.stop()
         render_sweep(report)
-        for line in write_sweep_dir(report, out_dir):
+        for line in write_sweep_dir(report, out_dir) + publish(report, options):
             render_note(line)
         if json_out:
             print_json(report)

@@ -39,6 +39,8 @@ class SweepOptions:
     canary: int = 8  # --engine vllm: requests checked against a fresh engine after the first in-place reload
     search: str = "all"  # "all" | "coarse": every k-th checkpoint, then the best's neighbours (run/search.py)
     every: int | None = None  # --search coarse: k (None: about 8 checkpoints in the coarse pass)
+    tensorboard: str | None = None  # a log dir: every checkpoint's figures as scalars at its step
+    wandb: str | None = None  # PROJECT or PROJECT/RUN_ID: the same figures to W&B
 
     def __post_init__(self):
         if self.infer.manifest is None and not self.infer.images:
@@ -57,6 +59,11 @@ class SweepOptions:
                              hint="drop one of them")
         if self.every is not None and self.every < 1:
             raise UsageError(f"--every {self.every}: expected a stride of 1 or more", hint="e.g. --every 5")
+        from vlmfast.report.trackers import check_available
+
+        for option in ("tensorboard", "wandb"):
+            if getattr(self, option):
+                check_available(option)  # a missing package is said now, not after the whole sweep
         if self.canary < 0:
             raise UsageError(f"--canary {self.canary}: expected a number of requests, 0 to skip", hint="e.g. --canary 8")
 
@@ -293,6 +300,18 @@ def _undistinguished(best: dict | None, figures: list[dict]) -> list[str]:
     label = "base" if best["label"] == "base" else f"step {best['step']}"
     return [f"the best ({label}) is not distinguishable from step(s) {', '.join(map(str, tied))}: their paired 95 % "
             "interval against it includes no difference (more evaluation rows would tell them apart)"]
+
+
+def publish(report: dict, options: SweepOptions) -> list[str]:
+    """The figures to TensorBoard and W&B when asked (``--tensorboard``, ``--wandb``); what was done."""
+    from vlmfast.report.trackers import log_to_tensorboard, log_to_wandb
+
+    said = []
+    if options.tensorboard:
+        said.append(f"TensorBoard: each checkpoint's figures at its step in {log_to_tensorboard(report, options.tensorboard)}")
+    if options.wandb:
+        said.append(f"W&B: each checkpoint's figures at its global_step in {log_to_wandb(report, options.wandb)}")
+    return said
 
 
 def write_sweep_dir(report: dict, directory) -> list[str]:
