@@ -185,6 +185,8 @@ def test_bench_end_to_end_through_the_cli(grpo_ckpt, base_ckpt, tmp_path):
     assert "ckpt-as-saved" in (rep / "report.md").read_text()
     assert json.loads((rep / "report.json").read_text())["scenarios"] == report["scenarios"]
     assert _png_size(rep / "plot.png") == (1320, 495)
+    page = (rep / "report.html").read_text()
+    assert "ckpt-as-saved" in page and "data:image/png;base64," in page and "http" not in page.split("<pre>")[0]
 
 
 def test_plot_has_a_line_per_scenario(tmp_path):

@@ -37,6 +37,19 @@ def write_html_report(page: dict, path) -> Path:
     return path
 
 
+def write_bench_html(markdown: str, path, plot=None) -> Path:
+    """``bench --report``'s page: its tables as written in report.md, and the plot embedded when there is one."""
+    from vlmfast.files import atomic_write
+
+    image = ""
+    if plot is not None and Path(plot).is_file():
+        image = f"<img alt='bench plot' src='data:image/png;base64,{base64.b64encode(Path(plot).read_bytes()).decode()}'>"
+    text = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>vlmfast bench</title><style>{CSS}"
+            f"</style></head><body><h1>vlmfast bench</h1><pre>{_e(markdown)}</pre>{image}</body></html>")
+    atomic_write(Path(path), text.encode("utf-8"))
+    return Path(path)
+
+
 def render(page: dict) -> str:
     """The whole page as text."""
     checkpoints = page["checkpoints"]

@@ -318,21 +318,23 @@ def bench_markdown(report: dict) -> str:
 
 
 def write_bench_dir(report: dict, directory) -> tuple[list[str], str | None]:
-    """report.md, report.json and (with matplotlib) plot.png in ``directory``. Returns the paths
+    """report.md, report.json, report.html and (with matplotlib) plot.png in ``directory``. Returns the paths
     written and a note when the plot could not be made."""
     from pathlib import Path
 
+    from vlmfast.report.html import write_bench_html
     from vlmfast.report.plot import plot_available, write_plot
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(bench_markdown(report), encoding="utf-8")
+    markdown = bench_markdown(report)
+    (out / "report.md").write_text(markdown, encoding="utf-8")
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     written = [str(out / "report.md"), str(out / "report.json")]
-    if not plot_available():
-        return written, "no plot: matplotlib is not installed (pip install 'vlmfast[plot]')"
-    written.append(str(write_plot(report, out / "plot.png")))
-    return written, None
+    plot = write_plot(report, out / "plot.png") if plot_available() else None
+    written += [str(plot)] if plot else []
+    written.append(str(write_bench_html(markdown, out / "report.html", plot)))
+    return written, None if plot else "no plot: matplotlib is not installed (pip install 'vlmfast[plot]')"
 
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
