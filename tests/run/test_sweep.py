@@ -83,7 +83,8 @@ def test_a_killed_sweep_resumes_without_redoing_a_row(run, tmp_path):
     (out / "step-200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_200[:2]))  # killed mid-checkpoint
     again = sweep(_options(run, out))
     by_step = {c["step"]: c for c in again["checkpoints"]}
-    assert by_step[100]["rows"] == 4 and by_step[100]["load_s"] == 0.0  # finished: read back, nothing loaded
+    # finished: read back, nothing loaded; its figures are those measured when it ran
+    assert by_step[100]["rows"] == 4 and by_step[100]["load_s"] == first["checkpoints"][0]["load_s"] > 0
     assert [r["id"] for r in read_jsonl(out / "step-200.jsonl")] == ["q0", "q1", "q2", "q3"]  # every row once
     assert _tokens(read_jsonl(out / "step-200.jsonl")) == _tokens(rows_200) and first["best"]["step"] == 200
     assert len(read_jsonl(out / "step-300.jsonl")) == 4
@@ -210,3 +211,43 @@ def test_the_report_carries_health_paired_figures_and_flags(run, tmp_path):
     assert s200["vs_base"]["wrong_to_right"] == len(right[200] - right[0])
     assert s200["vs_base"]["right_to_wrong"] == len(right[0] - right[200])
     assert isinstance(report["flags"], list) and all(f["step"] in (0, 100, 200) for f in report["flags"])
+
+
+def test_a_rerun_keeps_measured_figures_and_refuses_other_settings(run, tmp_path):
+    """A finished sweep rerun keeps each checkpoint's figures from when it ran (not null tokens/s and 0 s);
+    the settings that shape the rows are recorded beside each step file and in the report, and a rerun with
+    another template or length is an error naming what differs, until --overwrite."""
+    import dataclasses
+
+    from vlmfast.errors import UsageError
+    from vlmfast.run.sweep import sweep
+
+    out = tmp_path / "s"
+    options = _options(run, out, steps=(100, 200))
+    first = sweep(options)
+    again = sweep(options)
+    keys = ("tokens_per_s", "load_s", "swap_s")
+    assert [{k: c.get(k) for k in keys} for c in again["checkpoints"]] == [{k: c.get(k) for k in keys} for c in first["checkpoints"]]
+    assert first["checkpoints"][0]["tokens_per_s"] > 0
+    record = json.loads((out / "step-100.run.json").read_text())
+    assert record["settings"]["generation"]["max_new_tokens"] == 6 and record["settings"]["template"] == "plain"
+    assert again["settings"] == record["settings"] and "transformers" in again["versions"]
+    other = dataclasses.replace(options, infer=dataclasses.replace(options.infer, template="r1",
+                                                                    generation=GenerationSettings(max_new_tokens=16)))
+    with pytest.raises(UsageError) as err:
+        sweep(other)
+    assert "template: \"plain\" then, \"r1\" now" in err.value.message and "max_new_tokens" in err.value.message
+    assert "--overwrite" in err.value.hint
+    fresh = sweep(dataclasses.replace(other, overwrite=True))
+    assert all(r["n_new_tokens"] <= 16 for r in read_jsonl(out / "step-100.jsonl"))
+    assert json.loads((out / "step-100.run.json").read_text())["settings"]["template"] == "r1"
+    assert [c["step"] for c in fresh["checkpoints"]] == [100, 200]
+
+
+def test_sweep_cli_overwrite_flag(run, tmp_path):
+    out = tmp_path / "s"
+    args = ["sweep", run["run"], "--manifest", run["manifest"], "--out-dir", out, "--steps", "100", "--device", "cpu"]
+    assert cli(*args, "--max-new-tokens", 6).returncode == 0
+    refused = cli(*args, "--max-new-tokens", 7)
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    assert cli(*args, "--max-new-tokens", 7, "--overwrite").returncode == 0

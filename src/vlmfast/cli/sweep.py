@@ -32,6 +32,7 @@ def sweep(
     search: Annotated[str, typer.Option(help="all: every checkpoint; coarse: every k-th one (--every), then the best's neighbours until both are evaluated.", rich_help_panel=INPUT)] = "all",
     every: Annotated[Optional[int], typer.Option(help="--search coarse: evaluate every k-th checkpoint first (default: about 8 of them).", rich_help_panel=INPUT)] = None,
     canary: Annotated[int, typer.Option(help="--engine vllm: after the first in-place weight reload, check N requests against a fresh engine (0: no check).", rich_help_panel=INPUT)] = 8,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start afresh: remove an earlier sweep's rows and records from OUT_DIR (a rerun resumes otherwise; with other settings it stops and says what differs).", rich_help_panel=OUTPUT)] = False,
     tensorboard: Annotated[Optional[str], typer.Option(help="A TensorBoard log dir (the trainer's works): each checkpoint's figures as scalars at its step under eval/vlmfast (written at the end; pip install 'vlmfast[tensorboard]').", rich_help_panel=OUTPUT)] = None,
     wandb: Annotated[Optional[str], typer.Option(help="PROJECT or PROJECT/RUN_ID: each checkpoint's figures to W&B against global_step (the trainer's run works; written at the end; pip install 'vlmfast[wandb]').", rich_help_panel=OUTPUT)] = None,
     **shared,
@@ -51,10 +52,11 @@ def sweep(
         except ValueError:
             raise UsageError(f"--steps {steps!r}: expected step numbers", hint="e.g. --steps 100,300") from None
         # --base here is the run's starting model (step 0), not a LoRA adapter's base
-        infer = from_params(InferOptions, params, ckpt=run_dir, base=None, batch_size=batch_size_value(batch_size))
+        infer = from_params(InferOptions, params, ckpt=run_dir, base=None, batch_size=batch_size_value(batch_size),
+                            overwrite=False)  # --overwrite clears the whole out dir once, before the first checkpoint
         options = SweepOptions(run_dir=run_dir, out_dir=str(out_dir), infer=infer, base=base, steps=wanted,
                                fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll, search=search,
-                               every=every, canary=canary, tensorboard=tensorboard, wandb=wandb)
+                               every=every, canary=canary, overwrite=overwrite, tensorboard=tensorboard, wandb=wandb)
         bar = ProgressBar()
         try:
             report = run_sweep(options, progress=bar, say=bar.note)

@@ -39,6 +39,7 @@ class SweepOptions:
     canary: int = 8  # --engine vllm: requests checked against a fresh engine after the first in-place reload
     search: str = "all"  # "all" | "coarse": every k-th checkpoint, then the best's neighbours (run/search.py)
     every: int | None = None  # --search coarse: k (None: about 8 checkpoints in the coarse pass)
+    overwrite: bool = False  # start afresh: an earlier sweep's rows and records in out_dir are removed
     tensorboard: str | None = None  # a log dir: every checkpoint's figures as scalars at its step
     wandb: str | None = None  # PROJECT or PROJECT/RUN_ID: the same figures to W&B
 
@@ -144,17 +145,23 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
 
     out_dir = Path(options.out_dir)
     listing = find_run_checkpoints(options.run_dir, steps=options.steps, complete_only=options.watch)
+    from vlmfast.run.sweep_record import check, settings_of
+
+    settings = settings_of(options.infer)
+    earlier = check(out_dir, settings, options.overwrite)  # rows made with other settings: an error, before any work
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _sweep(options, listing, out_dir, progress, say, wait)
+        report = _sweep(options, listing, out_dir, progress, say, wait, settings)
+        report["notes"][:0] = earlier
+        return report
     except BaseException:
         if created and not any(out_dir.iterdir()):  # failed before writing anything: leave no empty dir
             out_dir.rmdir()
         raise
 
 
-def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -> dict:
+def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, settings: dict) -> dict:
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
@@ -167,7 +174,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -
     searched = None
 
     def evaluate(entry: _Entry) -> float | None:
-        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables))
+        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings))
         checked, news = models.engine_news()
         figures[-1].update(checked)
         for note in news:
@@ -199,12 +206,16 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait) -
                 waiting_on.add(str(skipped.path))
                 say(f"not yet: {skipped.path} ({skipped.reason})")
             for c in (c for c in looked.checkpoints if c.step not in seen):
-                figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say, tables))
+                figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say, tables,
+                                         settings))
     except KeyboardInterrupt:
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
     finally:
         models.close()
     report = _report(options, figures, notes, tables)
+    from vlmfast.timing import versions
+
+    report.update(settings=settings, versions=versions())
     if searched is not None:
         report["search"] = searched
         if searched["skipped"]:
@@ -220,7 +231,8 @@ def _sleep(seconds: float) -> bool:
     return True
 
 
-def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say, tables) -> dict:
+def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say, tables,
+              settings: dict) -> dict:
     """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
     table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
     from vlmfast.checkpoints.locate import locate
@@ -237,7 +249,14 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     tables[entry.step] = per_request(rows)
-    return _figures(entry, out, rows, report, how, seconds)
+    figures = _figures(entry, out, rows, report, how, seconds)
+    from vlmfast.run.sweep_record import MEASURED, measured, record
+
+    if report.samples == 0 and (kept := measured(out)):  # read back, nothing measured: the figures of when it ran
+        figures = {**{k: v for k, v in figures.items() if k not in MEASURED}, **kept}
+    else:
+        record(out, settings, figures)
+    return figures
 
 
 def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:

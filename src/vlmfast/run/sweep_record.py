@@ -1,0 +1,105 @@
+"""What a sweep's output dir remembers: the settings that shaped its rows, and each checkpoint's figures as
+they were measured.
+
+Beside each step's results file ``step-N.jsonl`` (``base.jsonl``) sits ``step-N.run.json``: the settings
+(manifest, prompt, template, generation, pixels, scoring, reward, engine), the versions, and the figures
+of the run that generated the rows. A rerun into the same ``--out-dir``
+
+- with the same settings resumes, and a checkpoint it had finished keeps the speed it was measured at
+  (rereading rows measures nothing: tokens/s would be null and load seconds 0);
+- with other settings is an error listing what differs (rows made one way must not be reported as made
+  another), unless ``--overwrite`` (start afresh) or another ``--out-dir``.
+Another vlmfast, torch or transformers version is only said: it changes no setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from vlmfast.errors import UsageError
+
+MEASURED = ("tokens_per_s", "load_s", "swap_s", "reload_s", "canary_s")
+SAME_BY_CONTENT = ("manifest",)  # compared by its digest: the same file named from another directory is the same
+
+
+def settings_of(infer) -> dict:
+    """The settings of a sweep's ``infer`` options that shape its rows (paths as given, the manifest also by
+    its content's digest)."""
+    manifest = infer.manifest
+    digest = None
+    if manifest and Path(manifest).is_file():
+        digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()[:16]
+    generation = asdict(infer.generation)
+    return {
+        "manifest": manifest, "manifest_sha256": digest, "images": infer.images, "prompt": infer.prompt,
+        "prompt_file": infer.prompt_file, "template": infer.template, "system": infer.system,
+        "generation": generation, "min_pixels": infer.min_pixels, "max_pixels": infer.max_pixels,
+        "scorer": infer.scorer, "iou": infer.iou, "bbox_space": infer.bbox_space, "reward": infer.reward,
+        "reward_weights": infer.reward_weights, "reward_kwargs": infer.reward_kwargs,
+        "reward_threshold": infer.reward_threshold, "engine": infer.engine,
+    }
+
+
+def sidecar(results: Path) -> Path:
+    """``step-N.jsonl`` → ``step-N.run.json``."""
+    return results.with_name(results.name.removesuffix(".jsonl") + ".run.json")
+
+
+def check(out_dir: Path, settings: dict, overwrite: bool) -> list[str]:
+    """Before a sweep: with ``overwrite``, remove every step's rows and record; else a UsageError when an
+    earlier run's recorded settings differ from ``settings``. Returns notes (other versions)."""
+    out_dir = Path(out_dir)
+    records = sorted(out_dir.glob("*.run.json")) if out_dir.is_dir() else []
+    if overwrite:
+        for path in [*records, *(out_dir.glob("step-*.jsonl") if out_dir.is_dir() else []), out_dir / "base.jsonl"]:
+            path.unlink(missing_ok=True)
+        return []
+    notes = []
+    for path in records:
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        differs = [f"{key}: {_show(earlier.get('settings', {}).get(key))} then, {_show(value)} now"
+                   for key, value in settings.items()
+                   if key not in SAME_BY_CONTENT and _norm(earlier.get("settings", {}).get(key)) != _norm(value)]
+        if differs:
+            raise UsageError(f"{out_dir} holds rows made with other settings ({path.name}): " + "; ".join(differs),
+                             hint="rerun with --overwrite to start afresh, or give another --out-dir")
+        from vlmfast.timing import versions
+
+        then, now = earlier.get("versions", {}), versions()
+        changed = [f"{k} {then[k]} → {now[k]}" for k in ("vlmfast", "torch", "transformers")
+                   if k in then and k in now and then[k] != now[k]]
+        if changed and not notes:
+            notes.append(f"{out_dir}: earlier rows were made with {', '.join(changed)}; resuming with the same settings")
+    return notes
+
+
+def record(results: Path, settings: dict, figures: dict) -> None:
+    """Write a finished checkpoint's record beside its results file (atomically)."""
+    from vlmfast.files import atomic_write
+    from vlmfast.timing import versions
+
+    data = {"settings": settings, "versions": versions(), "figures": {k: figures[k] for k in MEASURED if k in figures}}
+    atomic_write(sidecar(results), (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
+
+
+def measured(results: Path) -> dict:
+    """The figures recorded when ``results``' rows were generated ({} without a record)."""
+    try:
+        return json.loads(sidecar(results).read_text(encoding="utf-8")).get("figures", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _norm(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def _show(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "…"
