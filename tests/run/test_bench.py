@@ -246,3 +246,16 @@ def test_bench_n_answers_per_request_count_as_answers(grpo_ckpt, images):
     (ckpt,) = report["scenarios"]
     assert (report["workload"]["n"], report["workload"]["samples"], report["workload"]["greedy"]) == (2, 2, False)
     assert ckpt["mean_new_tokens"] == 4.0 and ckpt["tokens_per_s"] * ckpt["wall_s_median"] == pytest.approx(16, rel=0.02)
+
+
+def test_a_bench_with_ground_truth_shows_accuracy_format_and_ckpt_minus_base(capsys):
+    from vlmfast.report.terminal import render_bench
+
+    scenario = {"name": CKPT, "batch_size": 2, "tokens_per_s": 10.0, "accuracy": 0.75, "format_rate": 0.5}
+    report = {"scenarios": [scenario, {**scenario, "name": BASE, "accuracy": 0.5}], "ratios": {}, "fidelity": {},
+              "cache": {"found_off": []}, "notes": [],
+              "accuracy": {"ckpt_vs_base@2": {"n": 8, "difference": 0.25, "ci_low": -0.125, "ci_high": 0.625, "p_value": 0.5}}}
+    render_bench(report)
+    err = capsys.readouterr().err
+    assert "accuracy" in err and "0.750" in err and "0.500" in err and "format ok" in err
+    assert "accuracy ckpt_vs_base@2: +25.0 points (95 % CI -12.5 to +62.5) over 8 samples, McNemar p = 0.5" in err

@@ -264,6 +264,7 @@ BENCH_COLUMNS = (
     ("mean answer tokens", "mean_answer_tokens", 1),
     ("decode GB/s", "decode_gb_per_s", 1), ("% of peak bandwidth", "bandwidth_pct_of_peak", 1),
     ("no <answer>", "no_answer_rate", 2), ("truncated", "truncation_rate", 2), ("peak MiB", "peak_mem_mib", 0),
+    ("accuracy", "accuracy", 3), ("format ok", "format_rate", 3),
 )
 
 
@@ -286,6 +287,11 @@ def render_bench(report: dict, gate_messages: list[str] = ()) -> None:
     for name, share in report["fidelity"].items():
         shown = "–" if share is None else f"{share:.0%} of samples have identical greedy tokens"
         stderr.print(f"[bold]fidelity {name}[/bold]: {shown}")
+    for name, r in (report.get("accuracy") or {}).items():  # with ground truth: ckpt − base, paired
+        if r.get("difference") is not None:
+            p = "" if r.get("p_value") is None else f", McNemar p = {r['p_value']:.3g}"
+            stderr.print(f"[bold]accuracy {escape(name)}[/bold]: {r['difference'] * 100:+.1f} points (95 % CI "
+                         f"{r['ci_low'] * 100:+.1f} to {r['ci_high'] * 100:+.1f}) over {r['n']} samples{p}")
     off = report["cache"]["found_off"]
     stderr.print("[bold]checkpoint cache as saved[/bold]: " + escape("off in " + ", ".join(off) if off else "on"))
     for note in report["notes"]:
