@@ -251,3 +251,21 @@ def test_sweep_cli_overwrite_flag(run, tmp_path):
     refused = cli(*args, "--max-new-tokens", 7)
     assert refused.returncode == 2 and "--overwrite" in refused.stderr
     assert cli(*args, "--max-new-tokens", 7, "--overwrite").returncode == 0
+
+
+def test_an_odd_base_is_said(run, tmp_path):
+    """A base of another family, or one of the run's own checkpoints, is accepted but said."""
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.run.sweep import sweep
+
+    other = build_checkpoint(tmp_path / "qwen2", family="qwen2_vl")
+    said = []
+    report = sweep(_options(run, tmp_path / "a", base=str(other), steps=(100,)), say=said.append)
+    assert any("is a qwen2_vl model and the run's checkpoints are qwen2_5_vl" in n for n in report["notes"])
+    assert any("is a qwen2_vl model" in s for s in said)
+    own = sweep(_options(run, tmp_path / "b", base=str(run["run"] / "checkpoint-100"), steps=(200,)))
+    assert not any("one of the run's own checkpoints" in n for n in own["notes"])  # 100 is not in this sweep's steps
+    own = sweep(_options(run, tmp_path / "c", base=str(run["run"] / "checkpoint-100"), steps=(100,)))
+    assert any("one of the run's own checkpoints" in n for n in own["notes"])
+    plain = sweep(_options(run, tmp_path / "d", base=str(run["base"]), steps=(100,)))
+    assert not any("--base" in n for n in plain["notes"])

@@ -167,10 +167,13 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
 
     entries = ([_Entry(0, locate(options.base).path, "base")] if options.base else [])
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
+    odd_base = _base_notes(entries)
+    for note in odd_base:
+        say(note)
     models = _Models(options, say)
     tables: dict[int, dict] = {}  # step → its per-request table (vlmfast.evaluation.flags.per_request)
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
-                          for s in listing.skipped if not s.pending]
+                          for s in listing.skipped if not s.pending] + odd_base
     searched = None
 
     def evaluate(entry: _Entry) -> float | None:
@@ -224,6 +227,28 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                                    f"{', '.join(map(str, searched['skipped']))}); a plain sweep into the same --out-dir "
                                    "evaluates only those")
     return report
+
+
+def _base_notes(entries: list[_Entry]) -> list[str]:
+    """What is odd about ``--base``: another model family than the run's checkpoints, one of the run's own
+    checkpoints, or a directory a trainer saved (its trainer_state.json)."""
+    from vlmfast.checkpoints.readers import maybe_json
+
+    base = next((e for e in entries if e.label == "base"), None)
+    trained = [e for e in entries if e.label != "base"]
+    if base is None or not trained:
+        return []
+    notes = []
+    kinds = {e.path: maybe_json(Path(e.path) / "config.json").get("model_type") for e in (base, trained[0])}
+    if None not in kinds.values() and kinds[base.path] != kinds[trained[0].path]:
+        notes.append(f"--base {base.path} is a {kinds[base.path]} model and the run's checkpoints are "
+                     f"{kinds[trained[0].path]}: the comparison is between two families, not before and after RL")
+    if any(Path(e.path).resolve() == Path(base.path).resolve() for e in trained):
+        notes.append(f"--base {base.path} is one of the run's own checkpoints, not the model it started from")
+    elif (Path(base.path) / "trainer_state.json").is_file():
+        notes.append(f"--base {base.path} holds a trainer_state.json: a training checkpoint, not the model the run "
+                     "started from (give the original model, e.g. its hub id)")
+    return notes
 
 
 def _sleep(seconds: float) -> bool:
