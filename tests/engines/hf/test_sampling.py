@@ -118,7 +118,7 @@ def test_a_resumed_run_draws_what_an_uninterrupted_one_drew(grpo_ckpt, images, t
 
 def test_a_swapped_checkpoint_draws_what_a_fresh_load_of_it_draws(images, tmp_path):
     """A sweep swaps weights into one engine: its sampled rows of each checkpoint equal a fresh infer of
-    that checkpoint with the same seed."""
+    that checkpoint with the same seed, and a sweep of that step alone (--steps)."""
     from vlmfast.checkpoints.tiny import build_checkpoint
     from vlmfast.run.options import InferOptions
     from vlmfast.run.runner import infer
@@ -135,4 +135,8 @@ def test_a_swapped_checkpoint_draws_what_a_fresh_load_of_it_draws(images, tmp_pa
     assert "swap_s" in report["checkpoints"][1]  # the second checkpoint was swapped in, not loaded afresh
     fresh = tmp_path / "fresh-200.jsonl"
     infer(dataclasses.replace(options, ckpt=str(tmp_path / "run" / "checkpoint-200"), out=str(fresh)))
-    assert [r["text"] for r in read_jsonl(tmp_path / "sweep" / "step-200.jsonl")] == [r["text"] for r in read_jsonl(fresh)]
+    swept = [r["text"] for r in read_jsonl(tmp_path / "sweep" / "step-200.jsonl")]
+    assert swept == [r["text"] for r in read_jsonl(fresh)]
+    # --steps 200 alone: the same answers as step 200 of the whole sweep
+    sweep(SweepOptions(run_dir=str(tmp_path / "run"), out_dir=str(tmp_path / "alone"), infer=options, steps=(200,)))
+    assert [r["text"] for r in read_jsonl(tmp_path / "alone" / "step-200.jsonl")] == swept
