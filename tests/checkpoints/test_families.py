@@ -148,8 +148,8 @@ def test_unknown_family_or_preset_lists_the_valid_ones(tmp_path):
     with pytest.raises(UsageError, match="--family llava: unknown") as exc:
         build_checkpoint(tmp_path / "x", family="llava")
     assert "qwen3_vl_moe" in exc.value.hint
-    with pytest.raises(UsageError, match="valid presets: tiny"):
-        build_checkpoint(tmp_path / "x", family="qwen2_vl", preset="demo")
+    with pytest.raises(UsageError, match="valid presets: tiny, demo"):
+        build_checkpoint(tmp_path / "x", family="qwen2_vl", preset="3b")
 
 
 # -- the decode loop against plain generate --------------------------------------------------------

@@ -19,6 +19,7 @@ import torch
 from transformers import AttentionInterface
 
 from vlmfast.engines.hf.linear_states import LinearStateCache, check_cache_api, linear_modules
+from vlmfast.engines.hf.fused import fuse_projections, fused_projections
 from vlmfast.engines.hf.sampling import select, token_hashes
 
 
@@ -94,6 +95,7 @@ class TextDecoder:
         self.linear = linear_modules(self.layers)
         if self.linear:
             check_cache_api()
+        self.fused = fuse_projections(self.layers)  # Q/K/V and gate/up as one product each (used by decode steps)
         attention = next(layer.self_attn for layer in self.layers if hasattr(layer, "self_attn"))
         self.attention_config = attention.config  # what the attention modules read per call
         self.kv_heads = config.num_key_value_heads
@@ -207,6 +209,7 @@ class DecodeState:
         if static:
             self.cache.index = torch.zeros(1, **long)
         self.forward = forward or (forward_static if static else forward_eager)
+        self.fuse = self.forward in (forward_eager, forward_static)  # not inside a compiled step
         self.eos = torch.tensor(list(eos_ids), **long)
         self.pad = torch.tensor(pad_id, **long)
         self.tokens = torch.full((batch, 1), pad_id, **long)
@@ -269,7 +272,7 @@ class DecodeState:
     def _body(self) -> None:
         """One step as a CUDA graph holds it: the forward and the choice of the next token (a draw is a
         pure function of device tensors: :mod:`vlmfast.engines.hf.sampling`)."""
-        with decode_attention_for(self.decoder):
+        with decode_attention_for(self.decoder), fused_projections(self.decoder.fused, self.fuse):
             self.logits = self.forward(self)
         self.record(self.logits)
 
