@@ -132,8 +132,8 @@ def log_to_tensorboard(report: dict, log_dir, *, prefix: str = PREFIX, name: str
     writer = SummaryWriter(log_dir=str(directory))
     try:
         for checkpoint in _ordered(report):
-            for name, value in scalars(checkpoint, prefix).items():
-                writer.add_scalar(name, value, global_step=checkpoint["step"])
+            for tag, value in scalars(checkpoint, prefix).items():
+                writer.add_scalar(tag, value, global_step=checkpoint["step"])
     finally:
         writer.close()
     written = [p for p in directory.glob("events.out.tfevents.*") if p not in earlier]
