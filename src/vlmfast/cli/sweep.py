@@ -33,8 +33,8 @@ def sweep(
     every: Annotated[Optional[int], typer.Option(help="--search coarse: evaluate every k-th checkpoint first (default: about 8 of them).", rich_help_panel=INPUT)] = None,
     canary: Annotated[int, typer.Option(help="--engine vllm: after the first in-place weight reload, check N requests against a fresh engine (0: no check).", rich_help_panel=INPUT)] = 8,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Start afresh: remove an earlier sweep's rows and records from OUT_DIR (a rerun resumes otherwise; with other settings it stops and says what differs).", rich_help_panel=OUTPUT)] = False,
-    tensorboard: Annotated[Optional[str], typer.Option(help="A TensorBoard log dir (the trainer's works): each checkpoint's figures as scalars at its step under eval/vlmfast (written at the end; pip install 'vlmfast[tensorboard]').", rich_help_panel=OUTPUT)] = None,
-    wandb: Annotated[Optional[str], typer.Option(help="PROJECT or PROJECT/RUN_ID: each checkpoint's figures to W&B against global_step (the trainer's run works; written at the end; pip install 'vlmfast[wandb]').", rich_help_panel=OUTPUT)] = None,
+    tensorboard: Annotated[Optional[str], typer.Option(help="A TensorBoard log dir (the trainer's works): each checkpoint's figures as scalars at its step under eval/vlmfast, in DIR/vlmfast-sweep-<manifest> (a rerun replaces that file). Logged with the report, and with --watch after each new checkpoint (the tensorboard extra).", rich_help_panel=OUTPUT)] = None,
+    wandb: Annotated[Optional[str], typer.Option(help="PROJECT (a new run) or PROJECT/RUN (the run with id RUN, resumed if it exists: the trainer's works; only steps it lacks are added): each checkpoint's figures to W&B at its step. Logged with the report, and with --watch after each new checkpoint (the wandb extra; WANDB_MODE=offline works).", rich_help_panel=OUTPUT)] = None,
     **shared,
 ):
     """Evaluate every checkpoint of a training run (and its base) on one manifest: which step is best?"""
@@ -45,6 +45,7 @@ def sweep(
         from vlmfast.errors import UsageError
         from vlmfast.run.options import InferOptions
         from vlmfast.report.terminal import ProgressBar, print_json, render_note, render_sweep
+        from vlmfast.report.trackers import Trackers
         from vlmfast.run.sweep import SweepOptions, publish, sweep as run_sweep, write_sweep_dir
 
         try:
@@ -57,17 +58,35 @@ def sweep(
         options = SweepOptions(run_dir=run_dir, out_dir=str(out_dir), infer=infer, base=base, steps=wanted,
                                fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll, search=search,
                                every=every, canary=canary, overwrite=overwrite, tensorboard=tensorboard, wandb=wandb)
+        # checked by SweepOptions; kept open across the sweep: --watch logs as it goes
+        trackers = Trackers(tensorboard=options.tensorboard, wandb=options.wandb, check=False)
         bar = ProgressBar()
         try:
-            report = run_sweep(options, progress=bar, say=bar.note)
+            try:
+                report = run_sweep(options, progress=bar, say=bar.note,
+                                   on_report=(lambda so_far: _log_now(trackers, so_far, bar.note)) if trackers else None)
+            finally:
+                bar.stop()
+            render_sweep(report)
+            for line in write_sweep_dir(report, out_dir) + publish(report, options, trackers=trackers):
+                render_note(line)
         finally:
-            bar.stop()
-        render_sweep(report)
-        for line in write_sweep_dir(report, out_dir) + publish(report, options):
-            render_note(line)
+            trackers.close()
         if json_out:
             print_json(report)
         if report["exit_code"]:
             raise typer.Exit(report["exit_code"])
 
     guarded(run)
+
+
+def _log_now(trackers, report: dict, say) -> None:
+    """--watch: the report so far to the trackers; a failure is said and the sweep goes on (the final
+    report is logged again at the end)."""
+    from vlmfast.errors import VlmfastError
+
+    try:
+        for line in trackers.log(report):
+            say(line)
+    except VlmfastError as exc:
+        say(f"{exc.message} (the sweep goes on)")

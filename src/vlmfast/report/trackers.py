@@ -1,86 +1,254 @@
-"""A sweep's figures where the training curves already are: TensorBoard event files and W&B runs.
+"""A sweep's figures where the training curves already are: each checkpoint's figures in TensorBoard or
+Weights & Biases at its global step (the base at step 0), under ``eval/vlmfast/``.
 
-Each checkpoint's numeric figures are logged at its global step (base at 0) under ``eval/vlmfast/``, so
-they sit beside the trainer's own curves without mixing with them. Nested figures are flattened with
-``/`` (``pass_at_k/4``, ``vs_base/difference``, ``reward_means/format``); text, booleans and missing
-values are left out. Nothing here is imported unless asked for: ``tensorboard`` and ``wandb`` are extras.
+Every numeric figure of a checkpoint is sent, found generically so that figures added to the sweep report
+later appear without a change here: nested dicts are flattened with ``/`` (``samples/pass_at_k/4``,
+``vs_base/difference``), bools are sent as 0/1 (a flag over steps is a curve too), and strings, None,
+lists and non-finite numbers are left out. ``step`` itself is the x-axis, not a figure.
+
+Neither package is imported unless asked for; :func:`check_trackers` imports what a sweep will need when
+its options are read, so a missing package is said before an hour of evaluation, not after.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import math
+from contextlib import contextmanager
 from pathlib import Path
 
-from vlmfast.errors import UsageError
+from vlmfast.errors import UsageError, VlmfastError
 
 PREFIX = "eval/vlmfast"
-SKIP = frozenset({"step", "path", "label", "results"})
-EXTRAS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}  # option → (module, extra)
+TENSORBOARD_INSTALL = "pip install 'vlmfast[tensorboard]'"
+WANDB_INSTALL = "pip install 'vlmfast[wandb]'"
+_RUN_ID_FORBIDDEN = set("/\\#?%: ")  # characters W&B does not accept in a run id
 
 
-def check_available(option: str) -> None:
-    """A UsageError naming the pip command when ``option``'s package is missing — said before a sweep starts,
-    not after an hour of evaluation."""
-    module, extra = EXTRAS[option]
-    if importlib.util.find_spec(module) is None:
-        raise UsageError(f"--{option} needs the {module} package, which is not installed",
-                         hint=f"pip install 'vlmfast[{extra}]'")
-
-
-def scalars(figures: dict, prefix: str = PREFIX) -> dict[str, float]:
-    """One checkpoint's numeric figures, flattened: name → value."""
-    out: dict[str, float] = {}
-
-    def walk(name: str, value) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                walk(f"{name}/{key}", inner)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = float(value)
-
+def scalars(figures: dict, prefix: str = PREFIX) -> dict[str, float | int]:
+    """One checkpoint's numeric figures by flattened name: ``PREFIX/accuracy``, ``PREFIX/samples/pass_at_k/1``, …"""
+    out: dict[str, float | int] = {}
     for key, value in figures.items():
-        if key not in SKIP:
-            walk(f"{prefix}/{key}", value)
+        if key != "step":
+            _flatten(value, f"{prefix}/{key}", out)
     return out
 
 
-def log_to_tensorboard(report: dict, log_dir, *, prefix: str = PREFIX) -> Path:
-    """Every checkpoint's figures as scalars at its step, in a new event file under ``log_dir/vlmfast`` (the
-    trainer's log dir works: nothing of its own is touched). A rerun writes a new file with the same steps;
-    TensorBoard keeps the newest points. Returns the directory written to."""
-    check_available("tensorboard")
+def _flatten(value, name: str, out: dict) -> None:
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        out[name] = int(value)
+    elif isinstance(value, (int, float)):
+        if math.isfinite(value):
+            out[name] = value
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(inner, f"{name}/{key}", out)
+
+
+def parse_wandb_target(target: str) -> tuple[str, str | None]:
+    """``PROJECT`` or ``PROJECT/RUN`` → (project, run id or None)."""
+    parts = target.split("/")
+    if len(parts) > 2 or not all(parts):
+        raise UsageError(f"--wandb {target!r}: expected PROJECT or PROJECT/RUN",
+                         hint="e.g. --wandb my-project or --wandb my-project/sweep-val (the entity: WANDB_ENTITY)")
+    project, run = parts[0], (parts[1] if len(parts) == 2 else None)
+    if run is not None and _RUN_ID_FORBIDDEN & set(run):
+        raise UsageError(f"--wandb {target!r}: a W&B run id cannot hold any of {''.join(sorted(_RUN_ID_FORBIDDEN))!r}",
+                         hint="use letters, digits, - and _, e.g. --wandb my-project/sweep-val")
+    return project, run
+
+
+def require_tensorboard() -> None:
+    """Import the TensorBoard writer, or say which extra to install."""
+    try:
+        import tensorboard  # noqa: F401 - torch's writer needs it, and says so less plainly
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"--tensorboard needs the tensorboard package ({exc})", hint=TENSORBOARD_INSTALL) from None
+
+
+def require_wandb() -> None:
+    """Import wandb, or say which extra to install."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"--wandb needs the wandb package ({exc})", hint=WANDB_INSTALL) from None
+
+
+def check_trackers(tensorboard: str | None, wandb: str | None) -> None:
+    """What ``--tensorboard`` / ``--wandb`` need, checked before any work: the packages import, the W&B
+    target is well formed."""
+    if tensorboard is not None:
+        if not str(tensorboard).strip():
+            raise UsageError("--tensorboard: expected a directory", hint="e.g. --tensorboard out/my-grpo-run/runs")
+        if Path(tensorboard).exists() and not Path(tensorboard).is_dir():
+            raise UsageError(f"--tensorboard {tensorboard}: a file, not a directory",
+                             hint="give the trainer's log dir, or a new directory")
+        require_tensorboard()
+    if wandb is not None:
+        parse_wandb_target(wandb)
+        require_wandb()
+        _check_wandb_login()
+
+
+def _check_wandb_login() -> None:
+    """Online W&B needs an API key: without one ``wandb.init`` fails after the sweep, so ask now (wandb
+    prompts for it in a terminal, and raises without one; no network call)."""
+    import os
+
+    import wandb
+
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    try:
+        wandb.login(verify=False)
+    except Exception as exc:  # wandb's own UsageError, or whatever its login raises
+        raise UsageError(f"--wandb: not logged in to W&B ({exc})",
+                         hint="wandb login (or WANDB_API_KEY=…), or WANDB_MODE=offline then wandb sync") from None
+
+
+def _ordered(report: dict) -> list[dict]:
+    return sorted(report["checkpoints"], key=lambda c: c["step"])
+
+
+def tensorboard_run_name(report: dict) -> str:
+    """The subdirectory of the log dir a sweep writes into: ``vlmfast-sweep-<manifest stem>`` — its own
+    TensorBoard run, so two evaluation sets of one training run stay apart."""
+    manifest = report.get("manifest")
+    return f"vlmfast-sweep-{Path(manifest).stem}" if manifest else "vlmfast-sweep"
+
+
+def log_to_tensorboard(report: dict, log_dir, *, prefix: str = PREFIX, name: str | None = None) -> Path:
+    """Write each checkpoint's figures as scalars ``PREFIX/FIGURE`` at its step into a TensorBoard event file
+    in ``log_dir/NAME`` (default :func:`tensorboard_run_name`); the event file written.
+
+    The trainer's log dir works: nothing of the trainer's is touched, the sweep is a run of its own. The
+    report holds every checkpoint evaluated so far (a resumed sweep reads finished ones back), so a rerun
+    replaces the event files of ``log_dir/NAME`` by one new file: one point per step, never duplicates."""
     from torch.utils.tensorboard import SummaryWriter
 
-    where = Path(log_dir) / "vlmfast"
-    writer = SummaryWriter(log_dir=str(where))
+    directory = Path(log_dir) / (name or tensorboard_run_name(report))
+    directory.mkdir(parents=True, exist_ok=True)
+    earlier = set(directory.glob("events.out.tfevents.*"))
+    writer = SummaryWriter(log_dir=str(directory))
     try:
-        for c in sorted(report["checkpoints"], key=lambda c: c["step"]):
-            for name, value in scalars(c, prefix).items():
-                writer.add_scalar(name, value, global_step=c["step"])
+        for checkpoint in _ordered(report):
+            for tag, value in scalars(checkpoint, prefix).items():
+                writer.add_scalar(tag, value, global_step=checkpoint["step"])
     finally:
         writer.close()
-    return where
+    written = [p for p in directory.glob("events.out.tfevents.*") if p not in earlier]
+    for old in earlier:  # after the new file is complete: a failed write leaves the old curves
+        old.unlink(missing_ok=True)
+    return max(written, key=lambda p: p.stat().st_mtime)
 
 
 def log_to_wandb(report: dict, target: str, *, prefix: str = PREFIX) -> str:
-    """Every checkpoint's figures to W&B: ``PROJECT`` (a new run named after the sweep's run dir) or
-    ``PROJECT/RUN_ID`` (that run, resumed: the trainer's own run works). Logged against ``global_step``, a
-    metric of its own, so W&B's rule that its internal step only grows never drops a point. Returns the
-    run's path."""
-    check_available("wandb")
-    import wandb
+    """Log each checkpoint's figures to W&B, ``target`` ``PROJECT`` (a new run, named after the training
+    run's dir) or ``PROJECT/RUN`` (the run with id RUN: created, or resumed when it exists); where it went
+    (the run's URL, or its directory when offline).
 
-    project, _, run_id = target.partition("/")
-    if not project:
-        raise UsageError(f"--wandb {target!r}: expected PROJECT or PROJECT/RUN_ID", hint="e.g. --wandb my-grpo/3f9k2x1a")
-    name = f"vlmfast eval: {Path(report['run_dir']).name}"
-    run = wandb.init(project=project, id=run_id or None, resume="allow" if run_id else None,
-                     name=None if run_id else name, job_type="eval", reinit=True)
+    Checkpoints go in step order with ``step=`` their global step, and ``PREFIX/step`` is declared the x-axis
+    of ``PREFIX/*``, so the curves sit at the right steps even in a run whose own step is already past them
+    (the trainer's run, resumed): W&B only accepts increasing steps, and there the figures go without one.
+    A resumed run gets only the checkpoints after the last step it holds (W&B history is append-only);
+    offline runs know nothing of earlier ones, and log everything again."""
+    run = _open_wandb(report, target, prefix)
     try:
-        run.define_metric("global_step")
-        run.define_metric(f"{prefix}/*", step_metric="global_step")
-        for c in sorted(report["checkpoints"], key=lambda c: c["step"]):
-            run.log({"global_step": c["step"], **scalars(c, prefix)})
-        return run.path if hasattr(run, "path") else project
+        _log_wandb(run, report, prefix, run.summary.get(f"{prefix}/step"))
+        return run.url or run.dir
     finally:
         run.finish()
+
+
+def _open_wandb(report: dict, target: str, prefix: str):
+    import wandb
+
+    project, run_id = parse_wandb_target(target)
+    run = wandb.init(project=project, id=run_id, name=run_id or f"sweep {Path(str(report.get('run_dir') or '')).name}",
+                     resume="allow" if run_id else None, job_type="eval",
+                     reinit="create_new",  # a run the caller has open (a training script's) stays open
+                     settings=wandb.Settings(console="off"),  # the figures only, not the sweep's progress bar
+                     config={"run_dir": report.get("run_dir"), "manifest": report.get("manifest"),
+                             "out_dir": report.get("out_dir")})
+    run.define_metric(f"{prefix}/step")
+    run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
+    return run
+
+
+def _log_wandb(run, report: dict, prefix: str, last: int | None) -> int | None:
+    """The report's checkpoints after step ``last`` into ``run``; the last step it now holds."""
+    for checkpoint in _ordered(report):
+        step = checkpoint["step"]
+        if last is not None and step <= last:
+            continue
+        run.log({**scalars(checkpoint, prefix), f"{prefix}/step": step}, step=step if step >= run.step else None)
+        last = step
+    if report.get("best"):
+        run.summary[f"{prefix}/best/step"] = report["best"]["step"]
+        run.summary[f"{prefix}/best/accuracy"] = report["best"]["accuracy"]
+    return last
+
+
+class Trackers:
+    """The trackers a sweep logs to, checked when made (before the sweep) and kept across logs: ``sweep
+    --watch`` logs the report so far after each new checkpoint. Each :meth:`log` rewrites TensorBoard's file
+    whole; the W&B run is opened on the first and gets only the steps it does not hold yet. :meth:`close`
+    finishes the W&B run."""
+
+    def __init__(self, *, tensorboard=None, wandb: str | None = None, prefix: str = PREFIX, check: bool = True):
+        if check:  # False: already checked (SweepOptions checks its own)
+            check_trackers(None if tensorboard is None else str(tensorboard), wandb)
+        self.tensorboard, self.wandb, self.prefix = tensorboard, wandb, prefix
+        self._run, self._last = None, None
+
+    def __bool__(self) -> bool:
+        return self.tensorboard is not None or self.wandb is not None
+
+    def log(self, report: dict) -> list[str]:
+        """Log the report's checkpoints; what was done, one line each. A tracker that fails (W&B not logged
+        in, a read-only log dir) raises a :class:`VlmfastError` whose hint says that a rerun logs it: a rerun
+        reads every finished checkpoint back, evaluating nothing."""
+        if not report["checkpoints"]:
+            return ["nothing logged to TensorBoard or W&B: no checkpoint was evaluated"] if self else []
+        said = []
+        if self.tensorboard is not None:
+            with _said_on_failure("TensorBoard", f"--tensorboard {self.tensorboard}"):
+                written = log_to_tensorboard(report, self.tensorboard, prefix=self.prefix)
+            said.append(f"wrote {written} (tensorboard --logdir {self.tensorboard})")
+        if self.wandb is not None:
+            with _said_on_failure("W&B", "wandb login (or WANDB_MODE=offline, then wandb sync)"):
+                if self._run is None:
+                    self._run = _open_wandb(report, self.wandb, self.prefix)
+                    self._last = self._run.summary.get(f"{self.prefix}/step")
+                before = self._last
+                self._last = _log_wandb(self._run, report, self.prefix, before)
+            steps = [c["step"] for c in _ordered(report) if before is None or c["step"] > before]
+            said.append(f"logged step(s) {', '.join(map(str, steps))} to W&B: {self._run.url or self._run.dir}"
+                        if steps else f"W&B holds every step already: {self._run.url or self._run.dir}")
+        return said
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+
+def log_trackers(report: dict, *, tensorboard=None, wandb: str | None = None) -> list[str]:
+    """Log a finished sweep's report once (:class:`Trackers`); what was done, one line each."""
+    trackers = Trackers(tensorboard=tensorboard, wandb=wandb)
+    try:
+        return trackers.log(report)
+    finally:
+        trackers.close()
+
+
+@contextmanager
+def _said_on_failure(tracker: str, fix: str):
+    try:
+        yield
+    except VlmfastError:
+        raise
+    except Exception as exc:  # whatever the tracker raises: the sweep's own results are safe on disk
+        raise VlmfastError(f"the figures are not logged to {tracker}: {type(exc).__name__}: {exc}",
+                           hint=f"the sweep's results are on disk: check {fix}, then rerun the same command "
+                                "(finished checkpoints are read back, nothing is evaluated again)") from exc

@@ -40,8 +40,8 @@ class SweepOptions:
     search: str = "all"  # "all" | "coarse": every k-th checkpoint, then the best's neighbours (run/search.py)
     every: int | None = None  # --search coarse: k (None: about 8 checkpoints in the coarse pass)
     overwrite: bool = False  # start afresh: an earlier sweep's rows and records in out_dir are removed
-    tensorboard: str | None = None  # a log dir: every checkpoint's figures as scalars at its step
-    wandb: str | None = None  # PROJECT or PROJECT/RUN_ID: the same figures to W&B
+    tensorboard: str | None = None  # a log dir: every checkpoint's figures as scalars at its step (report/trackers.py)
+    wandb: str | None = None  # PROJECT or PROJECT/RUN: the same figures to W&B
 
     def __post_init__(self):
         if self.infer.manifest is None and not self.infer.images:
@@ -60,11 +60,10 @@ class SweepOptions:
                              hint="drop one of them")
         if self.every is not None and self.every < 1:
             raise UsageError(f"--every {self.every}: expected a stride of 1 or more", hint="e.g. --every 5")
-        from vlmfast.report.trackers import check_available
+        if self.tensorboard is not None or self.wandb is not None:  # a missing package is said now, not after the sweep
+            from vlmfast.report.trackers import check_trackers
 
-        for option in ("tensorboard", "wandb"):
-            if getattr(self, option):
-                check_available(option)  # a missing package is said now, not after the whole sweep
+            check_trackers(self.tensorboard, self.wandb)
         if self.canary < 0:
             raise UsageError(f"--canary {self.canary}: expected a number of requests, 0 to skip", hint="e.g. --canary 8")
 
@@ -138,9 +137,11 @@ class _SwitchOnUse:
 
 
 def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = lambda text: None,
-          wait: Callable[[float], bool] | None = None) -> dict:
+          wait: Callable[[float], bool] | None = None, on_report: Callable[[dict], None] | None = None) -> dict:
     """Evaluate every checkpoint of the run (and ``base`` as step 0); the sweep report (``SCHEMA``).
-    ``wait(seconds)`` (``watch`` only) returns False to stop watching; by default it sleeps."""
+    ``wait(seconds)`` (``watch`` only) returns False to stop watching; by default it sleeps. ``on_report``
+    (``watch`` only) gets the report so far after the first pass and after each look that found new
+    checkpoints (trackers log them while the trainer runs)."""
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
     out_dir = Path(options.out_dir)
@@ -152,7 +153,7 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        report = _sweep(options, listing, out_dir, progress, say, wait, settings)
+        report = _sweep(options, listing, out_dir, progress, say, wait, settings, on_report)
         report["notes"][:0] = earlier
         return report
     except BaseException:
@@ -161,7 +162,7 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
         raise
 
 
-def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, settings: dict) -> dict:
+def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, settings: dict, on_report) -> dict:
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
@@ -200,9 +201,15 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             for entry in entries:
                 evaluate(entry)
         waiting_on: set[str] = set()  # incomplete checkpoints already said
-        while options.watch and (say(f"watching {options.run_dir}: {len(figures)} checkpoint(s) evaluated, "
-                                     f"next look in {options.poll_s:g} s (Ctrl-C ends the sweep)") or
-                                 (wait or _sleep)(options.poll_s)):
+        reported = 0  # checkpoints in the last report on_report got
+        while options.watch:
+            if on_report is not None and len(figures) > reported:
+                reported = len(figures)
+                on_report(_report(options, figures, notes, tables))
+            say(f"watching {options.run_dir}: {len(figures)} checkpoint(s) evaluated, next look in {options.poll_s:g} s "
+                "(Ctrl-C ends the sweep)")
+            if not (wait or _sleep)(options.poll_s):
+                break
             seen = {f["step"] for f in figures}
             looked = find_run_checkpoints(options.run_dir, complete_only=True)
             for skipped in (s for s in looked.skipped if s.pending and str(s.path) not in waiting_on):
@@ -346,16 +353,17 @@ def _undistinguished(best: dict | None, figures: list[dict]) -> list[str]:
             "interval against it includes no difference (more evaluation rows would tell them apart)"]
 
 
-def publish(report: dict, options: SweepOptions) -> list[str]:
-    """The figures to TensorBoard and W&B when asked (``--tensorboard``, ``--wandb``); what was done."""
-    from vlmfast.report.trackers import log_to_tensorboard, log_to_wandb
+def publish(report: dict, options: SweepOptions, *, trackers=None) -> list[str]:
+    """The figures to TensorBoard and W&B when asked (``--tensorboard``, ``--wandb``); what was done, one
+    line each. ``trackers`` (a :class:`vlmfast.report.trackers.Trackers`, left open for the caller to close):
+    the one a ``watch`` sweep logged to as it went, so its W&B run gets only the steps it lacks."""
+    from vlmfast.report.trackers import log_trackers
 
-    said = []
-    if options.tensorboard:
-        said.append(f"TensorBoard: each checkpoint's figures at its step in {log_to_tensorboard(report, options.tensorboard)}")
-    if options.wandb:
-        said.append(f"W&B: each checkpoint's figures at its global_step in {log_to_wandb(report, options.wandb)}")
-    return said
+    if trackers is not None:
+        return trackers.log(report)
+    if options.tensorboard is None and options.wandb is None:
+        return []
+    return log_trackers(report, tensorboard=options.tensorboard, wandb=options.wandb)
 
 
 def write_sweep_dir(report: dict, directory) -> list[str]:
