@@ -70,3 +70,9 @@ def test_the_state_dict_is_unchanged_and_a_copied_weight_reaches_the_fused_matri
     with fused_projections([group]):
         assert torch.equal(layer.self_attn.v_proj(x), layer.self_attn.v_proj.bias.expand(3, 1, 4))
     assert group._input is None and group._output is None  # nothing held between steps
+
+
+def test_a_second_engine_on_the_same_model_decodes_fused_too(loaded, images):
+    layers = loaded.model.config.get_text_config().num_hidden_layers
+    _linears_per_step(loaded, images)
+    assert set(_linears_per_step(loaded, images)) == {layers * 4 + 1}

@@ -71,12 +71,16 @@ class Part(torch.nn.Module):
 
 def fuse_projections(layers) -> list[Fused]:
     """Fuse the projection groups of every decoder layer of ``layers`` that has them as plain linear layers of
-    one dtype and device; returns the fused matrices (for :func:`fused_projections`)."""
+    one dtype and device; returns the fused matrices (for :func:`fused_projections`), those fused before (by
+    another engine on the same model) included."""
     fused = []
     for layer in layers:
         for owner in (getattr(layer, "self_attn", None), getattr(layer, "mlp", None)):
             for names in GROUPS:
                 linears = [getattr(owner, name, None) for name in names] if owner is not None else []
+                if linears and all(isinstance(m, Part) for m in linears) and len({id(m.fused) for m in linears}) == 1:
+                    fused.append(linears[0].fused)  # fused by an earlier engine on this model: the same group
+                    continue
                 if not linears or not all(type(m) is torch.nn.Linear for m in linears):
                     continue
                 if len({(m.weight.dtype, m.weight.device, m.in_features, m.bias is None) for m in linears}) != 1:
