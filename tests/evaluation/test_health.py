@@ -26,6 +26,18 @@ def test_repetition_rule_on_both_sides_of_its_bounds():
     assert not repeats("a b " * 3 + "c d " * 3)  # each 2-word phrase 3 times
 
 
+
+def test_a_long_answer_is_judged_on_its_last_words():
+    """Only the end of a long text is split; the verdicts equal splitting it all, long words included."""
+    from vlmfast.evaluation.health import _last_words
+
+    reasoning = " ".join(f"w{i}" for i in range(5000))
+    assert repeats(reasoning + " wait," * REPEAT_MIN_WORDS) and not repeats(reasoning)
+    long_words = reasoning + " " + " ".join("x" * 40 + str(i) for i in range(70))
+    assert _last_words(long_words, 60) == words_of(long_words)[-60:]
+    assert _last_words("ab" * 2000, 60) == ["ab" * 2000]
+
+
 def test_cjk_characters_are_words_of_their_own():
     assert words_of("我想我想。 the cat, 1.5") == ["我", "想", "我", "想", "。", "the", "cat,", "1.5"]
     assert repeats("让我们看看" + "我想" * REPEAT_MIN_TIMES)  # a 2-character phrase 4 times = 8 words

@@ -36,10 +36,9 @@ KEYS = ("mean_new_tokens", "new_tokens_p50", "new_tokens_p90", "new_tokens_max",
 
 def repeats(text: str) -> bool:
     """Whether ``text`` ends in a loop (the module's definition)."""
-    words = words_of(text)
-    if len(words) < REPEAT_MIN_WORDS:
+    tail = _last_words(text, REPEAT_TAIL_WORDS)
+    if len(tail) < REPEAT_MIN_WORDS:
         return False
-    tail = words[-REPEAT_TAIL_WORDS:]
     for n in range(1, REPEAT_MAX_N + 1):
         gram, times, end = tail[-n:], 0, len(tail)
         while end - n >= 0 and tail[end - n:end] == gram:
@@ -53,6 +52,16 @@ def words_of(text: str) -> list[str]:
     """``text``'s words as the repetition rule counts them: runs of non-space characters, each CJK character
     one word."""
     return _WORD.findall(text)
+
+
+def _last_words(text: str, k: int) -> list[str]:
+    """The last ``k`` words of ``text`` (all, when it has fewer), splitting only its end: answers run to
+    thousands of words and a sweep judges 5,000 of them per checkpoint."""
+    end = text[-k * 32:]
+    if len(end) == len(text):
+        return words_of(text)[-k:]
+    words = words_of(end)[1:]  # the first may be the cut end of a longer word
+    return words[-k:] if len(words) >= k else words_of(text)[-k:]  # words of 32+ characters: split it all
 
 
 def answer_blocks(text: str) -> list[str]:
