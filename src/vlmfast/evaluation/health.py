@@ -28,6 +28,7 @@ REPEAT_MIN_TIMES = 4
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _CJK = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef"
 _WORD = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
+_HAS_CJK = re.compile(f"[{_CJK}]")
 
 KEYS = ("mean_new_tokens", "new_tokens_p50", "new_tokens_p90", "new_tokens_max", "mean_think_chars",
         "mean_answer_chars", "truncation_rate", "no_answer_rate", "empty_answer_rate", "multi_answer_rate",
@@ -51,17 +52,18 @@ def repeats(text: str) -> bool:
 def words_of(text: str) -> list[str]:
     """``text``'s words as the repetition rule counts them: runs of non-space characters, each CJK character
     one word."""
-    return _WORD.findall(text)
+    # str.split is several times faster than the pattern, and the same words when no CJK character is there
+    return _WORD.findall(text) if _HAS_CJK.search(text) else text.split()
 
 
 def _last_words(text: str, k: int) -> list[str]:
     """The last ``k`` words of ``text`` (all, when it has fewer), splitting only its end: answers run to
     thousands of words and a sweep judges 5,000 of them per checkpoint."""
-    end = text[-k * 32:]
+    end = text[-k * 16:]
     if len(end) == len(text):
         return words_of(text)[-k:]
     words = words_of(end)[1:]  # the first may be the cut end of a longer word
-    return words[-k:] if len(words) >= k else words_of(text)[-k:]  # words of 32+ characters: split it all
+    return words[-k:] if len(words) >= k else words_of(text)[-k:]  # long words: split it all
 
 
 def answer_blocks(text: str) -> list[str]:
