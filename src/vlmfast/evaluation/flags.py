@@ -19,8 +19,9 @@ Flags (:func:`flag_run`), each rule with its threshold:
   (:func:`vlmfast.evaluation.health.repeats`).
 - ``collapse_after_peak``: a checkpoint after the best one whose accuracy is below the best's interval
   (its ``ci_low``).
-- ``reward_without_accuracy``: the mean reward is above base's by more than ``REWARD_GAIN`` while the
-  accuracy stays inside base's interval.
+- ``reward_without_accuracy``: the mean reward (``reward_mean``, the rows' total ``--reward``; only when
+  both have one) is above base's by more than ``REWARD_GAIN`` while the accuracy stays inside base's
+  interval (``ci_low`` to ``ci_high``).
 """
 
 from __future__ import annotations
