@@ -3,7 +3,14 @@ known step, a clean run trips none, and flips and paired differences equal a cou
 
 import pytest
 
-from vlmfast.evaluation.flags import REPETITION, TRUNCATION, compare, flag_run, flipped, per_request
+from vlmfast.evaluation.flags import (
+    REPETITION,
+    TRUNCATION,
+    compare,
+    flag_run,
+    flipped,
+    per_request,
+)
 from vlmfast.evaluation.health import health
 from vlmfast.evaluation.samples import accuracy_interval
 

@@ -3,7 +3,14 @@ the repetition rule on both sides of each of its bounds."""
 
 import pytest
 
-from vlmfast.evaluation.health import REPEAT_MAX_N, REPEAT_MIN_TIMES, REPEAT_MIN_WORDS, health, repeats, words_of
+from vlmfast.evaluation.health import (
+    REPEAT_MAX_N,
+    REPEAT_MIN_TIMES,
+    REPEAT_MIN_WORDS,
+    health,
+    repeats,
+    words_of,
+)
 
 
 def _row(rid, text, tokens=10, finish="eos", **kw):
