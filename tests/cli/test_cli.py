@@ -49,6 +49,10 @@ def test_infer_json_report_and_jsonl_results(grpo_ckpt, images, tmp_path):
     assert report["new_tokens"] == sum(row["n_new_tokens"] for row in rows)
     assert report["scores"]["scored"] == 0 and report["scores"]["format_rate"] == 0.0
     assert "forced on" in r.stderr  # the human report went to stderr
+    health = report["scores"]["health"]  # the answers' shape, and its line in the human report
+    assert health["new_tokens_max"] == max(row["n_new_tokens"] for row in rows)
+    assert health["truncation_rate"] == round(sum(row["finish_reason"] == "length" for row in rows) / 6, 4)
+    assert f"max {health['new_tokens_max']} tokens · truncated" in r.stderr
 
     # rerun: every id is already there, nothing is regenerated
     again = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", d, "--prompt", "Count the shapes.", "--template", "r1",

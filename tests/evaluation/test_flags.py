@@ -3,7 +3,14 @@ known step, a clean run trips none, and flips and paired differences equal a cou
 
 import pytest
 
-from vlmfast.evaluation.flags import compare, flag_run, flipped, per_request
+from vlmfast.evaluation.flags import (
+    REPETITION,
+    TRUNCATION,
+    compare,
+    flag_run,
+    flipped,
+    per_request,
+)
 from vlmfast.evaluation.health import health
 from vlmfast.evaluation.samples import accuracy_interval
 
@@ -108,3 +115,68 @@ def test_several_answers_per_request_flip_by_majority():
             for k, (c, a) in enumerate([(True, "4"), (True, "4"), (False, "5")])]
     table = per_request(rows)
     assert table["q"] == (pytest.approx(2 / 3), True, True)
+    assert table["q"][0] != 1.0  # not 0/1: the McNemar p-value is taken on the majority flips
+
+
+def test_several_answers_compare_by_mean_and_flip_by_majority_by_hand():
+    """Two requests × 3 answers. q0: base 1 of 3 right (majority wrong), checkpoint 3 of 3 (right): +2/3, a
+    wrong→right flip. q1: base 2 of 3 (right), checkpoint 1 of 3 (wrong): −1/3, a right→wrong flip."""
+    def rows(pattern):
+        return [{"id": rid, "sample": k, "correct": c, "answer": "4" if c else "5", "format_ok": True,
+                 "error": None} for rid, answers in pattern.items() for k, c in enumerate(answers)]
+
+    base = rows({"q0": [True, False, False], "q1": [True, True, False]})
+    ckpt = rows({"q0": [True, True, True], "q1": [False, True, False]})
+    got = compare(ckpt, base)  # rows, made into per-request tables
+    assert got["n"] == 2 and got["difference"] == pytest.approx((2 / 3 - 1 / 3) / 2, abs=1e-4)
+    assert (got["wrong_to_right"], got["right_to_wrong"], got["p_value"]) == (1, 1, 1.0)
+    assert got == compare(per_request(ckpt), per_request(base))
+    assert flipped(ckpt, base) == {"right_to_wrong": ["q1"], "wrong_to_right": ["q0"]}
+    assert set(got) == {"n", "difference", "ci_low", "ci_high", "p_value", "right_to_wrong", "wrong_to_right"}
+
+
+def test_a_clear_difference_keeps_a_small_p_value():
+    base = [{"id": f"q{i}", "correct": False, "error": None} for i in range(100)]
+    ckpt = [{"id": f"q{i}", "correct": True, "error": None} for i in range(100)]
+    got = compare(ckpt, base)
+    assert got["p_value"] == float(f"{2 / 2 ** 100:.4g}") and got["p_value"] > 0  # not rounded away to 0.0
+    assert (got["difference"], got["ci_low"], got["ci_high"]) == (1.0, 1.0, 1.0)
+
+
+def test_without_base_only_the_rules_that_need_none():
+    """The same runs as the base rules trip, without a base: no format, length or reward flag; truncation,
+    repetition and collapse after the peak still show."""
+    truncated = _rows(16, tokens=60)
+    for row in truncated[:3]:
+        row["finish_reason"] = "length"
+    runs = {0: _rows(16, formatted=10, rewards=0.5), 100: _rows(34, rewards=0.9), 200: truncated}
+    checkpoints, tables = _sweep(runs)
+    for c in checkpoints:
+        c["label"] = "hf-trainer"
+    assert [(f["code"], f["step"]) for f in flag_run(checkpoints, tables, base_step=None)] == \
+        [("truncation", 200), ("collapse_after_peak", 200)]
+    with_base = [(f["code"], f["step"]) for f in flag_run(checkpoints, tables, base_step=0)]
+    assert ("length_blowup", 200) in with_base and ("reward_without_accuracy", 100) not in with_base  # it gained
+
+
+def test_a_flag_carries_its_figure_threshold_and_message():
+    truncated = _rows(16)
+    for row in truncated[:4]:
+        row["finish_reason"] = "length"
+    checkpoints, _ = _sweep({0: _rows(16), 100: truncated})
+    by_rows = {0: _rows(16), 100: truncated}  # rows, not tables: flag_run makes the tables
+    assert flag_run(checkpoints, by_rows, base_step=0) == [
+        {"code": "truncation", "step": 100, "figure": 0.1, "threshold": TRUNCATION,
+         "message": "step 100: 10% of answers stopped at the length limit"}]
+    assert REPETITION == TRUNCATION == 0.05
+
+
+def test_collapse_after_peak_bounds():
+    """Below the best's ci_low after it: flagged; at ci_low, or below it before the best: not."""
+    def run(*accuracies):
+        return [{"step": s, "accuracy": a, "ci_low": 0.7 if a == 0.8 else 0.1, "ci_high": 0.9} for s, a in accuracies]
+
+    assert flag_run(run((100, 0.5), (200, 0.8), (300, 0.7)), {}, base_step=None) == []  # 0.7 = the best's ci_low
+    flags = flag_run(run((100, 0.5), (200, 0.8), (300, 0.69)), {}, base_step=None)
+    assert [(f["code"], f["step"], f["figure"], f["threshold"]) for f in flags] == [("collapse_after_peak", 300, 0.69, 0.7)]
+    assert flag_run(run((100, 0.2), (200, 0.8)), {}, base_step=None) == []  # before the peak: still learning

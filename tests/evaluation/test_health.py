@@ -3,7 +3,14 @@ the repetition rule on both sides of each of its bounds."""
 
 import pytest
 
-from vlmfast.evaluation.health import REPEAT_MIN_TIMES, REPEAT_MIN_WORDS, health, repeats
+from vlmfast.evaluation.health import (
+    REPEAT_MAX_N,
+    REPEAT_MIN_TIMES,
+    REPEAT_MIN_WORDS,
+    health,
+    repeats,
+    words_of,
+)
 
 
 def _row(rid, text, tokens=10, finish="eos", **kw):
@@ -19,7 +26,30 @@ def test_repetition_rule_on_both_sides_of_its_bounds():
     assert not repeats("a b c d e f g h i j k l m n o p")  # no phrase repeats
     assert repeats("Some reasoning first, then " + "1 2 3 4 5 6 7 8 " * REPEAT_MIN_TIMES)  # an 8-word phrase
     assert not repeats("1 2 3 4 5 6 7 8 9 " * REPEAT_MIN_TIMES)  # a 9-word phrase is longer than the rule looks for
-    assert not repeats("yes yes yes no yes yes yes yes")  # 5 at the end: fewer than 8 words in the loop
+    assert not repeats("yes yes yes no yes yes yes yes")  # 4 at the end: fewer than 8 words in the loop
+    assert (REPEAT_MIN_WORDS, REPEAT_MIN_TIMES, REPEAT_MAX_N) == (8, 4, 8)  # the bounds the lines above are built on
+    assert not repeats("x y z " * (REPEAT_MIN_TIMES - 1))  # 9 words, but a phrase 3 times is not yet a loop
+    assert repeats("x y z " * REPEAT_MIN_TIMES)
+    assert not repeats("a b " * 3 + "c d " * 3)  # each 2-word phrase 3 times
+
+
+
+def test_a_long_answer_is_judged_on_its_last_words():
+    """Only the end of a long text is split; the verdicts equal splitting it all, long words included."""
+    from vlmfast.evaluation.health import _last_words
+
+    reasoning = " ".join(f"w{i}" for i in range(5000))
+    assert repeats(reasoning + " wait," * REPEAT_MIN_WORDS) and not repeats(reasoning)
+    long_words = reasoning + " " + " ".join("x" * 40 + str(i) for i in range(70))
+    assert _last_words(long_words, 60) == words_of(long_words)[-60:]
+    assert _last_words("ab" * 2000, 60) == ["ab" * 2000]
+
+
+def test_cjk_characters_are_words_of_their_own():
+    assert words_of("我想我想。 the cat, 1.5") == ["我", "想", "我", "想", "。", "the", "cat,", "1.5"]
+    assert repeats("让我们看看" + "我想" * REPEAT_MIN_TIMES)  # a 2-character phrase 4 times = 8 words
+    assert not repeats("让我们看看" + "我想" * (REPEAT_MIN_TIMES - 1))
+    assert not repeats("所以答案是四个苹果和三个香蕉")  # 14 characters, no phrase repeating at the end
 
 
 def test_health_figures_by_hand():

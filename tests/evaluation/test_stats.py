@@ -96,3 +96,24 @@ def test_mcnemar_exact(a_only, b_only, p):
 def test_mcnemar_large_counts_do_not_underflow():
     p = mcnemar_exact(1500, 1400)
     assert 0 < p < 1 and math.isfinite(p)
+
+
+def test_bootstrap_by_counts_matches_resampling_items(monkeypatch):
+    """The numpy draw (counts of each distinct difference, multinomial) and the item-by-item draw (numpy hidden)
+    are the same bootstrap: over 400 pairs both intervals sit on the normal approximation of the paired mean;
+    a difference the same on every pair has no spread; each is deterministic for its seed."""
+    import sys
+
+    pattern = [(1, 0)] * 60 + [(0, 1)] * 20 + [(1, 1)] * 200 + [(0, 0)] * 120
+    a = {i: x for i, (x, _) in enumerate(pattern)}
+    b = {i: y for i, (_, y) in enumerate(pattern)}
+    # mean 0.1, sd of the differences sqrt(0.2 − 0.01): the 95 % half-width 1.96 · sqrt(0.19 / 400) ≈ 0.0427
+    by_counts = paired_comparison(a, b, resamples=4000, seed=3)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy now raises ImportError
+    by_items = paired_comparison(a, b, resamples=4000, seed=3)
+    assert by_items == paired_comparison(a, b, resamples=4000, seed=3)
+    for r in (by_counts, by_items):
+        assert r["difference"] == pytest.approx(0.1)
+        assert r["ci_low"] == pytest.approx(0.1 - 0.0427, abs=0.006) and r["ci_high"] == pytest.approx(0.1 + 0.0427, abs=0.006)
+    same = paired_comparison({i: 1 for i in range(50)}, {i: 0 for i in range(50)}, resamples=100)
+    assert (same["ci_low"], same["ci_high"]) == (1.0, 1.0)

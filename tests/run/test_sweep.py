@@ -141,8 +141,12 @@ def test_sweep_cli_json_report_plot_and_gate(run, tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert [c["step"] for c in report["checkpoints"]] == [200, 300] and report["best"]["step"] == 200
-    assert json.loads((out / "report.json").read_text())["best"] == report["best"]
-    assert "best: step 200" in r.stderr
+    written = json.loads((out / "report.json").read_text())
+    assert written["best"] == report["best"] and written["flags"] == report["flags"]
+    assert all({"vs_base", "vs_best", "new_tokens_p50", "truncation_rate", "repetition_rate"} <= set(c)
+               for c in written["checkpoints"])
+    assert written["checkpoints"][1]["vs_best"]["n"] == 4 and written["checkpoints"][0]["vs_best"] is None
+    assert "best: step 200" in r.stderr and "engine: loaded 1× (" in r.stderr and "swapped in place 1× (" in r.stderr
     bad = cli("sweep", run["run"], "--manifest", run["manifest"], "--out-dir", out, "--steps", "7")
     assert bad.returncode == 2 and "7" in bad.stderr
 
@@ -211,6 +215,9 @@ def test_the_report_carries_health_paired_figures_and_flags(run, tmp_path):
     assert s200["vs_base"]["wrong_to_right"] == len(right[200] - right[0])
     assert s200["vs_base"]["right_to_wrong"] == len(right[0] - right[200])
     assert isinstance(report["flags"], list) and all(f["step"] in (0, 100, 200) for f in report["flags"])
+    assert set(s200["vs_base"]) == set(s100["vs_best"]) == {"n", "difference", "ci_low", "ci_high", "p_value",
+                                                           "right_to_wrong", "wrong_to_right"}
+    assert all(set(f) == {"code", "step", "figure", "threshold", "message"} for f in report["flags"])
 
 
 def test_a_rerun_keeps_measured_figures_and_refuses_other_settings(run, tmp_path):

@@ -3,8 +3,9 @@
 Per request (a request with several answers counts once): its score is the mean correctness of its
 answers, it is *right* when its answers' majority vote is correct (the one answer, with one), and it is
 *format-valid* when at least half of its answers are. :func:`compare` pairs two checkpoints over the
-requests both scored: the accuracy difference with its paired bootstrap interval and McNemar p-value
-(:func:`vlmfast.evaluation.stats.paired_comparison`), and how many requests flipped each way.
+requests both scored: the difference of their scores with its paired bootstrap interval
+(:func:`vlmfast.evaluation.stats.paired_comparison`), how many requests flipped each way (right/wrong by the
+majority vote), and the exact McNemar p-value of those flips.
 
 Flags (:func:`flag_run`), each rule with its threshold:
 
@@ -18,8 +19,9 @@ Flags (:func:`flag_run`), each rule with its threshold:
   (:func:`vlmfast.evaluation.health.repeats`).
 - ``collapse_after_peak``: a checkpoint after the best one whose accuracy is below the best's interval
   (its ``ci_low``).
-- ``reward_without_accuracy``: the mean reward is above base's by more than ``REWARD_GAIN`` while the
-  accuracy stays inside base's interval.
+- ``reward_without_accuracy``: the mean reward (``reward_mean``, the rows' total ``--reward``; only when
+  both have one) is above base's by more than ``REWARD_GAIN`` while the accuracy stays inside base's
+  interval (``ci_low`` to ``ci_high``).
 """
 
 from __future__ import annotations
@@ -55,34 +57,50 @@ def per_request(rows: list[dict]) -> dict[str, tuple[float, bool, bool]]:
     return out
 
 
-def flipped(a: dict, b: dict) -> dict[str, list[str]]:
-    """Requests (:func:`per_request` tables) right in ``b`` and wrong in ``a`` (``right_to_wrong``: going from b
-    to a), and the other way round."""
+def table_of(rows_or_table: list[dict] | dict) -> dict[str, tuple[float, bool, bool]]:
+    """A :func:`per_request` table: made from result rows (a list), or given as one already (a dict)."""
+    return rows_or_table if isinstance(rows_or_table, dict) else per_request(rows_or_table)
+
+
+def flipped(a: list[dict] | dict, b: list[dict] | dict) -> dict[str, list[str]]:
+    """Requests right in ``b`` and wrong in ``a`` (``right_to_wrong``: going from b to a), and the other way
+    round (``wrong_to_right``), in ``a``'s order. ``a`` and ``b``: result rows or :func:`per_request` tables;
+    with several answers per request, right means the majority vote is."""
+    a, b = table_of(a), table_of(b)
     shared = [rid for rid in a if rid in b]
     return {"right_to_wrong": [rid for rid in shared if b[rid][1] and not a[rid][1]],
             "wrong_to_right": [rid for rid in shared if a[rid][1] and not b[rid][1]]}
 
 
-def compare(a: dict, b: dict, *, seed: int = 0) -> dict:
-    """Checkpoint ``a`` against ``b`` (:func:`per_request` tables): ``n`` requests both scored, ``difference``
-    (a − b) with ``ci_low``/``ci_high`` and ``p_value``, ``right_to_wrong`` and ``wrong_to_right`` counts."""
-    from vlmfast.evaluation.stats import paired_comparison
+def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dict:
+    """Checkpoint ``a`` against ``b`` (result rows or :func:`per_request` tables): ``n`` requests both scored,
+    ``difference`` (a − b, per-request mean correctness) with its paired bootstrap ``ci_low``/``ci_high`` (95 %,
+    10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
+    (:func:`flipped`) and ``p_value``: the exact McNemar test on those flips (4 significant digits) — with one
+    answer per request, the same as McNemar on the 0/1 scores."""
+    from vlmfast.evaluation.stats import mcnemar_exact, paired_comparison
 
-    paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, resamples=2000, seed=seed)
-    flips = flipped(a, b)
+    a, b = table_of(a), table_of(b)
+    paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, seed=seed)
+    flips = {k: len(v) for k, v in flipped(a, b).items()}
     rounded = {k: None if paired[k] is None else round(paired[k], 4) for k in ("difference", "ci_low", "ci_high")}
-    return {"n": paired["n"], **rounded, "p_value": None if paired["p_value"] is None else round(paired["p_value"], 6),
-            "right_to_wrong": len(flips["right_to_wrong"]), "wrong_to_right": len(flips["wrong_to_right"])}
+    # significant digits, not decimals: a clear difference over thousands of requests has p far below 1e-6
+    p_value = float(f"{mcnemar_exact(flips['wrong_to_right'], flips['right_to_wrong']):.4g}") if paired["n"] else None
+    return {"n": paired["n"], **rounded, "p_value": p_value, **flips}
 
 
 def _flag(code: str, step: int, figure, threshold, message: str) -> dict:
     return {"code": code, "step": step, "figure": figure, "threshold": threshold, "message": f"step {step}: {message}"}
 
 
-def flag_run(checkpoints: list[dict], tables: dict[int, dict], *, base_step: int | None = None) -> list[dict]:
-    """The flags of a sweep: ``checkpoints`` are its per-step figures (accuracy, ci_low/ci_high, the health
-    figures), ``tables`` each step's :func:`per_request` table, ``base_step`` the base's step (None: no
-    base, so no rule that needs one)."""
+def flag_run(checkpoints: list[dict], rows_by_step: dict[int, list[dict] | dict], *,
+             base_step: int | None = None) -> list[dict]:
+    """The flags of a sweep, ordered by step: ``checkpoints`` are its per-step figures (``step``, ``accuracy``,
+    ``ci_low``/``ci_high``, the :func:`vlmfast.evaluation.health.health` figures), ``rows_by_step`` each step's
+    result rows or its :func:`per_request` table (a sweep keeps only the tables), ``base_step`` the base's
+    step (None: no base, so no rule that needs one). A flag: ``code`` (one of :data:`CODES`), ``step``,
+    ``figure`` (the value that tripped the rule), ``threshold`` (the bound it crossed), ``message``."""
+    tables = {step: table_of(rows) for step, rows in rows_by_step.items()}
     flags = []
     by_step = {c["step"]: c for c in checkpoints}
     base = by_step.get(base_step) if base_step is not None else None

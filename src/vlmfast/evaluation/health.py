@@ -5,11 +5,14 @@ they hit the length limit or collapse to a few tokens, loops that repeat one phr
 ``<answer>`` blocks that a lenient reward still scores, sub-rewards (format) rising while accuracy
 stays flat. :func:`health` gives those figures for one checkpoint's rows (standard library only).
 
-Repetition, defined: a row repeats when the last ``REPEAT_TAIL_WORDS`` words of its text (split on
-whitespace; all of them when the text has fewer, but at least ``REPEAT_MIN_WORDS``) are one n-gram of
-1 to ``REPEAT_MAX_N`` words repeated back to back at least ``REPEAT_MIN_TIMES`` times — "the the the …",
-"I think so. I think so. …" — counted from the end of the text, where a loop that ran into the length
-limit sits.
+Repetition, defined: the text is split into words — runs of non-space characters, except that each CJK
+character (Chinese, Japanese kana, Korean syllables, their punctuation) is a word of its own, since those
+scripts put no spaces between words. A row repeats when its text *ends* in one n-gram of 1 to
+``REPEAT_MAX_N`` words repeated back to back at least ``REPEAT_MIN_TIMES`` times, the repeats together
+covering at least ``REPEAT_MIN_WORDS`` words ("the the the the the the the the", "I think so. I think so.
+I think so. I think so.") — the end, because a loop runs until the length limit stops it. Only the last
+``REPEAT_TAIL_WORDS`` words are looked at (a longer loop counts the same). A text of fewer than
+``REPEAT_MIN_WORDS`` words never repeats.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ REPEAT_MIN_WORDS = 8
 REPEAT_MAX_N = 8
 REPEAT_MIN_TIMES = 4
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_CJK = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef"
+_WORD = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
+_HAS_CJK = re.compile(f"[{_CJK}]")
 
 KEYS = ("mean_new_tokens", "new_tokens_p50", "new_tokens_p90", "new_tokens_max", "mean_think_chars",
         "mean_answer_chars", "truncation_rate", "no_answer_rate", "empty_answer_rate", "multi_answer_rate",
@@ -31,17 +37,33 @@ KEYS = ("mean_new_tokens", "new_tokens_p50", "new_tokens_p90", "new_tokens_max",
 
 def repeats(text: str) -> bool:
     """Whether ``text`` ends in a loop (the module's definition)."""
-    words = text.split()
-    if len(words) < REPEAT_MIN_WORDS:
+    tail = _last_words(text, REPEAT_TAIL_WORDS)
+    if len(tail) < REPEAT_MIN_WORDS:
         return False
-    tail = words[-REPEAT_TAIL_WORDS:]
     for n in range(1, REPEAT_MAX_N + 1):
         gram, times, end = tail[-n:], 0, len(tail)
         while end - n >= 0 and tail[end - n:end] == gram:
             times, end = times + 1, end - n
-        if times >= REPEAT_MIN_TIMES and times * n >= min(len(tail), REPEAT_MIN_WORDS):
+        if times >= REPEAT_MIN_TIMES and times * n >= REPEAT_MIN_WORDS:
             return True
     return False
+
+
+def words_of(text: str) -> list[str]:
+    """``text``'s words as the repetition rule counts them: runs of non-space characters, each CJK character
+    one word."""
+    # str.split is several times faster than the pattern, and the same words when no CJK character is there
+    return _WORD.findall(text) if _HAS_CJK.search(text) else text.split()
+
+
+def _last_words(text: str, k: int) -> list[str]:
+    """The last ``k`` words of ``text`` (all, when it has fewer), splitting only its end: answers run to
+    thousands of words and a sweep judges 5,000 of them per checkpoint."""
+    end = text[-k * 16:]
+    if len(end) == len(text):
+        return words_of(text)[-k:]
+    words = words_of(end)[1:]  # the first may be the cut end of a longer word
+    return words[-k:] if len(words) >= k else words_of(text)[-k:]  # long words: split it all
 
 
 def answer_blocks(text: str) -> list[str]:

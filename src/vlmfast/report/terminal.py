@@ -122,30 +122,11 @@ FLAG_MARKS = {"format_only_gain": "format", "length_blowup": "long", "length_col
 
 def render_sweep(report: dict) -> None:
     """``vlmfast sweep``: one line per checkpoint (with its difference from base, its health and its flags), the
-    best one, the flags' messages, the gate, on stderr."""
-    table = Table(title=f"vlmfast sweep: {escape(report['run_dir'])}", title_justify="left")
-    samples = any(c.get("samples") for c in report["checkpoints"])
-    columns = ["step", "accuracy (95 % CI)", "vs base (flips)", "format", "tokens p50/p90", "trunc", "loop",
-               *(["pass@k · maj@k · same"] if samples else []), "tokens/s", "load / swap", "errors", "flags"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "flags" else "right")
-    flags: dict[int, list[str]] = {}
-    for f in report.get("flags", []):
-        flags.setdefault(f["step"], []).append(FLAG_MARKS.get(f["code"], f["code"]))
-    for c in report["checkpoints"]:
-        ci = f" ({_pct(c['ci_low'])}–{_pct(c['ci_high'])})" if c["ci_low"] is not None else ""
-        how = next((k for k in ("swap_s", "reload_s", "load_s") if k in c), None)
-        switch = f"{how[:-2]} {_fmt(c[how], ' s')}" if how else "–"
-        errors = str(c.get("errors", 0)) + (f" + {c['reward_errors']} reward" if c.get("reward_errors") else "")
-        vs = c.get("vs_base")
-        versus = (f"{vs['difference'] * 100:+.1f} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
-                  if vs and vs.get("difference") is not None else "–")
-        lengths = f"{_fmt(c.get('new_tokens_p50'), '', 0)}/{_fmt(c.get('new_tokens_p90'), '', 0)}"
-        extra = [_samples_cell(c.get("samples"))] if samples else []
-        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, versus,
-                      _pct(c["format_rate"]), lengths, _pct(c.get("truncation_rate")), _pct(c.get("repetition_rate")),
-                      *extra, _fmt(c["tokens_per_s"], "", 1), switch, errors, " ".join(flags.get(c["step"], [])))
-    stderr.print(table)
+    engine's switches, the best one, the flags' messages, the gate, on stderr."""
+    stderr.print(sweep_table(report))
+    switched = _switches(report["checkpoints"])
+    if switched:
+        stderr.print(f"engine: {switched}")
     best, failed = report["best"], sum(c.get("reward_errors") or 0 for c in report["checkpoints"])
     where = ("base" if best.get("label") == "base" else f"step {best['step']}") if best else ""
     stderr.print(f"best: {where} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
@@ -157,6 +138,61 @@ def render_sweep(report: dict) -> None:
         stderr.print(f"[red]gate:[/red] {escape(report['gate']['message'])}")
     for note in report["notes"]:
         render_note(note)
+
+
+def sweep_table(report: dict) -> Table:
+    """The sweep's table, one line per checkpoint. Kept within 100 columns where it can be: no outer box, rates
+    without decimals from 10 % up, the error column only when a row failed, each step's engine switch in one
+    line below the table (:func:`_switches`; per step in report.json)."""
+    from rich import box
+
+    table = Table(title=f"vlmfast sweep: {escape(report['run_dir'])}", title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, collapse_padding=True)
+    checkpoints = report["checkpoints"]
+    samples = any(c.get("samples") for c in checkpoints)
+    errors = any(c.get("errors") or c.get("reward_errors") for c in checkpoints)
+    columns = ["step", "accuracy\n(95 % CI)", "vs base\n(flips)", "format", "tokens\np50/p90", "trunc", "loop",
+               *(["pass@k · maj@k\n· all same"] if samples else []), "tokens/s", *(["errors"] if errors else []), "flags"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "flags" else "right", no_wrap=column == "step",
+                         overflow="fold")  # narrower than the table: cells wrap, no figure is cut to "…"
+    flags: dict[int, list[str]] = {}
+    for f in report.get("flags", []):
+        flags.setdefault(f["step"], []).append(FLAG_MARKS.get(f["code"], f["code"]))
+    for c in checkpoints:
+        ci = f" ({_rate(c['ci_low'], False)}–{_rate(c['ci_high'])})" if c["ci_low"] is not None else ""
+        vs = c.get("vs_base")
+        versus = (f"{vs['difference'] * 100:+.1f} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
+                  if vs and vs.get("difference") is not None else "–")
+        lengths = "/".join("–" if c.get(k) is None else f"{c[k]:.0f}" for k in ("new_tokens_p50", "new_tokens_p90"))
+        extra = [_samples_cell(c.get("samples"))] if samples else []
+        failed = [str(c.get("errors", 0)) + (f" + {c['reward_errors']} reward" if c.get("reward_errors") else "")]
+        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, versus,
+                      _rate(c["format_rate"]), lengths, _rate(c.get("truncation_rate")), _rate(c.get("repetition_rate")),
+                      *extra, _fmt(c["tokens_per_s"], "", 0), *(failed if errors else []),
+                      " ".join(flags.get(c["step"], [])))
+    return table
+
+
+def _rate(value, sign: bool = True) -> str:
+    """A rate in a narrow cell: one decimal under 10 % (the flags' 5 % bounds stay readable), none above."""
+    if value is None:
+        return "–"
+    shown = f"{value * 100:.1f}" if value < 0.1 else f"{value * 100:.0f}"
+    return shown.removesuffix(".0") + ("%" if sign else "")
+
+
+def _switches(checkpoints: list[dict]) -> str:
+    """How the engine moved between checkpoints, in one line: "loaded 1× (12.3 s) · swapped 49× (median 1.21 s)"."""
+    from vlmfast.timing import percentile
+
+    parts = []
+    for key, word in (("load_s", "loaded"), ("swap_s", "swapped in place"), ("reload_s", "reloaded")):
+        seconds = [c[key] for c in checkpoints if c.get(key)]
+        if seconds:
+            each = f"{seconds[0]:.1f} s" if len(seconds) == 1 else f"median {percentile(seconds, 50):.2f} s"
+            parts.append(f"{word} {len(seconds)}× ({each})")
+    return " · ".join(parts)
 
 
 def _samples_cell(samples: dict | None) -> str:

@@ -1,0 +1,62 @@
+"""The sweep's terminal table on a made report: within 100 columns, each step's difference from base with its
+flips, its flags' short marks, and below it the engine's switches and every flag's message."""
+
+import io
+
+from rich.console import Console
+
+from vlmfast.report import terminal
+
+
+def _checkpoint(step, accuracy, low, high, **kw):
+    return {"step": step, "label": "base" if step == 0 else "hf-trainer", "path": f"/run/checkpoint-{step}",
+            "accuracy": accuracy, "ci_low": low, "ci_high": high, "format_rate": 1.0, "new_tokens_p50": 212.0,
+            "new_tokens_p90": 1024.0, "truncation_rate": 0.025, "repetition_rate": 0.0, "tokens_per_s": 12345.6,
+            "errors": 0, "reward_errors": 0, "vs_base": None, **kw}
+
+
+REPORT = {
+    "run_dir": "/runs/grpo-qwen2.5-vl-7b", "gate": None, "notes": [],
+    "checkpoints": [
+        _checkpoint(0, 0.4, 0.263, 0.554, load_s=12.34),
+        _checkpoint(1200, 0.55, 0.398, 0.693, swap_s=1.2, truncation_rate=0.075,
+                    vs_base={"n": 40, "difference": 0.125, "ci_low": 0.02, "ci_high": 0.23, "p_value": 0.03,
+                             "wrong_to_right": 6, "right_to_wrong": 1}),
+        _checkpoint(12000, 0.075, 0.026, 0.199, swap_s=1.4, repetition_rate=0.3,
+                    vs_base={"n": 40, "difference": -0.325, "ci_low": -0.5, "ci_high": -0.15, "p_value": 0.0001,
+                             "wrong_to_right": 0, "right_to_wrong": 13}),
+    ],
+    "best": {"step": 1200, "label": "hf-trainer", "path": "/run/checkpoint-1200", "accuracy": 0.55},
+    "flags": [
+        {"code": "truncation", "step": 1200, "figure": 0.075, "threshold": 0.05,
+         "message": "step 1200: 8% of answers stopped at the length limit"},
+        {"code": "repetition", "step": 12000, "figure": 0.3, "threshold": 0.05,
+         "message": "step 12000: 30% of answers end in a repeated phrase"},
+        {"code": "collapse_after_peak", "step": 12000, "figure": 0.075, "threshold": 0.398,
+         "message": "step 12000: accuracy 7.5% is below the interval of the best step 1200 (from 39.8%)"},
+    ],
+}
+
+
+def _render(monkeypatch, width):
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=width, highlight=False, soft_wrap=True))
+    terminal.render_sweep(REPORT)
+    return out.getvalue().splitlines()
+
+
+def test_sweep_table_fits_100_columns_with_flips_and_flag_marks(monkeypatch):
+    lines = _render(monkeypatch, 100)
+    table = lines[:lines.index("engine: loaded 1× (12.3 s) · swapped in place 2× (median 1.30 s)")]
+    assert max(len(line) for line in table) <= 100
+    rows = {line.split()[0]: line for line in table if line.split() and line.split()[0] in ("base", "1200", "12000")}
+    assert rows["base"].split() == ["base", "40.0%", "(26–55%)", "–", "100%", "212/1024", "2.5%", "0%", "12,346"]
+    assert rows["1200"].split() == ["1200", "55.0%", "(40–69%)", "+12.5", "(6↑", "1↓)", "100%", "212/1024", "7.5%",
+                                    "0%", "12,346", "trunc"]
+    assert rows["12000"].split()[3:6] == ["-32.5", "(0↑", "13↓)"] and rows["12000"].endswith("loop collapse")
+    assert lines[-3:] == [f"flag {f['code']}: {f['message']}" for f in REPORT["flags"]]
+
+
+def test_a_narrow_terminal_wraps_cells_and_cuts_no_figure(monkeypatch):
+    text = "\n".join(_render(monkeypatch, 70))
+    assert "…" not in text and "13↓)" in text and "collapse" in text
