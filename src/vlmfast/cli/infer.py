@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
                      CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, GpuMemory, IgnoreEos, Images, Iou, Json,
-                     Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
+                     AnswerKey, ImageKey, PromptKey, Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
                      Overlap, Overwrite, PipelineParallel, Prompt, PromptFile, RetryErrors, Reward, RewardKwargs,
                      RewardThreshold, RewardWeights, Samples, Scorer, Seed, SkipBad, System, Temperature,
                      Template, TensorParallel, Threads, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
@@ -18,6 +18,9 @@ def infer(
     prompt: Prompt = None,
     prompt_file: PromptFile = None,
     manifest: Manifest = None,
+    prompt_key: PromptKey = None,
+    answer_key: AnswerKey = None,
+    image_key: ImageKey = None,
     template: Template = "plain",
     system: System = None,
     max_pixels: MaxPixels = None,

@@ -32,6 +32,10 @@ class InferOptions:
     prompt: str | None = None
     prompt_file: str | None = None
     manifest: str | None = None
+    # a parquet / Arrow dataset's columns (None: EasyR1's problem/answer/images, then verl's; vlmfast.inputs.datasets)
+    prompt_key: str | None = None
+    answer_key: str | None = None
+    image_key: str | None = None
     template: str = "plain"
     system: str | None = None
     out: str | None = None
