@@ -262,7 +262,8 @@ def is_r1v(record: dict) -> bool:
 
 def r1v_view(record: dict) -> dict:
     """An R1-V line in vlmfast's manifest keys (the line itself still travels as the record)."""
-    view = {"image": record["image_path"], "prompt": record["question"]}
+    path = record["image_path"]
+    view = {"images" if isinstance(path, list) else "image": path, "prompt": record["question"]}
     if "ground_truth" in record:
         view["solution"] = record["ground_truth"]
     for key in ("id", "system", "scorer", "data_source", "extra_info"):

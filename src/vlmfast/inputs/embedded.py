@@ -10,6 +10,8 @@ memory a scan or a fetch takes does not grow with the file's row count.
 Random access to a parquet row streams its row group's image column up to that row: trainer-written
 files (``datasets``' ``to_parquet`` writes 100 rows per row group for image data) make that cheap; a file
 written as one huge row group is read again, page by page, for every batch that needs one of its rows.
+Besides the record batch, pyarrow's reader holds one data page (and a row group's dictionary page when
+the writer dictionary-encoded the images): their size is the writer's choice, not the row count's.
 """
 
 from __future__ import annotations
