@@ -137,6 +137,15 @@ def test_a_save_to_disk_folder_is_read_from_its_arrow_stream(images, tmp_path):
     assert got.requests[3].image_data[0].chunk == 1
 
 
+def test_a_single_image_column_of_structs(images, tmp_path):
+    table = _easyr1(images).drop_columns(["images"]).append_column("image", pa.array([_png(images[i]) for i in range(4)]))
+    pq.write_table(table, tmp_path / "one.parquet")
+    got = collect(manifest=str(tmp_path / "one.parquet"))
+    _same_requests(got.requests, collect(manifest=_jsonl(tmp_path / "m.jsonl", _ours(images))).requests)
+    assert got.requests[0].image_data[0].index is None
+    assert got.requests[0].record["image"] == f"{tmp_path / 'one.parquet'}#row=0/image=0"
+
+
 def test_image_paths_resolve_against_the_files_folder(images, tmp_path):
     table = _easyr1(images).set_column(3, "images", pa.array([[os.path.relpath(images[i], tmp_path)] for i in range(4)]))
     pq.write_table(table, tmp_path / "paths.parquet")
@@ -279,3 +288,37 @@ def test_reading_holds_one_record_batch_of_image_bytes_whatever_the_row_count(tm
         assert figures["fetch_transient"] < 3 * batch, figures
     assert large["arrow_peak"] < 0.3 * large["total"]  # the whole image column would be 3.6 MB
     assert large["arrow_peak"] <= small["arrow_peak"] + batch  # ten times the rows: no more memory
+
+
+def test_rewards_get_a_verl_parquet_row_as_the_trainers_hand_it_over(images, tmp_path):
+    from conftest import FakeBackend
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.runner import infer
+
+    pq.write_table(_verl(images), tmp_path / "test.parquet")
+    seen = tmp_path / "seen.jsonl"
+    (tmp_path / "rewards.py").write_text(f'''import json
+def _say(*what):
+    with open({str(seen)!r}, "a") as f:
+        f.write(json.dumps(what) + "\\n")
+
+def verl_score(data_source, solution_str, ground_truth, extra_info=None):
+    _say("verl", data_source, ground_truth, extra_info)
+    return 1.0
+
+def trl_cols(completions, solution, **kwargs):
+    _say("trl", solution, kwargs["reward_model"], kwargs["images"], kwargs["ability"])
+    return [1.0 for _ in completions]
+''')
+    specs = [f"{tmp_path / 'rewards.py'}:verl_score", f"{tmp_path / 'rewards.py'}:trl_cols"]
+    infer(InferOptions(ckpt="fake", manifest=str(tmp_path / "test.parquet"), out=str(tmp_path / "r.jsonl"), reward=specs,
+                       batch_size=4), backend=FakeBackend())
+    calls = read_jsonl(seen)[2:]  # after the check that calls each function once before anything generates
+    verl, trl = [c for c in calls if c[0] == "verl"], [c for c in calls if c[0] == "trl"]
+    assert len(verl) == 4 and verl[:2] == [
+        ["verl", "hiyouga/geometry3k", "3", {"split": "test", "index": 0, "answer": "3", "question": QUESTIONS[0],
+                                              "num_turns": None, "rollout_reward_scores": {}}],
+        ["verl", "hiyouga/geometry3k", "red", {"split": "test", "index": 1, "answer": "red", "question": QUESTIONS[1],
+                                                "num_turns": None, "rollout_reward_scores": {}}]]
+    assert trl == [["trl", ANSWERS, [{"style": "rule", "ground_truth": a} for a in ANSWERS],
+                        [[f"{tmp_path / 'test.parquet'}#row={i}/image=0"] for i in range(4)], ["math"] * 4]]

@@ -122,12 +122,12 @@ def record_batches(part: Part, columns: list[str] | None = None) -> Iterator[tup
 def image_entries(value) -> list:
     """An image column's value as a list of images, each ``bytes`` (embedded), a ``str`` (a path) or
     None (neither): the ``{"bytes", "path"}`` struct of ``datasets``' Image feature (its bytes win, as the
-    trainers decode them), raw bytes, a path, or a list of any of these."""
+    trainers decode them; verl also reads ``{"image": path}``), raw bytes, a path, or a list of these."""
     items = value if isinstance(value, list) else ([] if value is None else [value])
     out = []
     for item in items:
         if isinstance(item, dict):
-            item = item.get("bytes") or item.get("path")
+            item = item.get("bytes") or item.get("path") or item.get("image")
         out.append(item if isinstance(item, (bytes, str)) and item else None)
     return out
 
