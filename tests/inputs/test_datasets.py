@@ -137,8 +137,10 @@ def test_a_save_to_disk_folder_is_read_from_its_arrow_stream(images, tmp_path):
     assert got.requests[3].image_data[0].chunk == 1
 
 
-def test_a_single_image_column_of_structs(images, tmp_path):
-    table = _easyr1(images).drop_columns(["images"]).append_column("image", pa.array([_png(images[i]) for i in range(4)]))
+@pytest.mark.parametrize("as_struct", [True, False], ids=["struct", "raw-bytes"])
+def test_a_single_image_column(images, tmp_path, as_struct):
+    column = [_png(images[i]) if as_struct else images[i].read_bytes() for i in range(4)]
+    table = _easyr1(images).drop_columns(["images"]).append_column("image", pa.array(column))
     pq.write_table(table, tmp_path / "one.parquet")
     got = collect(manifest=str(tmp_path / "one.parquet"))
     _same_requests(got.requests, collect(manifest=_jsonl(tmp_path / "m.jsonl", _ours(images))).requests)
