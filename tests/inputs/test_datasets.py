@@ -202,6 +202,18 @@ def test_a_key_that_is_not_a_column_names_the_columns(images, tmp_path, grpo_ckp
     assert result.returncode == 2 and "apply to parquet and Arrow datasets" in result.stderr
 
 
+def test_format_prompt_renders_each_question_as_easyr1_does(images, tmp_path, grpo_ckpt):
+    from vlmfast.run.options import InferOptions
+
+    pq.write_table(_easyr1(images), tmp_path / "val.parquet")
+    (tmp_path / "math.jinja").write_text("{{ content | trim }} Put the final answer in \\boxed{}.\n")
+    got = collect(manifest=str(tmp_path / "val.parquet"), format_prompt=str(tmp_path / "math.jinja"))
+    assert [r.prompt for r in got.requests] == [f"{q} Put the final answer in \\boxed{{}}." for q in QUESTIONS]
+    with pytest.raises(UsageError, match="--format-prompt and --template r1 both shape the prompt"):
+        InferOptions(ckpt=str(grpo_ckpt), manifest=str(tmp_path / "val.parquet"), template="r1",
+                     format_prompt=str(tmp_path / "math.jinja"))
+
+
 def test_without_pyarrow_a_dataset_manifest_says_how_to_install_it(images, tmp_path, monkeypatch):
     pq.write_table(_easyr1(images), tmp_path / "val.parquet")
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError

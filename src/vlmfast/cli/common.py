@@ -88,6 +88,7 @@ PromptKey = Annotated[Optional[str], typer.Option(help="Parquet/Arrow --manifest
 AnswerKey = Annotated[Optional[str], typer.Option(help="Parquet/Arrow --manifest: the ground-truth column, dotted into a struct (default: answer, as EasyR1; else reward_model.ground_truth, as verl; else solution).", rich_help_panel=INPUT)]
 ImageKey = Annotated[Optional[str], typer.Option(help="Parquet/Arrow --manifest: the image column, bytes or paths (default: images, else image).", rich_help_panel=INPUT)]
 Template = Annotated[str, typer.Option(help="plain | r1 (append VLM-R1's think/answer instruction).", rich_help_panel=INPUT)]
+FormatPrompt = Annotated[Optional[str], typer.Option(help="A Jinja file each prompt is rendered through, with the question as {{ content }}: EasyR1's data.format_prompt (e.g. its math.jinja), so the prompts are the training's (instead of --template).", rich_help_panel=INPUT)]
 System = Annotated[Optional[str], typer.Option(help="System prompt.", rich_help_panel=INPUT)]
 MaxPixels = Annotated[Optional[int], typer.Option(help="Max pixels per image (default: the processor's, capped at 1280·28·28).", rich_help_panel=INPUT)]
 MinPixels = Annotated[Optional[int], typer.Option(help="Min pixels per image (default: the processor's).", rich_help_panel=INPUT)]

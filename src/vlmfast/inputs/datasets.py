@@ -254,6 +254,23 @@ def load_images(requests) -> dict[tuple[str, int], object]:
             for k, d in enumerate(getattr(r, "image_data", None) or ()) if d is not None}
 
 
+# -- EasyR1's format prompt -------------------------------------------------------------------------------
+def format_prompt(path: str):
+    """EasyR1's ``data.format_prompt``: a Jinja file rendered with ``content`` = the question (its
+    ``math.jinja``, ``r1v.jinja``); returns the function that renders one prompt."""
+    try:
+        from jinja2 import Template, TemplateError
+    except ImportError:
+        raise UsageError("--format-prompt needs jinja2", hint='pip install "jinja2>=3"') from None
+    try:
+        template = Template(Path(path).read_text(encoding="utf-8").strip())  # EasyR1 strips the file too
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read --format-prompt {path}: {exc}", hint="give a readable UTF-8 Jinja file") from exc
+    except TemplateError as exc:
+        raise InputError(f"--format-prompt {path} is not a Jinja template: {exc}", hint="fix the template") from exc
+    return lambda prompt: template.render(content=prompt)
+
+
 # -- R1-V ---------------------------------------------------------------------------------------------------
 def is_r1v(record: dict) -> bool:
     """An R1-V evaluation line: ``image_path`` and ``question`` (and ``ground_truth``), none of ours."""

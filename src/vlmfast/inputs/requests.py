@@ -316,13 +316,21 @@ def collect(
     system: str | None = None,
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     keys=None,
+    format_prompt: str | None = None,
 ) -> Collected:
     """Build and validate every request. Problems are gathered, not raised: the caller decides
-    between failing on all of them at once (the default) and recording error rows (``--skip-bad``)."""
+    between failing on all of them at once (the default) and recording error rows (``--skip-bad``).
+    ``format_prompt``: a Jinja file each prompt is rendered through (EasyR1's), in place of ``template``."""
     if not images and not manifest:
         raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE "
                                            "(.jsonl, .parquet or a dataset folder)")
     base_prompt = read_prompt(prompt, prompt_file)
+    if format_prompt is not None:
+        from vlmfast.inputs.datasets import format_prompt as read_format
+
+        render = read_format(format_prompt)
+    else:
+        render = lambda text: apply_template(text, template)  # noqa: E731
     entries: list[Request | BadInput] = []  # in input order, good and bad alike
     warnings: list[str] = []
     if images:
@@ -352,10 +360,10 @@ def collect(
     sizes.update((p, s) for r in requests if r.image_sizes for p, s in zip(r.images, r.image_sizes))
     good: list[Request] = []
     bad: list[BadInput] = [e if e.request is None else dataclasses.replace(
-        e, request=dataclasses.replace(e.request, prompt=apply_template(e.request.prompt, template)))
+        e, request=dataclasses.replace(e.request, prompt=render(e.request.prompt)))
         for e in entries if isinstance(e, BadInput)]
     for r in requests:
-        r = dataclasses.replace(r, prompt=apply_template(r.prompt, template))
+        r = dataclasses.replace(r, prompt=render(r.prompt))
         mine = tuple(Problem(p, image_problems[p]) for p in r.images if p in image_problems)
         if mine:
             bad.append(BadInput(id=r.id, problems=mine, request=r))

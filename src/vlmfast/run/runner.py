@@ -105,7 +105,7 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
     collected = collect(
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
-        keys=DatasetKeys(options.prompt_key, options.answer_key, options.image_key),
+        keys=DatasetKeys(options.prompt_key, options.answer_key, options.image_key), format_prompt=options.format_prompt,
     )
     raise_for_problems(collected, skip_bad=options.skip_bad)
     if dist.world > 1 and options.out is None:

@@ -34,6 +34,7 @@ def settings_of(infer) -> dict:
     return {
         "manifest": manifest, "manifest_sha256": digest, "images": infer.images, "prompt": infer.prompt,
         "prompt_key": infer.prompt_key, "answer_key": infer.answer_key, "image_key": infer.image_key,
+        "format_prompt": infer.format_prompt,
         "prompt_file": infer.prompt_file, "template": infer.template, "system": infer.system,
         "generation": generation, "min_pixels": infer.min_pixels, "max_pixels": infer.max_pixels,
         "scorer": infer.scorer, "iou": infer.iou, "bbox_space": infer.bbox_space, "reward": infer.reward,
