@@ -1,5 +1,6 @@
-"""Turn command-line inputs (files, directories, globs, prompt files, JSONL manifests) into
-validated :class:`Request` objects — before any model is loaded.
+"""Turn command-line inputs (files, directories, globs, prompt files, JSONL manifests, trainers' parquet
+and save_to_disk datasets — :mod:`vlmfast.inputs.datasets`) into validated :class:`Request` objects —
+before any model is loaded.
 
 Everything that can be wrong with an input is collected as a :class:`Problem` so the user sees
 the whole list at once instead of fixing one file per run.
@@ -12,6 +13,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
@@ -325,12 +327,9 @@ def collect(
         raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE "
                                            "(.jsonl, .parquet or a dataset folder)")
     base_prompt = read_prompt(prompt, prompt_file)
-    if format_prompt is not None:
-        from vlmfast.inputs.datasets import format_prompt as read_format
+    from vlmfast.inputs.datasets import format_prompt as read_format
 
-        render = read_format(format_prompt)
-    else:
-        render = lambda text: apply_template(text, template)  # noqa: E731
+    render = read_format(format_prompt) if format_prompt is not None else partial(apply_template, template=template)
     entries: list[Request | BadInput] = []  # in input order, good and bad alike
     warnings: list[str] = []
     if images:
