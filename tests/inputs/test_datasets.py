@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import cli, read_jsonl
 from PIL import Image
 
-from conftest import cli, read_jsonl
 from vlmfast.errors import UsageError
 from vlmfast.inputs.datasets import load_images
 from vlmfast.inputs.requests import collect
@@ -306,6 +306,7 @@ def test_reading_holds_one_record_batch_of_image_bytes_whatever_the_row_count(tm
 
 def test_rewards_get_a_verl_parquet_row_as_the_trainers_hand_it_over(images, tmp_path):
     from conftest import FakeBackend
+
     from vlmfast.run.options import InferOptions
     from vlmfast.run.runner import infer
 

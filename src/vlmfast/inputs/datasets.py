@@ -25,6 +25,7 @@ R1-V's JSONL (``{"image_path", "question", "ground_truth"}``) is recognised by i
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from vlmfast.errors import InputError, UsageError
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
                                      image_label, record_batches)
-from vlmfast.inputs.requests import (BadInput, Problem, Request, _resolve_relative, check_images, parse_messages)
+from vlmfast.inputs.requests import BadInput, Problem, Request, resolve_relative, check_images, parse_messages
 
 DATASET_SUFFIXES = (".parquet", ".arrow")
 PROMPT_KEYS = ("problem", "prompt")
@@ -152,7 +153,7 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
             data.append(EmbeddedImage(part.path, part.kind, chunk, offset, columns.image, k if is_list else None))
             size, problem = check_image_bytes(entry, max_image_pixels)
         elif isinstance(entry, str):
-            label = _resolve_relative(entry, base)
+            label = resolve_relative(entry, base)
             data.append(None)
             found, failed = check_images([label], max_image_pixels)
             size, problem = found.get(label), failed.get(label)
@@ -170,13 +171,7 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
                       image_data=tuple(data) if any(d is not None for d in data) else None)
     if problems:
         return BadInput(id=request.id, problems=tuple(problems), request=request)
-    return _with_sizes(request, tuple(sizes))
-
-
-def _with_sizes(request: Request, sizes: tuple) -> Request:
-    import dataclasses
-
-    return dataclasses.replace(request, image_sizes=sizes)
+    return dataclasses.replace(request, image_sizes=tuple(sizes))
 
 
 def row_fields(row: dict, columns: Columns, default_prompt: str | None, number: int) -> dict:

@@ -34,8 +34,8 @@ def require_pyarrow():
     """The pyarrow module, or a UsageError that says how to install it."""
     try:
         import pyarrow
-        import pyarrow.ipc  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow.ipc
+        import pyarrow.parquet
     except ImportError:
         raise UsageError("reading parquet or Arrow (save_to_disk) manifests needs pyarrow", hint=PYARROW_HINT) from None
     return pyarrow

@@ -226,7 +226,7 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     scorer = record.get("scorer")
     if scorer is not None and scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r}: use one of {', '.join(SCORERS)}")
-    images = [_resolve_relative(i, base) for i in images]
+    images = [resolve_relative(i, base) for i in images]
     rid = record.get("id", images[0])
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise ValueError('"id" must be a string or an integer')
@@ -262,7 +262,8 @@ def content_text(content) -> str:
     return ""
 
 
-def _resolve_relative(image: str, base: Path) -> str:
+def resolve_relative(image: str, base: Path) -> str:
+    """A relative image path against ``base`` (the manifest's folder) when it exists there or nowhere else."""
     if os.path.isabs(image) or base == Path("."):
         return image
     candidate = base / image
