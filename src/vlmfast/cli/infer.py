@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
-                     CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, GpuMemory, IgnoreEos, Images, Iou, Json,
-                     Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
-                     Overlap, Overwrite, PipelineParallel, Prompt, PromptFile, RetryErrors, Reward, RewardKwargs,
-                     RewardThreshold, RewardWeights, Samples, Scorer, Seed, SkipBad, System, Temperature,
-                     Template, TensorParallel, Threads, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
-                     guarded)
+from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, AnswerKey, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command,
+                     Compile, CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, FormatPrompt,
+                     GpuMemory, IgnoreEos, ImageKey, Images, Iou, Json, Manifest, MaxBatchTokens, MaxImagePixels, MaxNew,
+                     MaxNumSeqs, MaxPixels, Merge, MinPixels, Out, Overlap, Overwrite, PipelineParallel, Prompt, PromptFile,
+                     PromptKey, RetryErrors, Reward, RewardKwargs, RewardThreshold, RewardWeights, Samples, Scorer, Seed,
+                     SkipBad, System, Temperature, Template, TensorParallel, Threads, TopP, TrustRemote, UsageError,
+                     batch_size_value, command, from_params, guarded)
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
@@ -18,7 +18,11 @@ def infer(
     prompt: Prompt = None,
     prompt_file: PromptFile = None,
     manifest: Manifest = None,
+    prompt_key: PromptKey = None,
+    answer_key: AnswerKey = None,
+    image_key: ImageKey = None,
     template: Template = "plain",
+    format_prompt: FormatPrompt = None,
     system: System = None,
     max_pixels: MaxPixels = None,
     min_pixels: MinPixels = None,

@@ -11,7 +11,7 @@ from vlmfast.cli.common import EXIT_CODES_HELP, INPUT, OUTPUT, Command, batch_si
 from vlmfast.cli.infer import infer as infer_command
 
 # infer's options that a sweep passes to each checkpoint's run, declared once in infer
-FROM_INFER = ("prompt", "prompt_file", "template", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
+FROM_INFER = ("prompt", "prompt_file", "prompt_key", "answer_key", "image_key", "template", "format_prompt", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
               "max_new_tokens", "temperature", "top_p", "seed", "n", "ignore_eos", "decoder", "cuda_graphs", "compile_", "threads",
               "device", "dtype", "attn", "scorer", "iou", "bbox_space", "reward", "reward_weights",
               "reward_kwargs", "reward_threshold", "json_out", "engine", "tensor_parallel_size", "data_parallel_size",
@@ -22,7 +22,7 @@ FROM_INFER = ("prompt", "prompt_file", "template", "system", "max_pixels", "min_
 @sharing(infer_command, FROM_INFER)
 def sweep(
     run_dir: Annotated[str, typer.Argument(help="A training run's output dir: checkpoint-N (HF Trainer, VLM-R1, TRL), vX-*/checkpoint-N (ms-swift) or global_step_N/actor/huggingface (EasyR1, verl).", show_default=False)],
-    manifest: Annotated[str, typer.Option(help="The evaluation set: JSONL with ground truth (see infer --manifest).", rich_help_panel=INPUT)],
+    manifest: Annotated[str, typer.Option(help="The evaluation set with ground truth: JSONL, or the trainer's parquet / save_to_disk dataset (see infer --manifest).", rich_help_panel=INPUT)],
     out_dir: Annotated[Path, typer.Option(help="Where each checkpoint's results file, report.json and plot.png go (rerun to resume).", rich_help_panel=OUTPUT)],
     base: Annotated[Optional[str], typer.Option(help="The model the run started from, evaluated as step 0: did RL help?", rich_help_panel=INPUT)] = None,
     steps: Annotated[Optional[str], typer.Option(help="Only these steps, comma-separated (e.g. 100,300).", rich_help_panel=INPUT)] = None,

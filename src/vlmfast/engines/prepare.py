@@ -56,17 +56,21 @@ class Preparer:
 
     def load_images(self, batch: Sequence[Request]) -> tuple[dict[str, list], dict[str, str]]:
         """Decode and resize every image (Qwen's rule, our pixel limits). A file that passed the
-        header check but fails to decode (truncated data) fails only its own request."""
+        header check but fails to decode (truncated data) fails only its own request. Images embedded in a
+        dataset file are read from it now, this batch's only, and decoded in memory."""
         from qwen_vl_utils import fetch_image
 
+        from vlmfast.inputs.datasets import load_images as embedded_images
+
+        embedded = embedded_images(batch)
         images: dict[str, list] = {}
         failed: dict[str, str] = {}
         for r in batch:
             loaded = []
-            for path in r.images:
+            for k, path in enumerate(r.images):
                 try:
-                    loaded.append(fetch_image({"image": path, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
-                                              image_patch_size=self.patch_size))
+                    loaded.append(fetch_image({"image": embedded.get((r.id, k), path), "min_pixels": self.min_pixels,
+                                               "max_pixels": self.max_pixels}, image_patch_size=self.patch_size))
                 except Exception as exc:  # PIL raises many types for corrupt data
                     failed[r.id] = f"{path}: cannot decode image ({type(exc).__name__}: {exc})"
                     break

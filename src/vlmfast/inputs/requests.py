@@ -1,5 +1,6 @@
-"""Turn command-line inputs (files, directories, globs, prompt files, JSONL manifests) into
-validated :class:`Request` objects — before any model is loaded.
+"""Turn command-line inputs (files, directories, globs, prompt files, JSONL manifests, trainers' parquet
+and save_to_disk datasets — :mod:`vlmfast.inputs.datasets`) into validated :class:`Request` objects —
+before any model is loaded.
 
 Everything that can be wrong with an input is collected as a :class:`Problem` so the user sees
 the whole list at once instead of fixing one file per run.
@@ -12,6 +13,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
@@ -51,6 +53,9 @@ class Request:
     # reward functions untouched (dataset columns, verl's extra_info), unlike ``truth`` (normalised for scoring).
     manifest_truth: object = field(default=None, compare=False)
     record: dict | None = field(default=None, compare=False, repr=False)
+    # Images embedded in a dataset file: per image, where its bytes lie (vlmfast.inputs.embedded.EmbeddedImage),
+    # None for a path; ``images`` then holds labels. Bytes are read and decoded when the batch is prepared.
+    image_data: tuple | None = field(default=None, compare=False, repr=False)
 
     def truth_record(self) -> dict:
         """What a reward function or scorer needs of this request's ground truth."""
@@ -141,12 +146,22 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     return text
 
 
-def read_manifest(path: str, default_prompt: str | None) -> tuple[list[Request | BadInput], list[str]]:
-    """Parse a JSONL manifest into requests and bad lines, in file order. Records are either ours —
-    ``{"id", "image"|"images", "prompt", "system", "solution"|"answer", "scorer"}`` — or ms-swift's —
-    ``{"messages": [...], "images": [...]}``. Relative image paths resolve against the manifest's
-    directory first, then the working directory.
+def read_manifest(path: str, default_prompt: str | None, keys=None,
+                  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[list[Request | BadInput], list[str]]:
+    """Parse a manifest into requests and bad lines, in file order. A JSONL file's records are ours —
+    ``{"id", "image"|"images", "prompt", "system", "solution"|"answer", "scorer"}`` —, ms-swift's —
+    ``{"messages": [...], "images": [...]}`` — or R1-V's — ``{"image_path", "question", "ground_truth"}``.
+    A parquet file, a folder of parquet shards or a ``save_to_disk`` folder is read by
+    :func:`vlmfast.inputs.datasets.read_dataset` (``keys``: its :class:`~vlmfast.inputs.datasets.DatasetKeys`).
+    Relative image paths resolve against the manifest's directory first, then the working directory.
     """
+    from vlmfast.inputs.datasets import is_dataset, is_r1v, r1v_view, read_dataset
+
+    if is_dataset(path):
+        return read_dataset(path, default_prompt, keys, max_image_pixels)
+    if keys is not None and keys.given:
+        raise UsageError("--prompt-key, --answer-key and --image-key apply to parquet and Arrow datasets",
+                         hint=f"drop them for the JSONL manifest {path}")
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -169,9 +184,14 @@ def read_manifest(path: str, default_prompt: str | None) -> tuple[list[Request |
         if not isinstance(record, dict):
             items.append(_bad_line(where, "record is not a JSON object"))
             continue
-        unknown.update(set(record) - MANIFEST_KEYS)
+        line = record
+        if is_r1v(record):  # R1-V's evaluation lines: read through our keys, handed to rewards as they are
+            record = r1v_view(record)
+        else:
+            unknown.update(set(record) - MANIFEST_KEYS)
         try:
-            items.append(_record_to_request(record, where, base, default_prompt))
+            request = _record_to_request(record, where, base, default_prompt)
+            items.append(request if line is record else dataclasses.replace(request, record=line))
         except ValueError as exc:
             items.append(_bad_line(where, str(exc), rid=str(record.get("id", where))))
     warnings = [f"{path}: ignored unknown manifest fields: {', '.join(sorted(unknown))}"] if unknown else []
@@ -206,7 +226,7 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     scorer = record.get("scorer")
     if scorer is not None and scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r}: use one of {', '.join(SCORERS)}")
-    images = [_resolve_relative(i, base) for i in images]
+    images = [resolve_relative(i, base) for i in images]
     rid = record.get("id", images[0])
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise ValueError('"id" must be a string or an integer')
@@ -242,7 +262,8 @@ def content_text(content) -> str:
     return ""
 
 
-def _resolve_relative(image: str, base: Path) -> str:
+def resolve_relative(image: str, base: Path) -> str:
+    """A relative image path against ``base`` (the manifest's folder) when it exists there or nowhere else."""
     if os.path.isabs(image) or base == Path("."):
         return image
     candidate = base / image
@@ -297,12 +318,19 @@ def collect(
     template: str = "plain",
     system: str | None = None,
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+    keys=None,
+    format_prompt: str | None = None,
 ) -> Collected:
     """Build and validate every request. Problems are gathered, not raised: the caller decides
-    between failing on all of them at once (the default) and recording error rows (``--skip-bad``)."""
+    between failing on all of them at once (the default) and recording error rows (``--skip-bad``).
+    ``format_prompt``: a Jinja file each prompt is rendered through (EasyR1's), in place of ``template``."""
     if not images and not manifest:
-        raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE.jsonl")
+        raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE "
+                                           "(.jsonl, .parquet or a dataset folder)")
     base_prompt = read_prompt(prompt, prompt_file)
+    from vlmfast.inputs.datasets import format_prompt as read_format
+
+    render = read_format(format_prompt) if format_prompt is not None else partial(apply_template, template=template)
     entries: list[Request | BadInput] = []  # in input order, good and bad alike
     warnings: list[str] = []
     if images:
@@ -313,7 +341,7 @@ def collect(
             entries += [BadInput(id=p.where, problems=(p,)) for p in problems]
             entries += [Request(id=p, images=(p,), prompt=base_prompt, system=system) for p in paths]
     if manifest:
-        items, m_warnings = read_manifest(manifest, base_prompt)
+        items, m_warnings = read_manifest(manifest, base_prompt, keys, max_image_pixels)
         entries += [dataclasses.replace(e, system=e.system or system) if isinstance(e, Request) else e for e in items]
         warnings.extend(m_warnings)
     if not entries:
@@ -327,11 +355,15 @@ def collect(
              for rid in sorted(rid for rid, n in seen.items() if n > 1)]
 
     requests = [e for e in entries if isinstance(e, Request)]
-    sizes, image_problems = check_images([p for r in requests for p in r.images], max_image_pixels)
+    # a dataset's rows come with their images checked (embedded ones can only be checked as they are read)
+    sizes, image_problems = check_images([p for r in requests if not r.image_sizes for p in r.images], max_image_pixels)
+    sizes.update((p, s) for r in requests if r.image_sizes for p, s in zip(r.images, r.image_sizes))
     good: list[Request] = []
-    bad: list[BadInput] = [e for e in entries if isinstance(e, BadInput)]
+    bad: list[BadInput] = [e if e.request is None else dataclasses.replace(
+        e, request=dataclasses.replace(e.request, prompt=render(e.request.prompt)))
+        for e in entries if isinstance(e, BadInput)]
     for r in requests:
-        r = dataclasses.replace(r, prompt=apply_template(r.prompt, template))
+        r = dataclasses.replace(r, prompt=render(r.prompt))
         mine = tuple(Problem(p, image_problems[p]) for p in r.images if p in image_problems)
         if mine:
             bad.append(BadInput(id=r.id, problems=mine, request=r))

@@ -32,6 +32,11 @@ class InferOptions:
     prompt: str | None = None
     prompt_file: str | None = None
     manifest: str | None = None
+    # a parquet / Arrow dataset's columns (None: EasyR1's problem/answer/images, then verl's; vlmfast.inputs.datasets)
+    prompt_key: str | None = None
+    answer_key: str | None = None
+    image_key: str | None = None
+    format_prompt: str | None = None  # a Jinja file every prompt is rendered through (EasyR1's data.format_prompt)
     template: str = "plain"
     system: str | None = None
     out: str | None = None
@@ -75,6 +80,9 @@ class InferOptions:
         check_choice("--decoder", self.decoder, DECODERS)
         check_choice("--scorer", self.scorer, SCORERS)
         check_choice("--template", self.template, tuple(TEMPLATES))
+        if self.format_prompt is not None and self.template != "plain":
+            raise UsageError(f"--format-prompt and --template {self.template} both shape the prompt",
+                             hint="drop one of them")
         if self.bbox_space is not None:
             check_choice("--bbox-space", self.bbox_space, BBOX_SPACES)
         if not 0 <= self.iou <= 1:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from vlmfast.errors import EXIT_FAILURE, Interrupted, UsageError, VlmfastError
+from vlmfast.inputs.datasets import DatasetKeys
 from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, collect, raise_for_problems
 from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from vlmfast.run.parallel import Distributed
@@ -104,6 +105,7 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
     collected = collect(
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
+        keys=DatasetKeys(options.prompt_key, options.answer_key, options.image_key), format_prompt=options.format_prompt,
     )
     raise_for_problems(collected, skip_bad=options.skip_bad)
     if dist.world > 1 and options.out is None:

@@ -29,18 +29,34 @@ def settings_of(infer) -> dict:
     """The settings of a sweep's ``infer`` options that shape its rows (paths as given, the manifest also by
     its content's digest)."""
     manifest = infer.manifest
-    digest = None
-    if manifest and Path(manifest).is_file():
-        digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()[:16]
+    digest = _digest(Path(manifest)) if manifest else None
     generation = asdict(infer.generation)
     return {
         "manifest": manifest, "manifest_sha256": digest, "images": infer.images, "prompt": infer.prompt,
+        "prompt_key": infer.prompt_key, "answer_key": infer.answer_key, "image_key": infer.image_key,
+        "format_prompt": infer.format_prompt,
         "prompt_file": infer.prompt_file, "template": infer.template, "system": infer.system,
         "generation": generation, "min_pixels": infer.min_pixels, "max_pixels": infer.max_pixels,
         "scorer": infer.scorer, "iou": infer.iou, "bbox_space": infer.bbox_space, "reward": infer.reward,
         "reward_weights": infer.reward_weights, "reward_kwargs": infer.reward_kwargs,
         "reward_threshold": infer.reward_threshold, "engine": infer.engine,
     }
+
+
+def _digest(manifest: Path) -> str | None:
+    """The manifest's content digest: a file's bytes, or a dataset folder's files (names and bytes, sorted),
+    read in blocks (a parquet file of embedded images can be gigabytes)."""
+    files = [manifest] if manifest.is_file() else sorted(p for p in manifest.rglob("*") if p.is_file()) if manifest.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for path in files:
+        if path != manifest:
+            h.update(str(path.relative_to(manifest)).encode("utf-8") + b"\0")
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def sidecar(results: Path) -> Path:
