@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import typer
+
 from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command, Compile,
                      CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, GpuMemory, IgnoreEos, Images, Iou, Json,
-                     Manifest, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
+                     Manifest, MatchTraining, MaxBatchTokens, MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out,
                      Overlap, Overwrite, PipelineParallel, Prompt, PromptFile, RetryErrors, Reward, RewardKwargs,
                      RewardThreshold, RewardWeights, Samples, Scorer, Seed, SkipBad, System, Temperature,
-                     Template, TensorParallel, Threads, TopP, TrustRemote, UsageError, batch_size_value, command, from_params,
-                     guarded)
+                     Template, TensorParallel, Threads, TopP, TrustRemote, UsageError, batch_size_value, command,
+                     explicit_params, from_params, guarded)
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
 def infer(
+    ctx: typer.Context,
     ckpt: Ckpt,
     images: Images = None,
     prompt: Prompt = None,
@@ -32,6 +35,7 @@ def infer(
     seed: Seed = None,
     ignore_eos: IgnoreEos = False,
     n: Samples = 1,
+    match_training: MatchTraining = False,
     decoder: Decoder = "vlmfast",
     cuda_graphs: CudaGraphs = None,
     compile_: Compile = None,
@@ -69,12 +73,13 @@ def infer(
     def run():
         from vlmfast.run.options import InferOptions
         from vlmfast.run.parallel import is_main_process
-        from vlmfast.report.terminal import ProgressBar, print_json, render_infer
+        from vlmfast.report.terminal import ProgressBar, print_json, render_infer, render_parity
         from vlmfast.run.runner import infer as run_infer
 
         if json_out and out is None:
             raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")
-        options = from_params(InferOptions, params, batch_size=batch_size_value(batch_size), rows_to_stdout=out is None)
+        options = from_params(InferOptions, params, batch_size=batch_size_value(batch_size), rows_to_stdout=out is None,
+                              explicit=explicit_params(ctx))
         bar = ProgressBar(enabled=None if is_main_process() else False)
         try:
             report = run_infer(options, progress=bar)
@@ -83,6 +88,7 @@ def infer(
         if not is_main_process():
             return
         render_infer(report)
+        render_parity(report.parity)
         if json_out:
             print_json(report.as_dict())
 
