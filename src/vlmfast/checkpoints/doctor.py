@@ -8,6 +8,7 @@ neither torch nor transformers, so doctor answers in well under a second.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -392,6 +393,6 @@ def _parity(d: Path, evaluation: dict | None) -> list[Finding]:
 
     training = training_settings(d) if evaluation is not None else None
     listed = differences(compare(training, evaluation)) if training is not None else []
-    return [Finding("warning", "train-eval-differs", ", ".join(training.files),
+    return [Finding("warning", "train-eval-differs", ", ".join(os.path.relpath(f, d) for f in training.files),
                     "vlmfast infer's settings differ from training in: " + "; ".join(listed),
                     f"vlmfast infer --ckpt {shlex.quote(str(d))} --match-training (or give each setting)")] if listed else []
