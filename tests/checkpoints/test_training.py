@@ -164,14 +164,19 @@ def test_match_training_adopts_what_was_not_given_and_says_what_it_could_not(tmp
     _, r1_ckpt = _easyr1(tmp_path / "r1", prompt="{{ content | trim }} " + R1)
     options, adopted, kept = match_training(InferOptions(ckpt=str(r1_ckpt), explicit=frozenset()), training_settings(r1_ckpt))
     assert options.template == "r1" and adopted[0].startswith("--template r1 (") and kept == []
+    (tmp_path / "r1" / "r1v.py").unlink()  # the trainer's reward file is on another machine
+    options, adopted, kept = match_training(InferOptions(ckpt=str(r1_ckpt), explicit=frozenset()), training_settings(r1_ckpt))
+    assert options.reward is None and options.reward_kwargs is None and not any("--reward" in a for a in adopted)
+    assert kept == [f"reward (experiment_config.json: worker.reward.reward_function): {tmp_path / 'r1' / 'r1v.py'}:"
+                    "compute_score: not found on this machine; pass --reward FILE.py:FUNCTION with a local copy"]
 
 
 def test_match_training_from_python_treats_non_default_values_as_given(tmp_path):
     run, ckpt = _swift(tmp_path)
     options, adopted, kept = match_training(InferOptions(ckpt=str(ckpt), system="Mine."), training_settings(ckpt))
     assert options.system == "Mine." and options.generation.temperature == 1.0 and options.generation.n == 8
-    assert kept == ["reward ['accuracy', 'format'] (args.json: reward_funcs): accuracy, format is not a FILE.py:FUNCTION "
-                    "here; pass --reward with a local copy"]
+    assert kept == ["reward (args.json: reward_funcs): accuracy, format: the trainer's built-in reward, not a "
+                    "FILE.py:FUNCTION; pass --reward FILE.py:FUNCTION with a local copy"]
     assert options.reward is None and options.reward_weights is None  # weights of a reward that is not adopted
 
 
@@ -192,6 +197,9 @@ def test_infer_report_carries_parity_and_runs_with_the_adopted_options(tmp_path,
     p = report.as_dict()["parity"]
     assert p["trainer"] == "easyr1" and p["files"] == [str(ckpt.parents[2] / "experiment_config.json")]
     assert _rows(p["rows"])["temperature"][:3] == (0.6, 0.6, True)
+    by_name = {r["name"]: r for r in p["rows"]}
+    assert by_name["temperature"]["evaluation_source"] == "--temperature adopted by --match-training"
+    assert by_name["format_prompt"]["evaluation_source"] == "--template plain"
     assert "--temperature 0.6 (experiment_config.json: worker.rollout.val_override_config.temperature)" in p["adopted"]
     assert _rows(p["rows"])["format_prompt"][2] is False and len(p["not_adopted"]) == 1
     # without --match-training: the table says what differs, and how to adopt it

@@ -47,10 +47,6 @@ class TrainingSettings:
     values: dict[str, Setting] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
-        return {"trainer": self.trainer, "files": self.files, "notes": self.notes,
-                "values": {k: {"value": s.value, "source": s.source} for k, s in self.values.items()}}
-
 
 def search_dirs(ckpt) -> list[Path]:
     """The checkpoint's dir and its parents up to the run's root: each parent is searched while the dir

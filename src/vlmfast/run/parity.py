@@ -118,10 +118,12 @@ def match_training(options, training: TrainingSettings | None) -> tuple[object, 
             value = template
         elif name == "reward":
             refs = value if isinstance(value, list) else [value]
-            missing = [r for r in refs if ".py" not in str(r) or not Path(str(r).rpartition(":")[0] or str(r)).is_file()]
-            if missing:
-                kept.append(f"reward {refs} ({said}): {', '.join(map(str, missing))} is not a FILE.py:FUNCTION here; "
-                            "pass --reward with a local copy")
+            builtin = [str(r) for r in refs if ".py" not in str(r)]
+            missing = [str(r) for r in refs if ".py" in str(r) and not Path(str(r).rpartition(":")[0] or str(r)).is_file()]
+            if builtin or missing:
+                why = (f"{', '.join(builtin)}: the trainer's built-in reward, not a FILE.py:FUNCTION" if builtin
+                       else f"{', '.join(missing)}: not found on this machine")
+                kept.append(f"reward ({said}): {why}; pass --reward FILE.py:FUNCTION with a local copy")
                 continue
             value = [str(r) for r in refs]
         elif name in ("reward_weights", "reward_kwargs"):
@@ -142,6 +144,10 @@ def parity_report(ckpt, options, training: TrainingSettings | None = None, *, ad
     if training is None:
         return {"trainer": None, "files": [], "rows": [], "adopted": [], "not_adopted": [], "notes": [nothing_found(ckpt)]}
     rows = parity(training, options)
+    for row in rows:  # say where an adopted value came from
+        flag = f"--{OPTION_OF.get(row['name'], '').replace('_', '-')} "
+        if any(line.startswith(flag) for line in adopted):
+            row["evaluation_source"] = f"{flag.strip()} adopted by --match-training"
     notes = list(training.notes)
     if not training.values:
         notes.append(f"{', '.join(training.files)}: {training.trainer} records no sampling or prompt settings")
