@@ -95,6 +95,14 @@ def test_swift_args_json_nearest_file_first_and_the_pickle_is_named_not_read(tmp
     assert rows["system"] == ("You are a helpful assistant.", None, False, "args.json: system")
 
 
+def test_swift_without_max_pixels_says_the_environment_set_them(tmp_path):
+    ckpt = _checkpoint(tmp_path / "output" / "v1-20250301-101500" / "checkpoint-10")
+    (ckpt.parent / "args.json").write_text(json.dumps({"rlhf_type": "grpo", "temperature": 0.9}))
+    t = training_settings(ckpt)
+    assert t.notes == [f"{ckpt.parent / 'args.json'}: no max_pixels; ms-swift then takes the pixel limits from the "
+                       "MAX_PIXELS / MIN_PIXELS environment variables, which it does not record: compare them by hand"]
+
+
 def test_easyr1_experiment_config_gives_the_parity_table(tmp_path):
     root, ckpt = _easyr1(tmp_path)
     t = training_settings(ckpt)

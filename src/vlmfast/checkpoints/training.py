@@ -120,7 +120,11 @@ def _dig(data: dict, dotted: str):
 def _settings_of(path: Path, data: dict):
     """(trainer, values, notes) of one file, or None when it is no trainer's configuration."""
     if path.name == "args.json":
-        return "ms-swift", _swift(path, data), []
+        values = _swift(path, data)
+        said = [] if "max_pixels" in values else [
+            f"{path}: no max_pixels; ms-swift then takes the pixel limits from the MAX_PIXELS / MIN_PIXELS environment "
+            "variables, which it does not record: compare them by hand"]
+        return "ms-swift", values, said
     if path.name == "trainer_state.json":
         return ("hf-trainer", {}, []) if "global_step" in data else None
     if isinstance(data.get("data"), dict) and isinstance(data.get("worker"), dict):
