@@ -71,9 +71,10 @@ def infer(
     params = dict(locals())
 
     def run():
+        from vlmfast.report.parity import render_parity
         from vlmfast.run.options import InferOptions
         from vlmfast.run.parallel import is_main_process
-        from vlmfast.report.terminal import ProgressBar, print_json, render_infer, render_parity
+        from vlmfast.report.terminal import ProgressBar, print_json, render_infer
         from vlmfast.run.runner import infer as run_infer
 
         if json_out and out is None:

@@ -45,8 +45,9 @@ def sweep(
 
     def run():
         from vlmfast.errors import UsageError
+        from vlmfast.report.parity import render_parity
         from vlmfast.run.options import InferOptions
-        from vlmfast.report.terminal import ProgressBar, print_json, render_note, render_parity, render_sweep
+        from vlmfast.report.terminal import ProgressBar, print_json, render_note, render_sweep
         from vlmfast.report.trackers import Trackers
         from vlmfast.run.sweep import SweepOptions, publish, sweep as run_sweep, write_sweep_dir
 
