@@ -162,7 +162,14 @@ def _truncated(ctx):
     return d, {}
 
 
+def _train_eval(ctx):
+    d = _copy(ctx.base, ctx.tmp / "run" / "checkpoint-1")
+    (d / "args.json").write_text(json.dumps({"rlhf_type": "grpo", "temperature": 0.9}))  # ms-swift's key
+    return d, {"evaluation": {"temperature": (0.0, "--temperature (default)")}}
+
+
 CASES = {
+    "train-eval-differs": (_train_eval, [("warning", "args.json")]),
     "cache-off": (_cache_off, [("error", "generation_config.json: use_cache"), ("warning", "config.json: use_cache"),
                                ("warning", "config.json: text_config.use_cache")]),
     "eos-missing-im-end": (_eos_missing, [("error", "generation_config.json: eos_token_id")]),

@@ -8,6 +8,7 @@ neither torch nor transformers, so doctor answers in well under a second.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
     "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
+    "train-eval-differs",
 )
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
 # Classes transformers renamed or never had, and what the checkpoint should say instead.
@@ -61,10 +63,12 @@ def strict_exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 
-def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> list[Finding]:
+def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, evaluation: dict | None = None) -> list[Finding]:
     """Every finding for the checkpoint at ``ckpt`` (a local model, trainer output or adapter dir),
     errors first. ``base`` (a local dir) adds comparisons: EOS list, vocabulary, tied embeddings,
-    float32 vs a 16-bit base. Float32 storage is otherwise reported from ``float32_min_bytes`` on."""
+    float32 vs a 16-bit base. Float32 storage is otherwise reported from ``float32_min_bytes`` on.
+    ``evaluation`` (setting → (value, source), :func:`vlmfast.run.parity.evaluation_settings`) adds the
+    settings that differ from the training configuration beside the checkpoint."""
     target = locate(ckpt)  # hub ids and missing paths: CheckpointError with a hint
     base_dir = _base_dir(base) if base is not None else None
     d = target.path
@@ -72,7 +76,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> 
     if target.note:
         found.append(Finding("info", "resolved", str(d), target.note, ""))
     if target.kind == "adapter":
-        found += _adapter(d, base)
+        found += _adapter(d, base) + _parity(d, evaluation)
         found += _trainer_leftovers(d)
         return _ordered(found)
     config = read_json_object(d / "config.json")
@@ -86,7 +90,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES) -> 
     found += _weights(target, base_dir, float32_min_bytes)
     found += _remote_code(d)
     found += _vocab(d, config, base_dir, base_cfg)
-    found += _trainer_leftovers(d)
+    found += _parity(d, evaluation) + _trainer_leftovers(d)
     return _ordered(found)
 
 
@@ -382,3 +386,13 @@ def _trainer_leftovers(d: Path) -> list[Finding]:
         what = ", ".join(f"{k} {args[k]!r}" for k in ("train_type", "rlhf_type", "model") if k in args)
         out.append(Finding("info", "swift-args", "args.json", f"ms-swift run: {what}", ""))
     return out
+
+
+def _parity(d: Path, evaluation: dict | None) -> list[Finding]:
+    from vlmfast.checkpoints.training import compare, differences, training_settings
+
+    training = training_settings(d) if evaluation is not None else None
+    listed = differences(compare(training, evaluation)) if training is not None else []
+    return [Finding("warning", "train-eval-differs", ", ".join(os.path.relpath(f, d) for f in training.files),
+                    "vlmfast infer's settings differ from training in: " + "; ".join(listed),
+                    f"vlmfast infer --ckpt {shlex.quote(str(d))} --match-training (or give each setting)")] if listed else []

@@ -24,8 +24,12 @@ def doctor(
         from vlmfast.checkpoints.locate import locate
         from vlmfast.report.terminal import print_json, render_findings
 
+        from vlmfast.run.options import InferOptions
+        from vlmfast.run.parity import evaluation_settings
+
         where = str(locate(ckpt).path)
-        findings = diagnose(ckpt, base=base)
+        # what `vlmfast infer --ckpt CKPT` would use, against the training configuration beside it
+        findings = diagnose(ckpt, base=base, evaluation=evaluation_settings(InferOptions(ckpt=ckpt)))
         if json_out:
             print_json({"checkpoint": where, "base": base, "findings": findings_as_dicts(findings)})
         render_findings(where, findings)

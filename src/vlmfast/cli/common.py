@@ -111,6 +111,7 @@ Reward = Annotated[Optional[list[str]], typer.Option(help="FILE.py:FUNCTION — 
 RewardWeights = Annotated[Optional[str], typer.Option(help="--reward: one weight per function, comma-separated (e.g. 1,0.5); the total is their weighted sum, as TRL's reward_weights.", rich_help_panel=SCORE)]
 RewardKwargs = Annotated[Optional[str], typer.Option(help="--reward: JSON object of keyword arguments bound to every call, as EasyR1's reward_function_kwargs (e.g. '{\"max_response_length\": 4096}').", rich_help_panel=SCORE)]
 RewardThreshold = Annotated[float, typer.Option(help="--reward: a row is correct when its reward is at least this (1.0 suits 0/1 rewards).", rich_help_panel=SCORE)]
+MatchTraining = Annotated[bool, typer.Option("--match-training", help="Adopt the training's settings found beside the checkpoint (ms-swift args.json, EasyR1 experiment_config.json, verl .hydra/config.yaml): format prompt, pixel limits, max new tokens, validation sampling, reward function; options given on the command line win. The report says what was adopted.", rich_help_panel=GEN)]
 Out = Annotated[Optional[str], typer.Option(help="JSONL results file (default: stdout). Rerunning skips ids already there.", rich_help_panel=OUTPUT)]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Redo ids already in --out.", rich_help_panel=OUTPUT)]
 RetryErrors = Annotated[bool, typer.Option("--retry-errors", help="Resume, and redo the ids whose earlier row is an error row.", rich_help_panel=OUTPUT)]
@@ -162,6 +163,14 @@ def batch_size_value(value: str) -> int | None:
     if not (value.isdigit() and int(value) >= 1):
         raise UsageError(f"--batch-size {value}: expected a positive integer or auto", hint="e.g. --batch-size 8")
     return int(value)
+
+
+def explicit_params(ctx) -> frozenset[str]:
+    """The parameters given on the command line (or by environment), not left at their defaults: what
+    ``--match-training`` must leave as given."""
+    # by the source's name: Typer may bring its own click, whose ParameterSource is another class
+    return frozenset(name for name in ctx.params
+                     if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP"))
 
 
 def from_params(cls, params: dict, **given):

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import typer
+
 from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, AnswerKey, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command,
                      Compile, CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, FormatPrompt,
-                     GpuMemory, IgnoreEos, ImageKey, Images, Iou, Json, Manifest, MaxBatchTokens, MaxImagePixels, MaxNew,
-                     MaxNumSeqs, MaxPixels, Merge, MinPixels, Out, Overlap, Overwrite, PipelineParallel, Prompt, PromptFile,
-                     PromptKey, RetryErrors, Reward, RewardKwargs, RewardThreshold, RewardWeights, Samples, Scorer, Seed,
-                     SkipBad, System, Temperature, Template, TensorParallel, Threads, TopP, TrustRemote, UsageError,
-                     batch_size_value, command, from_params, guarded)
+                     GpuMemory, IgnoreEos, ImageKey, Images, Iou, Json, Manifest, MatchTraining, MaxBatchTokens,
+                     MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out, Overlap, Overwrite,
+                     PipelineParallel, Prompt, PromptFile, PromptKey, RetryErrors, Reward, RewardKwargs, RewardThreshold,
+                     RewardWeights, Samples, Scorer, Seed, SkipBad, System, Temperature, Template, TensorParallel, Threads,
+                     TopP, TrustRemote, UsageError, batch_size_value, command, explicit_params, from_params, guarded)
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
 def infer(
+    ctx: typer.Context,
     ckpt: Ckpt,
     images: Images = None,
     prompt: Prompt = None,
@@ -36,6 +39,7 @@ def infer(
     seed: Seed = None,
     ignore_eos: IgnoreEos = False,
     n: Samples = 1,
+    match_training: MatchTraining = False,
     decoder: Decoder = "vlmfast",
     cuda_graphs: CudaGraphs = None,
     compile_: Compile = None,
@@ -71,6 +75,7 @@ def infer(
     params = dict(locals())
 
     def run():
+        from vlmfast.report.parity import render_parity
         from vlmfast.run.options import InferOptions
         from vlmfast.run.parallel import is_main_process
         from vlmfast.report.terminal import ProgressBar, print_json, render_infer
@@ -78,7 +83,8 @@ def infer(
 
         if json_out and out is None:
             raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")
-        options = from_params(InferOptions, params, batch_size=batch_size_value(batch_size), rows_to_stdout=out is None)
+        options = from_params(InferOptions, params, batch_size=batch_size_value(batch_size), rows_to_stdout=out is None,
+                              explicit=explicit_params(ctx))
         bar = ProgressBar(enabled=None if is_main_process() else False)
         try:
             report = run_infer(options, progress=bar)
@@ -87,6 +93,7 @@ def infer(
         if not is_main_process():
             return
         render_infer(report)
+        render_parity(report.parity)
         if json_out:
             print_json(report.as_dict())
 

@@ -7,20 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from vlmfast.cli.common import EXIT_CODES_HELP, INPUT, OUTPUT, Command, batch_size_value, command, from_params, guarded, sharing
+from vlmfast.cli.common import (EXIT_CODES_HELP, INPUT, OUTPUT, Command, batch_size_value, command, explicit_params, from_params,
+                                guarded, sharing)
 from vlmfast.cli.infer import infer as infer_command
 
 # infer's options that a sweep passes to each checkpoint's run, declared once in infer
 FROM_INFER = ("prompt", "prompt_file", "prompt_key", "answer_key", "image_key", "template", "format_prompt", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
               "max_new_tokens", "temperature", "top_p", "seed", "n", "ignore_eos", "decoder", "cuda_graphs", "compile_", "threads",
               "device", "dtype", "attn", "scorer", "iou", "bbox_space", "reward", "reward_weights",
-              "reward_kwargs", "reward_threshold", "json_out", "engine", "tensor_parallel_size", "data_parallel_size",
+              "reward_kwargs", "reward_threshold", "match_training", "json_out", "engine", "tensor_parallel_size", "data_parallel_size",
               "pipeline_parallel_size", "distributed_executor_backend", "gpu_memory_utilization", "max_num_seqs")
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)
 @sharing(infer_command, FROM_INFER)
 def sweep(
+    ctx: typer.Context,
     run_dir: Annotated[str, typer.Argument(help="A training run's output dir: checkpoint-N (HF Trainer, VLM-R1, TRL), vX-*/checkpoint-N (ms-swift) or global_step_N/actor/huggingface (EasyR1, verl).", show_default=False)],
     manifest: Annotated[str, typer.Option(help="The evaluation set with ground truth: JSONL, or the trainer's parquet / save_to_disk dataset (see infer --manifest).", rich_help_panel=INPUT)],
     out_dir: Annotated[Path, typer.Option(help="Where each checkpoint's results file, report.json and plot.png go (rerun to resume).", rich_help_panel=OUTPUT)],
@@ -43,6 +45,7 @@ def sweep(
 
     def run():
         from vlmfast.errors import UsageError
+        from vlmfast.report.parity import render_parity
         from vlmfast.run.options import InferOptions
         from vlmfast.report.terminal import ProgressBar, print_json, render_note, render_sweep
         from vlmfast.report.trackers import Trackers
@@ -54,7 +57,7 @@ def sweep(
             raise UsageError(f"--steps {steps!r}: expected step numbers", hint="e.g. --steps 100,300") from None
         # --base here is the run's starting model (step 0), not a LoRA adapter's base
         infer = from_params(InferOptions, params, ckpt=run_dir, base=None, batch_size=batch_size_value(batch_size),
-                            overwrite=False)  # --overwrite clears the whole out dir once, before the first checkpoint
+                            overwrite=False, explicit=explicit_params(ctx))  # --overwrite clears the whole out dir once, before the first checkpoint
         options = SweepOptions(run_dir=run_dir, out_dir=str(out_dir), infer=infer, base=base, steps=wanted,
                                fail_if_best_below=fail_if_best_below, watch=watch, poll_s=poll, search=search,
                                every=every, canary=canary, overwrite=overwrite, tensorboard=tensorboard, wandb=wandb)
@@ -68,6 +71,7 @@ def sweep(
             finally:
                 bar.stop()
             render_sweep(report)
+            render_parity(report.get("parity"))
             for line in write_sweep_dir(report, out_dir) + publish(report, options, trackers=trackers):
                 render_note(line)
         finally:

@@ -70,6 +70,8 @@ class InferOptions:
     reward_threshold: float = 1.0  # a rewarded row is correct when its reward is at least this
     engine: str = "hf"  # "hf" (vlmfast's engine on transformers) | "vllm"
     vllm: VllmSettings = field(default_factory=VllmSettings)
+    match_training: bool = False  # adopt the training's settings (beside the checkpoint) for those not given
+    explicit: frozenset[str] | None = None  # options given explicitly (None: those that differ from their default)
     rows_to_stdout: bool = False  # without --out, the command line streams rows to stdout; a library call returns them
 
     def __post_init__(self):

@@ -66,7 +66,10 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
 
+    from vlmfast.run.parity import prepare
+
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
+    options, parity = prepare(options, found.path if found is not None else None)  # --match-training: before inputs
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
@@ -78,6 +81,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
                            rows=list(work.existing.values()), batch_size=options.batch_size or 0)
         report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out} "
                                "(--overwrite runs them again)")
+        report.parity = parity
         return report
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
@@ -96,6 +100,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         rows = finalize(Path(options.out), work.order, {**work.existing, **{row_key(r["id"], r.get("sample")): r for r in rows}})
     report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size)
     report.processes = [share.figures() for share in everyone] if dist.world > 1 else []
+    report.parity = parity
     return report
 
 

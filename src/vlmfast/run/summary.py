@@ -62,6 +62,7 @@ class InferReport:
     versions: dict
     out: str | None
     processes: list[dict] = field(default_factory=list)  # per-process figures of a multi-process run
+    parity: dict | None = None  # training settings beside the checkpoint vs this run's (vlmfast.run.parity)
     results: list[SampleResult] = field(default_factory=list, repr=False)
     batch_timings: list[BatchTiming] = field(default_factory=list, repr=False)
 

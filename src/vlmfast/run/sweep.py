@@ -146,7 +146,13 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
 
     out_dir = Path(options.out_dir)
     listing = find_run_checkpoints(options.run_dir, steps=options.steps, complete_only=options.watch)
+    from vlmfast.run.parity import prepare
     from vlmfast.run.sweep_record import check, settings_of
+
+    # the training's settings, read once beside the run's latest checkpoint (--match-training adopts them now,
+    # so every checkpoint runs, and is recorded, with the same settings)
+    adopted, parity = prepare(options.infer, listing.checkpoints[-1].path if listing.checkpoints else options.run_dir)
+    options = dataclasses.replace(options, infer=dataclasses.replace(adopted, match_training=False))
 
     settings = settings_of(options.infer)
     earlier = check(out_dir, settings, options.overwrite)  # rows made with other settings: an error, before any work
@@ -155,6 +161,7 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     try:
         report = _sweep(options, listing, out_dir, progress, say, wait, settings, on_report)
         report["notes"][:0] = earlier
+        report["parity"] = parity
         return report
     except BaseException:
         if created and not any(out_dir.iterdir()):  # failed before writing anything: leave no empty dir
