@@ -56,6 +56,55 @@ def test_pass_at_k_gets_its_curve_with_several_answers():
     assert render(page).count("<svg class='curve'") == 5
 
 
+def test_more_figures_show_what_checkpoints_carry_and_nothing_else():
+    page = _page()
+    assert "more figures per checkpoint" not in render(page)
+    base, step = page["checkpoints"]
+    step.update(vs_best=None, new_tokens_max=64, reward_means={"acc<r>": 0.25},
+                vs_base={"n": 10, "difference": 0.3, "ci_low": 0.1, "ci_high": 0.5, "p_value": 0.0312,
+                         "right_to_wrong": 1, "wrong_to_right": 4})
+    more = render(page).split("more figures per checkpoint")[1].split("</details>")[0]
+    heads = re.findall(r"<th[^>]*>(.*?)</th>", more)
+    assert heads == ["checkpoint", "vs base [95 % CI] p", "length max", "reward acc&lt;r&gt;"]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", more)
+    assert cells == ["base", "–", "–", "–", "step 100", "+30.0 [+10.0, +50.0] p=0.0312 (4↑ 1↓)", "64", "0.250"]
+
+
+def test_rows_and_truths_given_in_place_of_files_long_texts_cut_and_boxes_mapped(tmp_path):
+    """write_sweep_html with rows and truths handed in: nothing read from disk; texts past their limit cut
+    with a marker; a box answered in the model's resized pixels drawn in the original image's."""
+    from vlmfast.run.sweep_page import ANSWER_CHARS, PROMPT_CHARS, write_sweep_html
+
+    report = {"run_dir": "r", "manifest": str(tmp_path / "absent.jsonl"), "best": None, "flags": [], "notes": [],
+              "checkpoints": [{"step": 0, "label": "base", "results": str(tmp_path / "none.jsonl")},
+                              {"step": 5, "label": "hf-trainer", "results": str(tmp_path / "none.jsonl")}]}
+    common = {"images": [], "image_sizes": [[200, 100]], "model_image_sizes": [[100, 50]], "scorer": "bbox"}
+    rows = {0: [{**common, "id": 7, "prompt": "p" * (PROMPT_CHARS + 3), "answer": "[0, 0, 10, 10]", "correct": False,
+                 "iou": 0.1, "bbox_space": "resized"}],
+            5: [{**common, "id": 7, "prompt": "p", "answer": "a" * (ANSWER_CHARS + 9), "correct": True, "iou": 0.9}]}
+    path = write_sweep_html(report, tmp_path / "report.html", rows_by_step=rows, truths={7: [2, 2, 20, 20]})
+    data = _data(path.read_text())
+    sample = data["samples"][0]
+    assert sample["prompt"] == "p" * PROMPT_CHARS + " … [3 more characters in the manifest]"
+    assert sample["truth"] == "[2, 2, 20, 20]" and sample["truth_box"] == [2, 2, 20, 20]
+    assert data["steps"][0]["answers"] == [["[0, 0, 10, 10]", 0, 0.1, [0.0, 0.0, 20.0, 20.0]]]
+    assert data["steps"][1]["answers"] == [["a" * ANSWER_CHARS + " … [9 more characters in the results file]", 1, 0.9, None]]
+    assert data["flipped_any"] == [0]
+
+
+def test_past_the_thumbnail_budget_images_are_linked_and_the_page_says_so(tmp_path, images, monkeypatch):
+    import vlmfast.report.html as page_module
+
+    samples = [{"id": f"s{i}", "prompt": "", "truth": "", "image_path": str(p), "size": None, "truth_box": None}
+               for i, p in enumerate(images[:3])]
+    data = _data(render(_page(samples=samples, answers={}, flips={})))
+    assert [uri[:23] for uri in data["images"]] == ["data:image/jpeg;base64,"] * 3
+    monkeypatch.setattr(page_module, "THUMBNAIL_BUDGET_BYTES", 1)
+    text = render(_page(samples=samples, answers={}, flips={}))
+    assert _data(text)["images"][1:] == [p.resolve().as_uri() for p in images[1:3]]
+    assert "1 image(s) embedded as thumbnails (up to 0 MiB); the other 2 are linked by their path" in text
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory, images):
     """A 4-checkpoint sweep (base + 3 steps) whose manifest has a box row; step 200's answer to it is made a box."""
@@ -102,7 +151,7 @@ def test_a_real_sweeps_page_renders_in_chromium_with_its_curves_and_boxes(swept,
     artifacts = os.environ.get("VLMFAST_TEST_ARTIFACTS")
     where = (tmp_path if not artifacts else __import__("pathlib").Path(artifacts))
     where.mkdir(parents=True, exist_ok=True)
-    shot = screenshot(url, where / "report.png", tmp_path / "profile-shot")
+    shot = screenshot(url, where / "report.png", tmp_path / "profile-shot", size="1280,2000")
     print(f"screenshot of the rendered report: {shot}")
     assert shot.stat().st_size > 10_000
 

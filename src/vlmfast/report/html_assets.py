@@ -22,7 +22,7 @@ tr.best td{background:#eef8ee}.browser{display:flex;gap:18px;align-items:flex-st
 vertical-align:top;text-align:left}.ok{color:#1a7f37}.bad{color:#b3261e}.thumb{position:relative;display:inline-block}
 .thumb img{display:block;max-width:360px;border:1px solid #ccd}.thumb svg{position:absolute;left:0;top:0}
 pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font-size:12px}.controls{margin:6px 0;display:flex;gap:8px}
-details{margin:4px 0}a{color:#0b57d0}
+details{margin:4px 0}a{color:#0b57d0}.wide{overflow-x:auto;max-width:100%}details.more{margin-top:8px}
 """
 
 JS = r"""
@@ -31,7 +31,8 @@ JS = r"""
   window.addEventListener("error", function (e) { errors.push(String(e.message)); mark(); });
   function mark() { document.body.setAttribute("data-errors", JSON.stringify(errors)); }
   var data = JSON.parse(document.getElementById("vlmfast-data").textContent);
-  var steps = data.steps, samples = data.samples, colors = data.colors;
+  var steps = data.steps, samples = data.samples, colors = data.colors, flippedAny = {};
+  data.flipped_any.forEach(function (i) { flippedAny[i] = true; });
   var list = document.getElementById("list"), detail = document.getElementById("detail");
   var filter = document.getElementById("filter"), search = document.getElementById("search");
   function esc(s) { return String(s == null ? "" : s).replace(/[&<>"']/g, function (c) {
@@ -39,7 +40,7 @@ JS = r"""
   function wanted(i) {
     var f = filter.value, q = search.value.toLowerCase(), s = samples[i];
     if (q && (s.id + " " + s.prompt + " " + s.truth).toLowerCase().indexOf(q) < 0) return false;
-    if (f === "flipped") return data.flipped_any.indexOf(i) >= 0;
+    if (f === "flipped") return flippedAny[i] === true;
     if (f === "wrong_best") return data.best_index != null && steps[data.best_index].answers[i] &&
       steps[data.best_index].answers[i][1] === 0;
     return true;
