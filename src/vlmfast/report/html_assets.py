@@ -20,9 +20,9 @@ tr.best td{background:#eef8ee}.browser{display:flex;gap:18px;align-items:flex-st
 #list{width:280px;height:480px;font:12px monospace}#detail{flex:1;min-width:0}
 #detail table{border-collapse:collapse;width:100%}#detail td,#detail th{border-bottom:1px solid #eceef4;padding:3px 6px;
 vertical-align:top;text-align:left}.ok{color:#1a7f37}.bad{color:#b3261e}.thumb{position:relative;display:inline-block}
-.thumb img{display:block;max-width:360px;border:1px solid #ccd}.thumb svg{position:absolute;left:0;top:0}
+.thumb img{display:block;max-width:360px;min-height:20px;border:1px solid #ccd}.thumb svg{position:absolute;left:0;top:0}
 pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font-size:12px}.controls{margin:6px 0;display:flex;gap:8px}
-details{margin:4px 0}a{color:#0b57d0}.wide{overflow-x:auto;max-width:100%}details.more{margin-top:8px}
+table.steps td.flag,table.steps th{white-space:normal}details{margin:4px 0}a{color:#0b57d0}.wide{overflow-x:auto;max-width:100%}details.more{margin-top:8px}
 """
 
 JS = r"""
@@ -66,8 +66,8 @@ JS = r"""
     html.push("<h3>" + esc(s.id) + "</h3>");
     if (s.image != null) {
       var src = data.images[s.image], w = s.size ? s.size[0] : 0, h = s.size ? s.size[1] : 0;
-      var scale = w ? Math.min(1, 360 / w) : 1, overlay = "";
-      if (s.truth_box || steps.some(function (st) { return st.answers[i] && st.answers[i][3]; })) {
+      var scale = w && h ? 320 / Math.max(w, h) : 1, overlay = "";  // small images drawn larger: boxes stay legible
+      if (w && h && (s.truth_box || steps.some(function (st) { return st.answers[i] && st.answers[i][3]; }))) {
         overlay = '<svg class="boxes" width="' + w * scale + '" height="' + h * scale + '">' +
           box(s.truth_box, w, h, scale, "#1a7f37", "ground truth");
         steps.forEach(function (st, k) {
@@ -75,8 +75,9 @@ JS = r"""
         });
         overlay += "</svg>";
       }
-      html.push('<div class="thumb"><img alt="sample image" src="' + esc(src) + '" width="' + Math.round(w * scale) +
-        '">' + overlay + "</div>");
+      // an image of unknown size keeps its own (no boxes can be placed on it)
+      html.push('<div class="thumb"><img alt="' + esc(src.indexOf("data:") === 0 ? "thumbnail" : "not embedded: " + src) + '" src="' + esc(src) + '"' +
+        (w ? ' width="' + Math.round(w * scale) + '"' : "") + ">" + overlay + "</div>");
     }
     html.push("<p><b>prompt</b></p><pre>" + esc(s.prompt) + "</pre><p><b>ground truth</b></p><pre>" + esc(s.truth) +
       "</pre><table><tr><th>checkpoint</th><th>answer</th><th>score</th></tr>");
