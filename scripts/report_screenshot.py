@@ -19,12 +19,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main(out: Path) -> None:
+    from browser import screenshot
     from PIL import Image, ImageDraw
 
-    from browser import screenshot
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
-    from vlmfast.evaluation.scoring import score_row
     from vlmfast.engines.rows import GenerationSettings
+    from vlmfast.evaluation.scoring import score_row
     from vlmfast.run.options import InferOptions
     from vlmfast.run.sweep import SweepOptions, sweep, write_sweep_dir
 

@@ -59,7 +59,7 @@ def test_pass_at_k_gets_its_curve_with_several_answers():
 def test_more_figures_show_what_checkpoints_carry_and_nothing_else():
     page = _page()
     assert "more figures per checkpoint" not in render(page)
-    base, step = page["checkpoints"]
+    step = page["checkpoints"][1]
     step.update(vs_best=None, new_tokens_max=64, reward_means={"acc<r>": 0.25},
                 vs_base={"n": 10, "difference": 0.3, "ci_low": 0.1, "ci_high": 0.5, "p_value": 0.0312,
                          "right_to_wrong": 1, "wrong_to_right": 4})
