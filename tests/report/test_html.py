@@ -2,6 +2,7 @@
 4-checkpoint sweep rendered in headless Chromium: no script errors, the curves, the sample browser with
 the true and predicted boxes of a box row. A screenshot is kept as a test artifact."""
 
+import html
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from conftest import read_jsonl
 from vlmfast.report.html import render
 
 HOSTILE = "q</script><script>alert(1)</script>"
+BROWSER_HOSTILE = "50% <img src=x onerror=alert(1)></script>&amp;"  # a manifest id as the browser test gets it
 
 
 def _page(**over):
@@ -120,6 +122,8 @@ def swept(tmp_path_factory, images):
     lines = [{"id": f"q{i}", "image": str(p), "prompt": "Count.", "solution": str(i)} for i, p in enumerate(images[:3])]
     lines.append({"id": "box", "image": str(images[3]), "prompt": "Where is the square?", "solution": [4, 6, 30, 34],
                   "scorer": "bbox"})
+    lines.append({"id": BROWSER_HOSTILE, "image": str(images[4]), "prompt": "<b>bold?</b> <script>alert(2)</script>",
+                  "solution": "1"})
     manifest = root / "m.jsonl"
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     infer = InferOptions(ckpt=str(root / "run"), manifest=str(manifest), device="cpu",
@@ -148,12 +152,32 @@ def test_a_real_sweeps_page_renders_in_chromium_with_its_curves_and_boxes(swept,
     boxes = detail[detail.index('class="boxes"'):detail.index("</svg>", detail.index('class="boxes"'))]
     assert boxes.count("<rect") == 2  # the true box and step 200's prediction
     assert detail.count("<tr>") == 5  # a header and the answers of base and three steps
+    assert "✗ box</option>" in dom  # wrong at base, and base is the best step (every step scores 0)
     artifacts = os.environ.get("VLMFAST_TEST_ARTIFACTS")
     where = (tmp_path if not artifacts else __import__("pathlib").Path(artifacts))
     where.mkdir(parents=True, exist_ok=True)
     shot = screenshot(url, where / "report.png", tmp_path / "profile-shot", size="1280,2000")
     print(f"screenshot of the rendered report: {shot}")
     assert shot.stat().st_size > 10_000
+
+
+def test_a_hostile_id_and_prompt_stay_text_in_chromium(swept, tmp_path):
+    """An id and a prompt full of markup, picked by its URL-encoded #sample=: shown as text, nothing injected,
+    no script error; a bare % in a hand-typed address falls back to the first sample without an error."""
+    from browser import dump_dom
+
+    page = swept / "report.html"
+    dom = dump_dom(page.as_uri() + "#sample=" + urllib.parse.quote(BROWSER_HOSTILE, safe=""), tmp_path / "p1")
+    assert 'data-ready="1"' in dom and 'data-errors="[]"' in dom
+    detail = dom[dom.index('<div id="detail"'):]
+    picked = re.match(r'<div id="detail" data-sample="([^"]*)"><h3>', detail).group(1)
+    assert html.unescape(picked) == BROWSER_HOSTILE  # (serializers differ on escaping < > in attributes)
+    assert "<h3>50% &lt;img src=x onerror=alert(1)&gt;&lt;/script&gt;&amp;amp;</h3>" in detail
+    assert "&lt;b&gt;bold?&lt;/b&gt; &lt;script&gt;alert(2)&lt;/script&gt;" in detail
+    markup = re.sub(r'<script type="application/json" id="vlmfast-data">.*?</script>', "", dom, flags=re.S)
+    assert markup != dom and "<img src=x" not in markup and '<img src="x"' not in markup and "<b>bold?" not in markup
+    dom = dump_dom(page.as_uri() + "#sample=50%", tmp_path / "p2")
+    assert 'data-ready="1"' in dom and 'data-errors="[]"' in dom and '<div id="detail" data-sample="q0">' in dom
 
 
 def test_the_page_is_written_beside_report_json(swept):

@@ -19,6 +19,7 @@ import html
 import io
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 from vlmfast.report.html_assets import CSS, JS
 
@@ -261,7 +262,7 @@ def _flips(page: dict, names: list[str], samples: list[dict]) -> str:
             continue
         parts = []
         for key, label in (("wrong_to_right", "wrong → right"), ("right_to_wrong", "right → wrong")):
-            links = " ".join(f"<a href='#sample={_e(samples[i]['id'])}' data-sample='{_e(samples[i]['id'])}' "
+            links = " ".join(f"<a href='#sample={_e(quote(samples[i]['id'], safe=''))}' data-sample='{_e(samples[i]['id'])}' "
                              f"data-index='{i}'>{_e(samples[i]['id'])}</a>" for i in got[key][:200])
             more = f" … and {len(got[key]) - 200} more" if len(got[key]) > 200 else ""
             parts.append(f"<p><b>{label}</b> ({len(got[key])}): {links}{more}</p>")

@@ -50,10 +50,16 @@ JS = r"""
     for (var i = 0; i < samples.length; i++) {
       if (!wanted(i)) continue;
       shown++;
-      html.push('<option value="' + i + '">' + esc(samples[i].id) + '</option>');
+      html.push('<option value="' + i + '">' + mark_of(i) + " " + esc(samples[i].id) + '</option>');
     }
     list.innerHTML = html.join("");
     document.getElementById("count").textContent = shown + " of " + samples.length + " samples";
+  }
+  // right/wrong at base and at the best step, so flips show in the list itself
+  var base = steps.length && steps[0].name === "base" ? steps[0] : null, best = steps[data.best_index];
+  function mark_of(i) {
+    function one(st) { var a = st && st.answers[i]; return !a || a[1] == null ? "·" : a[1] ? "✓" : "✗"; }
+    return (base ? one(base) : "") + (best && best !== base ? one(best) : "");
   }
   function box(b, w, h, scale, color, label) {
     if (!b) return "";
@@ -95,13 +101,21 @@ JS = r"""
   }
   list.addEventListener("change", function () { show(+list.value); });
   filter.addEventListener("change", fill); search.addEventListener("input", fill);
+  function pick(i) { list.value = String(i); show(i); }
   document.querySelectorAll("a[data-sample]").forEach(function (a) {
-    a.addEventListener("click", function () { show(+a.getAttribute("data-index")); });
+    a.addEventListener("click", function () { pick(+a.getAttribute("data-index")); });
   });
+  function fromHash() {  // #sample=ID (URL-encoded) picks a sample; -1 when none is named or found
+    var got = (location.hash.match(/sample=([^&]+)/) || [])[1];
+    if (!got) return -1;
+    try { got = decodeURIComponent(got); } catch (e) { /* a bare % in a hand-typed address: take it as it is */ }
+    return samples.findIndex(function (s) { return s.id === got; });
+  }
+  window.addEventListener("hashchange", function () { var i = fromHash(); if (i >= 0) pick(i); });
   fill();
-  var want = decodeURIComponent((location.hash.match(/sample=([^&]+)/) || [])[1] || "");
-  var first = want ? samples.findIndex(function (s) { return s.id === want; }) : (samples.length ? 0 : -1);
-  if (first >= 0) { list.value = String(first); show(first); }
+  var first = location.hash ? fromHash() : -1;
+  if (first < 0 && samples.length) first = 0;
+  if (first >= 0) pick(first);
   mark();
   document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));
   document.body.setAttribute("data-ready", "1");
