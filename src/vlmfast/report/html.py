@@ -78,7 +78,8 @@ def render(page: dict) -> str:
         "<h2>Samples</h2><div class='controls'><select id='filter'><option value='all'>all samples</option>"
         "<option value='flipped'>flipped against base</option><option value='wrong_best'>wrong at the best step"
         "</option></select><input id='search' placeholder='search id, prompt, truth'><span id='count' "
-        "class='muted'></span></div>" + _linked_note(images) + "<div class='browser'><select id='list' size='24'></select>"
+        "class='muted'></span><span class='muted'>· marks before an id: ✓ right, ✗ wrong, · unscored — at base, "
+        "then at the best step</span></div>" + _linked_note(images) + "<div class='browser'><select id='list' size='24'></select>"
         "<div id='detail'></div></div>",
     ]
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
