@@ -74,7 +74,7 @@ def render(page: dict) -> str:
         "<h2>Curves</h2><div class='charts'>" + "".join(_charts(checkpoints, flagged)) + "</div>",
         "<h2>Checkpoints</h2>" + _table(checkpoints, names, flagged, best_step) + _details(checkpoints, names),
         _flags_and_notes(page),
-        "<h2>Flipped against base</h2>" + _flips(page, names, samples),
+        "<h2>Flipped against base</h2><div class='scroll'>" + _flips(page, names, samples) + "</div>",
         "<h2>Samples</h2><div class='controls'><select id='filter'><option value='all'>all samples</option>"
         "<option value='flipped'>flipped against base</option><option value='wrong_best'>wrong at the best step"
         "</option></select><input id='search' placeholder='search id, prompt, truth'><span id='count' "
@@ -137,8 +137,10 @@ def _chart(title: str, steps: list[int], lines, band, unit_range: bool, flagged:
     parts = [f"<line x1='{PAD}' y1='{y(lo):.1f}' x2='{CHART_W - 10}' y2='{y(lo):.1f}' stroke='#99a'/>",
              f"<text x='2' y='{y(hi) + 4:.1f}' font-size='10'>{_tick(hi, unit_range)}</text>",
              f"<text x='2' y='{y(lo):.1f}' font-size='10'>{_tick(lo, unit_range)}</text>"]
-    for step in (x0, x1):
-        parts.append(f"<text x='{x(step) - 8:.1f}' y='{CHART_H - 6}' font-size='10'>{step}</text>")
+    ticks = sorted({x0, x1, steps[len(steps) // 2]}) if len(steps) > 2 else sorted({x0, x1})
+    for step in ticks:  # the end ticks anchored inside the chart so long step numbers are not clipped
+        anchor = "start" if step == x0 and x1 > x0 else "end" if step == x1 and x1 > x0 else "middle"
+        parts.append(f"<text x='{x(step):.1f}' y='{CHART_H - 6}' font-size='10' text-anchor='{anchor}'>{step}</text>")
     for step in flagged:
         if x0 <= step <= x1:
             parts.append(f"<line class='flagged' x1='{x(step):.1f}' y1='12' x2='{x(step):.1f}' y2='{y(lo):.1f}' "

@@ -22,7 +22,8 @@ tr.best td{background:#eef8ee}.browser{display:flex;gap:18px;align-items:flex-st
 vertical-align:top;text-align:left}.ok{color:#1a7f37}.bad{color:#b3261e}.thumb{position:relative;display:inline-block}
 .thumb img{display:block;max-width:360px;min-height:20px;border:1px solid #ccd}.thumb svg{position:absolute;left:0;top:0}
 pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font-size:12px}.controls{margin:6px 0;display:flex;gap:8px}
-table.steps td.flag,table.steps th{white-space:normal}details{margin:4px 0}a{color:#0b57d0}.wide{overflow-x:auto;max-width:100%}details.more{margin-top:8px}
+table.steps td.flag,table.steps th{white-space:normal}details{margin:4px 0}a{color:#0b57d0}.wide{overflow:auto;max-width:100%;max-height:640px}.scroll{max-height:360px;overflow:auto}
+table.steps th{position:sticky;top:0;z-index:1}details.more{margin-top:8px}
 """
 
 JS = r"""
