@@ -72,6 +72,19 @@ def test_more_figures_show_what_checkpoints_carry_and_nothing_else():
     assert cells == ["base", "–", "–", "–", "step 100", "+30.0 [+10.0, +50.0] p=0.0312 (4↑ 1↓)", "64", "0.250"]
 
 
+def test_a_report_without_health_flags_or_manifest_still_renders(tmp_path):
+    """A report of the schema's first keys only (no health figures, no flags, no manifest, a results file gone)."""
+    from vlmfast.run.sweep_page import write_sweep_html
+
+    report = {"run_dir": "r", "out_dir": "o", "best": {"step": 10, "path": "p", "accuracy": 0.5}, "notes": ["n<1>"],
+              "checkpoints": [{"step": 10, "label": "hf-trainer", "path": "p", "results": str(tmp_path / "gone.jsonl"),
+                               "rows": 2, "accuracy": 0.5, "ci_low": 0.1, "ci_high": 0.9, "format_rate": 1.0}]}
+    text = write_sweep_html(report, tmp_path / "report.html").read_text()
+    assert text.count("<svg class='curve'") == 2 and text.count("no figures") == 2  # length and truncation
+    assert "n&lt;1&gt;" in text and "more figures per checkpoint" not in text and "best: step 10 (accuracy 50.0%)" in text
+    assert "no base in this sweep" in text and _data(text)["samples"] == []
+
+
 def test_rows_and_truths_given_in_place_of_files_long_texts_cut_and_boxes_mapped(tmp_path):
     """write_sweep_html with rows and truths handed in: nothing read from disk; texts past their limit cut
     with a marker; a box answered in the model's resized pixels drawn in the original image's."""

@@ -70,7 +70,7 @@ def render(page: dict) -> str:
     body = [
         f"<h1>vlmfast sweep: {_e(page['run_dir'])}</h1>",
         f"<p class='muted'>{len(checkpoints)} checkpoints · {len(samples)} samples · best: "
-        f"{_e(_best(page.get('best')))}</p>",
+        f"{_e(_best(page.get('best'), dict(zip([c['step'] for c in checkpoints], names))))}</p>",
         "<h2>Curves</h2><div class='charts'>" + "".join(_charts(checkpoints, flagged)) + "</div>",
         "<h2>Checkpoints</h2>" + _table(checkpoints, names, flagged, best_step) + _details(checkpoints, names),
         _flags_and_notes(page),
@@ -96,9 +96,10 @@ def _name(c: dict) -> str:
     return "base" if c["label"] == "base" else f"step {c['step']}"
 
 
-def _best(best) -> str:
-    where = "base" if best and best.get("label") == "base" else f"step {best['step']}" if best else ""
-    return "none" if not best else f"{where} (accuracy {_pct(best['accuracy'])})"
+def _best(best, name_of: dict) -> str:
+    if not best:
+        return "none"
+    return f"{name_of.get(best['step'], 'step ' + str(best['step']))} (accuracy {_pct(best.get('accuracy'))})"
 
 
 def _pct(value) -> str:
