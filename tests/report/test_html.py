@@ -2,6 +2,7 @@
 4-checkpoint sweep rendered in headless Chromium: no script errors, the curves, the sample browser with
 the true and predicted boxes of a box row. A screenshot is kept as a test artifact."""
 
+import html
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from conftest import read_jsonl
 from vlmfast.report.html import render
 
 HOSTILE = "q</script><script>alert(1)</script>"
+BROWSER_HOSTILE = "50% <img src=x onerror=alert(1)></script>&amp;"  # a manifest id as the browser test gets it
 
 
 def _page(**over):
@@ -56,6 +58,68 @@ def test_pass_at_k_gets_its_curve_with_several_answers():
     assert render(page).count("<svg class='curve'") == 5
 
 
+def test_more_figures_show_what_checkpoints_carry_and_nothing_else():
+    page = _page()
+    assert "more figures per checkpoint" not in render(page)
+    step = page["checkpoints"][1]
+    step.update(vs_best=None, new_tokens_max=64, reward_means={"acc<r>": 0.25},
+                vs_base={"n": 10, "difference": 0.3, "ci_low": 0.1, "ci_high": 0.5, "p_value": 0.0312,
+                         "right_to_wrong": 1, "wrong_to_right": 4})
+    more = render(page).split("more figures per checkpoint")[1].split("</details>")[0]
+    heads = re.findall(r"<th[^>]*>(.*?)</th>", more)
+    assert heads == ["checkpoint", "vs base [95 % CI] p", "length max", "reward acc&lt;r&gt;"]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", more)
+    assert cells == ["base", "–", "–", "–", "step 100", "+30.0 [+10.0, +50.0] p=0.0312 (4↑ 1↓)", "64", "0.250"]
+
+
+def test_a_report_without_health_flags_or_manifest_still_renders(tmp_path):
+    """A report of the schema's first keys only (no health figures, no flags, no manifest, a results file gone)."""
+    from vlmfast.run.sweep_page import write_sweep_html
+
+    report = {"run_dir": "r", "out_dir": "o", "best": {"step": 10, "path": "p", "accuracy": 0.5}, "notes": ["n<1>"],
+              "checkpoints": [{"step": 10, "label": "hf-trainer", "path": "p", "results": str(tmp_path / "gone.jsonl"),
+                               "rows": 2, "accuracy": 0.5, "ci_low": 0.1, "ci_high": 0.9, "format_rate": 1.0}]}
+    text = write_sweep_html(report, tmp_path / "report.html").read_text()
+    assert text.count("<svg class='curve'") == 2 and text.count("no figures") == 2  # length and truncation
+    assert "n&lt;1&gt;" in text and "more figures per checkpoint" not in text and "best: step 10 (accuracy 50.0%)" in text
+    assert "no base in this sweep" in text and _data(text)["samples"] == []
+
+
+def test_rows_and_truths_given_in_place_of_files_long_texts_cut_and_boxes_mapped(tmp_path):
+    """write_sweep_html with rows and truths handed in: nothing read from disk; texts past their limit cut
+    with a marker; a box answered in the model's resized pixels drawn in the original image's."""
+    from vlmfast.run.sweep_page import ANSWER_CHARS, PROMPT_CHARS, write_sweep_html
+
+    report = {"run_dir": "r", "manifest": str(tmp_path / "absent.jsonl"), "best": None, "flags": [], "notes": [],
+              "checkpoints": [{"step": 0, "label": "base", "results": str(tmp_path / "none.jsonl")},
+                              {"step": 5, "label": "hf-trainer", "results": str(tmp_path / "none.jsonl")}]}
+    common = {"images": [], "image_sizes": [[200, 100]], "model_image_sizes": [[100, 50]], "scorer": "bbox"}
+    rows = {0: [{**common, "id": 7, "prompt": "p" * (PROMPT_CHARS + 3), "answer": "[0, 0, 10, 10]", "correct": False,
+                 "iou": 0.1, "bbox_space": "resized"}],
+            5: [{**common, "id": 7, "prompt": "p", "answer": "a" * (ANSWER_CHARS + 9), "correct": True, "iou": 0.9}]}
+    path = write_sweep_html(report, tmp_path / "report.html", rows_by_step=rows, truths={7: [2, 2, 20, 20]})
+    data = _data(path.read_text())
+    sample = data["samples"][0]
+    assert sample["prompt"] == "p" * PROMPT_CHARS + " … [3 more characters in the manifest]"
+    assert sample["truth"] == "[2, 2, 20, 20]" and sample["truth_box"] == [2, 2, 20, 20]
+    assert data["steps"][0]["answers"] == [["[0, 0, 10, 10]", 0, 0.1, [0.0, 0.0, 20.0, 20.0]]]
+    assert data["steps"][1]["answers"] == [["a" * ANSWER_CHARS + " … [9 more characters in the results file]", 1, 0.9, None]]
+    assert data["flipped_any"] == [0]
+
+
+def test_past_the_thumbnail_budget_images_are_linked_and_the_page_says_so(tmp_path, images, monkeypatch):
+    import vlmfast.report.html as page_module
+
+    samples = [{"id": f"s{i}", "prompt": "", "truth": "", "image_path": str(p), "size": None, "truth_box": None}
+               for i, p in enumerate(images[:3])]
+    data = _data(render(_page(samples=samples, answers={}, flips={})))
+    assert [uri[:23] for uri in data["images"]] == ["data:image/jpeg;base64,"] * 3
+    monkeypatch.setattr(page_module, "THUMBNAIL_BUDGET_BYTES", 1)
+    text = render(_page(samples=samples, answers={}, flips={}))
+    assert _data(text)["images"][1:] == [p.resolve().as_uri() for p in images[1:3]]
+    assert "1 image(s) embedded as thumbnails (up to 0 MiB); the other 2 are linked by their path" in text
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory, images):
     """A 4-checkpoint sweep (base + 3 steps) whose manifest has a box row; step 200's answer to it is made a box."""
@@ -71,6 +135,8 @@ def swept(tmp_path_factory, images):
     lines = [{"id": f"q{i}", "image": str(p), "prompt": "Count.", "solution": str(i)} for i, p in enumerate(images[:3])]
     lines.append({"id": "box", "image": str(images[3]), "prompt": "Where is the square?", "solution": [4, 6, 30, 34],
                   "scorer": "bbox"})
+    lines.append({"id": BROWSER_HOSTILE, "image": str(images[4]), "prompt": "<b>bold?</b> <script>alert(2)</script>",
+                  "solution": "1"})
     manifest = root / "m.jsonl"
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     infer = InferOptions(ckpt=str(root / "run"), manifest=str(manifest), device="cpu",
@@ -99,12 +165,32 @@ def test_a_real_sweeps_page_renders_in_chromium_with_its_curves_and_boxes(swept,
     boxes = detail[detail.index('class="boxes"'):detail.index("</svg>", detail.index('class="boxes"'))]
     assert boxes.count("<rect") == 2  # the true box and step 200's prediction
     assert detail.count("<tr>") == 5  # a header and the answers of base and three steps
+    assert "✗ box</option>" in dom  # wrong at base, and base is the best step (every step scores 0)
     artifacts = os.environ.get("VLMFAST_TEST_ARTIFACTS")
     where = (tmp_path if not artifacts else __import__("pathlib").Path(artifacts))
     where.mkdir(parents=True, exist_ok=True)
-    shot = screenshot(url, where / "report.png", tmp_path / "profile-shot")
+    shot = screenshot(url, where / "report.png", tmp_path / "profile-shot", size="1280,2000")
     print(f"screenshot of the rendered report: {shot}")
     assert shot.stat().st_size > 10_000
+
+
+def test_a_hostile_id_and_prompt_stay_text_in_chromium(swept, tmp_path):
+    """An id and a prompt full of markup, picked by its URL-encoded #sample=: shown as text, nothing injected,
+    no script error; a bare % in a hand-typed address falls back to the first sample without an error."""
+    from browser import dump_dom
+
+    page = swept / "report.html"
+    dom = dump_dom(page.as_uri() + "#sample=" + urllib.parse.quote(BROWSER_HOSTILE, safe=""), tmp_path / "p1")
+    assert 'data-ready="1"' in dom and 'data-errors="[]"' in dom
+    detail = dom[dom.index('<div id="detail"'):]
+    picked = re.match(r'<div id="detail" data-sample="([^"]*)"><h3>', detail).group(1)
+    assert html.unescape(picked) == BROWSER_HOSTILE  # (serializers differ on escaping < > in attributes)
+    assert "<h3>50% &lt;img src=x onerror=alert(1)&gt;&lt;/script&gt;&amp;amp;</h3>" in detail
+    assert "&lt;b&gt;bold?&lt;/b&gt; &lt;script&gt;alert(2)&lt;/script&gt;" in detail
+    markup = re.sub(r'<script type="application/json" id="vlmfast-data">.*?</script>', "", dom, flags=re.S)
+    assert markup != dom and "<img src=x" not in markup and '<img src="x"' not in markup and "<b>bold?" not in markup
+    dom = dump_dom(page.as_uri() + "#sample=50%", tmp_path / "p2")
+    assert 'data-ready="1"' in dom and 'data-errors="[]"' in dom and '<div id="detail" data-sample="q0">' in dom
 
 
 def test_the_page_is_written_beside_report_json(swept):

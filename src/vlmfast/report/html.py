@@ -19,6 +19,7 @@ import html
 import io
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 from vlmfast.report.html_assets import CSS, JS
 
@@ -69,15 +70,16 @@ def render(page: dict) -> str:
     body = [
         f"<h1>vlmfast sweep: {_e(page['run_dir'])}</h1>",
         f"<p class='muted'>{len(checkpoints)} checkpoints · {len(samples)} samples · best: "
-        f"{_e(_best(page.get('best')))}</p>",
+        f"{_e(_best(page.get('best'), dict(zip([c['step'] for c in checkpoints], names))))}</p>",
         "<h2>Curves</h2><div class='charts'>" + "".join(_charts(checkpoints, flagged)) + "</div>",
-        "<h2>Checkpoints</h2>" + _table(checkpoints, names, flagged, best_step),
+        "<h2>Checkpoints</h2>" + _table(checkpoints, names, flagged, best_step) + _details(checkpoints, names),
         _flags_and_notes(page),
-        "<h2>Flipped against base</h2>" + _flips(page, names, samples),
+        "<h2>Flipped against base</h2><div class='scroll'>" + _flips(page, names, samples) + "</div>",
         "<h2>Samples</h2><div class='controls'><select id='filter'><option value='all'>all samples</option>"
         "<option value='flipped'>flipped against base</option><option value='wrong_best'>wrong at the best step"
         "</option></select><input id='search' placeholder='search id, prompt, truth'><span id='count' "
-        "class='muted'></span></div><div class='browser'><select id='list' size='24'></select>"
+        "class='muted'></span><span class='muted'>· marks before an id: ✓ right, ✗ wrong, · unscored — at base, "
+        "then at the best step</span></div>" + _linked_note(images) + "<div class='browser'><select id='list' size='24'></select>"
         "<div id='detail'></div></div>",
     ]
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
@@ -94,9 +96,10 @@ def _name(c: dict) -> str:
     return "base" if c["label"] == "base" else f"step {c['step']}"
 
 
-def _best(best) -> str:
-    where = "base" if best and best.get("label") == "base" else f"step {best['step']}" if best else ""
-    return "none" if not best else f"{where} (accuracy {_pct(best['accuracy'])})"
+def _best(best, name_of: dict) -> str:
+    if not best:
+        return "none"
+    return f"{name_of.get(best['step'], 'step ' + str(best['step']))} (accuracy {_pct(best.get('accuracy'))})"
 
 
 def _pct(value) -> str:
@@ -135,8 +138,10 @@ def _chart(title: str, steps: list[int], lines, band, unit_range: bool, flagged:
     parts = [f"<line x1='{PAD}' y1='{y(lo):.1f}' x2='{CHART_W - 10}' y2='{y(lo):.1f}' stroke='#99a'/>",
              f"<text x='2' y='{y(hi) + 4:.1f}' font-size='10'>{_tick(hi, unit_range)}</text>",
              f"<text x='2' y='{y(lo):.1f}' font-size='10'>{_tick(lo, unit_range)}</text>"]
-    for step in (x0, x1):
-        parts.append(f"<text x='{x(step) - 8:.1f}' y='{CHART_H - 6}' font-size='10'>{step}</text>")
+    ticks = sorted({x0, x1, steps[len(steps) // 2]}) if len(steps) > 2 else sorted({x0, x1})
+    for step in ticks:  # the end ticks anchored inside the chart so long step numbers are not clipped
+        anchor = "start" if step == x0 and x1 > x0 else "end" if step == x1 and x1 > x0 else "middle"
+        parts.append(f"<text x='{x(step):.1f}' y='{CHART_H - 6}' font-size='10' text-anchor='{anchor}'>{step}</text>")
     for step in flagged:
         if x0 <= step <= x1:
             parts.append(f"<line class='flagged' x1='{x(step):.1f}' y1='12' x2='{x(step):.1f}' y2='{y(lo):.1f}' "
@@ -169,7 +174,7 @@ def _tick(value: float, unit_range: bool) -> str:
 def _table(checkpoints: list[dict], names: list[str], flagged: dict, best_step) -> str:
     head = ("checkpoint", "accuracy (95 % CI)", "vs base (↑ ↓)", "format", "length p50 / p90", "truncated", "repeating",
             "empty / several answers", "tokens/s", "flags")
-    rows = ["<table class='steps'><tr>" + "".join(f"<th class='{'l' if h in ('checkpoint', 'flags') else ''}'>{_e(h)}</th>"
+    rows = ["<div class='wide'><table class='steps'><tr>" + "".join(f"<th class='{'l' if h in ('checkpoint', 'flags') else ''}'>{_e(h)}</th>"
                                                    for h in head) + "</tr>"]
     for c, name in zip(checkpoints, names):
         vs = c.get("vs_base") or {}
@@ -183,7 +188,62 @@ def _table(checkpoints: list[dict], names: list[str], flagged: dict, best_step) 
         rows.append(f"<tr class='{'best' if c['step'] == best_step else ''}'>" + "".join(
             f"<td class='{'l' if i in (0, 9) else ''}{' flag' if i == 9 and cell else ''}'>{_e(cell)}</td>"
             for i, cell in enumerate(cells)) + "</tr>")
-    return "".join(rows) + "</table>"
+    return "".join(rows) + "</table></div>"
+
+
+def _details(checkpoints: list[dict], names: list[str]) -> str:
+    """The other figures a checkpoint carries, one column each where at least one checkpoint has it."""
+    def paired(key):
+        def cell(c):
+            vs = c.get(key) or {}
+            if vs.get("difference") is None:
+                return None
+            return (f"{vs['difference'] * 100:+.1f} [{vs['ci_low'] * 100:+.1f}, {vs['ci_high'] * 100:+.1f}] "
+                    f"p={vs['p_value']:.3g} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)")
+        return cell
+
+    def sampled(kind, k):
+        return lambda c: _opt(((c.get("samples") or {}).get(kind) or {}).get(k), _pct)
+
+    ks = {kind: sorted({k for c in checkpoints for k in ((c.get("samples") or {}).get(kind) or {})}, key=int)
+          for kind in ("pass_at_k", "maj_at_k")}
+    rewards = sorted({f for c in checkpoints for f in (c.get("reward_means") or {})})
+    columns = [("vs base [95 % CI] p", paired("vs_base")), ("vs best [95 % CI] p", paired("vs_best")),
+               ("mean length", lambda c: _opt(c.get("mean_new_tokens"), _num)),
+               ("length max", lambda c: _opt(c.get("new_tokens_max"), _num)),
+               ("think chars", lambda c: _opt(c.get("mean_think_chars"), _num)),
+               ("answer chars", lambda c: _opt(c.get("mean_answer_chars"), _num)),
+               ("no answer", lambda c: _opt(c.get("no_answer_rate"), _pct))]
+    columns += [(f"pass@{k}", sampled("pass_at_k", k)) for k in ks["pass_at_k"]]
+    columns += [(f"maj@{k}", sampled("maj_at_k", k)) for k in ks["maj_at_k"]]
+    columns += [("all same", lambda c: _opt((c.get("samples") or {}).get("all_same_rate"), _pct))]
+    columns += [(f"reward {f}", lambda c, f=f: _opt((c.get("reward_means") or {}).get(f), lambda v: f"{v:.3f}"))
+                for f in rewards]
+    columns += [("load / swap s", lambda c: _opt(next((c[k] for k in ("load_s", "swap_s", "reload_s")
+                                                       if c.get(k) is not None), None), lambda v: f"{v:.1f}")),
+                ("errors", lambda c: _opt((c.get("errors") or 0) + (c.get("reward_errors") or 0) or None, str))]
+    cells = [[get(c) for c in checkpoints] for _, get in columns]
+    kept = [(head, col) for (head, _), col in zip(columns, cells) if any(v is not None for v in col)]
+    if not kept:
+        return ""
+    rows = "".join("<tr><td class='l'>" + _e(name) + "</td>" + "".join(f"<td>{_e(col[i] or '–')}</td>" for _, col in kept)
+                   + "</tr>" for i, name in enumerate(names))
+    return ("<details class='more'><summary>more figures per checkpoint</summary><div class='wide'><table class='steps'>"
+            "<tr><th class='l'>checkpoint</th>" + "".join(f"<th>{_e(h)}</th>" for h, _ in kept) + "</tr>" + rows +
+            "</table></div></details>")
+
+
+def _opt(value, fmt):
+    return None if value is None else fmt(value)
+
+
+def _linked_note(images: list[str]) -> str:
+    linked = sum(not uri.startswith("data:") for uri in images)
+    if not linked:
+        return ""
+    return (f"<p class='muted'>{len(images) - linked} image(s) embedded as thumbnails (up to "
+            f"{THUMBNAIL_BUDGET_BYTES // 2**20} MiB); the other {linked} are linked by their path and show only where "
+            "that file is.</p>")
 
 
 def _num(value) -> str:
@@ -206,7 +266,7 @@ def _flips(page: dict, names: list[str], samples: list[dict]) -> str:
             continue
         parts = []
         for key, label in (("wrong_to_right", "wrong → right"), ("right_to_wrong", "right → wrong")):
-            links = " ".join(f"<a href='#sample={_e(samples[i]['id'])}' data-sample='{_e(samples[i]['id'])}' "
+            links = " ".join(f"<a href='#sample={_e(quote(samples[i]['id'], safe=''))}' data-sample='{_e(samples[i]['id'])}' "
                              f"data-index='{i}'>{_e(samples[i]['id'])}</a>" for i in got[key][:200])
             more = f" … and {len(got[key]) - 200} more" if len(got[key]) > 200 else ""
             parts.append(f"<p><b>{label}</b> ({len(got[key])}): {links}{more}</p>")
@@ -239,6 +299,7 @@ def _thumbnail(path: str) -> str | None:
         from PIL import Image
 
         with Image.open(path) as image:
+            image.draft("RGB", (THUMBNAIL_PX, THUMBNAIL_PX))  # a JPEG decoded at 1/2-1/8 scale: 1600x1200, 66 -> 27 ms
             image = image.convert("RGB")
             image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
             buffer = io.BytesIO()

@@ -20,9 +20,10 @@ tr.best td{background:#eef8ee}.browser{display:flex;gap:18px;align-items:flex-st
 #list{width:280px;height:480px;font:12px monospace}#detail{flex:1;min-width:0}
 #detail table{border-collapse:collapse;width:100%}#detail td,#detail th{border-bottom:1px solid #eceef4;padding:3px 6px;
 vertical-align:top;text-align:left}.ok{color:#1a7f37}.bad{color:#b3261e}.thumb{position:relative;display:inline-block}
-.thumb img{display:block;max-width:360px;border:1px solid #ccd}.thumb svg{position:absolute;left:0;top:0}
+.thumb img{display:block;max-width:360px;min-height:20px;border:1px solid #ccd}.thumb svg{position:absolute;left:0;top:0}
 pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font-size:12px}.controls{margin:6px 0;display:flex;gap:8px}
-details{margin:4px 0}a{color:#0b57d0}
+table.steps td.flag,table.steps th{white-space:normal}details{margin:4px 0}a{color:#0b57d0}.wide{overflow:auto;max-width:100%;max-height:640px}.scroll{max-height:360px;overflow:auto}
+table.steps th{position:sticky;top:0;z-index:1}details.more{margin-top:8px}
 """
 
 JS = r"""
@@ -31,7 +32,8 @@ JS = r"""
   window.addEventListener("error", function (e) { errors.push(String(e.message)); mark(); });
   function mark() { document.body.setAttribute("data-errors", JSON.stringify(errors)); }
   var data = JSON.parse(document.getElementById("vlmfast-data").textContent);
-  var steps = data.steps, samples = data.samples, colors = data.colors;
+  var steps = data.steps, samples = data.samples, colors = data.colors, flippedAny = {};
+  data.flipped_any.forEach(function (i) { flippedAny[i] = true; });
   var list = document.getElementById("list"), detail = document.getElementById("detail");
   var filter = document.getElementById("filter"), search = document.getElementById("search");
   function esc(s) { return String(s == null ? "" : s).replace(/[&<>"']/g, function (c) {
@@ -39,7 +41,7 @@ JS = r"""
   function wanted(i) {
     var f = filter.value, q = search.value.toLowerCase(), s = samples[i];
     if (q && (s.id + " " + s.prompt + " " + s.truth).toLowerCase().indexOf(q) < 0) return false;
-    if (f === "flipped") return data.flipped_any.indexOf(i) >= 0;
+    if (f === "flipped") return flippedAny[i] === true;
     if (f === "wrong_best") return data.best_index != null && steps[data.best_index].answers[i] &&
       steps[data.best_index].answers[i][1] === 0;
     return true;
@@ -49,10 +51,16 @@ JS = r"""
     for (var i = 0; i < samples.length; i++) {
       if (!wanted(i)) continue;
       shown++;
-      html.push('<option value="' + i + '">' + esc(samples[i].id) + '</option>');
+      html.push('<option value="' + i + '">' + mark_of(i) + " " + esc(samples[i].id) + '</option>');
     }
     list.innerHTML = html.join("");
     document.getElementById("count").textContent = shown + " of " + samples.length + " samples";
+  }
+  // right/wrong at base and at the best step, so flips show in the list itself
+  var base = steps.length && steps[0].name === "base" ? steps[0] : null, best = steps[data.best_index];
+  function mark_of(i) {
+    function one(st) { var a = st && st.answers[i]; return !a || a[1] == null ? "·" : a[1] ? "✓" : "✗"; }
+    return (base ? one(base) : "") + (best && best !== base ? one(best) : "");
   }
   function box(b, w, h, scale, color, label) {
     if (!b) return "";
@@ -65,8 +73,8 @@ JS = r"""
     html.push("<h3>" + esc(s.id) + "</h3>");
     if (s.image != null) {
       var src = data.images[s.image], w = s.size ? s.size[0] : 0, h = s.size ? s.size[1] : 0;
-      var scale = w ? Math.min(1, 360 / w) : 1, overlay = "";
-      if (s.truth_box || steps.some(function (st) { return st.answers[i] && st.answers[i][3]; })) {
+      var scale = w && h ? 320 / Math.max(w, h) : 1, overlay = "";  // small images drawn larger: boxes stay legible
+      if (w && h && (s.truth_box || steps.some(function (st) { return st.answers[i] && st.answers[i][3]; }))) {
         overlay = '<svg class="boxes" width="' + w * scale + '" height="' + h * scale + '">' +
           box(s.truth_box, w, h, scale, "#1a7f37", "ground truth");
         steps.forEach(function (st, k) {
@@ -74,8 +82,9 @@ JS = r"""
         });
         overlay += "</svg>";
       }
-      html.push('<div class="thumb"><img alt="sample image" src="' + esc(src) + '" width="' + Math.round(w * scale) +
-        '">' + overlay + "</div>");
+      // an image of unknown size keeps its own (no boxes can be placed on it)
+      html.push('<div class="thumb"><img alt="' + esc(src.indexOf("data:") === 0 ? "thumbnail" : "not embedded: " + src) + '" src="' + esc(src) + '"' +
+        (w ? ' width="' + Math.round(w * scale) + '"' : "") + ">" + overlay + "</div>");
     }
     html.push("<p><b>prompt</b></p><pre>" + esc(s.prompt) + "</pre><p><b>ground truth</b></p><pre>" + esc(s.truth) +
       "</pre><table><tr><th>checkpoint</th><th>answer</th><th>score</th></tr>");
@@ -93,13 +102,21 @@ JS = r"""
   }
   list.addEventListener("change", function () { show(+list.value); });
   filter.addEventListener("change", fill); search.addEventListener("input", fill);
+  function pick(i) { list.value = String(i); show(i); }
   document.querySelectorAll("a[data-sample]").forEach(function (a) {
-    a.addEventListener("click", function () { show(+a.getAttribute("data-index")); });
+    a.addEventListener("click", function () { pick(+a.getAttribute("data-index")); });
   });
+  function fromHash() {  // #sample=ID (URL-encoded) picks a sample; -1 when none is named or found
+    var got = (location.hash.match(/sample=([^&]+)/) || [])[1];
+    if (!got) return -1;
+    try { got = decodeURIComponent(got); } catch (e) { /* a bare % in a hand-typed address: take it as it is */ }
+    return samples.findIndex(function (s) { return s.id === got; });
+  }
+  window.addEventListener("hashchange", function () { var i = fromHash(); if (i >= 0) pick(i); });
   fill();
-  var want = decodeURIComponent((location.hash.match(/sample=([^&]+)/) || [])[1] || "");
-  var first = want ? samples.findIndex(function (s) { return s.id === want; }) : (samples.length ? 0 : -1);
-  if (first >= 0) { list.value = String(first); show(first); }
+  var first = location.hash ? fromHash() : -1;
+  if (first < 0 && samples.length) first = 0;
+  if (first >= 0) pick(first);
   mark();
   document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));
   document.body.setAttribute("data-ready", "1");

@@ -385,10 +385,9 @@ def write_sweep_dir(report: dict, directory) -> list[str]:
     atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
     said = [f"wrote {directory / 'report.json'}"]
     if report["checkpoints"]:
-        from vlmfast.report.html import write_html_report
-        from vlmfast.run.sweep_page import page_data
+        from vlmfast.run.sweep_page import write_sweep_html
 
-        said.append(f"wrote {write_html_report(page_data(report), directory / 'report.html')} (open it in a browser)")
+        said.append(f"wrote {write_sweep_html(report, directory / 'report.html')} (open it in a browser)")
     if not any(c["accuracy"] is not None for c in report["checkpoints"]):
         return said
     if plot_available():

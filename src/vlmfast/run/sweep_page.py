@@ -7,13 +7,24 @@ from __future__ import annotations
 from pathlib import Path
 
 ANSWER_CHARS = 240  # an answer longer than this is cut in the page (the results file has it whole)
+PROMPT_CHARS = 1500  # a prompt or a ground truth longer than this is cut in the page (the manifest has it whole)
 
 
-def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None) -> dict:
+def write_sweep_html(report: dict, path, *, rows_by_step: dict[int, list[dict]] | None = None,
+                     truths: dict | None = None) -> Path:
+    """Write ``report.html`` of a sweep ``report`` (schema vlmfast.sweep/1) to ``path``; returns the path. Each
+    step's rows are read from its ``results`` file unless given in ``rows_by_step`` (step → rows); the ground
+    truth from ``report["manifest"]`` unless given in ``truths`` (id → truth)."""
+    from vlmfast.report.html import write_html_report
+
+    return write_html_report(page_data(report, rows_by_step, truths), path)
+
+
+def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None, truths: dict | None = None) -> dict:
     """The page's data for a sweep ``report`` (schema vlmfast.sweep/1): ``checkpoints``, ``flags``, ``notes`` and
     ``best`` as they are, plus ``samples`` (id, prompt, truth, image path and size, true box), ``answers`` per
     step (per sample: [answer, correct 1/0/None, score, predicted box] or None) and ``flips`` per step
-    against base (sample indices)."""
+    against base (sample indices). ``truths`` (id → truth) stands in for reading ``report["manifest"]``."""
     from vlmfast.evaluation.flags import flipped, per_request
     from vlmfast.run.results import read_existing
 
@@ -21,7 +32,7 @@ def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None) -
     for c in report["checkpoints"]:
         if c["step"] not in rows_by_step and Path(c["results"]).is_file():
             rows_by_step[c["step"]] = list(read_existing(Path(c["results"]), repair=False)[0].values())
-    truths = _truths(report.get("manifest"))
+    truths = {str(k): v for k, v in truths.items()} if truths is not None else _truths(report.get("manifest"))
     samples, index = [], {}
     for c in report["checkpoints"]:
         for row in rows_by_step.get(c["step"], []):
@@ -61,7 +72,8 @@ def _sample(row: dict, truth) -> dict:
     sizes = row.get("image_sizes") or []
     is_box = row.get("scorer") == "bbox" or (truth is not None and not isinstance(truth, (int, float))
                                               and parse_box(truth) is not None and row.get("scorer") in (None, "bbox"))
-    return {"id": str(row["id"]), "prompt": row.get("prompt") or "", "truth": _text(truth),
+    return {"id": str(row["id"]), "prompt": cut(row.get("prompt") or "", PROMPT_CHARS, "the manifest"),
+            "truth": cut(_text(truth), PROMPT_CHARS, "the manifest"),
             "image_path": images[0] if images else None, "size": sizes[0] if sizes else None,
             "truth_box": parse_box(truth) if is_box else None}
 
@@ -76,12 +88,17 @@ def _answers(rows: list[dict], index: dict[str, int]) -> list:
         if at is None or (row.get("sample") or 0) != 0:
             continue
         text = row.get("error") or row.get("answer") or row.get("text") or ""
-        text = text if len(text) <= ANSWER_CHARS else text[:ANSWER_CHARS] + " …"
+        text = cut(text, ANSWER_CHARS, "the results file")
         correct = None if row.get("correct") is None else int(bool(row["correct"]))
         score = row.get("iou") if row.get("scorer") == "bbox" else row.get("score")
         out[at] = [text, correct, None if score is None else round(float(score), 3),
                    predicted_box(row) if row.get("scorer") == "bbox" else None]
     return out
+
+
+def cut(text: str, limit: int, whole_in: str) -> str:
+    """``text`` up to ``limit`` characters, then a marker saying how much was left out and where it is whole."""
+    return text if len(text) <= limit else f"{text[:limit]} … [{len(text) - limit:,} more characters in {whole_in}]"
 
 
 def _text(value) -> str:
