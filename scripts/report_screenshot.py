@@ -1,4 +1,4 @@
-"""docs/report.png: a screenshot of report.html from a real 4-checkpoint sweep of tiny random checkpoints (base
+"""benchmarks/figures/report.png: a screenshot of report.html from a real 4-checkpoint sweep of tiny random checkpoints (base
 and steps 100, 200, 300) on a manifest of three number rows and one box row, opened on the box row. Tiny
 random checkpoints answer noise, so step 200's answer to the box row is replaced by a box (scored as a
 run scores it, then the sweep rerun to summarize the step's rows again) to show a predicted box drawn beside
@@ -72,4 +72,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "report.png")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "figures" / "report.png")
