@@ -158,7 +158,9 @@ def test_match_training_adopts_what_was_not_given_and_says_what_it_could_not(tmp
     assert (options.min_pixels, options.max_pixels, options.template) == (262144, 4194304, "plain")
     assert options.reward == [f"{tmp_path / 'r1v.py'}:compute_score"] and options.reward_kwargs == '{"format_weight": 0.1}'
     reward = tmp_path / "r1v.py"
-    assert adopted == ["--min-pixels 262144 (experiment_config.json: data.min_pixels)",
+    assert options.format_prompt == str(tmp_path / "format.jinja")  # rendered as the trainer renders it
+    assert adopted == [f"--format-prompt {tmp_path / 'format.jinja'} (data.format_prompt)",
+                       "--min-pixels 262144 (experiment_config.json: data.min_pixels)",
                        "--max-pixels 4194304 (experiment_config.json: data.max_pixels)",
                        "--max-new-tokens 2048 (experiment_config.json: data.max_response_length)",
                        "--top-p 0.95 (experiment_config.json: worker.rollout.val_override_config.top_p)",
@@ -166,8 +168,10 @@ def test_match_training_adopts_what_was_not_given_and_says_what_it_could_not(tmp
                        f"--reward {reward}:compute_score (experiment_config.json: worker.reward.reward_function)",
                        '--reward-kwargs {"format_weight": 0.1} (experiment_config.json: '
                        'worker.reward.reward_function_kwargs)']  # not --temperature: given
-    assert kept == [f"format prompt ({tmp_path / 'format.jinja'} (data.format_prompt)): vlmfast's --template is plain or "
-                    "r1; put the training's format prompt into the manifest's prompts"]
+    assert kept == []
+    (tmp_path / "format.jinja").unlink()  # the Jinja file is on the training machine only: said, not adopted
+    options, adopted, kept = match_training(given, training_settings(ckpt))
+    assert options.format_prompt is None and not any("--format-prompt" in a for a in adopted)
     # VLM-R1's instruction as an EasyR1 Jinja format prompt: the r1 template
     _, r1_ckpt = _easyr1(tmp_path / "r1", prompt="{{ content | trim }} " + R1)
     options, adopted, kept = match_training(InferOptions(ckpt=str(r1_ckpt), explicit=frozenset()), training_settings(r1_ckpt))
@@ -207,9 +211,9 @@ def test_infer_report_carries_parity_and_runs_with_the_adopted_options(tmp_path,
     assert _rows(p["rows"])["temperature"][:3] == (0.6, 0.6, True)
     by_name = {r["name"]: r for r in p["rows"]}
     assert by_name["temperature"]["evaluation_source"] == "--temperature adopted by --match-training"
-    assert by_name["format_prompt"]["evaluation_source"] == "--template plain"
+    assert by_name["format_prompt"]["evaluation_source"] == f"--format-prompt {tmp_path / 'format.jinja'}"
     assert "--temperature 0.6 (experiment_config.json: worker.rollout.val_override_config.temperature)" in p["adopted"]
-    assert _rows(p["rows"])["format_prompt"][2] is False and len(p["not_adopted"]) == 1
+    assert _rows(p["rows"])["format_prompt"][2] is True and p["not_adopted"] == []
     # without --match-training: the table says what differs, and how to adopt it
     plain = infer(InferOptions(ckpt=str(ckpt), images=[image], prompt="Q?"), backend=FakeBackend()).parity
     assert plain["adopted"] == [] and plain["notes"] == [

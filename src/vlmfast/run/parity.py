@@ -51,7 +51,7 @@ def evaluation_settings(options) -> dict[str, tuple[object, str]]:
     kwargs = json.loads(options.reward_kwargs) if options.reward_kwargs else None
     reward = ([options.reward] if isinstance(options.reward, str) else list(options.reward)) if options.reward else None
     return {
-        "format_prompt": (TEMPLATES[options.template], f"--template {options.template}"),
+        "format_prompt": _format_prompt(options),
         "system": flag("system", options.system, None),
         "min_pixels": (options.min_pixels, "--min-pixels") if options.min_pixels else lo,
         "max_pixels": (options.max_pixels, "--max-pixels") if options.max_pixels else hi,
@@ -65,6 +65,15 @@ def evaluation_settings(options) -> dict[str, tuple[object, str]]:
         "reward_kwargs": flag("reward_kwargs", kwargs, None),
         "eos": (None, "the checkpoint's EOS ids + the chat stop (<|im_end|>)"),
     }
+
+
+def _format_prompt(options) -> tuple[str, str]:
+    """The evaluation's format prompt: its ``--format-prompt`` Jinja file's text, else the ``--template``."""
+    from vlmfast.inputs.requests import TEMPLATES
+
+    if options.format_prompt and Path(options.format_prompt).is_file():
+        return Path(options.format_prompt).read_text(encoding="utf-8").strip(), f"--format-prompt {options.format_prompt}"
+    return TEMPLATES[options.template], f"--template {options.template}"
 
 
 def _checkpoint_dir(ckpt) -> Path:
@@ -106,14 +115,19 @@ def match_training(options, training: TrainingSettings | None) -> tuple[object, 
     values = training.values
     for name in (n for n in OPTION_OF if n in values):  # reward before its weights and kwargs
         setting, option = values[name], OPTION_OF[name]
-        if option in given:
+        if option in given or (name == "format_prompt" and "format_prompt" in given):
             continue
         value, said = setting.value, f"{setting.source}"
         if name == "format_prompt":
             template = next((t for t, text in TEMPLATES.items() if format_template(text) == format_template(str(value))), None)
+            jinja = Path(said.rsplit(" (", 1)[0])  # EasyR1 names its Jinja file: rendered as the trainer renders it
+            if template is None and jinja.is_file() and jinja.suffix in (".jinja", ".j2", ".txt", ""):
+                change["format_prompt"] = str(jinja)
+                adopted.append(f"--format-prompt {jinja} ({said.rsplit(' (', 1)[-1]}")
+                continue
             if template is None:
-                kept.append(f"format prompt ({said}): vlmfast's --template is plain or r1; put the training's format "
-                            "prompt into the manifest's prompts")
+                kept.append(f"format prompt ({said}): neither --template plain nor r1, and no Jinja file here to "
+                            "render it: give it with --format-prompt FILE")
                 continue
             value = template
         elif name == "reward":
