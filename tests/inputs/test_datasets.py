@@ -337,3 +337,28 @@ def trl_cols(completions, solution, **kwargs):
                                                 "num_turns": None, "rollout_reward_scores": {}}]]
     assert trl == [["trl", ANSWERS, [{"style": "rule", "ground_truth": a} for a in ANSWERS],
                         [[f"{tmp_path / 'test.parquet'}#row={i}/image=0"] for i in range(4)], ["math"] * 4]]
+
+
+def test_a_sweep_on_a_parquet_file_writes_the_rows_of_the_jsonl_manifest(grpo_ckpt, images, tmp_path):
+    """Two checkpoints swept on the parquet file and on the equivalent JSONL: the same rows per step, and the
+    page and records written for both (the manifest digest covers the parquet file)."""
+    import shutil
+
+    from vlmfast.engines.rows import GenerationSettings
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.sweep import SweepOptions, sweep, write_sweep_dir
+
+    for step in (100, 200):
+        shutil.copytree(grpo_ckpt, tmp_path / "run" / f"checkpoint-{step}")
+    pq.write_table(_easyr1(images), tmp_path / "val.parquet", row_group_size=2)
+    jsonl = _jsonl(tmp_path / "m.jsonl", _ours(images))
+    fields = ("id", "prompt", "text", "n_new_tokens", "correct")
+    rows = {}
+    for name, manifest in (("parquet", str(tmp_path / "val.parquet")), ("jsonl", jsonl)):
+        infer = InferOptions(ckpt=str(tmp_path / "run"), manifest=manifest, device="cpu",
+                             generation=GenerationSettings(max_new_tokens=6))
+        report = sweep(SweepOptions(run_dir=str(tmp_path / "run"), out_dir=str(tmp_path / name), infer=infer))
+        write_sweep_dir(report, tmp_path / name)
+        rows[name] = {s: [[r[f] for f in fields] for r in read_jsonl(tmp_path / name / f"step-{s}.jsonl")] for s in (100, 200)}
+        assert (tmp_path / name / "report.html").is_file() and report["settings"]["manifest_sha256"]
+    assert rows["parquet"] == rows["jsonl"] and len(rows["parquet"][100]) == 4

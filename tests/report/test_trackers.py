@@ -114,7 +114,12 @@ def _wandb_records(run_file: Path):
 
 
 def _wandb_history(run_dir: Path) -> dict[int, dict]:
-    """Each history row of the offline run: its step → {figure: value}, W&B's own _keys left out."""
+    """Each history row of the offline run: its step → {figure: value}, W&B's own _keys left out. W&B's service
+    process writes the file: it is shut down first, so every record is on disk (a loaded machine showed
+    records still in flight after the run had finished)."""
+    import wandb
+
+    wandb.teardown()
     (run_file,) = run_dir.glob("*.wandb")
     history = {}
     for record in _wandb_records(run_file):
