@@ -205,14 +205,15 @@ def test_sampled_graph_steps_never_sync_and_draw_as_the_eager_loop(on_gpu, image
     engine = Engine(on_gpu, settings)
     _run(engine, images[:3])  # captures the shape
     state = next(iter(engine._static.values()))
-    state.offset.zero_()  # step again from column 1 (the run left the offset at its last column)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(4):
-            state.step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    with torch.inference_mode():  # the state's buffers are inference tensors, as in the engine's own runs
+        state.offset.zero_()  # step again from column 1 (the run left the offset at its last column)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(4):
+                state.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 def test_per_step_times_come_from_cuda_events_without_a_sync_per_step(on_gpu, images):

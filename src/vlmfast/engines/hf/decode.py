@@ -62,7 +62,7 @@ class StaticKV(LinearStateCache):
                 self.values[i][start * repeat:end * repeat, :, length - n:length].copy_(values)
         self.length = length
 
-    def update(self, key, value, layer_idx: int, cache_kwargs=None):
+    def update(self, key, value, layer_idx: int, cache_kwargs=None, **kwargs):  # 5.24 adds kwargs=…
         k, v = self.keys[layer_idx], self.values[layer_idx]
         if self.index is not None:
             k.index_copy_(2, self.index, key)
@@ -96,6 +96,9 @@ class TextDecoder:
         if self.linear:
             check_cache_api()
         self.fused = fuse_projections(self.layers)  # Q/K/V and gate/up as one product each (used by decode steps)
+        # transformers 5.24 renamed the layers' ``past_key_values`` argument ``cache`` (the old name still
+        # works through a shim that warns at every call): pass the name this version's layers take
+        self.cache_arg = "cache" if "cache" in inspect.signature(self.layers[0].forward).parameters else "past_key_values"
         attention = next(layer.self_attn for layer in self.layers if hasattr(layer, "self_attn"))
         self.attention_config = attention.config  # what the attention modules read per call
         self.kv_heads = config.num_key_value_heads
@@ -114,7 +117,7 @@ class TextDecoder:
         rotary = self.rotary(hidden, positions)
         for i, layer in enumerate(self.layers):
             out = layer(hidden, attention_mask=None if i in self.linear else mask, position_embeddings=rotary,
-                        past_key_values=cache, use_cache=True)
+                        use_cache=True, **{self.cache_arg: cache})
             hidden = out[0] if isinstance(out, tuple) else out  # 4.57 layers return a tuple
         return self.lm_head(self.norm(hidden)[:, -1, :]).float()
 
