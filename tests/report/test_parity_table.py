@@ -1,10 +1,12 @@
 """The parity table on stderr: one line per setting with same/differs, the adopted values and the notes."""
 
+from vlmfast.report import terminal
 from vlmfast.report.parity import render_parity
 
 
 def test_rows_adopted_values_and_notes_are_printed(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
+    # the console's width was fixed when it was made (COLUMNS then, or the terminal's): pin it for this table
+    monkeypatch.setattr(terminal.stderr, "width", 200)
     render_parity({"trainer": "ms-swift", "files": ["/r/args.json"], "adopted": ["--temperature 0.9 (args.json: temperature)"],
                    "not_adopted": [], "notes": ["a note"],
                    "rows": [{"setting": "temperature", "name": "temperature", "training": 0.9, "evaluation": 0.9,
