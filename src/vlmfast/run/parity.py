@@ -37,9 +37,9 @@ def _pixel_defaults(ckpt) -> tuple[tuple[int, str], tuple[int, str]]:
     return (56 * 56, "the processor's (default)"), (DEFAULT_MAX_PIXELS_CAP, "the processor's (capped default)")
 
 
-def evaluation_settings(options) -> dict[str, tuple[object, str]]:
+def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[object, str]]:
     """What a run with ``options`` (:class:`~vlmfast.run.options.InferOptions`) will use: setting → (value,
-    where it comes from: the flag, or the default)."""
+    where it comes from: the flag, or the default). ``where``: the checkpoint's directory, when located."""
     from vlmfast.inputs.requests import TEMPLATES
 
     g = options.generation
@@ -47,7 +47,7 @@ def evaluation_settings(options) -> dict[str, tuple[object, str]]:
     def flag(name, value, default):
         return value, f"--{name.replace('_', '-')}" + (" (default)" if value == default else "")
 
-    lo, hi = _pixel_defaults(_checkpoint_dir(options.ckpt))
+    lo, hi = _pixel_defaults(where or _checkpoint_dir(options.ckpt))
     kwargs = json.loads(options.reward_kwargs) if options.reward_kwargs else None
     reward = ([options.reward] if isinstance(options.reward, str) else list(options.reward)) if options.reward else None
     return {
@@ -77,17 +77,19 @@ def _format_prompt(options) -> tuple[str, str]:
 
 
 def _checkpoint_dir(ckpt) -> Path:
-    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.locate import Located, locate
 
+    if isinstance(ckpt, Located):  # located once by the caller
+        return ckpt.path
     try:
         return locate(ckpt).path
     except Exception:  # noqa: BLE001 - a hub id or a missing path: nothing beside it to read
         return Path(str(ckpt))
 
 
-def parity(training: TrainingSettings | None, options) -> list[dict]:
+def parity(training: TrainingSettings | None, options, where: Path | None = None) -> list[dict]:
     """Rows ``{setting, training, evaluation, same, source}`` for every setting the training recorded."""
-    return compare(training, evaluation_settings(options)) if training is not None else []
+    return compare(training, evaluation_settings(options, where)) if training is not None else []
 
 
 def explicit_of(options) -> frozenset[str]:
@@ -157,7 +159,7 @@ def parity_report(ckpt, options, training: TrainingSettings | None = None, *, ad
     adopted (and could not), and notes; a single note when nothing readable is beside ``ckpt``."""
     if training is None:
         return {"trainer": None, "files": [], "rows": [], "adopted": [], "not_adopted": [], "notes": [nothing_found(ckpt)]}
-    rows = parity(training, options)
+    rows = parity(training, options, Path(ckpt))
     for row in rows:  # say where an adopted value came from
         flag = f"--{OPTION_OF.get(row['name'], '').replace('_', '-')} "
         if any(line.startswith(flag) for line in adopted):

@@ -69,7 +69,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
-    options, parity = prepare(options, found.path if found is not None else None)  # --match-training: before inputs
+    options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early

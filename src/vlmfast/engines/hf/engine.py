@@ -239,7 +239,8 @@ class Engine(Preparer, PlainGenerate):
                                      temperature=self.settings.temperature, top_p=self.settings.top_p, keys=keys))
                 positions.append(pos[:, :, -1:].repeat_interleave(n, 1) + 1)
                 masks.append(inputs["attention_mask"].bool().repeat_interleave(n, 0))
-                caches.append((g.start, g.end, out.past_key_values))
+                # transformers 5.24 names the output's cache `cache` (past_key_values is a warning alias)
+                caches.append((g.start, g.end, out["cache"] if "cache" in out else out.past_key_values))
         length = max(m.shape[1] for m in masks)
         key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
         return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length, vision.seconds,
