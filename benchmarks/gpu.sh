@@ -14,7 +14,8 @@
 # a killed or timed-out slice loses only its running step. After every slice one table is rebuilt from
 # every report in OUT_DIR (OUT_DIR/table.md and the GPU section of benchmarks/RESULTS.md).
 #
-# Knobs: SIZES="3b 7b", MODES="default compile hf", OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
+# Knobs: SIZES="3b 7b", MODES="default compile hf", ONLY=REGEX (run only the steps whose name matches,
+# e.g. ONLY='build|default' to leave the vision step for later), OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
 # steps per invocation, by their estimates), WRITE_RESULTS=1 (0: the table only in OUT_DIR),
 # PYTHON=python3, WHEELS=DIR (missing packages are installed from there with `pip install --no-index
 # --find-links DIR`, qwen-vl-utils without its video dependencies; fill it where an index is reachable,
@@ -150,6 +151,8 @@ todo=()
 for n in "${names[@]}"; do
   if [ -s "${marker[$n]}" ]; then
     echo "skip  $n  (done: ${marker[$n]})"
+  elif [ -n "${ONLY:-}" ] && ! [[ $n =~ $ONLY ]]; then
+    echo "skip  $n  (not in ONLY=$ONLY)"
   else
     echo "run   $n  ~${estimate[$n]} s: ${shown[$n]}"
     todo+=("$n")
