@@ -14,6 +14,12 @@
 # a killed or timed-out slice loses only its running step. After every slice one table is rebuilt from
 # every report in OUT_DIR (OUT_DIR/table.md and the GPU section of benchmarks/RESULTS.md).
 #
+# With RUN_SIZE=7b (or 3b), last, a whole run judged end to end (the step run-SIZE-xN): RUN_CKPTS=20
+# checkpoints of that shape (each its own seeded weights, ~17 GB of disk apiece for 7B: the step says how
+# many fit), one `vlmfast sweep` over RUN_PROMPTS=500 images × RUN_TOKENS=512 forced tokens; its wall
+# time, sustained tokens/s and swap seconds go into the table. At the defaults it needs a machine held
+# for over an hour with 340 GB of disk, not a 10-minute slice: shrink the knobs to fit the machine.
+#
 # Knobs: SIZES="3b 7b", MODES="default compile hf", ONLY=REGEX (run only the steps whose name matches,
 # e.g. ONLY='build|default' to leave the vision step for later), OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
 # steps per invocation, by their estimates), WRITE_RESULTS=1 (0: the table only in OUT_DIR),
@@ -106,6 +112,34 @@ infer_twice() {  # a fresh compile cache, so the first run compiles from scratch
   done
 }
 
+whole_run() {  # a training run judged end to end: RUN_CKPTS checkpoints of one shape, one sweep, timed
+  local size=$1 dir=$2 n=${RUN_CKPTS:-20} prompts=${RUN_PROMPTS:-500} tokens=${RUN_TOKENS:-512} k need free t0
+  need=$(( n * ${size_gb[$size]} ))
+  free=$(df -BG --output=avail "$out" | tail -1 | tr -dc 0-9)
+  # each checkpoint its own weights on disk (one file shared by all would be read from the page cache)
+  [ "$free" -ge "$need" ] || { say "a whole run of $n $size checkpoints needs ~$need GB of disk and $free GB \
+are free: set RUN_CKPTS=$(( free / ${size_gb[$size]} )) or fewer"; return 1; }
+  for k in $(seq 1 "$n"); do  # checkpoint-100, -200, ...: the same shape, weights of seed k
+    [ -s "$dir/run/checkpoint-$((k * 100))/vlmfast_tiny.json" ] || vlmfast make-checkpoint \
+      "$dir/run/checkpoint-$((k * 100))" --preset "$size" --like grpo --seed "$k" > /dev/null || return 1
+  done
+  [ -s "$out/images-$prompts/img_000.png" ] || vlmfast make-images "$out/images-$prompts" -n "$prompts" --size 448 > /dev/null \
+    || return 1
+  "$py" - "$out/images-$prompts" "$dir/manifest.jsonl" <<'PY' || return 1
+import json, pathlib, sys
+rows = [{"id": p.stem, "image": str(p), "prompt": "Describe this image.", "answer": "a"}
+        for p in sorted(pathlib.Path(sys.argv[1]).glob("*.png"))]
+pathlib.Path(sys.argv[2]).write_text("".join(json.dumps(r) + "\n" for r in rows))
+PY
+  t0=$SECONDS
+  vlmfast sweep "$dir/run" --manifest "$dir/manifest.jsonl" --out-dir "$dir/sweep" --max-new-tokens "$tokens" \
+    --ignore-eos --overwrite --json > "$dir/sweep.json.part" || return 1
+  echo "{\"wall_s\": $(( SECONDS - t0 )), \"checkpoints\": $n, \"prompts\": $prompts, \"tokens\": $tokens, \"size\": \"$size\"}" \
+    > "$dir/wall.json" || return 1
+  mv "$dir/sweep.json.part" "$dir/sweep.json"
+}
+declare -A size_gb=([3b]=8 [7b]=17)  # a checkpoint's safetensors, rounded up
+
 if [ $# -ge 1 ]; then
   ckpts=("$1")
 else
@@ -145,6 +179,13 @@ for ckpt in "${ckpts[@]}"; do
   # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
   step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" "$out/reports/$name-infer"
 done
+# a whole run (RUN_SIZE=7b: 20 checkpoints × 500 prompts × 512 tokens, swaps included; target 15 min): the
+# one step longer than a slice. Its estimate: ~40 s to build each checkpoint, the tokens at 3,000 per second
+if [ $# -eq 0 ] && [ -n "${RUN_SIZE:-}" ]; then
+  rs=$RUN_SIZE
+  step "run-$rs-x${RUN_CKPTS:-20}" $(( ${RUN_CKPTS:-20} * 40 + ${RUN_CKPTS:-20} * ${RUN_PROMPTS:-500} * ${RUN_TOKENS:-512} / 3000 + 60 )) \
+    "$out/reports/run-$rs/sweep.json" whole_run "$rs" "$out/reports/run-$rs"
+fi
 
 # -- run what is not done, within the slice ------------------------------------------------------
 todo=()

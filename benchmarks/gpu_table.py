@@ -85,7 +85,25 @@ def vision_lines(vision: dict) -> list[str]:
     return lines
 
 
-def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None) -> str:
+def run_lines(runs: list[tuple[dict, dict]]) -> list[str]:
+    """gpu.sh's whole-run steps: (wall.json, the sweep's --json report) each."""
+    lines = ["", "Whole runs judged end to end: one `vlmfast sweep` over every checkpoint (swaps included), forced tokens:", "",
+             "| shape | checkpoints | prompts × tokens | wall min | sustained tokens/s | swap s (median, max) | "
+             "tokens/s per checkpoint (median) |", "|---|---|---|---|---|---|---|"]
+    for wall, report in runs:
+        figures = report["checkpoints"]
+        swaps = sorted(f["swap_s"] for f in figures if f.get("swap_s") is not None)
+        rates = sorted(f["tokens_per_s"] for f in figures if f.get("tokens_per_s"))
+        tokens = wall["checkpoints"] * wall["prompts"] * wall["tokens"]
+        swap = f"{swaps[len(swaps) // 2]:.2f}, {swaps[-1]:.2f}" if swaps else "–"
+        rate = f"{rates[len(rates) // 2]:.0f}" if rates else "–"
+        lines.append(f"| {wall['size']} | {wall['checkpoints']} | {wall['prompts']} × {wall['tokens']} | "
+                     f"{wall['wall_s'] / 60:.1f} | {tokens / wall['wall_s']:.0f} | {swap} | {rate} |")
+    return lines
+
+
+def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None,
+          runs: list[tuple[dict, dict]] = ()) -> str:
     everything = benches + [r for pair in infers.values() for r in pair]
     stacks = sorted({f"transformers {v['transformers']}, torch {v['torch']}" for r in everything if (v := r.get("versions"))})
     gpu = f"{device['gpu']} (CUDA {device['cuda']})" if device else "GPU"
@@ -110,7 +128,9 @@ def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dic
                          f"{b.get('tokens_per_s') or 0:.1f} |")
     if vision:
         lines += vision_lines(vision)
-    if not benches and not infers and not vision:
+    if runs:
+        lines += run_lines(runs)
+    if not benches and not infers and not vision and not runs:
         lines.append("No finished report yet.")
     return "\n".join(lines) + "\n"
 
@@ -122,8 +142,10 @@ def main() -> None:
     args = parser.parse_args()
     benches, infers = collect(args.out_dir)
     device_file, vision_file = args.out_dir / "device.json", args.out_dir / "reports" / "vision.json"
+    runs = [(_read(w), _read(w.parent / "sweep.json")) for w in sorted(args.out_dir.glob("reports/run-*/wall.json"))
+            if (w.parent / "sweep.json").exists()]
     text = table(benches, infers, _read(device_file) if device_file.exists() else None,
-                 _read(vision_file) if vision_file.exists() else None)
+                 _read(vision_file) if vision_file.exists() else None, runs)
     print(text)
     (args.out_dir / "table.md").write_text(text, encoding="utf-8")
     if args.write:

@@ -236,3 +236,31 @@ def test_a_compile_that_failed_is_not_labelled_compile(tmp_path):
     assert table.mode_of(report) == "compile"
     report["scenarios"][0]["compiled"] = False
     assert table.mode_of(report) == "compile failed (uncompiled)"
+
+
+def test_a_whole_run_is_planned_only_when_asked_and_tabled_from_its_sweep(tmp_path):
+    """RUN_SIZE adds one step, last: checkpoints of that shape built into a run directory and swept once;
+    the table gives its wall time, sustained tokens/s and swap seconds from the sweep's own report."""
+    out = tmp_path / "out"
+    assert not [n for _, n, _ in plan(gpu_sh(out, "--dry-run", SIZES="3b").stdout) if n.startswith("run-")]
+    r = gpu_sh(out, "--dry-run", SIZES="3b", RUN_SIZE="3b", RUN_CKPTS="4", RUN_PROMPTS="64", RUN_TOKENS="128")
+    assert r.returncode == 0, r.stderr
+    action, name, rest = plan(r.stdout)[-1]
+    assert (action, name) == ("run", "run-3b-x4") and rest.endswith(f"whole_run 3b {out}/reports/run-3b")
+    assert int(rest.split()[0].lstrip("~")) == 4 * 40 + 4 * 64 * 128 // 3000 + 60
+
+    figures = [{"step": 100 * k, "tokens_per_s": 3000.0 + k, "swap_s": s} for k, s in ((1, None), (2, 0.8), (3, 1.2), (4, 0.9))]
+    figures[0]["load_s"] = 9.0
+    _touch(out / "reports/run-3b/sweep.json", json.dumps({"checkpoints": figures}))
+    _touch(out / "reports/run-3b/wall.json", json.dumps({"wall_s": 120, "checkpoints": 4, "prompts": 64, "tokens": 128, "size": "3b"}))
+    t = subprocess.run([sys.executable, str(TABLE), str(out)], capture_output=True, text=True, timeout=60)
+    assert t.returncode == 0, t.stderr
+    assert "| 3b | 4 | 64 × 128 | 2.0 | 273 | 0.90, 1.20 | 3003 |" in t.stdout.splitlines()  # 32,768 tokens in 120 s
+
+
+def test_only_runs_the_steps_it_names(tmp_path):
+    r = gpu_sh(tmp_path / "out", "--dry-run", SIZES="3b", ONLY="build|default")
+    assert r.returncode == 0, r.stderr
+    assert [n for a, n, _ in plan(r.stdout) if a == "run"] == [
+        "qwen2.5-vl-3b-grpo/build", "qwen2.5-vl-3b-grpo/default-b1", "qwen2.5-vl-3b-grpo/default-b8-32"]
+    assert "skip  qwen2.5-vl-3b-grpo/infer  (not in ONLY=build|default)" in r.stdout
