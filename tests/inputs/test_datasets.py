@@ -362,3 +362,22 @@ def test_a_sweep_on_a_parquet_file_writes_the_rows_of_the_jsonl_manifest(grpo_ck
         rows[name] = {s: [[r[f] for f in fields] for r in read_jsonl(tmp_path / name / f"step-{s}.jsonl")] for s in (100, 200)}
         assert (tmp_path / name / "report.html").is_file() and report["settings"]["manifest_sha256"]
     assert rows["parquet"] == rows["jsonl"] and len(rows["parquet"][100]) == 4
+
+
+def test_score_and_the_sweep_page_read_a_dataset_with_the_runs_columns(images, tmp_path):
+    """`score --manifest DATASET --answer-key …` reads the truths from the column the run read (not the
+    default one), and the sweep page takes that column from the sweep's recorded settings, a folder too."""
+    from vlmfast.run.sweep_page import _truths
+
+    table = _easyr1(images).append_column("label", pa.array(["4", "blue", "5", "yes"]))  # another truth column
+    (tmp_path / "shards").mkdir()
+    pq.write_table(table, tmp_path / "shards" / "part-0.parquet")
+    results = _jsonl(tmp_path / "results.jsonl", [{"id": rid, "text": f"<answer>{a}</answer>"}
+                                                  for rid, a in zip("abcd", ["4", "red", "5", "no"])])
+    r = cli("score", results, "--manifest", tmp_path / "shards", "--answer-key", "label", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["accuracy"] == 0.5  # "4" and "5" are right against label; with answer it would be 0.75
+    default = cli("score", results, "--manifest", tmp_path / "shards", "--json")
+    assert default.returncode == 0 and json.loads(default.stdout)["accuracy"] == 0.75
+    assert _truths(str(tmp_path / "shards"), {"answer_key": "label"}) == dict(zip("abcd", ["4", "blue", "5", "yes"]))
+    assert _truths(str(tmp_path / "shards"), None) == dict(zip("abcd", ANSWERS))

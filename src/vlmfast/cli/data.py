@@ -7,14 +7,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from vlmfast.cli.common import (BboxSpace, Command, Iou, Json, Reward, RewardKwargs, RewardThreshold, RewardWeights, Scorer,
-                                choice, command, guarded)
+from vlmfast.cli.common import (AnswerKey, BboxSpace, Command, ImageKey, Iou, Json, PromptKey, Reward, RewardKwargs,
+                                RewardThreshold, RewardWeights, Scorer, choice, command, guarded)
 
 
 @command(cls=Command, epilog="Exit codes: 0 ok · 2 unreadable results or manifest.")
 def score(
     results: Annotated[Path, typer.Argument(help="A results JSONL: one object per line with \"id\" and \"text\" (vlmfast infer's --out, or another tool's rows).", show_default=False)],
-    manifest: Annotated[str, typer.Option(help="The manifest with ground truth (solution / answer, optional scorer per row).")],
+    manifest: Annotated[str, typer.Option(help="The manifest with ground truth (solution / answer, optional scorer per row), or the trainer's parquet / save_to_disk dataset (see infer --manifest).")],
+    prompt_key: PromptKey = None,
+    answer_key: AnswerKey = None,
+    image_key: ImageKey = None,
     scorer: Scorer = "auto",
     iou: Iou = 0.5,
     bbox_space: BboxSpace = None,
@@ -35,13 +38,15 @@ def score(
         from vlmfast.evaluation.scoring import SCORERS
 
         from vlmfast.files import check_output_file
+        from vlmfast.inputs.datasets import DatasetKeys
 
         if out is not None:
             check_output_file("--out", out)
         scoring = load_rewards(reward, weights=reward_weights, kwargs=reward_kwargs,
                                threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
-                               bbox_space=bbox_space, out=out, reward=scoring, skip_bad=skip_bad)
+                               bbox_space=bbox_space, out=out, reward=scoring, skip_bad=skip_bad,
+                               keys=DatasetKeys(prompt_key, answer_key, image_key))  # the columns infer read
         render_scores(str(results), summary)
         if json_out:
             print_json(summary)
@@ -61,6 +66,7 @@ def convert(
     def run():
         from vlmfast.inputs.convert import FORMATS, convert_file, write_manifest
         from vlmfast.files import check_output_file
+        from vlmfast.inputs.datasets import DatasetKeys
         from vlmfast.report.terminal import stderr
 
         check_output_file("--out", out)

@@ -211,14 +211,14 @@ def write_manifest(rows: list[dict], out_path: str) -> Path:
     return out
 
 
-def read_truths(manifest: str) -> dict[str, tuple[object, str | None]]:
+def read_truths(manifest: str, keys=None) -> dict[str, tuple[object, str | None]]:
     """id → (truth, scorer) for every record of a manifest, read exactly as a run reads it (same ids,
-    same ground-truth fields); records a run could not use are skipped."""
-    return {r.id: (r.truth, r.scorer) for r in _good_requests(manifest)}
+    same ground-truth fields; ``keys``: a dataset's columns, as the run's ``--prompt-key`` … gave them)."""
+    return {r.id: (r.truth, r.scorer) for r in _good_requests(manifest, keys)}
 
 
-def _good_requests(manifest: str) -> list[Request]:
-    items, _ = read_manifest(manifest, default_prompt="-")  # prompts do not matter for scoring
+def _good_requests(manifest: str, keys=None) -> list[Request]:
+    items, _ = read_manifest(manifest, default_prompt="-", keys=keys)  # prompts do not matter for scoring
     bad = [p for r in items if not isinstance(r, Request) for p in r.problems]
     if bad:
         raise InputError(f"{len(bad)} bad manifest record(s):\n" + "\n".join(f"  - {p}" for p in bad[:50]),
@@ -226,9 +226,9 @@ def _good_requests(manifest: str) -> list[Request]:
     return items
 
 
-def read_reward_truths(manifest: str) -> dict[str, dict]:
+def read_reward_truths(manifest: str, keys=None) -> dict[str, dict]:
     """id → what a trainer's reward function is handed of each manifest record: ``manifest_truth`` (the
     ground truth byte for byte as the line holds it), ``record`` (the line itself), ``data_source`` and
     ``ground_truth``/``scorer`` as :func:`read_truths` gives them. Same records, same ids as a run."""
-    return {r.id: r.truth_record() for r in _good_requests(manifest)}
+    return {r.id: r.truth_record() for r in _good_requests(manifest, keys)}
 

@@ -88,22 +88,23 @@ def _row_problem(row) -> str | None:
 
 
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
-                 out: Path | None = None, reward=None, skip_bad: bool = False) -> dict:
+                 out: Path | None = None, reward=None, skip_bad: bool = False, keys=None) -> dict:
     """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
     ``manifest``: the summary (:func:`vlmfast.evaluation.stats.summarize`) plus what was matched. ``bbox_space``
     None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
     the rows are written there with their scoring fields (atomically, in the results file's order,
     every other field unchanged). ``reward`` (a :class:`vlmfast.evaluation.rewards.RewardSet` or ``Reward``) scores
     instead of the built-in scorers, as ``infer --reward`` does, each function handed the manifest line's own
-    ground truth, columns and data source; ``skip_bad`` records its failures in the rows."""
+    ground truth, columns and data source; ``skip_bad`` records its failures in the rows. ``keys``: a parquet or
+    Arrow manifest's columns (:class:`~vlmfast.inputs.datasets.DatasetKeys`), the run's own."""
     results = Path(results)
     if not results.is_file():
         raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
                          'with "id" and "text" per row')
     rows, notes = read_result_rows(results)
-    truths = read_truths(manifest)
+    truths = read_truths(manifest, keys)
     if reward is not None:
-        lines = read_reward_truths(manifest)
+        lines = read_reward_truths(manifest, keys)
         scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, lines, skip_bad=skip_bad))]
     else:
         scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)

@@ -32,7 +32,7 @@ def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None, t
     for c in report["checkpoints"]:
         if c["step"] not in rows_by_step and Path(c["results"]).is_file():
             rows_by_step[c["step"]] = list(read_existing(Path(c["results"]), repair=False)[0].values())
-    truths = {str(k): v for k, v in truths.items()} if truths is not None else _truths(report.get("manifest"))
+    truths = {str(k): v for k, v in truths.items()} if truths is not None else _truths(report.get("manifest"), report.get("settings"))
     samples, index = [], {}
     for c in report["checkpoints"]:
         for row in rows_by_step.get(c["step"], []):
@@ -54,13 +54,17 @@ def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None, t
             "answers": answers, "flips": flips}
 
 
-def _truths(manifest: str | None) -> dict:
-    if not manifest or not Path(manifest).is_file():
+def _truths(manifest: str | None, settings: dict | None = None) -> dict:
+    """id → truth, read with the columns the sweep read (a dataset folder too)."""
+    if not manifest or not Path(manifest).exists():
         return {}
     from vlmfast.inputs.convert import read_truths
+    from vlmfast.inputs.datasets import DatasetKeys
 
+    s = settings or {}
     try:
-        return {rid: truth for rid, (truth, _) in read_truths(manifest).items()}
+        return {rid: truth for rid, (truth, _) in read_truths(manifest, DatasetKeys(s.get("prompt_key"), s.get("answer_key"),
+                                                                                     s.get("image_key"))).items()}
     except Exception:  # noqa: BLE001 - a manifest changed since the sweep: the page shows no truths, not an error
         return {}
 
