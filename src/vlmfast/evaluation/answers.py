@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from vlmfast.evaluation.boxes import box_scale, parse_box, row_bbox_space
+
 # An untagged text states an answer in \boxed{…}, in a last "answer is …" / "Answer: …" line, or by being
 # short. Anything else is not an answer: a 2,800-character noise text with a stray "A" in it, or "Loo1Loo…"
 # read against "1", must not score as right.
@@ -28,7 +30,6 @@ def stated_answer(text: str) -> str | None:
 def predicted_box(row: dict, bbox_space: str | None = None) -> list[float] | None:
     """A box row's predicted box in the original image's pixels, mapped as the bbox scorer maps it (the row's
     own ``bbox_space``, else resized); None when the answer holds no box or its image sizes are unknown."""
-    from vlmfast.evaluation.scoring import box_scale, parse_box, row_bbox_space
 
     got = parse_box(row.get("answer") or row.get("text") or "")
     space = row_bbox_space(row, bbox_space)

@@ -27,8 +27,9 @@ import json
 import re
 
 from vlmfast.errors import UsageError
-from vlmfast.evaluation.scoring import REFERENCE_SCORERS, parse_box
+from vlmfast.evaluation.boxes import parse_box
 
+REFERENCE_SCORERS = ("vlm-r1-rec", "easyr1-math", "r1v-counting")
 __all__ = ["REFERENCE_SCORERS", "easyr1_math", "r1v_count", "rec_box", "rec_iou", "rec_resize", "score_reference"]
 REC_IOU = 0.5  # test_rec_r1.py: iou(...) > 0.5
 
