@@ -66,7 +66,6 @@ def convert(
     def run():
         from vlmfast.inputs.convert import FORMATS, convert_file, write_manifest
         from vlmfast.files import check_output_file
-        from vlmfast.inputs.datasets import DatasetKeys
         from vlmfast.report.terminal import stderr
 
         check_output_file("--out", out)

@@ -34,7 +34,7 @@ from vlmfast.errors import InputError, UsageError
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
                                      image_label, record_batches)
-from vlmfast.inputs.requests import BadInput, Problem, Request, resolve_relative, check_images, parse_messages
+from vlmfast.inputs.records import BadInput, Problem, Request, check_images, parse_messages, resolve_relative
 
 DATASET_SUFFIXES = (".parquet", ".arrow")
 PROMPT_KEYS = ("problem", "prompt")

@@ -40,7 +40,6 @@ def _pixel_defaults(ckpt) -> tuple[tuple[int, str], tuple[int, str]]:
 def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[object, str]]:
     """What a run with ``options`` (:class:`~vlmfast.run.options.InferOptions`) will use: setting → (value,
     where it comes from: the flag, or the default). ``where``: the checkpoint's directory, when located."""
-    from vlmfast.inputs.requests import TEMPLATES
 
     g = options.generation
 

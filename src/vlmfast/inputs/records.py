@@ -1,0 +1,135 @@
+"""One request and what can be wrong with it: the records every input reader makes (command-line
+files and JSONL manifests in :mod:`vlmfast.inputs.requests`, trainers' datasets in
+:mod:`vlmfast.inputs.datasets`), and the checks they share (image headers, chat messages, relative paths)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Pillow's own decompression-bomb threshold (~89 Mpx); above it an image is refused, not decoded.
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+
+@dataclass(frozen=True)
+class Request:
+    """One sample: images (paths as given), the final prompt text and an optional system prompt; the
+    ground truth and scorer when the manifest gives them; each image's (width, height) once checked."""
+
+    id: str
+    images: tuple[str, ...]
+    prompt: str
+    system: str | None = None
+    truth: object = None
+    scorer: str | None = None
+    image_sizes: tuple[tuple[int, int], ...] = ()
+    data_source: str | None = None  # verl reward functions take it (the dataset's name)
+    # The ground truth exactly as the manifest line holds it, and the line itself: trainers hand both to
+    # reward functions untouched (dataset columns, verl's extra_info), unlike ``truth`` (normalised for scoring).
+    manifest_truth: object = field(default=None, compare=False)
+    record: dict | None = field(default=None, compare=False, repr=False)
+    # Images embedded in a dataset file: per image, where its bytes lie (vlmfast.inputs.embedded.EmbeddedImage),
+    # None for a path; ``images`` then holds labels. Bytes are read and decoded when the batch is prepared.
+    image_data: tuple | None = field(default=None, compare=False, repr=False)
+
+    def truth_record(self) -> dict:
+        """What a reward function or scorer needs of this request's ground truth."""
+        return {"ground_truth": self.truth, "scorer": self.scorer, "data_source": self.data_source,
+                "manifest_truth": self.manifest_truth, "record": self.record}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong with an input: ``where`` (a path or ``file:line``) and ``what``."""
+
+    where: str
+    what: str
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A request (or a manifest line that never became one) and everything wrong with it."""
+
+    id: str
+    problems: tuple[Problem, ...]
+    request: Request | None = None
+
+    @property
+    def error(self) -> str:
+        return "; ".join(str(p) for p in self.problems)
+
+
+def parse_messages(messages, system=None):
+    """(prompt, system, reference reply) of an ms-swift ``messages`` list: the last user turn is the
+    prompt, a system turn the system prompt, the assistant turn after it the reference answer."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('"messages" must be a non-empty list of {"role", "content"} objects')
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    if not users or not (question := content_text(messages[users[-1]].get("content"))):
+        raise ValueError('"messages" has no user turn with text content')
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str):
+            system = m["content"]
+    replies = [m for m in messages[users[-1] + 1:] if isinstance(m, dict) and m.get("role") == "assistant"]
+    reply = (content_text(replies[-1].get("content")) or None) if replies else None
+    return question.replace("<image>", "").strip(), system, reply
+
+
+def content_text(content) -> str:
+    """The text of a chat turn's content: a string, or OpenAI-style parts (text parts joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content
+                       if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text"))
+    return ""
+
+
+def resolve_relative(image: str, base: Path) -> str:
+    """A relative image path against ``base`` (the manifest's folder) when it exists there or nowhere else."""
+    if os.path.isabs(image) or base == Path("."):
+        return image
+    candidate = base / image
+    return str(candidate) if candidate.exists() or not os.path.exists(image) else image
+
+
+def check_images(paths: list[str], max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """Open every distinct image header (cheap; no full decode). Returns sizes and problems by path."""
+    from PIL import Image
+
+    sizes: dict[str, tuple[int, int]] = {}
+    problems: dict[str, str] = {}
+    Image.MAX_IMAGE_PIXELS = None  # headers only: the limit is checked below, with the pixel count in the message
+    try:
+        for path in dict.fromkeys(paths):
+            problem = _file_problem(path)
+            if problem is None:
+                try:
+                    with Image.open(path) as im:
+                        im.verify()
+                        sizes[path] = im.size
+                except Exception as exc:  # PIL raises many types for corrupt data
+                    problem = f"not a readable image ({type(exc).__name__}: {exc})"
+            if problem is None and max_image_pixels is not None and (n := sizes[path][0] * sizes[path][1]) > max_image_pixels:
+                problem = (f"image has {n} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
+                           + ("; over twice the limit: a decompression bomb?" if n > 2 * max_image_pixels else ""))
+                del sizes[path]
+            if problem is not None:
+                problems[path] = problem
+    finally:
+        Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees
+    return sizes, problems
+
+
+def _file_problem(path: str) -> str | None:
+    if not os.path.exists(path):
+        return "file not found"
+    if not os.path.isfile(path):
+        return "not a file"
+    if not os.access(path, os.R_OK):
+        return "not readable (permissions)"
+    if os.path.getsize(path) == 0:
+        return "empty file (0 bytes)"
+    return None
