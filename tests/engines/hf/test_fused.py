@@ -4,6 +4,7 @@ fused matrix; the decode loop's tokens still plain generate's (the engine tests 
 
 import collections
 
+import pytest
 import torch
 
 from vlmfast.engines.hf.engine import Engine, GenerationSettings
@@ -23,7 +24,8 @@ def _linears_per_step(loaded, images):
     def counted(self):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             step(self)
-        counts.append(collections.Counter(e.name for e in prof.events())["aten::linear"])
+        names = collections.Counter(e.name for e in prof.events())
+        counts.append(names["aten::linear"] + names["mkldnn::_linear_pointwise"])  # plain or packed (CPU)
 
     decode.DecodeState.step = counted
     try:
@@ -76,3 +78,88 @@ def test_a_second_engine_on_the_same_model_decodes_fused_too(loaded, images):
     layers = loaded.model.config.get_text_config().num_hidden_layers
     _linears_per_step(loaded, images)
     assert set(_linears_per_step(loaded, images)) == {layers * 4 + 1}
+
+
+def _packed_products_per_step(loaded, images):
+    from vlmfast.engines.hf import decode
+
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=3, ignore_eos=True))
+    reqs = [Request(str(p), (str(p),), "Describe.") for p in images[:2]]
+    counts = []
+    step = decode.DecodeState.step
+
+    def counted(self):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step(self)
+        counts.append(collections.Counter(e.name for e in prof.events())["mkldnn::_linear_pointwise"])
+
+    decode.DecodeState.step = counted
+    try:
+        list(Scheduler(engine).run(reqs, {}, 2))
+    finally:
+        decode.DecodeState.step = step
+    return counts, engine
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_on_a_cpu_every_decode_product_runs_on_a_packed_weight_and_the_head_is_left_in_place(loaded, images):
+    from vlmfast.engines.hf.decode import TextDecoder
+
+    layers = loaded.model.config.get_text_config().num_hidden_layers
+    counts, engine = _packed_products_per_step(loaded, images)
+    assert set(counts) == {layers * 4 + 1}
+    assert [n for n in engine.decode_notes() if "oneDNN-packed" in n]  # the report says so
+    # the head is packed from the module's own weight, the module untouched: a head tied to the embedding stays so
+    decoder = TextDecoder(loaded.model)
+    assert type(loaded.model.lm_head) is torch.nn.Linear and decoder.head.weight is loaded.model.lm_head.weight
+
+
+def test_a_packed_weight_follows_a_weight_copied_into_the_model():
+    """A checkpoint swap copies new values into the parameters: the next decode step packs them again."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj, mlp.down_proj = (torch.nn.Linear(a, b, bias=False) for a, b in ((8, 16), (8, 16), (16, 8)))
+    layer = torch.nn.Module()
+    layer.mlp = mlp
+    with torch.inference_mode():  # where the engine first builds its decoder
+        groups = fuse_projections([layer], pack=True)
+    assert len(groups) == 2 and all(g.packed is not None for g in groups)
+    assert isinstance(mlp.down_proj, Part) and mlp.down_proj.weight is groups[1].weight  # a group of one: no copy
+    x = torch.randn(3, 1, 16)
+    with fused_projections(groups):
+        before = mlp.down_proj(x)
+    with torch.no_grad():
+        layer.state_dict()["mlp.down_proj.weight"].copy_(torch.zeros(8, 16))
+    with fused_projections(groups):
+        assert torch.equal(mlp.down_proj(x), torch.zeros(3, 1, 8))
+    assert not torch.equal(before, torch.zeros(3, 1, 8))
+    with torch.no_grad():
+        layer.state_dict()["mlp.up_proj.weight"].copy_(torch.zeros(16, 8))  # a view of the fused gate/up matrix
+    with fused_projections(groups):
+        assert torch.equal(mlp.up_proj(torch.randn(3, 1, 8)), torch.zeros(3, 1, 16))
+
+
+def test_a_row_of_a_packed_product_does_not_depend_on_the_batch():
+    """What makes batch 1 and batch N decode the same tokens: row 0's result is the same bits for any rows."""
+    from vlmfast.engines.hf.fused import Packed
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(512, 256), torch.randn(64, 1, 256)
+    packed = Packed(weight)
+    alone = packed(x[:1], None)
+    assert all(torch.equal(packed(x[:rows], None)[:1], alone) for rows in (2, 3, 8, 13, 32, 64))
+    assert torch.allclose(alone, torch.nn.functional.linear(x[:1], weight), rtol=1e-5, atol=1e-4)
+
+
+def test_packing_needs_float32_cpu_weights_with_version_counters_and_room(monkeypatch):
+    from vlmfast.engines.hf import fused
+
+    weights = [torch.zeros(64, 64), torch.zeros(64, 64)]
+    monkeypatch.setattr(fused, "available_memory", lambda: 10**9)
+    assert fused.packing_fits(weights)
+    assert not fused.packing_fits([w.bfloat16() for w in weights])
+    with torch.inference_mode():
+        assert not fused.packing_fits([torch.zeros(64, 64)])
+    monkeypatch.setattr(fused, "available_memory", lambda: 4 * 64 * 64 * 4 * 2 - 1)  # the copies > a quarter of it
+    assert not fused.packing_fits(weights)
+    assert not fused.packing_fits([])

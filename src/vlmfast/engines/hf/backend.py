@@ -108,7 +108,7 @@ class HfBackend:
             max_pixels_capped=engine.max_pixels_capped, compile_s=engine.policy.compile_s,
             oom_splits=self.scheduler.oom_splits, compile_cache=engine.policy.summary(),
             model_shape=shape_from_model(loaded.model, runtime.dtype), device_name=device_name,
-            notes=self.notes + engine.notes + engine.policy.notes,
+            notes=self.notes + engine.notes + engine.policy.notes + engine.decode_notes(),
         )
 
     def switch_to(self, found) -> tuple[str, float, str | None]:

@@ -19,7 +19,7 @@ import torch
 from transformers import AttentionInterface
 
 from vlmfast.engines.hf.linear_states import LinearStateCache, check_cache_api, linear_modules
-from vlmfast.engines.hf.fused import fuse_projections, fused_projections
+from vlmfast.engines.hf.fused import Fused, decode_weights, fuse_projections, fused_projections, packing_plan
 from vlmfast.engines.hf.sampling import select, token_hashes
 
 
@@ -95,7 +95,12 @@ class TextDecoder:
         self.linear = linear_modules(self.layers)
         if self.linear:
             check_cache_api()
-        self.fused = fuse_projections(self.layers)  # Q/K/V and gate/up as one product each (used by decode steps)
+        # Q/K/V and gate/up as one product each in decode steps; on a CPU, every product on a packed weight
+        self.packed, self.pack_note = packing_plan(decode_weights(self.layers, self.lm_head))
+        self.fused = fuse_projections(self.layers, pack=self.packed)
+        self.head = Fused([self.lm_head], pack=True) if self.packed else None  # the module stays: ties hold
+        if self.head is not None:
+            self.fused.append(self.head)
         # transformers 5.24 renamed the layers' ``past_key_values`` argument ``cache`` (the old name still
         # works through a shim that warns at every call): pass the name this version's layers take
         self.cache_arg = "cache" if "cache" in inspect.signature(self.layers[0].forward).parameters else "past_key_values"
@@ -119,7 +124,9 @@ class TextDecoder:
             out = layer(hidden, attention_mask=None if i in self.linear else mask, position_embeddings=rotary,
                         use_cache=True, **{self.cache_arg: cache})
             hidden = out[0] if isinstance(out, tuple) else out  # 4.57 layers return a tuple
-        return self.lm_head(self.norm(hidden)[:, -1, :]).float()
+        last = self.norm(hidden)[:, -1, :]
+        head = self.head
+        return (head.part(last, 0) if head is not None and head.active else self.lm_head(last)).float()
 
 
 DECODE_ATTENTION = "vlmfast_decode"

@@ -349,6 +349,12 @@ class Engine(Preparer, PlainGenerate):
                           sample=sample, bbox_space=family.bbox_space if family else None)
 
     # -- pieces ----------------------------------------------------------------------------------
+    def decode_notes(self) -> list[str]:
+        """What the decode loop decided on its own: packed CPU products (only the uncompiled step uses them)."""
+        text = self._text
+        used = self.decoder_name == "vlmfast" and not self.policy.enabled
+        return [text.pack_note] if text is not None and text.pack_note and used else []
+
     def _eos(self) -> list[int]:
         return [] if self.settings.ignore_eos else list(self.loaded.eos_token_ids)
 

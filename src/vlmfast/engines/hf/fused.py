@@ -11,46 +11,130 @@ input computes the whole product and the others take their slice of it; otherwis
 own slice as before (prefill and ``generate`` keep their numerics). LoRA-wrapped or mixed-dtype layers,
 MoE experts and linear-attention layers are left as they are. A compiled step is not fused (dynamo would
 trace the parts' shared state); CUDA graphs are.
+
+On a CPU (float32, oneDNN present, room for a second copy of the weights) every decode product also runs
+on a *packed* weight: oneDNN's blocked layout of the same matrix (:class:`Packed`), as vLLM's CPU backend
+and inductor's CPU freezing do. Measured on the 2-core development machine it makes the products of a
+batch-8 decode step about twice as fast as the plain ``linear`` (MKL), and its result for a row does
+not depend on how many rows the batch has (MKL's does). Then ``o_proj``, ``down_proj`` and the LM head
+are groups of one (no copy: the group's matrix is the layer's own weight). A packed weight is a copy:
+it is made again when its source changed in place (a checkpoint swap), which its version counter shows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from torch.nn import functional
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+ALONE = (("o_proj",), ("down_proj",))  # groups of one: worth making only for a packed product
+PACKED_SHARE = 0.25  # pack only when the packed copies take at most this share of the available memory
+
+
+class Packed:
+    """A CPU float32 weight in oneDNN's blocked layout, made again whenever its source changes in place."""
+
+    def __init__(self, source: torch.Tensor):
+        self.source = source
+        self.version = -1
+        self.blocked = None  # made by the first refresh (a decode step's), so an unused one costs nothing
+
+
+    def refresh(self) -> None:
+        if self.version != self.source._version:
+            with torch.no_grad():
+                self.blocked = torch.ops.mkldnn._reorder_linear_weight(self.source)
+            self.version = self.source._version
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.blocked is None:
+            self.refresh()
+        return torch.ops.mkldnn._linear_pointwise(x, self.blocked, bias, "none", [], "")
+
+
+def packing_fits(weights: list[torch.Tensor]) -> bool:
+    """Pack a CPU model's float32 decode weights when oneDNN is there and the copies fit easily in memory."""
+    return packing_plan(weights)[0]
+
+
+def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
+    """Whether to pack, and what to say of it ("" where packing never applies: a GPU, another dtype)."""
+    if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 or w.is_inference() for w in weights):
+        return False, ""  # (an inference tensor keeps no version counter: a change to it could not be seen)
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False, "CPU decode products unpacked: this torch has no oneDNN"
+    needed = sum(w.numel() * w.element_size() for w in {id(w): w for w in weights}.values())
+    available = available_memory()
+    if needed > PACKED_SHARE * available:
+        return False, (f"CPU decode products unpacked: packed copies of the weights would take {needed / 2**30:.1f} GiB, "
+                       f"more than {PACKED_SHARE:.0%} of the {available / 2**30:.1f} GiB available")
+    return True, f"CPU decode products on oneDNN-packed weights ({needed / 2**30:.2f} GiB of copies)"
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux: MemAvailable; elsewhere the free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def decode_weights(layers, lm_head) -> list[torch.Tensor]:
+    """The weights a decode step's products read: the decoder layers' plain (or fused) linear layers and the
+    head; none when the head is not a plain linear layer (nothing is packed then)."""
+    if type(lm_head) is not torch.nn.Linear:
+        return []
+    return [m.weight for m in layers.modules() if type(m) is torch.nn.Linear or isinstance(m, Part)] + [lm_head.weight]
 
 
 class Fused:
     """One matrix for several linear layers that read the same input; not a module (its weight is reached
-    through the parts' views, so the model's state dict is unchanged)."""
+    through the parts' views, so the model's state dict is unchanged). A group of one keeps the layer's own
+    weight (nothing to concatenate)."""
 
-    def __init__(self, linears: list[torch.nn.Linear]):
-        with torch.no_grad():
-            self.weight = torch.cat([linear.weight for linear in linears])
-            self.bias = torch.cat([linear.bias for linear in linears]) if linears[0].bias is not None else None
+    def __init__(self, linears: list[torch.nn.Linear], *, pack: bool = False):
+        # a normal tensor even when made in inference mode: it is the parameters' storage from now on, and
+        # its version counter says when a swap changed it
+        with torch.inference_mode(False), torch.no_grad():
+            if len(linears) == 1:
+                self.weight, self.bias = linears[0].weight, linears[0].bias
+            else:
+                self.weight = torch.cat([linear.weight for linear in linears])
+                self.bias = torch.cat([linear.bias for linear in linears]) if linears[0].bias is not None else None
         self.bounds, start = [], 0
         for linear in linears:
             self.bounds.append((start, start + linear.out_features))
             start += linear.out_features
+        self.packed = Packed(self.weight) if pack else None
         self.active = False
         self._input = self._output = None
         self._left = 0
 
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(x, self.bias)
+        return functional.linear(x, self.weight, self.bias)
+
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Part ``index`` of the fused product of ``x``: computed once per input, then sliced."""
         if x is not self._input:
-            self._input, self._output, self._left = x, functional.linear(x, self.weight, self.bias), len(self.bounds)
+            self._input, self._output, self._left = x, self.product(x), len(self.bounds)
         start, end = self.bounds[index]
-        out = self._output[..., start:end]
+        out = self._output[..., start:end] if len(self.bounds) > 1 else self._output
         self._left -= 1
         if self._left == 0:  # every part served: hold no activation between layers or steps
             self._input = self._output = None
         return out
-
-
 class Part(torch.nn.Module):
     """One of the fused layers: its weight (and bias) a view of the fused matrix."""
 
@@ -58,8 +142,11 @@ class Part(torch.nn.Module):
         super().__init__()
         start, end = fused.bounds[index]
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = torch.nn.Parameter(fused.weight[start:end], requires_grad=False)
-        self.bias = None if fused.bias is None else torch.nn.Parameter(fused.bias[start:end], requires_grad=False)
+        if len(fused.bounds) == 1:  # a group of one: the layer's own parameters
+            self.weight, self.bias = linear.weight, linear.bias
+        else:
+            self.weight = torch.nn.Parameter(fused.weight[start:end], requires_grad=False)
+            self.bias = None if fused.bias is None else torch.nn.Parameter(fused.bias[start:end], requires_grad=False)
         object.__setattr__(self, "fused", fused)  # not a submodule: the state dict holds only the views
         self.index = index
 
@@ -69,23 +156,27 @@ class Part(torch.nn.Module):
         return functional.linear(x, self.weight, self.bias)
 
 
-def fuse_projections(layers) -> list[Fused]:
+def fuse_projections(layers, *, pack: bool = False) -> list[Fused]:
     """Fuse the projection groups of every decoder layer of ``layers`` that has them as plain linear layers of
     one dtype and device; returns the fused matrices (for :func:`fused_projections`), those fused before (by
-    another engine on the same model) included."""
+    another engine on the same model) included. With ``pack`` every group's product runs on a packed weight,
+    and ``o_proj`` and ``down_proj`` become groups of one."""
     fused = []
     for layer in layers:
         for owner in (getattr(layer, "self_attn", None), getattr(layer, "mlp", None)):
-            for names in GROUPS:
+            for names in GROUPS + (ALONE if pack else ()):
                 linears = [getattr(owner, name, None) for name in names] if owner is not None else []
                 if linears and all(isinstance(m, Part) for m in linears) and len({id(m.fused) for m in linears}) == 1:
-                    fused.append(linears[0].fused)  # fused by an earlier engine on this model: the same group
+                    group = linears[0].fused  # fused by an earlier engine on this model: the same group
+                    if pack and group.packed is None:
+                        group.packed = Packed(group.weight)
+                    fused.append(group)
                     continue
                 if not linears or not all(type(m) is torch.nn.Linear for m in linears):
                     continue
                 if len({(m.weight.dtype, m.weight.device, m.in_features, m.bias is None) for m in linears}) != 1:
                     continue
-                group = Fused(linears)
+                group = Fused(linears, pack=pack)
                 for index, (name, linear) in enumerate(zip(names, linears)):
                     setattr(owner, name, Part(group, index, linear))
                 fused.append(group)
@@ -94,12 +185,15 @@ def fuse_projections(layers) -> list[Fused]:
 
 @contextlib.contextmanager
 def fused_projections(groups: list[Fused], enabled: bool = True):
-    """Within the block (a decode step), the fused groups compute one product per input."""
+    """Within the block (a decode step), the fused groups compute one product per input (packed weights made
+    again first where their source changed)."""
     if not enabled or not groups:
         yield
         return
     for group in groups:
         group.active = True
+        if group.packed is not None:
+            group.packed.refresh()
     try:
         yield
     finally:
