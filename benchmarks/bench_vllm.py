@@ -54,6 +54,7 @@ def main() -> None:
         return time.perf_counter() - start
 
     alone = run_interleaved({"vlmfast": run_hf}, args.runs)  # before vLLM exists
+    ops = step_ops(hf, requests)
     vllm = VllmBackend(ckpt, settings)
     startup = vllm.start(requests)
 
@@ -89,11 +90,40 @@ def main() -> None:
         f"| vLLM ÷ vlmfast, each alone | {med['vllm'] / med['vlmfast']:.2f}× | ≥ 1.25 |",
         f"| vLLM ÷ vlmfast, interleaved with vLLM's engine resident | {side['vllm'] / side['vlmfast']:.2f}× | – |",
         f"| rows with identical greedy tokens | {same}/{len(last['hf'])} | ≥ 7/8 |",
+        f"| vlmfast's decode step: ops dispatched (of which matrix products, packed) | {ops['all']} ({ops['products']}, "
+        f"{ops['packed']}) | – |",
         "",
     ])
     print(text)
     if args.write:
         record(text, "vllm-cpu")
+
+
+def step_ops(engine, requests) -> dict:
+    """Ops one of vlmfast's decode steps dispatches (nested ones included), counted by the profiler in a
+    separate batch: all of them, the matrix products, and how many of those ran on packed weights."""
+    from collections import Counter
+
+    import torch
+
+    from vlmfast.engines.hf import decode
+    from vlmfast.engines.hf.scheduler import Scheduler
+
+    counts, step = [], decode.DecodeState.step
+
+    def counted(self):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step(self)
+        counts.append(Counter(e.name for e in prof.events() if e.name.startswith(("aten::", "mkldnn::"))))
+
+    decode.DecodeState.step = counted
+    try:
+        list(Scheduler(engine).run(requests, {}, 8))
+    finally:
+        decode.DecodeState.step = step
+    last = counts[-1]
+    packed = last["mkldnn::_linear_pointwise"]
+    return {"all": sum(last.values()), "products": last["aten::linear"] + packed, "packed": packed}
 
 
 if __name__ == "__main__":  # vLLM's engine process re-imports this module (spawn)
