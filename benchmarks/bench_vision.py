@@ -1,12 +1,13 @@
 """The Qwen2.5-VL vision tower with transformers' per-window attention calls vs vlmfast's merged ones
-(src/vlmfast/vision_attention.py), side by side.
+(src/vlmfast/engines/hf/vision_attention.py), and merged with the patch embedding as one matrix product
+(src/vlmfast/engines/hf/patch_embed.py: what prefill runs), side by side.
 
   python benchmarks/bench_vision.py [--preset demo|3b] [--device cpu|cuda] [--dtype float32|bfloat16]
                                     [--runs 7] [--json FILE]
 
 The tower of a vlmfast.checkpoints.tiny preset (3b: the real Qwen2.5-VL-3B/7B vision config) with random weights,
 sdpa, on 8 images' worth of patches: "mixed" 224–644 px (8,052 patches), "same" 8 × 448 px (8,192).
-Per workload: one warm-up, then the two ways interleaved `--runs` times (device-synchronized clocks);
+Per workload: one warm-up, then the three ways interleaved `--runs` times (device-synchronized clocks);
 medians, every run, and scaled_dot_product_attention calls per forward.
 """
 
@@ -42,8 +43,11 @@ def build_tower(preset: str, device: str, dtype: str):
 def measure(tower, sides: list[int], runs: int) -> dict:
     import torch
 
-    from vlmfast.timing import now
+    import contextlib
+
+    from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
     from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
+    from vlmfast.timing import now
 
     device = str(next(tower.parameters()).device)
     grid = torch.tensor([[1, s, s] for s in sides], device=device)
@@ -57,20 +61,25 @@ def measure(tower, sides: list[int], runs: int) -> dict:
         calls[0] += 1
         return sdpa(*args, **kwargs)
 
-    def forward(merged: bool) -> tuple[float, int]:
+    def forward(way: str) -> tuple[float, int]:
         calls[0] = 0
         start = now(device)
-        with use_merged_vision_attention(tower) if merged else torch.no_grad(), torch.inference_mode():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode())
+            if way != "per-window":
+                stack.enter_context(use_merged_vision_attention(tower))
+            if way == "merged+product":
+                stack.enter_context(use_linear_patch_embed(tower))
             tower(pixels, grid_thw=grid)
         return now(device) - start, calls[0]
 
     torch.nn.functional.scaled_dot_product_attention = counted
     try:
-        counts = {way: forward(way == "merged")[1] for way in ("per-window", "merged")}  # the warm-up
+        counts = {way: forward(way)[1] for way in ("per-window", "merged", "merged+product")}  # the warm-up
         times = {way: [] for way in counts}
         for _ in range(runs):
             for way in times:
-                times[way].append(forward(way == "merged")[0] * 1000)
+                times[way].append(forward(way)[0] * 1000)
     finally:
         torch.nn.functional.scaled_dot_product_attention = sdpa
     return {"patches": int(pixels.shape[0]), "sdpa_calls": counts,
@@ -97,7 +106,8 @@ def main() -> None:
         ratio = f["ms_median"]["per-window"] / f["ms_median"]["merged"]
         print(f"{workload:5s} {f['patches']} patches: per-window {f['ms_median']['per-window']} ms "
               f"({f['sdpa_calls']['per-window']} SDPA calls) vs merged {f['ms_median']['merged']} ms "
-              f"({f['sdpa_calls']['merged']} calls): {ratio:.2f}×; runs {f['ms_runs']}", file=sys.stderr)
+              f"({f['sdpa_calls']['merged']} calls): {ratio:.2f}×; with the patch product "
+              f"{f['ms_median']['merged+product']} ms; runs {f['ms_runs']}", file=sys.stderr)
     if args.json:  # whole or not at all: a step of benchmarks/gpu.sh counts as done when the file is there
         Path(args.json + ".part").write_text(json.dumps(figures, indent=1) + "\n")
         os.replace(args.json + ".part", args.json)

@@ -163,6 +163,22 @@ def test_merged_vision_attention_on_the_gpu(on_gpu):
     torch.testing.assert_close(got, per_window, rtol=1e-4, atol=1e-5)
 
 
+@needs_bf16
+def test_the_patch_embedding_product_on_the_gpu_in_bf16(on_gpu_bf16):
+    """The patch embedding as one product (what prefill uses) against cuDNN's convolution, in bf16."""
+    from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
+
+    embed = on_gpu_bf16.model.model.visual.patch_embed
+    torch.manual_seed(0)
+    patches = torch.randn(2048, embed.proj.weight[0].numel(), device="cuda")
+    with torch.inference_mode():
+        conv = embed(patches)
+        with use_linear_patch_embed(on_gpu_bf16.model) as switched:
+            product = embed(patches)
+    assert switched == 1 and product.dtype == conv.dtype == torch.bfloat16
+    torch.testing.assert_close(product.float(), conv.float(), rtol=2e-2, atol=2e-2)  # bf16: 8 bits of mantissa
+
+
 @needs_qwen_vl_utils
 def test_peak_memory_and_clocks_are_cuda_figures(grpo_ckpt, images, tmp_path):
     from vlmfast.run.runner import InferOptions, infer

@@ -174,10 +174,12 @@ def _bench_report(ckpt: str, samples: int, batches: list[int], *, decoder="vlmfa
 
 def _vision_report() -> dict:
     """What benchmarks/bench_vision.py --json writes."""
-    figures = lambda patches, calls, ms: {"patches": patches, "sdpa_calls": dict(zip(("per-window", "merged"), calls)),
-                                          "ms_runs": {}, "ms_median": dict(zip(("per-window", "merged"), ms))}
+    ways = ("per-window", "merged", "merged+product")
+    figures = lambda patches, calls, ms: {"patches": patches, "sdpa_calls": dict(zip(ways, calls)),
+                                          "ms_runs": {}, "ms_median": dict(zip(ways, ms))}
     return {"preset": "3b", "device": "Fake GPU", "dtype": "bfloat16", "transformers": "5.23.0", "torch": "2.11.0",
-            "workloads": {"mixed": figures(8052, (3952, 60), (80.0, 20.0)), "same": figures(8192, (3616, 32), (75.0, 30.0))}}
+            "workloads": {"mixed": figures(8052, (3952, 60, 60), (80.0, 20.0, 16.0)),
+                          "same": figures(8192, (3616, 32, 32), (75.0, 30.0, 25.0))}}
 
 
 def _infer_report(ckpt: str, compile_s: float, cache: str, tps: float) -> dict:
@@ -219,7 +221,8 @@ def test_table_is_rebuilt_from_every_report_in_the_directory(tmp_path):
         "| qwen2.5-vl-3b-grpo | 41.2 | 7.9 | hit | 1650.4 |",  # the 7B infer has no second run yet
     ]
     assert [line for line in lines if line.startswith(("| mixed", "| same"))] == [
-        "| mixed | 8052 | 80.0 | 3952 | 20.0 | 60 | 4.00× |", "| same | 8192 | 75.0 | 3616 | 30.0 | 32 | 2.50× |"]
+        "| mixed | 8052 | 80.0 | 3952 | 20.0 | 60 | 4.00× | 16.0 | 5.00× |",
+        "| same | 8192 | 75.0 | 3616 | 30.0 | 32 | 2.50× | 25.0 | 3.00× |"]
     assert (out / "table.md").read_text() == r.stdout[:-1]  # print() adds a newline after the table's own
 
 

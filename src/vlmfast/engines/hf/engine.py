@@ -224,11 +224,13 @@ class Engine(Preparer, PlainGenerate):
 
         from vlmfast.engines.hf.decode import rope_positions
         from vlmfast.engines.hf.sampling import select
+        from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
 
         model = self.loaded.model
         firsts, positions, masks, caches = [], [], [], []
-        with torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model):
+        with (torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model),
+              use_linear_patch_embed(model)):
             for g in prepared.groups:
                 inputs = self.on_device(g.inputs)
                 pos = rope_positions(model, inputs)

@@ -17,12 +17,15 @@ class PlainGenerate:
         import torch
         from transformers import LogitsProcessorList
 
+        from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
 
         kwargs = self.generate_kwargs()
         if clock is not None:
             kwargs["logits_processor"] = LogitsProcessorList([clock])
-        with torch.inference_mode(), use_merged_vision_attention(self.loaded.model):  # the same vision numerics
+        model = self.loaded.model
+        # the same vision numerics as vlmfast's prefill
+        with torch.inference_mode(), use_merged_vision_attention(model), use_linear_patch_embed(model):
             return self.loaded.model.generate(**inputs, **kwargs)
 
     def generate_kwargs(self) -> dict:
