@@ -163,3 +163,15 @@ def test_packing_needs_float32_cpu_weights_with_version_counters_and_room(monkey
     monkeypatch.setattr(fused, "available_memory", lambda: 4 * 64 * 64 * 4 * 2 - 1)  # the copies > a quarter of it
     assert not fused.packing_fits(weights)
     assert not fused.packing_fits([])
+
+
+def test_a_cpu_whose_onednn_cannot_pack_decodes_unpacked_and_says_why(monkeypatch):
+    from vlmfast.engines.hf import fused
+
+    def refuse(*args):
+        raise RuntimeError("no packed format for this CPU")
+
+    monkeypatch.setattr(fused, "available_memory", lambda: 10**9)
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    pack, note = fused.packing_plan([torch.zeros(64, 64)])
+    assert not pack and "could not pack here (no packed format for this CPU)" in note

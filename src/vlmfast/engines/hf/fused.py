@@ -66,6 +66,11 @@ def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
         return False, ""  # (an inference tensor keeps no version counter: a change to it could not be seen)
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return False, "CPU decode products unpacked: this torch has no oneDNN"
+    try:  # oneDNN builds differ by CPU (x86, Arm): one small product says whether this one packs
+        with torch.inference_mode(False):
+            Packed(torch.ones(8, 8))(torch.ones(2, 8), None)
+    except RuntimeError as exc:
+        return False, f"CPU decode products unpacked: oneDNN could not pack here ({str(exc).splitlines()[0][:120]})"
     needed = sum(w.numel() * w.element_size() for w in {id(w): w for w in weights}.values())
     available = available_memory()
     if needed > PACKED_SHARE * available:
