@@ -13,7 +13,8 @@ from vlmfast.engines.hf.scheduler import Scheduler
 from vlmfast.inputs.requests import Request
 
 
-def _linears_per_step(loaded, images):
+def _ops_per_step(loaded, images, *names):
+    """Per decode step of a 2-row batch: how many ops of the given names the profiler saw; and the engine."""
     from vlmfast.engines.hf import decode
 
     engine = Engine(loaded, GenerationSettings(max_new_tokens=4, ignore_eos=True))
@@ -24,15 +25,19 @@ def _linears_per_step(loaded, images):
     def counted(self):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             step(self)
-        names = collections.Counter(e.name for e in prof.events())
-        counts.append(names["aten::linear"] + names["mkldnn::_linear_pointwise"])  # plain or packed (CPU)
+        seen = collections.Counter(e.name for e in prof.events())
+        counts.append(sum(seen[name] for name in names))
 
     decode.DecodeState.step = counted
     try:
         list(Scheduler(engine).run(reqs, {}, 2))
     finally:
         decode.DecodeState.step = step
-    return counts
+    return counts, engine
+
+
+def _linears_per_step(loaded, images):
+    return _ops_per_step(loaded, images, "aten::linear", "mkldnn::_linear_pointwise")[0]  # plain or packed (CPU)
 
 
 def test_a_decode_step_runs_four_products_per_layer_not_seven(loaded, images):
@@ -79,34 +84,12 @@ def test_a_second_engine_on_the_same_model_decodes_fused_too(loaded, images):
     _linears_per_step(loaded, images)
     assert set(_linears_per_step(loaded, images)) == {layers * 4 + 1}
 
-
-def _packed_products_per_step(loaded, images):
-    from vlmfast.engines.hf import decode
-
-    engine = Engine(loaded, GenerationSettings(max_new_tokens=3, ignore_eos=True))
-    reqs = [Request(str(p), (str(p),), "Describe.") for p in images[:2]]
-    counts = []
-    step = decode.DecodeState.step
-
-    def counted(self):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            step(self)
-        counts.append(collections.Counter(e.name for e in prof.events())["mkldnn::_linear_pointwise"])
-
-    decode.DecodeState.step = counted
-    try:
-        list(Scheduler(engine).run(reqs, {}, 2))
-    finally:
-        decode.DecodeState.step = step
-    return counts, engine
-
-
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 def test_on_a_cpu_every_decode_product_runs_on_a_packed_weight_and_the_head_is_left_in_place(loaded, images):
     from vlmfast.engines.hf.decode import TextDecoder
 
     layers = loaded.model.config.get_text_config().num_hidden_layers
-    counts, engine = _packed_products_per_step(loaded, images)
+    counts, engine = _ops_per_step(loaded, images, "mkldnn::_linear_pointwise")
     assert set(counts) == {layers * 4 + 1}
     assert [n for n in engine.decode_notes() if "oneDNN-packed" in n]  # the report says so
     # the head is packed from the module's own weight, the module untouched: a head tied to the embedding stays so
