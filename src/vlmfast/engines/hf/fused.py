@@ -14,9 +14,10 @@ trace the parts' shared state); CUDA graphs are.
 
 On a CPU (float32, oneDNN present, room for a second copy of the weights) every decode product also runs
 on a *packed* weight: oneDNN's blocked layout of the same matrix (:class:`Packed`), as vLLM's CPU backend
-and inductor's CPU freezing do. Measured on the 2-core development machine it makes the products of a
-batch-8 decode step about twice as fast as the plain ``linear`` (MKL), and its result for a row does
-not depend on how many rows the batch has (MKL's does). Then ``o_proj``, ``down_proj`` and the LM head
+and inductor's CPU freezing do. Measured on the 2-core development machine, a batch-8 decode step's
+products took 60 / 42 / 28 µs packed against 115 / 82 / 37 µs with the plain ``linear`` (MKL) for gate/up,
+down and Q/K/V of the demo model, and a packed product's result for a row does not depend on how many
+rows the batch has (MKL's does). Then ``o_proj``, ``down_proj`` and the LM head
 are groups of one (no copy: the group's matrix is the layer's own weight). A packed weight is a copy:
 it is made again when its source changed in place (a checkpoint swap), which its version counter shows.
 """
