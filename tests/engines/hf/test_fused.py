@@ -137,15 +137,19 @@ def test_a_row_of_a_packed_product_does_not_depend_on_the_batch():
 def test_packing_needs_float32_cpu_weights_with_version_counters_and_room(monkeypatch):
     from vlmfast.engines.hf import fused
 
+    def fits(weights):
+        return fused.packing_plan(weights)[0]
+
     weights = [torch.zeros(64, 64), torch.zeros(64, 64)]
     monkeypatch.setattr(fused, "available_memory", lambda: 10**9)
-    assert fused.packing_fits(weights)
-    assert not fused.packing_fits([w.bfloat16() for w in weights])
+    assert fits(weights)
+    assert not fits([w.bfloat16() for w in weights])
     with torch.inference_mode():
-        assert not fused.packing_fits([torch.zeros(64, 64)])
+        assert not fits([torch.zeros(64, 64)])
     monkeypatch.setattr(fused, "available_memory", lambda: 4 * 64 * 64 * 4 * 2 - 1)  # the copies > a quarter of it
-    assert not fused.packing_fits(weights)
-    assert not fused.packing_fits([])
+    pack, note = fused.packing_plan(weights)
+    assert not pack and "more than 25% of the" in note
+    assert not fits([])
 
 
 def test_a_cpu_whose_onednn_cannot_pack_decodes_unpacked_and_says_why(monkeypatch):

@@ -43,7 +43,6 @@ class Packed:
         self.version = -1
         self.blocked = None  # made by the first refresh (a decode step's), so an unused one costs nothing
 
-
     def refresh(self) -> None:
         if self.version != self.source._version:
             with torch.no_grad():
@@ -56,13 +55,9 @@ class Packed:
         return torch.ops.mkldnn._linear_pointwise(x, self.blocked, bias, "none", [], "")
 
 
-def packing_fits(weights: list[torch.Tensor]) -> bool:
-    """Pack a CPU model's float32 decode weights when oneDNN is there and the copies fit easily in memory."""
-    return packing_plan(weights)[0]
-
-
 def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
-    """Whether to pack, and what to say of it ("" where packing never applies: a GPU, another dtype)."""
+    """Whether to pack a model's decode weights — on a CPU, in float32, where oneDNN packs and the copies
+    fit easily in memory — and what to say of it ("" where packing never applies: a GPU, another dtype)."""
     if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 or w.is_inference() for w in weights):
         return False, ""  # (an inference tensor keeps no version counter: a change to it could not be seen)
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
