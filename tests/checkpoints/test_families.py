@@ -170,6 +170,30 @@ def test_loop_gives_generate_tokens_batch_1_and_n_rows_ending_apart(key, family_
 
 
 @pytest.mark.parametrize("key", ON_THIS_LINE)
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_rows_freed_and_refilled_mid_run_give_each_requests_generate_tokens(key, static, family_loaded, images):
+    """Continuous batching in every family (Qwen3.5: linear-attention states copied into freed rows too):
+    four requests through two rows that free at different steps; each answer is plain generate's for
+    that request alone."""
+    from vlmfast.engines.hf.continuous import stream
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+
+    loaded, reqs = family_loaded(key), [Request(str(p), (str(p),), PROMPT) for p in images[:4]]
+    free = [r.token_ids for r in _run(Engine(loaded, GenerationSettings(max_new_tokens=12, ignore_eos=True)), reqs, 4)]
+    eos = _eos_ending_rows_apart(free)
+    stopping = dataclasses.replace(loaded, eos_token_ids=eos)
+    engine = Engine(stopping, GenerationSettings(max_new_tokens=12), sync_every=1,
+                    **(dict(compile=True, compiler=lambda fn: fn) if static else {}))
+    rows, admissions = {}, 0
+    for out, timing in stream(engine, reqs, 2, 512):
+        rows.update({r.id: r.token_ids for r in out})
+        admissions += bool(timing and timing.size)
+    assert admissions >= 2  # the two rows were freed and refilled
+    for r in reqs:
+        assert rows[r.id] == generate_tokens(stopping, model_inputs(engine, [r]), 12, eos)[0], r.id
+
+
+@pytest.mark.parametrize("key", ON_THIS_LINE)
 def test_static_shapes_give_the_eager_tokens(key, family_loaded, images):
     """The CUDA-graph / compile path (whole cache + mask, device-side positions, a reused shape), here
     without compiling on the CPU: twice over, so states left from the first batch must not leak."""
@@ -192,13 +216,13 @@ def test_qwen3_5_loop_reads_the_prompts_linear_attention_states(family_loaded, i
     loaded, reqs = family_loaded("qwen3_5"), [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
     settings = GenerationSettings(max_new_tokens=10, ignore_eos=True)
     kept = [r.token_ids for r in _run(Engine(loaded, settings), reqs, 3)]
-    fill = LinearStateCache.fill_linear_states
+    fill = LinearStateCache.admit_linear_states
     for states in ("conv_states", "recurrent_states"):
-        def forget(self, caches, repeat=1, states=states):
-            fill(self, caches, repeat)
+        def forget(self, rows, cache, repeat=1, states=states):
+            fill(self, rows, cache, repeat)
             for t in getattr(self, states).values():
                 t.zero_()
-        monkeypatch.setattr(LinearStateCache, "fill_linear_states", forget)
+        monkeypatch.setattr(LinearStateCache, "admit_linear_states", forget)
         assert [r.token_ids for r in _run(Engine(loaded, settings), reqs, 3)] != kept, states
 
 
@@ -358,12 +382,12 @@ def test_planned_cache_bytes_are_the_bytes_the_caches_hold(key, family_loaded, g
     engine = Engine(loaded, GenerationSettings(max_new_tokens=4), max_batch_tokens=1)  # one prompt per prefill group
     state = engine._new_state(3, 512, static=True)
     planned = batch_memory(shape, 3, 512, logits_bytes=0)
-    assert _tensor_bytes(state.cache) - 8 == planned.static_bytes  # 8: the cache's int64 write index
+    assert _tensor_bytes(state.cache) - 2 * 8 * 3 == planned.static_bytes  # each row's int64 write index and number
     reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
     prefilled = engine.prefill(engine.prepare(reqs))
-    assert len(prefilled.caches) == 3  # three groups, every cache still held
-    held = sum(_tensor_bytes(layer) for _, _, cache in prefilled.caches for layer in cache.layers)
-    widest = prefilled.prompt_len
+    assert len(prefilled.groups) == 3  # three groups, every cache still held
+    held = sum(_tensor_bytes(layer) for g in prefilled.groups for layer in g.cache.layers)
+    widest = max(g.key_valid.shape[1] for g in prefilled.groups)
     assert held <= batch_memory(shape, 3, 512, prompt_tokens=widest).prefill_cache_bytes
     assert held > batch_memory(shape, 1, 512, prompt_tokens=widest).prefill_cache_bytes  # more than one group's
 

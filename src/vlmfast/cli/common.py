@@ -101,6 +101,7 @@ Seed = Annotated[Optional[int], typer.Option(help="Random seed (sampling).", ric
 Samples = Annotated[int, typer.Option("--n", help="Answers per request (sampled: add --temperature). The prompt is prefilled once; rows gain \"sample\" 0…n−1; --batch-size counts answers.", rich_help_panel=GEN)]
 IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Always decode --max-new-tokens (benchmarks).", rich_help_panel=GEN)]
 Decoder = Annotated[str, typer.Option(help="vlmfast (its own decode loop) | hf (plain model.generate: the reference).", rich_help_panel=FAST)]
+Batching = Annotated[str, typer.Option(help="continuous (a decode row whose answer ended takes the next request at once; default) | static (each batch runs until its longest answer ends). vlmfast's decoder only.", rich_help_panel=FAST)]
 CudaGraphs = Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="Replay the decode step from CUDA graphs (default: on CUDA).", rich_help_panel=FAST)]
 Compile = Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the decode step (default: decided after the first batch by what it would save; cached per machine).", rich_help_panel=FAST)]
 Overlap = Annotated[Optional[bool], typer.Option("--overlap/--no-overlap", help="Prepare the next batch while this one generates (default: on CUDA; on a CPU it competes for the cores).", rich_help_panel=FAST)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, AnswerKey, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command,
-                     Compile, CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, FormatPrompt,
+                     Batching, Compile, CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, FormatPrompt,
                      GpuMemory, IgnoreEos, ImageKey, Images, Iou, Json, Manifest, MatchTraining, MaxBatchTokens,
                      MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out, Overlap, Overwrite,
                      PipelineParallel, Prompt, PromptFile, PromptKey, RetryErrors, Reward, RewardKwargs, RewardThreshold,
@@ -41,6 +41,7 @@ def infer(
     n: Samples = 1,
     match_training: MatchTraining = False,
     decoder: Decoder = "vlmfast",
+    batching: Batching = "continuous",
     cuda_graphs: CudaGraphs = None,
     compile_: Compile = None,
     overlap: Overlap = None,

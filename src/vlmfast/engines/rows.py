@@ -107,6 +107,7 @@ class BatchTiming:
     preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
     vision_s: float | None = None  # the vision tower's share of the prefill
     syncs: int = 0  # device read-backs during decode
+    row_steps: int = 0  # decode rows computed, summed over steps (the first token's step included)
 
 
 def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,

@@ -56,8 +56,9 @@ def render_infer(report) -> None:
     table.add_row("checkpoint", escape(report.checkpoint))
     table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
     speed = [report.decoder + " decoder"] + (["CUDA graphs"] if report.cuda_graphs else []) + (["compiled"] if report.compiled else [])
-    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · {' + '.join(speed)} · batch {report.batch_size} "
-                  f"({plural(report.batches, 'batch', 'batches')})")
+    batching = (f"{report.batch_size} decode rows, continuous ({plural(report.batches, 'admission')})"
+                if report.batching == "continuous" else f"batch {report.batch_size} ({plural(report.batches, 'batch', 'batches')})")
+    table.add_row("runtime", f"{report.device} · {report.dtype} · {report.attn} · {' + '.join(speed)} · {batching}")
     if report.processes:
         per = " · ".join(f"#{p['rank']} {p['device']}: {plural(p['samples'], 'sample')}, {_fmt(p['tokens_per_s'], ' tokens/s', 1)}"
                          for p in report.processes)
@@ -91,6 +92,8 @@ def render_infer(report) -> None:
         decode += f" · {report.decode_gb_per_s:,.1f} GB/s read"
         if report.bandwidth_pct_of_peak is not None:
             decode += f" ({report.bandwidth_pct_of_peak:.0f}% of the device's {report.peak_gb_per_s:,.0f} GB/s)"
+    if report.decode_row_utilization is not None:
+        decode += f" · {report.decode_row_utilization:.0%} of row-steps made an answer token"
     table.add_row("decode", decode)
     table.add_row("throughput", f"{_fmt(report.tokens_per_s, ' tokens/s', 1)} · {_fmt(report.samples_per_s, ' samples/s', 3)}")
     table.add_row("peak memory", f"{_fmt(report.peak_mem_mib, ' MiB', 0)} ({report.peak_mem_kind})")

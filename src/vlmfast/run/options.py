@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlmfast.engines.hf import DECODERS
+from vlmfast.engines.hf import BATCHING, DECODERS
 from vlmfast.engines.open import ENGINES
 from vlmfast.engines.vllm.support import VllmSettings
 from vlmfast.errors import UsageError, check_choice
@@ -18,6 +18,7 @@ from vlmfast.engines.rows import GenerationSettings
 
 # (option name, its default, the flag) of settings only vlmfast's own engine has
 HF_ONLY = (("device", None, "--device"), ("attn", None, "--attn"), ("decoder", "vlmfast", "--decoder"),
+           ("batching", "continuous", "--batching"),
            ("cuda_graphs", None, "--cuda-graphs"), ("compile", None, "--compile"), ("overlap", None, "--overlap"),
            ("max_batch_tokens", None, "--max-batch-tokens"), ("allow_pickle", False, "--allow-pickle"),
            ("threads", None, "--threads"))
@@ -58,6 +59,7 @@ class InferOptions:
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
     overlap: bool | None = None  # prepare the next batch while this one generates (None: on CUDA only)
     decoder: str = "vlmfast"  # "vlmfast" (own decode loop) | "hf" (plain model.generate, the reference)
+    batching: str = "continuous"  # "continuous" (a row that ends takes the next request) | "static" (whole batches)
     cuda_graphs: bool | None = None  # None: on CUDA with the vlmfast decoder
     compile: bool | None = None  # None: decided after the first batch, by what the workload would save
     threads: int | None = None  # torch's CPU threads (None: this process's share of the cores it may use)
@@ -80,6 +82,7 @@ class InferOptions:
 
         check_choice("--engine", self.engine, ENGINES)
         check_choice("--decoder", self.decoder, DECODERS)
+        check_choice("--batching", self.batching, BATCHING)
         check_choice("--scorer", self.scorer, SCORERS)
         check_choice("--template", self.template, tuple(TEMPLATES))
         if self.format_prompt is not None and self.template != "plain":

@@ -31,6 +31,7 @@ class InferReport:
     ttft_ms_p50: float | None
     ttft_ms_p90: float | None
     decode_ms_per_token: float | None  # per decode step = per token of one sequence
+    decode_row_utilization: float | None  # answer tokens ÷ decode rows computed over the steps (row-steps)
     tokens_per_s: float | None
     samples_per_s: float | None
     peak_mem_mib: float
@@ -45,8 +46,9 @@ class InferReport:
     cuda_graphs: bool
     compiled: bool
     device_syncs: int  # host read-backs in decode loops (EOS checks)
-    batch_size: int
-    batches: int
+    batch_size: int  # decode rows (continuous batching) or answers per batch (static batches)
+    batches: int  # batches run, or admissions into freed rows (continuous batching)
+    batching: str  # "continuous" | "static"
     max_new_tokens: int
     finish: dict
     no_answer: int  # successful rows without an <answer>…</answer>
@@ -133,6 +135,7 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
         ttft_ms_p50=phases["ttft_ms_p50"],
         ttft_ms_p90=phases["ttft_ms_p90"],
         decode_ms_per_token=phases["decode_ms_per_token"],
+        decode_row_utilization=_utilization(ok, timings),
         tokens_per_s=round(new_tokens / generate_s, 2) if ran else None,
         samples_per_s=round(len(ok) / generate_s, 3) if ran else None,
         peak_mem_mib=round(peak[0], 1),
@@ -148,7 +151,8 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
         compiled=facts.compiled,
         device_syncs=phases["device_syncs"],
         batch_size=batch_size,
-        batches=len(timings),
+        batching="continuous" if any(t.size == 0 and t.row_steps for t in timings) else "static",
+        batches=sum(t.size > 0 for t in timings),  # continuous batching: admissions (its decode loop is a timing of size 0)
         max_new_tokens=options.generation.max_new_tokens,
         finish={"eos": sum(r.finish_reason == "eos" for r in ok), "length": sum(r.finish_reason == "length" for r in ok)},
         no_answer=sum(r.answer is None for r in ok),
@@ -166,12 +170,22 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
     )
 
 
+def _utilization(ok, timings) -> float | None:
+    """Answer tokens ÷ the decode rows computed, summed over steps (each answer's first token counts one
+    row-step: it came from prefill). A static batch computes its ended rows until its longest answer
+    ends; continuous batching gives them the next request. None where the engine does not count."""
+    row_steps = sum(t.row_steps for t in timings)
+    return round(sum(r.n_new_tokens for r in ok) / row_steps, 4) if row_steps else None
+
+
 def _bandwidth(facts: EngineFacts, ok, timings, decode_ms_per_token) -> dict:
     """Achieved decode bandwidth at the run's mean batch and mid-decode context (:mod:`vlmfast.engines.hf.capacity`)."""
     from vlmfast.engines.bandwidth import bandwidth_report
 
     if facts.model_shape is None or not ok or not timings or not decode_ms_per_token:
         return {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}
-    batch = sum(t.size for t in timings) / len(timings)
+    steps, row_steps = sum(t.steps for t in timings), sum(t.row_steps for t in timings)
+    # the rows a decode step computed on average: counted where the engine counts them, else the batch size
+    batch = row_steps / steps if row_steps and steps else sum(t.size for t in timings) / len(timings)
     context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok)
     return bandwidth_report(facts.model_shape, batch, context, decode_ms_per_token / 1000, facts.device_name)

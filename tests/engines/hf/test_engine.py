@@ -134,22 +134,26 @@ def test_decode_reads_back_at_most_once_every_k_steps(loaded, images):
     timing = next(iter(Scheduler(Engine(loaded, GenerationSettings(max_new_tokens=20), sync_every=4)).run(reqs, {}, 2)))[2]
     assert 0 < timing.syncs <= -(-timing.steps // 4)
 
-    import torch
-
     class Counting:  # a loop that never ends by EOS: how often is the device asked?
-        rows, max_new, t, asked = 1, 17, 1, 0
-        out = torch.zeros(1, 17, dtype=torch.long)
+        max_new, t, asked, row_steps = 17, 1, 0, 0
 
-        def any_running(self):
+        def live(self):
+            return 1
+
+        def harvest(self):
             self.asked += 1
-            return True
+            return [(0, [7] * self.t)] if self.t == self.max_new else []
+
+        def pack(self):
+            pass
 
         def step(self):
             self.t += 1
 
     loop = Counting()
     decoded = run_loop(loop, stop_on_eos=True, sync_every=4)
-    assert (decoded.steps, decoded.syncs, loop.asked) == (17, 4, 4)  # at t = 4, 8, 12, 16
+    # at t = 4, 8, 12, 16, and the final collection of the rows still held
+    assert (decoded.steps, decoded.syncs, loop.asked) == (17, 4, 5)
     assert run_loop(Counting(), stop_on_eos=False, sync_every=1).syncs == 0  # --ignore-eos: never
 
 

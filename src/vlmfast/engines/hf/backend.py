@@ -76,13 +76,31 @@ class HfBackend:
                       "with CUDA-graph buckets, two resident decode shapes and the batch's prefill caches)")
 
     def plan(self, requests, image_sizes, batch_size):
-        """Batches of ``batch_size`` decode rows: with n answers per request, batch_size // n requests."""
+        """Continuous batching (vlmfast's decoder): one round of every request, most expensive first, through
+        ``batch_size`` decode rows. Static batches (``--decoder hf``, ``--batching static``): batches of
+        ``batch_size`` decode rows, with n answers per request batch_size // n requests each."""
         from vlmfast.engines.hf.scheduler import plan
 
+        self.width = max(batch_size, self.engine.settings.n)
+        if self.continuous:
+            order = [i for batch in plan(self.engine, requests, image_sizes, len(requests) or 1) for i in batch]
+            return [order] if order else []
         per_batch = max(1, batch_size // self.engine.settings.n)
         return plan(self.engine, requests, image_sizes, per_batch, self.batch_token_cap)
 
+    @property
+    def continuous(self) -> bool:
+        batching = getattr(self.options, "batching", "continuous") if self.options is not None else "static"
+        return self.engine.decoder_name == "vlmfast" and batching == "continuous"
+
     def batches(self, requests, image_sizes, planned):
+        if self.continuous:
+            try:
+                for order in planned:
+                    yield self.scheduler.continuous(requests, image_sizes, order, self.width)
+            finally:
+                self.engine.policy.flush()
+            return
         try:
             for k, parts in enumerate(self.scheduler.batches(requests, image_sizes, planned)):
                 yield parts
@@ -108,7 +126,8 @@ class HfBackend:
             max_pixels_capped=engine.max_pixels_capped, compile_s=engine.policy.compile_s,
             oom_splits=self.scheduler.oom_splits, compile_cache=engine.policy.summary(),
             model_shape=shape_from_model(loaded.model, runtime.dtype), device_name=device_name,
-            notes=self.notes + engine.notes + engine.policy.notes + engine.decode_notes(),
+            notes=self.notes + engine.notes + engine.policy.notes + engine.decode_notes()
+            + ([engine.admissions] if engine.admissions else []),
         )
 
     def switch_to(self, found) -> tuple[str, float, str | None]:

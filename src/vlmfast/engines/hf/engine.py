@@ -69,17 +69,15 @@ class Prefetched:
 
 @dataclass
 class Prefilled:
-    """What prefill hands to decode: every row's first new token and rotary position, and where its
-    prompt's keys are. Groups prefilled apart sit right-aligned in a common length, as left padding."""
+    """What prefill hands to decode: one :class:`~vlmfast.engines.hf.decode.Admission` per prefill group,
+    in the batch's order (each group's rows keep their own padding and length)."""
 
-    first: object  # (rows,) the first new token of every row
-    next_position: object  # (3, rows, 1) rotary position of that token
-    key_valid: object  # (rows, prompt_len) bool: False on padding
-    caches: list[tuple[int, int, object]]  # (start row, end row, the group's HF cache)
-    prompt_len: int
+    groups: list
     vision_s: float | None = None  # the vision tower's share of the prefill
-    repeat: int = 1  # decode rows per prompt row (n answers per request; ``first`` … are per decode row)
-    keys: object = None  # (rows,) each decode row's sampling key; None when greedy
+
+    @property
+    def rows(self) -> int:
+        return sum(g.rows for g in self.groups)
 
 
 class Engine(Preparer, PlainGenerate):
@@ -118,6 +116,7 @@ class Engine(Preparer, PlainGenerate):
         self.seed = settings.seed if settings.seed is not None else secrets.randbits(31)
         self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → a static DecodeState
         self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
+        self.admissions: str | None = None  # what the last continuous run did, said in the report
 
     # -- the whole path of one batch -------------------------------------------------------------
     def generate_batch(self, batch: Sequence[Request], prefetched: Prefetched | None = None
@@ -134,12 +133,13 @@ class Engine(Preparer, PlainGenerate):
         compiled_before = self.policy.compile_s
         if self.decoder_name == "hf":
             tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1)
+            row_steps = len(tokens) * steps  # generate computes every row until the last one ends
         else:
             prefilled = self.prefill(prepared)
             t2, vision_s = now(self.device), prefilled.vision_s
             ttft_s = t2 - t1
             decoded = self.decode(prefilled, steps_at)
-            tokens, steps, syncs = decoded.tokens, decoded.steps, decoded.syncs
+            tokens, steps, syncs, row_steps = decoded.tokens, decoded.steps, decoded.syncs, decoded.row_steps
         t3 = now(self.device)
         t2 += self.policy.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
         if self.decoder_name == "vlmfast" and steps > 1:
@@ -156,7 +156,7 @@ class Engine(Preparer, PlainGenerate):
             decode_s=max(t3 - t2, 0.0), steps=steps,
             new_tokens=sum(row.n_new_tokens for r in prepared.requests for row in done[r.id]),
             step_times_s=tuple(b - a for a, b in zip(marks, marks[1:])) if self.record_steps else (),
-            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, syncs=syncs,
+            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, syncs=syncs, row_steps=row_steps,
         )
         return [row for r in batch for row in done[r.id]], timing
 
@@ -222,31 +222,27 @@ class Engine(Preparer, PlainGenerate):
         does (last prompt position + 1 + step)."""
         import torch
 
-        from vlmfast.engines.hf.decode import rope_positions
+        from vlmfast.engines.hf.decode import Admission, rope_positions
         from vlmfast.engines.hf.sampling import select
         from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
 
         model = self.loaded.model
-        firsts, positions, masks, caches = [], [], [], []
+        n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
+        groups = []
         with (torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model),
               use_linear_patch_embed(model)):
             for g in prepared.groups:
                 inputs = self.on_device(g.inputs)
                 pos = rope_positions(model, inputs)
                 out = model(**inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
-                n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
                 keys = self._keys(prepared.requests[g.start:g.end])
-                firsts.append(select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
-                                     temperature=self.settings.temperature, top_p=self.settings.top_p, keys=keys))
-                positions.append(pos[:, :, -1:].repeat_interleave(n, 1) + 1)
-                masks.append(inputs["attention_mask"].bool().repeat_interleave(n, 0))
+                first = select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
+                               temperature=self.settings.temperature, top_p=self.settings.top_p, keys=keys)
                 # transformers 5.24 names the output's cache `cache` (past_key_values is a warning alias)
-                caches.append((g.start, g.end, out["cache"] if "cache" in out else out.past_key_values))
-        length = max(m.shape[1] for m in masks)
-        key_valid = torch.cat([torch.nn.functional.pad(m, (length - m.shape[1], 0), value=False) for m in masks])
-        return Prefilled(torch.cat(firsts), torch.cat(positions, dim=1), key_valid, caches, length, vision.seconds,
-                         self.settings.n, self._keys(prepared.requests))
+                groups.append(Admission(first, pos[:, :, -1:].repeat_interleave(n, 1) + 1, inputs["attention_mask"].bool(),
+                                        out["cache"] if "cache" in out else out.past_key_values, keys, n))
+        return Prefilled(groups, vision.seconds)
 
     # -- phase 3: decode -------------------------------------------------------------------------
     def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
@@ -258,22 +254,42 @@ class Engine(Preparer, PlainGenerate):
 
         s = self.settings
         if s.max_new_tokens == 1:  # prefill chose the only token: no decode state is built at all
-            prefilled.caches = []
-            return Decoded([[t] for t in prefilled.first.tolist()], 1, 0)
-        rows, length = prefilled.first.shape[0], prefilled.prompt_len + s.max_new_tokens
-        self.last_shape = (batch_bucket(rows) if self.cuda_graphs else rows, length_bucket(length))
+            first = torch.cat([g.first for g in prefilled.groups])
+            prefilled.groups = []
+            return Decoded([[t] for t in first.tolist()], 1, 0, first.shape[0])
+        rows = prefilled.rows
+        width = max(g.key_valid.shape[1] for g in prefilled.groups)
+        self.last_shape = (batch_bucket(rows) if self.cuda_graphs else rows, length_bucket(width + s.max_new_tokens))
         with torch.inference_mode():
             static = self.cuda_graphs or self.policy.enabled
-            state = self._static_state() if static else self._new_state(rows, length, static=False)
-            state.load(first=prefilled.first, next_position=prefilled.next_position, key_valid=prefilled.key_valid,
-                       caches=prefilled.caches, prompt_len=prefilled.prompt_len, repeat=prefilled.repeat,
-                       keys=prefilled.keys)
-            prefilled.caches = []  # the prompts' keys now live in the decode state's cache
+            state = self._static_state() if static else self._new_state(rows, self.last_shape[1], static=False)
+            start = 0
+            for g in prefilled.groups:
+                state.admit(g, list(range(start, start + g.rows)), list(range(start, start + g.rows)))
+                start += g.rows
+            prefilled.groups = []  # the prompts' keys now live in the decode state's cache
             clock = StepTimes(self.device) if self.record_steps and steps_at is not None else None
             decoded = run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
             if clock is not None:
                 steps_at.extend(clock.times())
             return decoded
+
+    def continuous_state(self, width: int, length: int, carry=None):
+        """The decode state a continuous run steps (:mod:`vlmfast.engines.hf.continuous`): ``width`` rows of
+        a cache of ``length`` positions or more, eager or static as for batches, every row free — or
+        holding the rows of ``carry``, a state the run outgrew (a longer prompt, a compiled step)."""
+        import torch
+
+        from vlmfast.engines.hf.decode import batch_bucket, length_bucket
+
+        self.last_shape = (batch_bucket(width) if self.cuda_graphs else width, length_bucket(length))
+        with torch.inference_mode():
+            static = self.cuda_graphs or self.policy.enabled
+            state = self._static_state() if static else self._new_state(width, self.last_shape[1], static=False)
+            state.reset()
+            if carry is not None and carry is not state:
+                state.take(carry)
+        return state
 
     def _new_state(self, rows: int, length: int, *, static: bool, forward=None):
         from vlmfast.engines.hf.decode import DecodeState, forward_static

@@ -56,30 +56,30 @@ class LinearStateCache:
             self.recurrent_states[i] = torch.zeros(batch, m.num_v_heads, m.head_k_dim, m.head_v_dim,
                                                    dtype=torch.float32, device=device)
 
-    def fill_linear_states(self, caches, repeat: int = 1) -> None:
-        """Copy the prefill caches' states — (start row, end row, HF cache) per prefill group — row by row,
-        each prompt row's into ``repeat`` consecutive rows (n answers from one prefill). Rows no group
-        covers (spare rows of a static batch) start from zero, as a fresh sequence."""
+    def admit_linear_states(self, rows: torch.Tensor, cache, repeat: int = 1) -> None:
+        """Copy one prefill group's states into decode ``rows``, each prompt row's into ``repeat``
+        consecutive rows (n answers from one prefill); the rows' earlier states are overwritten whole."""
         for i in self.conv_states:
-            self.conv_states[i].zero_()
-            self.recurrent_states[i].zero_()
-        for start, end, cache in caches:
-            for i in self.conv_states:
-                layer = cache.layers[i]
-                rows = slice(start * repeat, end * repeat)
-                self.conv_states[i][rows].copy_(layer.conv_states[0].repeat_interleave(repeat, 0))
-                self.recurrent_states[i][rows].copy_(layer.recurrent_states[0].repeat_interleave(repeat, 0))
+            layer = cache.layers[i]
+            self.conv_states[i][rows] = layer.conv_states[0].repeat_interleave(repeat, 0)
+            self.recurrent_states[i][rows] = layer.recurrent_states[0].repeat_interleave(repeat, 0)
+
+    def move_linear_states(self, src: int, dst: int) -> None:
+        for i in self.conv_states:
+            self.conv_states[i][dst].copy_(self.conv_states[i][src])
+            self.recurrent_states[i][dst].copy_(self.recurrent_states[i][src])
 
     # -- what a linear-attention layer calls during a one-token step (transformers 5.x) ----------
+    # The step computes the first ``active`` rows (the eager loop packs live rows first): views of them.
     def get_conv_state(self, layer_idx: int, state_idx: int = 0):
-        return self.conv_states[layer_idx]  # updated in place by the layer's conv1d step
+        return self.conv_states[layer_idx][:self.active]  # updated in place by the layer's conv1d step
 
     def get_recurrent_state(self, layer_idx: int, state_idx: int = 0):
-        return self.recurrent_states[layer_idx]
+        return self.recurrent_states[layer_idx][:self.active]
 
     def update_recurrent_state(self, recurrent_states, layer_idx: int, state_idx: int = 0, **kwargs):
-        self.recurrent_states[layer_idx].copy_(recurrent_states)  # copy: the buffer's address stays
-        return self.recurrent_states[layer_idx]
+        self.recurrent_states[layer_idx][:self.active].copy_(recurrent_states)  # copy: the buffer's address stays
+        return self.recurrent_states[layer_idx][:self.active]
 
     def is_recording_past(self, layer_idx: int) -> bool:
         return False  # no speculative rollback: the one-token path updates the conv state in place

@@ -1,6 +1,7 @@
-"""Which requests run together and in what order: cost-sorted batches (most expensive first, so an
-out-of-memory batch shows up at once), the next batch prepared while this one generates, and CUDA
-out-of-memory halving. The engine sees one batch at a time; nothing here touches the model."""
+"""Which requests run together and in what order: every request through the decode rows continuously
+(:mod:`vlmfast.engines.hf.continuous`, most expensive first), or cost-sorted batches (most expensive
+first, so an out-of-memory batch shows up at once) with the next batch prepared while this one
+generates; CUDA out-of-memory halving either way. Nothing here touches the model."""
 
 from __future__ import annotations
 
@@ -62,6 +63,44 @@ class Scheduler:
                 if k + 1 < len(planned):
                     pending = pool.submit(self._prefetch, [requests[i] for i in planned[k + 1]])
                 yield list(self._resilient(requests, indices, ready))
+
+    def continuous(self, requests: Sequence[Request], image_sizes: dict, order: list[int], width: int) -> Iterator[Batch]:
+        """The requests at ``order`` (indices, most expensive first) through ``width`` decode rows, each
+        answer yielded as it ends: (input indices, rows, None), with the admissions' and the decode loop's
+        timings as items of their own. After a CUDA out-of-memory error the answers not yet given run in
+        halved static batches (an answer already given is not given again)."""
+        import torch
+
+        from vlmfast.engines.hf.capacity import PROMPT_SLACK_TOKENS
+        from vlmfast.engines.hf.continuous import stream
+
+        engine = self.engine
+        if engine.settings.seed is not None:
+            torch.manual_seed(engine.settings.seed)
+        todo = [requests[i] for i in order]
+        index = {r.id: i for i, r in zip(order, todo)}
+        length = max(engine.cost(r, image_sizes) for r in todo) + PROMPT_SLACK_TOKENS + engine.settings.max_new_tokens
+        given: set[tuple[str, int | None]] = set()
+        failed = None
+        try:
+            for rows, timing in stream(engine, todo, width, length):
+                given.update((r.id, r.sample) for r in rows)
+                yield [index[r.id] for r in rows], rows, timing
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            failed = str(exc)
+        if failed is None:
+            return
+        free_device_cache()  # as in _resilient: the failed attempt's tensors go before anything retries
+        engine.forget_shapes()
+        self.oom_splits += 1
+        n = engine.settings.n
+        rest = [i for i in order if any((requests[i].id, k if n > 1 else None) not in given for k in range(n))]
+        per_batch = max(1, width // n // 2)
+        for start in range(0, len(rest), per_batch):
+            for indices, rows, timing in self._resilient(requests, rest[start:start + per_batch]):
+                yield indices, [r for r in rows if (r.id, r.sample) not in given], timing
 
     def _prefetch(self, batch) -> Prefetched:
         """The worker's job: decode images and, on a GPU, prepare the whole batch as pinned CPU tensors (on

@@ -1,0 +1,148 @@
+"""Continuous batching: a row whose answer ended takes the next waiting request while the others go on.
+
+A static batch runs until its longest answer ends: GRPO answers spread 10× in length, so most of a
+batch's rows spend most of its steps computing padding. Here the decode state keeps ``width`` rows busy:
+
+- **admit**: when the policy says so, the next requests (most expensive first, as planned) are prepared
+  and prefilled (in groups within the prefill token budget), their caches copied into free rows
+  (:meth:`~vlmfast.engines.hf.decode.DecodeState.admit`); n answers of a request share one prefill;
+- **step**: one token for every row (the static shapes of CUDA graphs and compiled steps never change:
+  admission happens between steps, outside them);
+- **harvest**: every ``sync_every`` steps, rows whose answer ended hand it back and are free again; each
+  answer becomes a result row at once (the runner writes it, flushed, before the next step).
+
+Every row is independent (its own length, positions, count and sampling key, which draws by (seed, id,
+sample, step)), so an answer's tokens do not depend on when it was admitted or who shares the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from vlmfast.engines.rows import BatchTiming, SampleResult, error_row
+from vlmfast.inputs.requests import Request
+from vlmfast.timing import StepTimes, now
+
+
+@dataclass(frozen=True)
+class AdmitPolicy:
+    """When free rows take waiting requests. An admission stalls every live row for the newcomers'
+    prefill, so a GPU (whose step costs about the same for 8 rows or 32) waits until ``min_free`` of the
+    rows are free and prefills them together; a CPU computes only live rows, so a free row costs nothing
+    but its place in the step and is filled as soon as it frees (measured: benchmarks/bench_lengths.py)."""
+
+    min_free: float  # share of the rows that must be free (0: a request's n rows are enough)
+    name: str
+
+    @classmethod
+    def for_device(cls, on_cuda: bool) -> AdmitPolicy:
+        return cls(0.25, "admit once a quarter of the rows are free") if on_cuda else cls(0.0, "admit as soon as a row is free")
+
+    def due(self, free: int, width: int, live: int, waiting: int, n: int) -> bool:
+        if not waiting or free < n:
+            return False
+        return live == 0 or free >= max(n, math.ceil(self.min_free * width))
+
+
+@dataclass
+class Held:
+    """A request whose answers are being decoded: what its result rows need, and how many are still out."""
+
+    request: Request
+    prepared: object
+    out: int
+
+
+def stream(engine, requests: Sequence[Request], width: int, length: int,
+           policy: AdmitPolicy | None = None) -> Iterator[tuple[list[SampleResult], BatchTiming | None]]:
+    """Every answer of ``requests`` through ``width`` decode rows of a ``length``-position cache: yields
+    (result rows, None) as answers end, (error rows, None) for requests whose images fail, a timing per
+    admission (its preparation and prefill) and, last, the decode loop's timing (its steps, row-steps
+    and device read-backs). ``length`` grows by itself when a prompt turns out longer than planned."""
+    import torch
+
+    s, n = engine.settings, engine.settings.n
+    policy = policy or AdmitPolicy.for_device(engine.on_cuda)
+    waiting = deque(requests)
+    held: dict[str, Held] = {}
+    state = engine.continuous_state(width, length)
+    clock = StepTimes(engine.device) if engine.record_steps else None
+    decode_s = admitted = syncs = 0
+    t_last = None
+    with torch.inference_mode():
+        while waiting or state.live():
+            if state.t % engine.sync_every == 0 or not state.live():
+                syncs += 1
+                yield _finished(engine, state.harvest(), held), None
+                state.pack()
+                free = state.free_rows()
+                if policy.due(len(free), width, state.live(), len(waiting), n):
+                    if t_last is not None:
+                        decode_s += now(engine.device) - t_last
+                    take = [waiting.popleft() for _ in range(min(len(waiting), len(free) // n))]
+                    errors, timing, state = _admit(engine, state, take, held)
+                    admitted += timing.size if timing else 0
+                    yield errors, timing
+                    t_last = now(engine.device)
+                    continue  # the newcomers' first tokens may already have ended them
+                if not state.live():
+                    continue  # the last answers just ended: nothing left to step
+            if t_last is None:
+                t_last = now(engine.device)
+            if clock is not None:
+                clock()
+            state.step()
+            if clock is not None:
+                clock()
+    if t_last is not None:
+        decode_s += now(engine.device) - t_last
+    marks = clock.times() if clock is not None else []
+    yield [], BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0, decode_s=decode_s, steps=state.t + 1, new_tokens=0,
+                          step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
+                          row_steps=state.row_steps + admitted * n)
+    engine.admissions = (f"continuous batching: {admitted} request(s) admitted into {state.batch} decode rows as "
+                         f"rows freed ({policy.name}); {state.t} decode steps")
+
+
+def _admit(engine, state, take: list[Request], held: dict[str, Held]):
+    """Prepare and prefill ``take`` and copy its caches into free rows; returns error rows of requests
+    whose images failed, the admission's timing, and the state (a bigger one when a prompt did not fit)."""
+    n = engine.settings.n
+    t0 = now(engine.device)
+    prepared = engine.prepare(take)
+    t1 = now(engine.device)
+    errors = [error_row(r.id, r, prepared.failed[r.id]) for r in take if r.id in prepared.failed]
+    if not prepared.requests:
+        return errors, None, state
+    prefilled = engine.prefill(prepared)
+    t2 = now(engine.device)
+    widest = max(g.key_valid.shape[1] for g in prefilled.groups)
+    if widest + engine.settings.max_new_tokens > state.max_len:
+        state = engine.continuous_state(state.batch, widest + engine.settings.max_new_tokens, carry=state)
+    free = state.free_rows()
+    for g, group in zip(prepared.groups, prefilled.groups):
+        owners = [(r.id, k) for r in prepared.requests[g.start:g.end] for k in range(n)]
+        state.admit(group, free[:group.rows], owners)
+        free = free[group.rows:]
+    prepared.groups = []  # the inputs are in the cache now: only counts and sizes stay for the result rows
+    for r in prepared.requests:
+        held[r.id] = Held(r, prepared, n)
+    timing = BatchTiming(size=len(prepared.requests), preprocess_s=t1 - t0, ttft_s=t2 - t1, decode_s=0.0, steps=0,
+                         new_tokens=0, preprocess_exposed_s=t1 - t0, vision_s=prefilled.vision_s)
+    return errors, timing, state
+
+
+def _finished(engine, answers, held: dict[str, Held]) -> list[SampleResult]:
+    """Result rows of answers that ended; a request is let go when its last answer is in."""
+    n = engine.settings.n
+    rows = []
+    for (rid, sample), tokens in answers:
+        h = held[rid]
+        rows.append(engine.result(h.request, h.prepared, tokens, sample if n > 1 else None))
+        h.out -= 1
+        if not h.out:
+            del held[rid]
+    return rows

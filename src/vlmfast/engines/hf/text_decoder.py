@@ -1,0 +1,117 @@
+"""The language model of a Qwen-VL model called layer by layer for new tokens, and the attention a
+decode step uses: :class:`TextDecoder`, :func:`decode_attention`, the prompt's rotary positions and the
+bias that keeps placeholder tokens out of answers."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+from transformers import AttentionInterface
+
+from vlmfast.engines.hf.fused import Fused, decode_weights, fuse_projections, packing_plan
+from vlmfast.engines.hf.kv import StaticKV
+from vlmfast.engines.hf.linear_states import check_cache_api, linear_modules
+
+
+class TextDecoder:
+    """The language model of a Qwen-VL model (Qwen2-VL to Qwen3.5) called layer by layer for new
+    tokens: embedding, 3-D rotary positions, the decoder layers with a caller-made mask, final norm, LM
+    head. Qwen3.5's linear-attention layers get no mask (a new token is never padding) and keep their
+    states in the cache's linear half."""
+
+    def __init__(self, model):
+        text = model.model.language_model
+        self.embed, self.rotary, self.layers, self.norm = text.embed_tokens, text.rotary_emb, text.layers, text.norm
+        self.lm_head = model.lm_head
+        config = model.config.get_text_config()
+        self.linear = linear_modules(self.layers)
+        if self.linear:
+            check_cache_api()
+        # Q/K/V and gate/up as one product each in decode steps; on a CPU, every product on a packed weight
+        self.packed, self.pack_note = packing_plan(decode_weights(self.layers, self.lm_head))
+        self.fused = fuse_projections(self.layers, pack=self.packed)
+        self.head = Fused([self.lm_head], pack=True) if self.packed else None  # the module stays: ties hold
+        if self.head is not None:
+            self.fused.append(self.head)
+        # transformers 5.24 renamed the layers' ``past_key_values`` argument ``cache`` (the old name still
+        # works through a shim that warns at every call): pass the name this version's layers take
+        self.cache_arg = "cache" if "cache" in inspect.signature(self.layers[0].forward).parameters else "past_key_values"
+        attention = next(layer.self_attn for layer in self.layers if hasattr(layer, "self_attn"))
+        self.attention_config = attention.config  # what the attention modules read per call
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.vocab = config.vocab_size
+
+    def new_cache(self, batch: int, max_len: int) -> StaticKV:
+        weight = self.lm_head.weight
+        return StaticKV(len(self.layers), batch, self.kv_heads, max_len, self.head_dim, weight.dtype, weight.device,
+                        linear=self.linear)
+
+    def __call__(self, tokens, positions, mask, cache: StaticKV):
+        """Logits (batch, vocab, float32) of the next token after ``tokens`` (batch, 1) at ``positions``
+        (3, batch, 1); ``mask`` (batch, 1, 1, keys) bool or None (no padding: every key is seen)."""
+        hidden = self.embed(tokens)
+        rotary = self.rotary(hidden, positions)
+        for i, layer in enumerate(self.layers):
+            out = layer(hidden, attention_mask=None if i in self.linear else mask, position_embeddings=rotary,
+                        use_cache=True, **{self.cache_arg: cache})
+            hidden = out[0] if isinstance(out, tuple) else out  # 4.57 layers return a tuple
+        last = self.norm(hidden)[:, -1, :]
+        head = self.head
+        return (head.part(last, 0) if head is not None and head.active else self.lm_head(last)).float()
+
+
+DECODE_ATTENTION = "vlmfast_decode"
+
+
+def decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """Attention for new tokens against the cache, as an attention function of transformers'.
+
+    With grouped-query attention the queries that share a key/value head are packed into one
+    sequence per kv head (what transformers 5.x does for one query token), so keys and values are
+    read in place: transformers 4.57 copies them once per query head (``repeat_kv``) at every step,
+    which measured a third of a decode step on a CPU. Returns (batch, new tokens, heads, head dim)."""
+    batch, heads, q_len, dim = query.shape
+    groups = heads // key.shape[1]
+    if groups > 1 and q_len == 1:
+        query = query.reshape(batch, key.shape[1], groups, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=0.0, scale=scaling, is_causal=False)
+    return out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+
+
+@contextlib.contextmanager
+def decode_attention_for(decoder: TextDecoder):
+    """Decode attention runs through :func:`decode_attention` whatever the model was loaded with:
+    flash-attn's padded path unpads with a host sync and takes a 2-D mask; eager attention wants an
+    additive mask. Switched outside any compiled region: it sets a config attribute."""
+    config = decoder.attention_config
+    loaded_with = config._attn_implementation
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = loaded_with
+
+
+def rope_positions(model, inputs):
+    """Qwen2.5-VL's 3-D rotary positions of the prompt (3, batch, length), from the model's own
+    ``get_rope_index`` (its signature differs across transformers versions)."""
+    accepted = inspect.signature(model.model.get_rope_index).parameters
+    extra = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "attention_mask", "mm_token_type_ids",
+                                    "second_per_grid_ts") if k in accepted and k in inputs}
+    positions, _ = model.model.get_rope_index(inputs["input_ids"], **extra)
+    return positions
+
+
+def suppress_bias(vocab: int, token_ids, device) -> torch.Tensor:
+    """Added to the logits: -inf on tokens never to emit (vision placeholders), 0 elsewhere."""
+    bias = torch.zeros(vocab, device=device)
+    if token_ids:
+        bias[list(token_ids)] = float("-inf")
+    return bias

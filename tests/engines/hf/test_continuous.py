@@ -1,0 +1,132 @@
+"""Continuous batching: a row whose answer ended takes the next request while the others go on — and no
+answer's tokens depend on when it was admitted or who shared the rows with it."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from conftest import generate_tokens, model_inputs
+
+from vlmfast.engines.hf.continuous import AdmitPolicy, stream
+from vlmfast.engines.hf.engine import Engine
+from vlmfast.engines.hf.scheduler import Scheduler
+from vlmfast.engines.rows import GenerationSettings
+from vlmfast.inputs.requests import Request
+
+PROMPT = "What shapes are in this image? Answer briefly."
+
+
+def _requests(images, k=None):
+    return [Request(f"{i}-{p.name}", (str(p),), PROMPT) for i, p in enumerate(images[:k] if k else images)]
+
+
+def run_stream(engine, requests, width, length=None, policy=None):
+    """Every answer by (id, sample), every admission's size, and the order answers and admissions came in."""
+    length = length or max(engine.cost(r) for r in requests) + 64 + engine.settings.max_new_tokens
+    rows, admissions, events, last = {}, [], [], None
+    for out, timing in stream(engine, requests, width, length, policy):
+        for r in out:
+            rows[(r.id, r.sample)] = r
+            events.append("answer")
+        if timing is not None and timing.size:
+            admissions.append(timing.size)
+            events.append("admit")
+        elif timing is not None:
+            last = timing
+    return rows, admissions, events, last
+
+
+def static_rows(engine, requests, batch_size):
+    return {(r.id, r.sample): r for _, rs, _ in Scheduler(engine).run(requests, {}, batch_size) for r in rs}
+
+
+def ending_apart(loaded, requests, max_new):
+    """An EOS list under which the answers end at several different steps (none at the first): taken from
+    tokens the rows really produce."""
+    tokens = [r.token_ids for r in static_rows(Engine(loaded, GenerationSettings(max_new_tokens=max_new, ignore_eos=True)),
+                                               requests, len(requests)).values()]
+    for stop in itertools.chain(itertools.combinations(sorted({t for row in tokens for t in row[1:]}), 2)):
+        ends = [next((i for i, t in enumerate(row) if t in stop), None) for row in tokens]
+        if sum(e is not None and e > 0 for e in ends) >= len(tokens) - 1 and len(set(ends)) >= 4:
+            return dataclasses.replace(loaded, eos_token_ids=list(stop))
+    raise AssertionError("no token pair ends the rows at different steps")
+
+
+@pytest.fixture(scope="module")
+def spread(loaded, images):
+    """The tiny checkpoint with an EOS list that ends its six answers at different steps."""
+    return ending_apart(loaded, _requests(images), 24)
+
+
+def test_greedy_answers_admitted_into_freed_rows_are_each_requests_alone(spread, images):
+    """Two rows for six requests: four are admitted into rows another answer just left, while the other
+    row is mid-answer; each answer is the tokens plain generate gives that request alone, and the
+    tokens of one static batch of all six."""
+    reqs = _requests(images)
+    engine = Engine(spread, GenerationSettings(max_new_tokens=24), sync_every=1)
+    rows, admissions, events, last = run_stream(engine, reqs, 2)
+    assert sum(admissions) == 6 and len(admissions) >= 4  # one or two at a time, as rows freed
+    assert events.index("answer") < len(events) - 1 - events[::-1].index("admit")  # admitted after an answer ended
+    whole = static_rows(Engine(spread, GenerationSettings(max_new_tokens=24)), reqs, 6)
+    lengths = set()
+    for r in reqs:
+        alone = generate_tokens(spread, model_inputs(engine, [r]), 24, spread.eos_token_ids)[0]
+        assert rows[(r.id, None)].token_ids == alone == whole[(r.id, None)].token_ids, r.id
+        lengths.add(rows[(r.id, None)].n_new_tokens)
+    assert len(lengths) >= 3  # the answers really ended apart
+    useful = sum(r.n_new_tokens for r in rows.values())
+    assert last.row_steps >= useful and last.steps > 1  # the loop's row-steps hold every answer token
+
+
+def test_an_eager_loop_computes_only_rows_that_run(spread, images):
+    """Rows that ended are not computed: with nothing left to admit, the live rows move to the front
+    and a step computes just them, so every row-step made an answer token (one check per step)."""
+    reqs = _requests(images)
+    rows, _, _, last = run_stream(Engine(spread, GenerationSettings(max_new_tokens=24), sync_every=1), reqs, 6)
+    assert last.row_steps == sum(r.n_new_tokens for r in rows.values())
+    static = Engine(spread, GenerationSettings(max_new_tokens=24), compile=True, compiler=lambda fn: fn)
+    _, _, _, every_row = run_stream(static, reqs, 6)  # a static shape computes all of its rows
+    assert every_row.row_steps > last.row_steps
+
+
+def test_static_shapes_admit_into_freed_rows_with_the_eager_tokens(spread, images):
+    """The path CUDA graphs and compiled steps take (all rows, device-side indices, additive mask),
+    uncompiled here: rows freed and refilled mid-run give the eager loop's tokens."""
+    reqs = _requests(images)
+    settings = GenerationSettings(max_new_tokens=24)
+    eager, _, _, _ = run_stream(Engine(spread, settings, sync_every=1), reqs, 2)
+    static = Engine(spread, settings, compile=True, compiler=lambda fn: fn, sync_every=3)
+    rows, admissions, _, _ = run_stream(static, reqs, 2)
+    assert len(admissions) >= 3
+    assert {k: v.token_ids for k, v in rows.items()} == {k: v.token_ids for k, v in eager.items()}
+
+
+def test_sampled_answers_do_not_depend_on_width_order_or_admission(loaded, images):
+    """--n 2, sampled: each of a request's answers leaves on its own; the same (seed, id, sample) gives
+    the same answer in 2, 3 or 8 rows, admitted in another order, or in one static batch."""
+    reqs = _requests(images)
+    settings = GenerationSettings(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=11, n=2)
+    engine = Engine(ending_apart(loaded, reqs, 16), settings, sync_every=1)
+    runs = [run_stream(engine, order, width)[0] for order, width in ((reqs, 2), (reqs[::-1], 3), (reqs, 8))]
+    runs.append(static_rows(engine, reqs, 6))
+    tokens = [{k: v.token_ids for k, v in run.items()} for run in runs]
+    assert all(t == tokens[0] for t in tokens[1:])
+    assert sorted(tokens[0]) == sorted((r.id, k) for r in reqs for k in range(2))
+    assert len({len(t) for t in tokens[0].values()}) >= 2  # answers of spread lengths
+
+
+def test_a_prompt_longer_than_planned_moves_the_run_to_a_longer_cache(spread, images):
+    reqs = _requests(images)
+    engine = Engine(spread, GenerationSettings(max_new_tokens=24), sync_every=1)
+    planned, _, _, _ = run_stream(engine, reqs, 2)
+    short, _, _, _ = run_stream(engine, reqs, 2, length=30)  # shorter than any prompt
+    assert {k: v.token_ids for k, v in short.items()} == {k: v.token_ids for k, v in planned.items()}
+
+
+def test_a_gpu_policy_waits_for_a_quarter_of_the_rows():
+    gpu, cpu = AdmitPolicy.for_device(True), AdmitPolicy.for_device(False)
+    assert not gpu.due(free=1, width=8, live=7, waiting=5, n=1) and gpu.due(free=2, width=8, live=6, waiting=5, n=1)
+    assert cpu.due(free=1, width=8, live=7, waiting=5, n=1)
+    assert not cpu.due(free=1, width=8, live=7, waiting=5, n=2)  # a request's n answers come in together
+    assert gpu.due(free=1, width=8, live=0, waiting=1, n=1) and not cpu.due(free=8, width=8, live=0, waiting=0, n=1)
