@@ -105,8 +105,21 @@ def run_lines(runs: list[tuple[dict, dict]]) -> list[str]:
     return lines
 
 
+def length_lines(mixes: dict[str, dict]) -> list[str]:
+    """gpu.sh's real-length steps (benchmarks/bench_lengths.py --json): static batches vs continuous batching."""
+    lines = ["", "Answers of real lengths (8 images × 8 sampled answers up to 512 tokens, 32 decode rows; "
+             "benchmarks/bench_lengths.py):", "",
+             "| checkpoint | static batches tokens/s | continuous tokens/s | continuous ÷ static |", "|---|---|---|---|"]
+    for name, mix in sorted(mixes.items()):
+        rate = mix["useful_tokens_per_s"]
+        static, continuous = rate.get("static batches"), rate.get("continuous")
+        ratio = f"{continuous / static:.2f}×" if static and continuous else "–"
+        lines.append(f"| {name} | {static or 0:,.0f} | {continuous or 0:,.0f} | {ratio} |")
+    return lines
+
+
 def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None,
-          runs: list[tuple[dict, dict]] = ()) -> str:
+          runs: list[tuple[dict, dict]] = (), mixes: dict[str, dict] | None = None) -> str:
     everything = benches + [r for pair in infers.values() for r in pair]
     stacks = sorted({f"transformers {v['transformers']}, torch {v['torch']}" for r in everything if (v := r.get("versions"))})
     gpu = f"{device['gpu']} (CUDA {device['cuda']})" if device else "GPU"
@@ -133,7 +146,9 @@ def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dic
         lines += vision_lines(vision)
     if runs:
         lines += run_lines(runs)
-    if not benches and not infers and not vision and not runs:
+    if mixes:
+        lines += length_lines(mixes)
+    if not benches and not infers and not vision and not runs and not mixes:
         lines.append("No finished report yet.")
     return "\n".join(lines) + "\n"
 
@@ -147,8 +162,10 @@ def main() -> None:
     device_file, vision_file = args.out_dir / "device.json", args.out_dir / "reports" / "vision.json"
     runs = [(_read(w), _read(w.parent / "sweep.json")) for w in sorted(args.out_dir.glob("reports/run-*/wall.json"))
             if (w.parent / "sweep.json").exists()]
+    mixes = {p.name.removesuffix("-lengths.json"): m for p in sorted(args.out_dir.glob("reports/*-lengths.json"))
+             if (m := _read(p)) is not None}
     text = table(benches, infers, _read(device_file) if device_file.exists() else None,
-                 _read(vision_file) if vision_file.exists() else None, runs)
+                 _read(vision_file) if vision_file.exists() else None, runs, mixes)
     print(text)
     (args.out_dir / "table.md").write_text(text, encoding="utf-8")
     if args.write:

@@ -22,9 +22,7 @@ def _profile(state, steps: int):
     from torch.profiler import ProfilerActivity, profile
 
     def reset():
-        state.offset.zero_()
-        state.cache.index.fill_(state.prompt_len)
-        state.t = 1
+        state.rewind()
 
     reset()
     for _ in range(8):  # warm: the first launches of an uncaptured step load kernels

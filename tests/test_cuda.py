@@ -222,7 +222,7 @@ def test_sampled_graph_steps_never_sync_and_draw_as_the_eager_loop(on_gpu, image
     _run(engine, images[:3])  # captures the shape
     state = next(iter(engine._static.values()))
     with torch.inference_mode():  # the state's buffers are inference tensors, as in the engine's own runs
-        state.offset.zero_()  # step again from column 1 (the run left the offset at its last column)
+        state.rewind()  # step again from each row's first answer token (the run left them at their ends)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:

@@ -130,3 +130,22 @@ def test_a_gpu_policy_waits_for_a_quarter_of_the_rows():
     assert cpu.due(free=1, width=8, live=7, waiting=5, n=1)
     assert not cpu.due(free=1, width=8, live=7, waiting=5, n=2)  # a request's n answers come in together
     assert gpu.due(free=1, width=8, live=0, waiting=1, n=1) and not cpu.due(free=8, width=8, live=0, waiting=0, n=1)
+
+
+def test_a_run_that_decides_to_compile_midway_keeps_every_token(spread, images, monkeypatch, tmp_path):
+    """With no --compile / --no-compile, a continuous run weighs compiling after its first steps; when it
+    pays, the rows in flight move into a compiled (here: static, uncompiled) state and decode on there."""
+    from vlmfast.engines.hf import compile_policy, continuous
+    from vlmfast.engines.hf.compile_policy import CompileCache, Decision
+
+    monkeypatch.setattr(continuous, "DECIDE_AFTER", 4)
+    monkeypatch.setattr(compile_policy, "decide", lambda *a, **k: Decision(True, "compile on: it pays"))
+    reqs = _requests(images)
+    settings = GenerationSettings(max_new_tokens=24)
+    eager, _, _, _ = run_stream(Engine(spread, settings, sync_every=1), reqs, 2)
+    engine = Engine(spread, settings, sync_every=1, compile=None, compiler=lambda fn: fn,
+                    compile_cache=CompileCache({}, root=tmp_path))
+    rows, _, _, _ = run_stream(engine, reqs, 2)
+    assert engine.policy.enabled and "compile on: it pays" in engine.policy.notes
+    assert [state.static for state in engine._static.values()] == [True]
+    assert {k: v.token_ids for k, v in rows.items()} == {k: v.token_ids for k, v in eager.items()}

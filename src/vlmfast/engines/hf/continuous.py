@@ -26,6 +26,8 @@ from vlmfast.engines.rows import BatchTiming, SampleResult, error_row
 from vlmfast.inputs.requests import Request
 from vlmfast.timing import StepTimes, now
 
+DECIDE_AFTER = 32  # decode steps measured before a run whose compile policy is undecided weighs compiling
+
 
 @dataclass(frozen=True)
 class AdmitPolicy:
@@ -68,15 +70,25 @@ def stream(engine, requests: Sequence[Request], width: int, length: int,
     policy = policy or AdmitPolicy.for_device(engine.on_cuda)
     waiting = deque(requests)
     held: dict[str, Held] = {}
-    state = engine.continuous_state(width, length)
+    state = decode_state(engine, width, length)
     clock = StepTimes(engine.device) if engine.record_steps else None
-    decode_s = admitted = syncs = 0
+    decode_s = admitted = syncs = answered = answer_tokens = 0
     t_last = None
     with torch.inference_mode():
         while waiting or state.live():
             if state.t % engine.sync_every == 0 or not state.live():
                 syncs += 1
-                yield _finished(engine, state.harvest(), held), None
+                rows = _finished(engine, state.harvest(), held)
+                answered, answer_tokens = answered + len(rows), answer_tokens + sum(r.n_new_tokens for r in rows)
+                yield rows, None
+                if engine.policy.undecided and state.t >= DECIDE_AFTER and t_last is not None:
+                    # what the rest would cost: answers to come × their mean length so far, over the rows
+                    mean = answer_tokens / answered if answered else s.max_new_tokens / 2
+                    remaining = int((len(waiting) * n + state.live()) * mean / state.batch)
+                    step_ms = (decode_s + now(engine.device) - t_last) * 1000 / state.t
+                    if engine.decide_compile_now(step_ms, remaining):
+                        state = decode_state(engine, state.batch, state.max_len, carry=state)
+                        t_last = now(engine.device)  # the compile is not decoding
                 state.pack()
                 free = state.free_rows()
                 if policy.due(len(free), width, state.live(), len(waiting), n):
@@ -99,12 +111,34 @@ def stream(engine, requests: Sequence[Request], width: int, length: int,
                 clock()
     if t_last is not None:
         decode_s += now(engine.device) - t_last
+    if state.t > 1:
+        engine.policy.observe(engine.shape_key(engine.last_shape), decode_s * 1000 / state.t)
     marks = clock.times() if clock is not None else []
     yield [], BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0, decode_s=decode_s, steps=state.t + 1, new_tokens=0,
                           step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
                           row_steps=state.row_steps + admitted * n)
     engine.admissions = (f"continuous batching: {admitted} request(s) admitted into {state.batch} decode rows as "
                          f"rows freed ({policy.name}); {state.t} decode steps")
+
+
+def decode_state(engine, width: int, length: int, carry=None):
+    """The decode state a continuous run steps: ``width`` rows of a cache of ``length`` positions or more,
+    eager or static as the engine's batches are (a static shape is built once and kept), every row free —
+    or holding the rows of ``carry``, a state the run outgrew (a longer prompt, a compiled step)."""
+    import torch
+
+    from vlmfast.engines.hf.decode import batch_bucket, length_bucket
+
+    engine.last_shape = (batch_bucket(width) if engine.cuda_graphs else width, length_bucket(length))
+    with torch.inference_mode():
+        static = engine.cuda_graphs or engine.policy.enabled
+        state = engine._static_state() if static else engine._new_state(width, engine.last_shape[1], static=False)
+        state.reset()
+        if carry is not None and carry is not state:
+            state.take(carry)
+            if all(carry is not kept for kept in engine._static.values()):
+                carry.release()  # its memory now, not at the next garbage collection
+    return state
 
 
 def _admit(engine, state, take: list[Request], held: dict[str, Held]):
@@ -121,7 +155,7 @@ def _admit(engine, state, take: list[Request], held: dict[str, Held]):
     t2 = now(engine.device)
     widest = max(g.key_valid.shape[1] for g in prefilled.groups)
     if widest + engine.settings.max_new_tokens > state.max_len:
-        state = engine.continuous_state(state.batch, widest + engine.settings.max_new_tokens, carry=state)
+        state = decode_state(engine, state.batch, widest + engine.settings.max_new_tokens, carry=state)
     free = state.free_rows()
     for g, group in zip(prepared.groups, prefilled.groups):
         owners = [(r.id, k) for r in prepared.requests[g.start:g.end] for k in range(n)]

@@ -200,10 +200,12 @@ class DecodeState:
         self.owner[src] = None
 
     def rewind(self) -> None:
-        """Step again from each held row's first answer token (profiling and tests re-run the same steps)."""
+        """Every row that ever held an answer holds it again from its first answer token (profiling and
+        tests step the same steps again after a run)."""
         for r in range(self.batch):
-            if self.owner[r] is not None:
+            if self.width[r]:
                 self.cache.write[r], self.count[r], self.running[r] = self.width[r], 1, True
+                self.owner[r] = self.owner[r] if self.owner[r] is not None else r
                 self.filled[r], self.produced[r] = self.width[r], 1
         self.t = 1
 

@@ -263,6 +263,7 @@ class Engine(Preparer, PlainGenerate):
         with torch.inference_mode():
             static = self.cuda_graphs or self.policy.enabled
             state = self._static_state() if static else self._new_state(rows, self.last_shape[1], static=False)
+            state.reset()
             start = 0
             for g in prefilled.groups:
                 state.admit(g, list(range(start, start + g.rows)), list(range(start, start + g.rows)))
@@ -273,23 +274,6 @@ class Engine(Preparer, PlainGenerate):
             if clock is not None:
                 steps_at.extend(clock.times())
             return decoded
-
-    def continuous_state(self, width: int, length: int, carry=None):
-        """The decode state a continuous run steps (:mod:`vlmfast.engines.hf.continuous`): ``width`` rows of
-        a cache of ``length`` positions or more, eager or static as for batches, every row free — or
-        holding the rows of ``carry``, a state the run outgrew (a longer prompt, a compiled step)."""
-        import torch
-
-        from vlmfast.engines.hf.decode import batch_bucket, length_bucket
-
-        self.last_shape = (batch_bucket(width) if self.cuda_graphs else width, length_bucket(length))
-        with torch.inference_mode():
-            static = self.cuda_graphs or self.policy.enabled
-            state = self._static_state() if static else self._new_state(width, self.last_shape[1], static=False)
-            state.reset()
-            if carry is not None and carry is not state:
-                state.take(carry)
-        return state
 
     def _new_state(self, rows: int, length: int, *, static: bool, forward=None):
         from vlmfast.engines.hf.decode import DecodeState, forward_static
@@ -332,6 +316,17 @@ class Engine(Preparer, PlainGenerate):
         if self.policy.decide([self.shape_key(s) for s in shapes], step_ms=step_ms,
                               remaining_steps=len(later) * first.steps):
             self.forget_shapes()  # later batches build compiled decode steps
+
+    def decide_compile_now(self, step_ms: float, remaining_steps: int) -> bool:
+        """Mid-way through a continuous run, when nobody said ``--compile`` / ``--no-compile``: whether the
+        steps still to come repay compiling this run's decode shape. When they do, the shapes built so far
+        are let go (the caller's state moves into a compiled one with :meth:`continuous_state`)."""
+        if not self.policy.undecided or self.last_shape is None:
+            return False
+        if not self.policy.decide([self.shape_key(self.last_shape)], step_ms=step_ms, remaining_steps=remaining_steps):
+            return False
+        self._static.clear()  # not released: the running state's rows move out of it first
+        return True
 
     def planned_shapes(self, requests: Sequence[Request], image_sizes: dict, planned: list[list[int]]) -> list[tuple[int, int]]:
         """The static decode shape (batch, cache length) each planned batch will likely take (prompt lengths

@@ -1,0 +1,146 @@
+"""Answers of real lengths: static batches against continuous batching, and vLLM on the same workload.
+
+Forced-length figures (``--ignore-eos``) make every answer as long as the longest; GRPO answers spread
+10× in length. Workload: the demo GRPO-like checkpoint, 8 images × ``--n 8`` sampled answers (64 answers,
+temperature 1.0, seed 0), ``--max-new-tokens 512``: its random weights end answers anywhere from a few
+tokens to the limit (mean about half of it, some truncated), as the sweep's health table shows for real
+runs. 32 decode rows for vlmfast, in both modes (the CPU default batch size). Figures per mode: useful
+(answer) tokens per second of wall time, decode row utilization (answer tokens ÷ rows computed, summed
+over steps), the answers' length spread. Each mode alone on the machine, one warm-up, median of --runs;
+vLLM last (started once, before its clock), when it is importable (run this in .venv-vllm for it).
+  .venv/bin/python benchmarks/bench_lengths.py --write
+  .venv-vllm/bin/python benchmarks/bench_lengths.py --write --key lengths-vllm
+On a GPU, the real shapes (``--preset 3b --device cuda --dtype bfloat16``; benchmarks/gpu.sh runs it): a
+random 151k-token vocabulary almost never samples an EOS, so there every (max-new-tokens ÷ 2)-th token id
+also ends an answer, which makes lengths spread about as the demo checkpoint's do (mean near half the limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench_infer import record, run_interleaved
+
+PROMPT = "What shapes are in this image? Think, then answer."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--preset", default="demo", help="demo | 3b | 7b (a checkpoint of that shape is built)")
+    parser.add_argument("--ckpt", help="an existing checkpoint of --preset's shape instead of building one")
+    parser.add_argument("--images", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--json", help="also write the figures as JSON here")
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--key", default="lengths")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import torch
+    import transformers
+
+    from vlmfast.checkpoints.load import load
+    from vlmfast.checkpoints.tiny import build_checkpoint, make_images
+    from vlmfast.cli.demo import DEMO_IMAGE_SIZES
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.engines.hf.scheduler import Scheduler
+    from vlmfast.inputs.requests import collect
+
+    work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-lengths-"))
+    ckpt = args.ckpt or str(build_checkpoint(work / f"grpo-{args.preset}", preset=args.preset, like="grpo"))
+    images = [str(p) for p in make_images(work / "images", n=args.images, sizes=DEMO_IMAGE_SIZES)]
+    requests = collect(images=images, prompt=PROMPT).requests
+    settings = GenerationSettings(max_new_tokens=args.new_tokens, temperature=1.0, seed=0, n=args.n)
+    loaded = load(ckpt, device=args.device, dtype=args.dtype)
+    if args.preset != "demo":
+        import dataclasses
+
+        vocab = loaded.model.config.get_text_config().vocab_size
+        stops = range(0, vocab, max(1, args.new_tokens // 2))
+        loaded = dataclasses.replace(loaded, eos_token_ids=sorted({*loaded.eos_token_ids, *stops}))
+    engine = Engine(loaded, settings)
+    scheduler = Scheduler(engine)
+    order = list(range(len(requests)))
+    last: dict[str, tuple[list, list]] = {}
+
+    def run(name, items) -> float:
+        start = time.perf_counter()
+        rows, timings = [], []
+        for _, rs, timing in items():
+            rows += rs
+            timings += [timing] if timing is not None else []
+        last[name] = (rows, timings)
+        return time.perf_counter() - start
+
+    scenarios = {
+        "static batches": lambda: run("static batches", lambda: scheduler.run(requests, {}, args.rows // args.n)),
+        "continuous": lambda: run("continuous", lambda: scheduler.continuous(requests, {}, order, args.rows)),
+    }
+    times = {}
+    for name, fn in scenarios.items():  # each alone: its own warm-up and runs
+        times |= run_interleaved({name: fn}, args.runs)
+    vllm_version = None
+    if not args.no_vllm and args.preset == "demo":
+        try:
+            from vlmfast.engines.vllm.backend import VllmBackend
+        except ImportError:
+            VllmBackend = None
+        if VllmBackend is not None:
+            vllm = VllmBackend(ckpt, settings)
+            startup = vllm.start(requests)
+            vllm_version = vllm.vllm_version
+            try:
+                times |= run_interleaved({"vLLM-CPU": lambda: run("vLLM-CPU", lambda: vllm.run(requests, {}, args.rows))},
+                                         args.runs)
+            finally:
+                vllm.close()
+    lines = [
+        f"### Answers of real lengths — transformers {transformers.__version__}, torch {torch.__version__}"
+        + (f", vLLM {vllm_version}" if vllm_version else ""),
+        "",
+        f"{args.preset} GRPO-like checkpoint on {engine.device}, {args.images} images × --n {args.n} sampled answers (temperature 1.0, seed 0), "
+        f"--max-new-tokens {args.new_tokens}, {args.rows} decode rows, float32, {torch.get_num_threads()} threads"
+        + (f"; vLLM eager, started once before its clock ({startup:.1f} s)" if vllm_version else "")
+        + f". Each engine alone, 1 warm-up + median of {args.runs} runs (s: "
+        + "; ".join(f"{n} " + ", ".join(f"{t:.2f}" for t in ts) for n, ts in times.items()) + ").",
+        "",
+        "| mode | answers | length p10 / p50 / p90 / max | at the limit | useful tokens/s | decode row utilization |",
+        "|---|---|---|---|---|---|",
+    ]
+    rate = {}
+    for name, (rows, timings) in last.items():
+        lengths = sorted(r.n_new_tokens for r in rows if r.error is None)
+        useful = sum(lengths)
+        rate[name] = useful / statistics.median(times[name])
+        row_steps = sum(t.row_steps for t in timings)
+        pct = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
+        lines.append(f"| {name} | {len(lengths)} | {pct(0.1)} / {pct(0.5)} / {pct(0.9)} / {lengths[-1]} | "
+                     f"{sum(n >= args.new_tokens for n in lengths)} | {rate[name]:,.0f} | "
+                     + (f"{useful / row_steps:.0%} ({useful:,} of {row_steps:,} row-steps) |" if row_steps else "– |"))
+    lines += ["", f"Continuous ÷ static batches: **{rate['continuous'] / rate['static batches']:.2f}×** useful tokens/s"
+              + (f"; continuous ÷ vLLM-CPU: **{rate['continuous'] / rate['vLLM-CPU']:.2f}×**" if "vLLM-CPU" in rate else "")
+              + ".", ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({"preset": args.preset, "device": engine.device, "useful_tokens_per_s": rate,
+                                               "seconds": times}, indent=1))
+    if args.write:
+        record(text, args.key)
+
+
+if __name__ == "__main__":
+    main()
