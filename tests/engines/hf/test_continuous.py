@@ -149,3 +149,13 @@ def test_a_run_that_decides_to_compile_midway_keeps_every_token(spread, images, 
     assert engine.policy.enabled and "compile on: it pays" in engine.policy.notes
     assert [state.static for state in engine._static.values()] == [True]
     assert {k: v.token_ids for k, v in rows.items()} == {k: v.token_ids for k, v in eager.items()}
+
+
+def test_images_decoded_ahead_by_a_worker_give_the_same_answers(spread, images):
+    """--overlap (on by default on CUDA): a worker decodes the next requests' images while rows decode."""
+    reqs = _requests(images)
+    engine = Engine(spread, GenerationSettings(max_new_tokens=24), sync_every=1)
+    plain, _, _, _ = run_stream(engine, reqs, 2)
+    length = max(engine.cost(r) for r in reqs) + 64 + 24
+    ahead = {(r.id, r.sample): r.token_ids for out, _ in stream(engine, reqs, 2, length, overlap=True) for r in out}
+    assert ahead == {k: v.token_ids for k, v in plain.items()}

@@ -18,6 +18,7 @@ sample, step)), so an answer's tokens do not depend on when it was admitted or w
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,45 @@ class AdmitPolicy:
         return live == 0 or free >= max(n, math.ceil(self.min_free * width))
 
 
+class Ahead:
+    """The images of the requests next in line, decoded by a worker thread while the rows decode, so an
+    admission finds them ready (on CUDA; on a CPU the worker would take the cores decode runs on). The
+    worker never touches the GPU: the main thread may be capturing a CUDA graph meanwhile."""
+
+    def __init__(self, engine, waiting: deque, depth: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.engine, self.waiting, self.depth = engine, waiting, depth
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmfast-prefetch")
+        self.pending: dict[str, object] = {}
+
+    def refill(self) -> None:
+        for r in list(self.waiting)[:self.depth]:
+            if r.id not in self.pending:
+                self.pending[r.id] = self.pool.submit(self._load, r)
+
+    def _load(self, request: Request):
+        start = time.perf_counter()
+        images, failed = self.engine.load_images([request])
+        return images, failed, time.perf_counter() - start
+
+    def take(self, batch: list[Request]):
+        """What the worker made of ``batch`` (waiting for what it has not finished), as a Prefetched."""
+        from vlmfast.engines.hf.engine import Prefetched
+
+        start = time.perf_counter()
+        images, failed, worker_s = {}, {}, 0.0
+        for r in batch:
+            got = self.pending.pop(r.id).result() if r.id in self.pending else (*self.engine.load_images([r]), 0.0)
+            images.update(got[0])
+            failed.update(got[1])
+            worker_s += got[2]
+        return Prefetched(images, failed, worker_s, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 @dataclass
 class Held:
     """A request whose answers are being decoded: what its result rows need, and how many are still out."""
@@ -58,19 +98,31 @@ class Held:
     out: int
 
 
-def stream(engine, requests: Sequence[Request], width: int, length: int,
-           policy: AdmitPolicy | None = None) -> Iterator[tuple[list[SampleResult], BatchTiming | None]]:
+def stream(engine, requests: Sequence[Request], width: int, length: int, policy: AdmitPolicy | None = None,
+           overlap: bool = False) -> Iterator[tuple[list[SampleResult], BatchTiming | None]]:
     """Every answer of ``requests`` through ``width`` decode rows of a ``length``-position cache: yields
     (result rows, None) as answers end, (error rows, None) for requests whose images fail, a timing per
     admission (its preparation and prefill) and, last, the decode loop's timing (its steps, row-steps
-    and device read-backs). ``length`` grows by itself when a prompt turns out longer than planned."""
+    and device read-backs). ``length`` grows by itself when a prompt turns out longer than planned.
+    ``overlap``: the images of the next requests are decoded by a worker meanwhile (:class:`Ahead`)."""
+    policy = policy or AdmitPolicy.for_device(engine.on_cuda)
+    waiting = deque(requests)
+    state = decode_state(engine, width, length)
+    ahead = Ahead(engine, waiting, state.batch) if overlap else None
+    try:
+        if ahead is not None:
+            ahead.refill()
+        yield from _loop(engine, state, waiting, policy, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | None):
     import torch
 
     s, n = engine.settings, engine.settings.n
-    policy = policy or AdmitPolicy.for_device(engine.on_cuda)
-    waiting = deque(requests)
     held: dict[str, Held] = {}
-    state = decode_state(engine, width, length)
     clock = StepTimes(engine.device) if engine.record_steps else None
     decode_s = admitted = syncs = answered = answer_tokens = 0
     t_last = None
@@ -91,11 +143,13 @@ def stream(engine, requests: Sequence[Request], width: int, length: int,
                         t_last = now(engine.device)  # the compile is not decoding
                 state.pack()
                 free = state.free_rows()
-                if policy.due(len(free), width, state.live(), len(waiting), n):
+                if policy.due(len(free), state.batch, state.live(), len(waiting), n):
                     if t_last is not None:
                         decode_s += now(engine.device) - t_last
                     take = [waiting.popleft() for _ in range(min(len(waiting), len(free) // n))]
-                    errors, timing, state = _admit(engine, state, take, held)
+                    errors, timing, state = _admit(engine, state, take, held, ahead.take(take) if ahead else None)
+                    if ahead is not None:
+                        ahead.refill()
                     admitted += timing.size if timing else 0
                     yield errors, timing
                     t_last = now(engine.device)
@@ -141,12 +195,12 @@ def decode_state(engine, width: int, length: int, carry=None):
     return state
 
 
-def _admit(engine, state, take: list[Request], held: dict[str, Held]):
+def _admit(engine, state, take: list[Request], held: dict[str, Held], prefetched=None):
     """Prepare and prefill ``take`` and copy its caches into free rows; returns error rows of requests
     whose images failed, the admission's timing, and the state (a bigger one when a prompt did not fit)."""
     n = engine.settings.n
     t0 = now(engine.device)
-    prepared = engine.prepare(take)
+    prepared = engine.prepare(take, prefetched)
     t1 = now(engine.device)
     errors = [error_row(r.id, r, prepared.failed[r.id]) for r in take if r.id in prepared.failed]
     if not prepared.requests:
@@ -164,8 +218,9 @@ def _admit(engine, state, take: list[Request], held: dict[str, Held]):
     prepared.groups = []  # the inputs are in the cache now: only counts and sizes stay for the result rows
     for r in prepared.requests:
         held[r.id] = Held(r, prepared, n)
-    timing = BatchTiming(size=len(prepared.requests), preprocess_s=t1 - t0, ttft_s=t2 - t1, decode_s=0.0, steps=0,
-                         new_tokens=0, preprocess_exposed_s=t1 - t0, vision_s=prefilled.vision_s)
+    worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
+    timing = BatchTiming(size=len(prepared.requests), preprocess_s=t1 - t0 + worker_s, ttft_s=t2 - t1, decode_s=0.0,
+                         steps=0, new_tokens=0, preprocess_exposed_s=t1 - t0 + waited_s, vision_s=prefilled.vision_s)
     return errors, timing, state
 
 

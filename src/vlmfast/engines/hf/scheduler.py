@@ -83,7 +83,7 @@ class Scheduler:
         given: set[tuple[str, int | None]] = set()
         failed = None
         try:
-            for rows, timing in stream(engine, todo, width, length):
+            for rows, timing in stream(engine, todo, width, length, overlap=self.overlap):
                 given.update((r.id, r.sample) for r in rows)
                 yield [index[r.id] for r in rows], rows, timing
         except Exception as exc:
