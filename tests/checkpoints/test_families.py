@@ -173,13 +173,13 @@ def test_loop_gives_generate_tokens_batch_1_and_n_rows_ending_apart(key, family_
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
 def test_rows_freed_and_refilled_mid_run_give_each_requests_generate_tokens(key, static, family_loaded, images):
     """Continuous batching in every family (Qwen3.5: linear-attention states copied into freed rows too):
-    four requests through two rows that free at different steps; each answer is plain generate's for
+    three requests through two rows that free at different steps; each answer is plain generate's for
     that request alone."""
     from vlmfast.engines.hf.continuous import stream
     from vlmfast.engines.hf.engine import Engine, GenerationSettings
 
-    loaded, reqs = family_loaded(key), [Request(str(p), (str(p),), PROMPT) for p in images[:4]]
-    free = [r.token_ids for r in _run(Engine(loaded, GenerationSettings(max_new_tokens=12, ignore_eos=True)), reqs, 4)]
+    loaded, reqs = family_loaded(key), [Request(str(p), (str(p),), PROMPT) for p in images[:3]]
+    free = [r.token_ids for r in _run(Engine(loaded, GenerationSettings(max_new_tokens=12, ignore_eos=True)), reqs, 3)]
     eos = _eos_ending_rows_apart(free)
     stopping = dataclasses.replace(loaded, eos_token_ids=eos)
     engine = Engine(stopping, GenerationSettings(max_new_tokens=12), sync_every=1,
@@ -188,7 +188,7 @@ def test_rows_freed_and_refilled_mid_run_give_each_requests_generate_tokens(key,
     for out, timing in stream(engine, reqs, 2, 512):
         rows.update({r.id: r.token_ids for r in out})
         admissions += bool(timing and timing.size)
-    assert admissions >= 2  # the two rows were freed and refilled
+    assert admissions >= 2  # a freed row took the third request
     for r in reqs:
         assert rows[r.id] == generate_tokens(stopping, model_inputs(engine, [r]), 12, eos)[0], r.id
 

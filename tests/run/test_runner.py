@@ -99,11 +99,13 @@ def test_n_sampled_answers_resume_by_id_and_sample(loaded, grpo_ckpt, images, tm
     rerun = run(tmp_path / "full.jsonl")  # everything done: nothing runs, the file stays as it was
     assert (rerun.samples, rerun.skipped_existing) == (0, 4) and read_jsonl(tmp_path / "full.jsonl") == rows
     out = tmp_path / "r.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))  # request 0 whole, request 1 one answer of 3
+    kept = {**rows[3], "text": "an answer written before the kill"}  # marked: a rerun would not write this text
+    out.write_text("".join(json.dumps(r) + "\n" for r in [*rows[:3], kept]))  # request 0 whole, request 1 one answer of 3
     resumed = run(out)
-    assert resumed.skipped_existing == 1 and resumed.samples == 9
+    assert resumed.skipped_existing == 1 and resumed.samples == 8  # the answer request 1 has is not given twice
     assert [(r["id"], r["sample"]) for r in read_jsonl(out)] == [(p, k) for p in paths for k in range(3)]
-    assert read_jsonl(out)[:3] == rows[:3]  # the finished request's answers are kept, not redone
+    assert read_jsonl(out)[:4] == [*rows[:3], kept]  # answers already written are kept, not redone
+    assert read_jsonl(out)[4:] == rows[4:]  # the seed draws the same answers for the rest
 
 
 def test_greedy_n_says_the_answers_are_identical(loaded, grpo_ckpt, images, tmp_path):

@@ -47,6 +47,7 @@ class Work:
     existing: dict[str, dict]
     skipped: int
     notes: list[str]
+    answered: frozenset[str] = frozenset()  # row keys of answers an earlier run gave to requests still to do
 
 
 class RunFailed(VlmfastError):
@@ -145,7 +146,10 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
     skipped = len(collected.order) - len(todo) - len(bad)
     if skipped:
         notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
-    return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes)
+    # a request that has some of its n answers runs again; the answers it has are kept, not given twice
+    answered = frozenset(row_key(row["id"], row.get("sample")) for row in kept if str(row["id"]) in answers
+                         and str(row["id"]) not in done and row.get("error") is None)
+    return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes, answered)
 
 
 def drop_too_long(backend, work: Work, skip_bad: bool) -> Work:
@@ -178,7 +182,9 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     n = options.generation.n
 
     def emit(rows: list[SampleResult], new_tokens: int) -> None:
-        rows = of_samples(rows, n)
+        rows = [r for r in of_samples(rows, n) if r.key not in work.answered]
+        if not rows:  # a timing alone (continuous batching: an admission): nothing written, no progress
+            return
         score_rows(rows, truths, options, reward)  # a reward function that raises: nothing of the batch is written
         writer.write([r.record() for r in rows], [position[r.id] * n + (r.sample or 0) for r in rows])
         results.extend(rows)
@@ -187,7 +193,7 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
 
     reset_peak_memory(backend.device)
     if progress:
-        progress.start((len(my_todo) + len(my_bad)) * n)
+        progress.start((len(my_todo) + len(my_bad)) * n - len(work.answered))
     start = time.perf_counter()
     failure = None
     with contextlib.closing(backend.batches(my_todo, work.image_sizes, planned)) as stream:

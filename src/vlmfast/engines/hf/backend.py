@@ -16,8 +16,8 @@ class HfBackend:
     """vlmfast's own engine: the model loaded by :func:`vlmfast.checkpoints.load.load`, batches formed by cost
     and run by the scheduler (prefetch, out-of-memory halving), the compile decision after the first batch."""
 
-    def __init__(self, options, loaded, compile_cache=None, notes: Sequence[str] = ()):
-        self.options, self.compile_cache = options, compile_cache
+    def __init__(self, options, loaded, compile_cache=None, notes: Sequence[str] = (), distributed: bool = False):
+        self.options, self.compile_cache, self.distributed = options, compile_cache, distributed
         self._build(loaded)
         self.device = self.engine.device
         # --max-batch-tokens bounds the padded prompt tokens prefilled at once: vlmfast's decoder prefills a
@@ -34,7 +34,7 @@ class HfBackend:
         backend = cls.__new__(cls)
         backend.options, backend.compile_cache, backend.loaded = None, None, engine.loaded
         backend.engine, backend.scheduler = engine, Scheduler(engine)
-        backend.device, backend.batch_token_cap, backend.notes = engine.device, None, []
+        backend.device, backend.batch_token_cap, backend.notes, backend.distributed = engine.device, None, [], False
         return backend
 
     def _build(self, loaded) -> None:
@@ -90,8 +90,10 @@ class HfBackend:
 
     @property
     def continuous(self) -> bool:
+        """Continuous batching runs a process's whole share as one round; a run of several processes keeps
+        static batches, whose boundaries are the collective checks that stop every process together."""
         batching = getattr(self.options, "batching", "continuous") if self.options is not None else "static"
-        return self.engine.decoder_name == "vlmfast" and batching == "continuous"
+        return self.engine.decoder_name == "vlmfast" and batching == "continuous" and not self.distributed
 
     def batches(self, requests, image_sizes, planned):
         if self.continuous:
@@ -186,4 +188,7 @@ def open_hf(options, found, loaded, dist) -> HfBackend:
         threads, why = cpu_threads(options.threads)
         torch.set_num_threads(threads)
         notes.append(f"CPU threads: {threads} ({why})")
-    return HfBackend(options, loaded, compile_cache, notes)
+    if dist.world > 1 and options.decoder == "vlmfast" and getattr(options, "batching", "continuous") == "continuous":
+        notes.append(f"static batches across the {dist.world} processes (each batch boundary is a check that stops "
+                     "every process together); continuous batching runs in one process")
+    return HfBackend(options, loaded, compile_cache, notes, distributed=dist.world > 1)

@@ -85,7 +85,8 @@ class Scheduler:
         try:
             for rows, timing in stream(engine, todo, width, length, overlap=self.overlap):
                 given.update((r.id, r.sample) for r in rows)
-                yield [index[r.id] for r in rows], rows, timing
+                if rows or timing is not None:
+                    yield [index[r.id] for r in rows], rows, timing
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
