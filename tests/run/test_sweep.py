@@ -276,3 +276,19 @@ def test_an_odd_base_is_said(run, tmp_path):
     assert any("one of the run's own checkpoints" in n for n in own["notes"])
     plain = sweep(_options(run, tmp_path / "d", base=str(run["base"]), steps=(100,)))
     assert not any("--base" in n for n in plain["notes"])
+
+
+def test_a_checkpoint_that_lost_its_head_is_not_evaluated_and_the_sweep_goes_on(run, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from vlmfast.run.sweep import sweep
+
+    lost = tmp_path / "run"
+    shutil.copytree(run["run"], lost)
+    weights = lost / "checkpoint-200" / "model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if k != "lm_head.weight"}, weights, metadata={"format": "pt"})
+    report = sweep(_options(dict(run, run=lost), tmp_path / "out"))
+    assert [c["step"] for c in report["checkpoints"]] == [100, 300]  # evaluated like the others no more
+    assert [(r["step"], "lm_head.weight: 1 missing" in r["reason"]) for r in report["not_evaluated"]] == [(200, True)]
+    assert any(note.startswith("step 200 not evaluated:") for note in report["notes"])
+    assert not (tmp_path / "out" / "step-200.jsonl").exists() and report["exit_code"] == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, AnswerKey, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command,
+from vlmfast.cli.common import (EXIT_CODES_HELP, AllowMissing, AllowPickle, AnswerKey, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command,
                      Compile, CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, FormatPrompt,
                      GpuMemory, IgnoreEos, ImageKey, Images, Iou, Json, Manifest, MatchTraining, MaxBatchTokens,
                      MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out, Overlap, Overwrite,
@@ -57,6 +57,7 @@ def infer(
     attn: Attn = None,
     trust_remote_code: TrustRemote = False,
     allow_pickle: AllowPickle = False,
+    allow_missing: AllowMissing = None,
     base: Base = None,
     merge: Merge = False,
     scorer: Scorer = "auto",

@@ -52,6 +52,7 @@ class InferOptions:
     attn: str | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    allow_missing: list[str] | tuple[str, ...] | None = None  # prefixes of tensors a checkpoint may lack (random)
     base: str | None = None  # LoRA adapter checkpoints: the base model (default: adapter_config.json's)
     merge: bool = False  # LoRA: merge the adapter into the weights before generating
     max_batch_tokens: int | None = None

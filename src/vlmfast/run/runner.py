@@ -65,15 +65,21 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.engines.open import open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.weights import require_whole
 
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
+    weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
     work = collect_work(options, dist)
+    if weights is not None and weights.allowed:
+        lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
+        work = dataclasses.replace(work, notes=[f"tensors missing as --allow-missing allows ({lost}): the model runs "
+                                                "with them initialised at random"] + work.notes)
     if reward is not None and not options.skip_bad:  # --skip-bad records reward failures per row instead
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load

@@ -183,8 +183,11 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
                           for s in listing.skipped if not s.pending] + odd_base
     searched = None
+    refused: list[dict] = []  # checkpoints not evaluated: their weights are not whole
 
     def evaluate(entry: _Entry) -> float | None:
+        if _refuse(entry, options, refused, notes, say):
+            return None
         figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings))
         checked, news = models.engine_news()
         figures[-1].update(checked)
@@ -222,7 +225,10 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             for skipped in (s for s in looked.skipped if s.pending and str(s.path) not in waiting_on):
                 waiting_on.add(str(skipped.path))
                 say(f"not yet: {skipped.path} ({skipped.reason})")
+            seen |= {r["step"] for r in refused}
             for c in (c for c in looked.checkpoints if c.step not in seen):
+                if _refuse(_Entry(c.step, c.path, c.layout), options, refused, notes, say):
+                    continue
                 figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say, tables,
                                          settings))
     except KeyboardInterrupt:
@@ -232,7 +238,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     report = _report(options, figures, notes, tables)
     from vlmfast.timing import versions
 
-    report.update(settings=settings, versions=versions())
+    report.update(settings=settings, versions=versions(), not_evaluated=refused)
     if searched is not None:
         report["search"] = searched
         if searched["skipped"]:
@@ -241,6 +247,24 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                                    f"{', '.join(map(str, searched['skipped']))}); a plain sweep into the same --out-dir "
                                    "evaluates only those")
     return report
+
+
+def _refuse(entry: _Entry, options: SweepOptions, refused: list[dict], notes: list[str], say) -> bool:
+    """True (and the reason recorded and said) when the checkpoint's weights are not whole: the sweep goes on
+    without it, as for a save still being written."""
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.weights import require_whole
+    from vlmfast.errors import CheckpointError
+
+    try:
+        require_whole(locate(entry.path), options.infer.allow_missing or ())
+    except CheckpointError as exc:
+        refused.append({"step": entry.step, "path": str(entry.path), "reason": exc.message, "hint": exc.hint})
+        label = "base" if entry.label == "base" else f"step {entry.step}"
+        notes.append(f"{label} not evaluated: {exc.message}")
+        say(notes[-1])
+        return True
+    return False
 
 
 def _base_notes(entries: list[_Entry]) -> list[str]:
