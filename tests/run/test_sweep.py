@@ -68,7 +68,8 @@ def test_every_checkpoint_once_rows_equal_fresh_loads_and_the_best_step(run, tmp
         assert _tokens(read_jsonl(c["results"])) == _tokens(run["fresh"][c["step"]])  # swapped weights = a fresh load
     by_step = {c["step"]: c for c in report["checkpoints"]}
     assert by_step[200]["accuracy"] == 1.0 and by_step[100]["accuracy"] < 1.0
-    assert report["best"] == {"step": 200, "label": "hf-trainer", "path": str(run["run"] / "checkpoint-200"), "accuracy": 1.0}
+    assert {k: report["best"][k] for k in ("step", "label", "path", "accuracy")} == \
+        {"step": 200, "label": "hf-trainer", "path": str(run["run"] / "checkpoint-200"), "accuracy": 1.0}
     assert "load_s" in by_step[0] and all("swap_s" in by_step[s] for s in (100, 200, 300))  # loaded once
     assert 0 <= by_step[100]["ci_low"] <= by_step[100]["accuracy"] <= by_step[100]["ci_high"] <= 1
     assert report["schema"] == "vlmfast.sweep/1" and report["exit_code"] == 0
@@ -292,3 +293,27 @@ def test_a_checkpoint_that_lost_its_head_is_not_evaluated_and_the_sweep_goes_on(
     assert [(r["step"], "lm_head.weight: 1 missing" in r["reason"]) for r in report["not_evaluated"]] == [(200, True)]
     assert any(note.startswith("step 200 not evaluated:") for note in report["notes"])
     assert not (tmp_path / "out" / "step-200.jsonl").exists() and report["exit_code"] == 0
+
+
+def test_the_best_step_holds_up_in_the_report_the_table_and_the_page(run, tmp_path):
+    from vlmfast.report.terminal import sweep_table
+    from vlmfast.run.sweep import sweep, write_sweep_dir
+
+    report = sweep(_options(run, tmp_path / "s"))
+    by_step = {c["step"]: c for c in report["checkpoints"]}
+    assert sum(c["p_best"] for c in report["checkpoints"]) == pytest.approx(1.0, abs=1e-3)
+    best = report["best"]
+    assert best["step"] == 200 and best["p_best"] == by_step[200]["p_best"] and best["requests"] == 4
+    assert best["indistinguishable"] == [s for s in (100, 200, 300) if by_step[s]["near_best"]]
+    assert 200 in best["indistinguishable"] and by_step[200]["holm_p"] is None
+    assert all(by_step[s]["holm_p"] is not None for s in (100, 300))
+    write_sweep_dir(report, tmp_path / "s")
+    saved = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert saved["best"]["p_best"] == best["p_best"] and "p_best" in saved["checkpoints"][0]
+    assert "P(best)" in (tmp_path / "s" / "report.html").read_text()
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(sweep_table(report))
+    text = console.export_text()
+    assert "P(best)" in text and f"{by_step[200]['p_best']:.0%} ≈" in text
