@@ -205,3 +205,78 @@ def test_grouping_per_expert_saves_and_ignored_names():
     allowed = compare(expected, {"model.language_model.embed_tokens.weight": ("BF16", [10, 8], 0), **per_expert},
                       allow_missing=("lm_head.*",))
     assert allowed.whole and [g.as_dict() for g in allowed.allowed] == [{"prefix": "lm_head.weight", "count": 1}]
+
+
+# -- fingerprints ---------------------------------------------------------------------------------
+def test_fingerprints_differ_between_checkpoints_and_are_equal_across_reruns(grpo_ckpt, base_ckpt, tmp_path):
+    from vlmfast.checkpoints.fingerprint import fingerprint
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    other, third = build_checkpoint(tmp_path / "seed1", seed=1), build_checkpoint(tmp_path / "seed2", seed=2)
+    copy = shutil.copytree(grpo_ckpt, tmp_path / "copy")
+    sampled = {p: fingerprint(p)["digest"] for p in (grpo_ckpt, other, third)}
+    assert len(set(sampled.values())) == 3 and all(d.startswith("sampled:") for d in sampled.values())
+    assert fingerprint(base_ckpt) == fingerprint(grpo_ckpt)  # other configs, the same weights (seed 0)
+    assert fingerprint(copy) == fingerprint(grpo_ckpt)  # the same bytes elsewhere: the same weights
+    full = fingerprint(grpo_ckpt, full=True)
+    assert full["digest"].startswith("full:") and full["digest"] != fingerprint(other, full=True)["digest"]
+    assert full["tensors"] == fingerprint(grpo_ckpt)["tensors"] > 0
+
+
+def test_infer_reports_the_fingerprint_of_the_weights_it_ran(grpo_ckpt, images, tmp_path):
+    from vlmfast.checkpoints.fingerprint import fingerprint
+
+    r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "Count.", "--max-new-tokens", "2",
+            "--device", "cpu", "--out", tmp_path / "rows.jsonl", "--json")
+    assert r.returncode == 0
+    report = json.loads(r.stdout)
+    assert report["fingerprint"] == fingerprint(grpo_ckpt) and report["fingerprint"]["digest"] in r.stderr
+
+
+def test_a_swap_that_did_not_land_is_caught_before_any_row(grpo_ckpt, tmp_path, monkeypatch):
+    """The in-place copy made to fail on purpose (nothing copied): the read-back check names the tensor."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.swap import StaleSwap, plan_swap, swap_into
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    loaded = load(str(grpo_ckpt), device="cpu")
+    other = locate(build_checkpoint(tmp_path / "seed1", seed=1))
+    plan = plan_swap(loaded, other.path)
+    assert plan.files is not None
+    swapped = swap_into(loaded, other, plan)  # the real copy passes the check
+    import safetensors
+
+    real = safetensors.safe_open
+
+    class Stale:  # every tensor read for the copy comes back as what the model holds already
+        def __init__(self, path, framework, device):
+            self.inner = real(path, framework=framework, device=device)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def get_tensor(self, name):
+            from vlmfast.checkpoints.swap import normal_name
+
+            state = swapped.model.state_dict()
+            homes = {normal_name(n): n for n in state}
+            return state[homes[normal_name(name)]].clone() if Stale.during_copy else self.inner.get_tensor(name)
+
+    Stale.during_copy = True
+    monkeypatch.setattr(safetensors, "safe_open", Stale)
+    import vlmfast.checkpoints.fingerprint as fp
+
+    original = fp.readback_mismatch
+
+    def checked(*args, **kw):
+        Stale.during_copy = False  # the read-back reads the files as they are
+        return original(*args, **kw)
+
+    monkeypatch.setattr(fp, "readback_mismatch", checked)
+    with pytest.raises(StaleSwap) as caught:
+        swap_into(swapped, locate(grpo_ckpt), plan_swap(swapped, grpo_ckpt))
+    assert "holds other values than" in caught.value.message and caught.value.hint

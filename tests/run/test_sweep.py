@@ -317,3 +317,27 @@ def test_the_best_step_holds_up_in_the_report_the_table_and_the_page(run, tmp_pa
     console.print(sweep_table(report))
     text = console.export_text()
     assert "P(best)" in text and f"{by_step[200]['p_best']:.0%} ≈" in text
+
+
+def test_fingerprints_per_step_and_a_resumed_sweep_redoes_a_step_whose_files_changed(run, tmp_path):
+    from vlmfast.checkpoints.fingerprint import fingerprint
+    from vlmfast.run.sweep import sweep
+
+    moved = tmp_path / "run"
+    shutil.copytree(run["run"], moved)
+    inputs = dict(run, run=moved)
+    report = sweep(_options(inputs, tmp_path / "out"))
+    digests = {c["step"]: c["fingerprint"] for c in report["checkpoints"]}
+    assert len(set(digests.values())) == 3 and digests[100] == fingerprint(moved / "checkpoint-100")["digest"]
+    record = json.loads((tmp_path / "out" / "step-100.run.json").read_text())
+    assert record["fingerprint"] == digests[100]
+    again = sweep(_options(inputs, tmp_path / "out"))  # nothing changed: read back, nothing redone
+    assert [c["fingerprint"] for c in again["checkpoints"]] == list(digests.values())
+    assert not any("changed since" in n for n in again["notes"])
+    shutil.rmtree(moved / "checkpoint-100")
+    shutil.copytree(run["run"] / "checkpoint-300", moved / "checkpoint-100")  # overwritten in place by the trainer
+    redone = sweep(_options(inputs, tmp_path / "out"))
+    assert [n for n in redone["notes"] if "changed since" in n and "step-100.jsonl" in n]
+    by_step = {c["step"]: c for c in redone["checkpoints"]}
+    assert by_step[100]["fingerprint"] == digests[300]
+    assert _tokens(read_jsonl(by_step[100]["results"])) == _tokens(run["fresh"][300])  # its rows are the new weights'

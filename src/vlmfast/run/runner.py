@@ -71,6 +71,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
     weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
+    weights_id = weights_fingerprint(found, options.fingerprint)
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
@@ -88,6 +89,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out} "
                                "(--overwrite runs them again)")
         report.parity = parity
+        report.fingerprint = weights_id
         return report
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
@@ -107,7 +109,21 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size)
     report.processes = [share.figures() for share in everyone] if dist.world > 1 else []
     report.parity = parity
+    report.fingerprint = weights_id
     return report
+
+
+def weights_fingerprint(found, how: str = "sampled") -> dict | None:
+    """The fingerprint of a local model checkpoint's weights (``how``: ``sampled`` or ``full``); None for a hub
+    id, an adapter, or files that cannot be read (the loader says why)."""
+    from vlmfast.checkpoints.fingerprint import fingerprint
+
+    if found is None or not found.is_local or found.kind != "model":
+        return None
+    try:
+        return fingerprint(found.path, full=how == "full")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def collect_work(options: InferOptions, dist: Distributed) -> Work:

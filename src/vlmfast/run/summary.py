@@ -63,6 +63,7 @@ class InferReport:
     out: str | None
     processes: list[dict] = field(default_factory=list)  # per-process figures of a multi-process run
     parity: dict | None = None  # training settings beside the checkpoint vs this run's (vlmfast.run.parity)
+    fingerprint: dict | None = None  # the weights evaluated (vlmfast.checkpoints.fingerprint); None: not a local dir
     results: list[SampleResult] = field(default_factory=list, repr=False)
     batch_timings: list[BatchTiming] = field(default_factory=list, repr=False)
 

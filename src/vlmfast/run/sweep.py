@@ -188,7 +188,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     def evaluate(entry: _Entry) -> float | None:
         if _refuse(entry, options, refused, notes, say):
             return None
-        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings))
+        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes))
         checked, news = models.engine_news()
         figures[-1].update(checked)
         for note in news:
@@ -230,7 +230,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                 if _refuse(_Entry(c.step, c.path, c.layout), options, refused, notes, say):
                     continue
                 figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say, tables,
-                                         settings))
+                                         settings, notes))
     except KeyboardInterrupt:
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
     finally:
@@ -295,7 +295,7 @@ def _sleep(seconds: float) -> bool:
 
 
 def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say, tables,
-              settings: dict) -> dict:
+              settings: dict, notes: list[str]) -> dict:
     """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
     table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
     from vlmfast.checkpoints.locate import locate
@@ -306,6 +306,14 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
     found = locate(entry.path)
     say(f"step {entry.step}: {entry.path}")
+    from vlmfast.run.runner import weights_fingerprint
+    from vlmfast.run.sweep_record import forget_if_changed
+
+    weights_id = weights_fingerprint(found, options.infer.fingerprint)
+    changed = forget_if_changed(out, weights_id)
+    if changed:
+        say(changed)
+        notes.append(changed)
     models.how = None
     report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out)), progress=progress,
                    backend=models.at(found))
@@ -313,6 +321,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     tables[entry.step] = per_request(rows)
     figures = _figures(entry, out, rows, report, how, seconds)
+    figures["fingerprint"] = weights_id["digest"] if weights_id else None
     from vlmfast.run.sweep_record import MEASURED, measured, record
 
     if report.samples == 0 and (kept := measured(out)):  # read back, nothing measured: the figures of when it ran
