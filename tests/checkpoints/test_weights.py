@@ -115,6 +115,10 @@ def test_infer_refuses_with_exit_2_and_writes_nothing_unless_the_prefixes_are_al
     assert "tensors missing as --allow-missing allows (visual.blocks.1.*: 12)" in r.stderr
     r = cli(*args, "--allow-missing", "visual.blocks.0", "--overwrite")  # another prefix does not cover them
     assert r.returncode == 2
+    out.unlink()
+    r = cli("infer", "--ckpt", ckpt, "--images", images[0], "--prompt", "Count.", "--engine", "vllm", "--out", out)
+    assert r.returncode == 2 and not out.exists()  # the vLLM path: refused before its engine starts
+    assert "visual.blocks.1.*: 12 missing" in r.stderr
 
 
 def test_the_expected_tensors_are_cached_and_a_second_look_imports_no_torch(grpo_ckpt, tmp_path):

@@ -106,6 +106,11 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
     # compiling and capturing are not generating: out of the wall time once, here
     generate_s = max(0.0, max(s.wall_s for s in shares) - facts.compile_s)
     notes = work.notes + facts.notes
+    if options.generation.n > 1:
+        from vlmfast.evaluation.samples import identical_answers_note
+
+        same = identical_answers_note(rows, options.generation.temperature)
+        notes = notes + ([same] if same else [])
     if facts.oom_splits:
         notes = notes + [f"out of memory: {facts.oom_splits} batch(es) were halved and retried"]
     # the cap is news only when an image was larger than it (small images were never touched)

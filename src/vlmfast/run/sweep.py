@@ -320,6 +320,11 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     tables[entry.step] = per_request(rows)
+    from vlmfast.evaluation.samples import identical_answers_note
+
+    same = identical_answers_note(rows, options.infer.generation.temperature) if options.infer.generation.n > 1 else None
+    if same:
+        notes.append(f"step {entry.step}: {same}")
     figures = _figures(entry, out, rows, report, how, seconds)
     figures["fingerprint"] = weights_id["digest"] if weights_id else None
     from vlmfast.run.sweep_record import MEASURED, measured, record
