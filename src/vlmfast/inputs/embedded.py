@@ -136,14 +136,9 @@ def fetch_bytes(refs: list[EmbeddedImage]) -> dict[EmbeddedImage, bytes]:
     """The bytes of every image in ``refs``: each chunk they lie in read once, a record batch at a time
     (only the image column), stopping after the last row wanted; nothing else is kept."""
     wanted: dict[tuple, list[EmbeddedImage]] = defaultdict(list)
-    found: dict[EmbeddedImage, bytes] = {}
-    if any(ref.kind == "tsv" for ref in refs):  # VLMEvalKit TSV: base64 in a row read again by its byte offset
-        from vlmfast.inputs.tsv import fetch_tsv_bytes
-
-        found.update(fetch_tsv_bytes([ref for ref in refs if ref.kind == "tsv"]))
-        refs = [ref for ref in refs if ref.kind != "tsv"]
     for ref in refs:
         wanted[(ref.path, ref.kind, ref.column, ref.chunk)].append(ref)
+    found: dict[EmbeddedImage, bytes] = {}
     for (path, kind, column, chunk), mine in wanted.items():
         last = max(r.offset for r in mine)
         for start, batch in _chunk_batches(Part(path, kind), chunk, column):

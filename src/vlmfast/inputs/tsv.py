@@ -32,7 +32,7 @@ from pathlib import Path
 from vlmfast.errors import InputError
 from vlmfast.evaluation.scoring import truth_text
 from vlmfast.inputs.embedded import EmbeddedImage
-from vlmfast.inputs.records import BadInput, Problem, Request
+from vlmfast.inputs.records import BadInput, Problem, Request, check_image_bytes
 
 MCQ_TAIL = "Please select the correct answer from the options above. \n"
 TEXT_COLUMNS = ("question", "hint", "answer", *string.ascii_uppercase)
@@ -91,8 +91,6 @@ def _header(path: Path) -> list[str]:
 
 def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None = None) -> tuple[list, list[str]]:
     """Requests (and bad rows) of a VLMEvalKit TSV file, in row order (see the module docstring)."""
-    from vlmfast.inputs.datasets import check_image_bytes
-
     p = Path(path)
     try:
         columns = _header(p)
