@@ -121,8 +121,9 @@ def test_infer_refuses_with_exit_2_and_writes_nothing_unless_the_prefixes_are_al
     assert "visual.blocks.1.*: 12 missing" in r.stderr
 
 
-def test_the_expected_tensors_are_cached_and_a_second_look_imports_no_torch(grpo_ckpt, tmp_path):
-    from vlmfast.checkpoints.doctor import diagnose
+def test_the_expected_tensors_are_cached_and_a_second_look_imports_no_torch(grpo_ckpt, tmp_path, monkeypatch):
+    import vlmfast.checkpoints.weights as weights
+    from vlmfast.checkpoints.readers import read_json_object
 
     env = {**os.environ, "VLMFAST_CACHE": str(tmp_path / "cache")}
     code = ("import sys; from vlmfast.checkpoints.doctor import diagnose; "
@@ -132,7 +133,12 @@ def test_the_expected_tensors_are_cached_and_a_second_look_imports_no_torch(grpo
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert first.stdout.split() == ["[]", "True"] and second.stdout.split() == ["[]", "False"]
     assert len(list((tmp_path / "cache" / "expected-tensors").glob("*.json"))) == 1
-    assert diagnose(grpo_ckpt) is not None
+    monkeypatch.setenv("VLMFAST_CACHE", str(tmp_path / "other"))
+    config = read_json_object(grpo_ckpt / "config.json")
+    apart = weights.expected_tensors(grpo_ckpt, config, apart=True)  # infer's way: in a child process
+    assert apart == weights.expected_tensors(grpo_ckpt, config) and len(apart.tensors) > 50
+    monkeypatch.setattr(weights, "_build_expected", lambda *a: pytest.fail("built again"))
+    assert weights.expected_tensors(grpo_ckpt, config, apart=True) == apart  # cached
 
 
 def test_an_intact_3b_shape_index_raises_nothing_from_headers_alone(grpo_ckpt, tmp_path):

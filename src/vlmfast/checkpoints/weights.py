@@ -101,12 +101,14 @@ class Expected:
     ignore_unexpected: tuple[str, ...] = ()  # ... and of saved tensors it drops on load (Qwen3.5's mtp.*)
 
 
-def expected_tensors(d: Path, config: dict) -> Expected | None:
+def expected_tensors(d: Path, config: dict, *, apart: bool = False) -> Expected | None:
     """What the checkpoint's model class expects, built on the meta device from ``d``'s config.json (no
     memory; 0.4 s for the 3B shapes once torch and transformers are imported, which takes seconds), and
     kept in vlmfast's cache by the config's bytes, the class and the transformers version: the checkpoints
-    of one run share a config, and a cached answer imports neither. None when the installed transformers
-    has no class for it (said elsewhere)."""
+    of one run share a config, and a cached answer imports neither. ``apart``: build in a child process
+    (``infer`` and ``sweep``: importing the model classes settles torch's compile cache directory, which
+    they point at their own only later, before the model loads). None when the installed transformers has
+    no class for it (said elsewhere)."""
     from vlmfast.checkpoints.families import family_of
 
     family = family_of(config)
@@ -119,7 +121,7 @@ def expected_tensors(d: Path, config: dict) -> Expected | None:
             return _from_json(json.loads(cached.read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError):
             pass  # rebuilt below
-    found = _build_expected(d, names)
+    found = _build_elsewhere(Path(d), names) if apart else _build_expected(Path(d), names)
     if found is not None and cached is not None:
         from vlmfast.files import atomic_write
 
@@ -151,6 +153,25 @@ def _to_json(e: Expected) -> dict:
 def _from_json(data: dict) -> Expected:
     return Expected({c: (n, tuple(s)) for c, (n, s) in data["tensors"].items()}, bool(data["tied_head"]), data["head"],
                     tuple(data["ignore_missing"]), tuple(data["ignore_unexpected"]))
+
+
+def _build_elsewhere(d: Path, names: list[str]) -> Expected | None:
+    """:func:`_build_expected` in a child Python (this module run as a script), its answer as JSON."""
+    import os
+    import subprocess
+    import sys
+
+    import vlmfast
+
+    root = str(Path(vlmfast.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "vlmfast.checkpoints.weights", str(d), *names], capture_output=True,
+                              text=True, env=env, timeout=600)
+        data = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return _from_json(data) if data else None
 
 
 def _build_expected(d: Path, names: list[str]) -> Expected | None:
@@ -189,13 +210,14 @@ def _patterns(cls, attr: str) -> list[str]:
     return [p for p in value if isinstance(p, str)]
 
 
-def check_weights(d: Path, config: dict, index: dict, allow_missing=()) -> WeightsCheck | None:
+def check_weights(d: Path, config: dict, index: dict, allow_missing=(), *, apart: bool = False) -> WeightsCheck | None:
     """The checkpoint's tensors (``index``: name → (dtype, shape, bytes), its safetensors headers) against
     what its class expects. ``allow_missing``: prefixes whose missing tensors are expected (``visual``,
-    ``lm_head``; a trailing ``.*`` is allowed). None when no class is known for it, or with no safetensors."""
+    ``lm_head``; a trailing ``.*`` is allowed); ``apart``: see :func:`expected_tensors`. None when no class
+    is known for it, or with no safetensors."""
     if not index:
         return None
-    expected = expected_tensors(d, config)
+    expected = expected_tensors(d, config, apart=apart)
     if expected is None:
         return None
     return compare(expected, index, allow_missing, quantized="quantization_config" in config)
@@ -303,7 +325,7 @@ def require_whole(found, allow_missing=()) -> WeightsCheck | None:
         index = tensor_index(d)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # an unreadable header is the loader's error to give
-    check = check_weights(d, read_json_object(d / "config.json"), index, allow_missing)
+    check = check_weights(d, read_json_object(d / "config.json"), index, allow_missing, apart=True)
     if check is not None and not check.whole:
         raise CheckpointError(f"{d}: the weights are not whole: {check.summary()} "
                               f"({check.expected} tensors expected, {check.saved} saved)", hint=fix_hint(check))
@@ -335,3 +357,10 @@ def compare_with_base(index: dict, base_index: dict) -> str:
               and not (c.endswith(vocab) and mine[c][1:] == theirs[c][1:])]
     parts += [f"{restyle(c, style)}: shape {list(mine[c])} here, {list(theirs[c])} in the base" for c in shapes]
     return "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
+
+
+if __name__ == "__main__":  # the child process of _build_elsewhere: DIR CLASS... → the expected tensors as JSON
+    import sys
+
+    built = _build_expected(Path(sys.argv[1]), sys.argv[2:])
+    print(json.dumps(_to_json(built) if built is not None else None))
