@@ -71,7 +71,8 @@ def _samples(f, offset: int, length: int) -> bytes:
     if length <= 3 * SAMPLE_BYTES:
         return _read(f, offset, length)
     middle = offset + (length - SAMPLE_BYTES) // 2
-    return _read(f, offset, SAMPLE_BYTES) + _read(f, middle, SAMPLE_BYTES) + _read(f, offset + length - SAMPLE_BYTES, SAMPLE_BYTES)
+    last = offset + length - SAMPLE_BYTES
+    return _read(f, offset, SAMPLE_BYTES) + _read(f, middle, SAMPLE_BYTES) + _read(f, last, SAMPLE_BYTES)
 
 
 def readback_names(pairs: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

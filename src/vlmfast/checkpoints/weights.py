@@ -240,7 +240,8 @@ def compare(expected: Expected, index: dict, allow_missing=(), *, quantized: boo
     if not quantized:  # quantized saves pack their tensors into other shapes
         for c in sorted(set(want) & set(saved)):
             mine, theirs = saved[c][1], want[c][1]
-            if mine != theirs and not (".experts." in f".{c}" and sorted(mine) == sorted(theirs)):  # a transposed fused layout
+            transposed = ".experts." in f".{c}" and sorted(mine) == sorted(theirs)  # a fused layout, converted on load
+            if mine != theirs and not transposed:
                 mismatched.append((saved[c][0], list(mine), list(theirs)))
     style = _style(index)
     allowed = {c for c in missing if _allowed(c, want[c][0], style, allow_missing)}

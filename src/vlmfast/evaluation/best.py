@@ -22,7 +22,8 @@ RESAMPLES = 2000
 _CHUNK = 250  # resamples drawn at a time: a chunk × requests count matrix (5,000 requests: 10 MB)
 
 
-def p_best(scores: dict[int, dict[str, float]], *, resamples: int = RESAMPLES, seed: int = 0) -> tuple[dict[int, float], int]:
+def p_best(scores: dict[int, dict[str, float]], *, resamples: int = RESAMPLES,
+           seed: int = 0) -> tuple[dict[int, float], int]:
     """step → probability that it is the best (see the module docstring), and the number of requests
     every step scored (the ones resampled). ``scores``: step → request id → score in [0, 1]. Empty when
     no request is shared (or no step)."""
@@ -57,7 +58,8 @@ def holm(p_values: dict[int, float]) -> dict[int, float]:
     return out
 
 
-def indistinguishable(best: int, p_values: dict[int, float | None], *, alpha: float = ALPHA) -> tuple[list[int], dict[int, float]]:
+def indistinguishable(best: int, p_values: dict[int, float | None], *,
+                      alpha: float = ALPHA) -> tuple[list[int], dict[int, float]]:
     """The best step and those not told apart from it: ``p_values`` are each other step's paired test
     against the best (None: no shared request, so not told apart). Returns the set (sorted) and the
     Holm-adjusted p-values."""

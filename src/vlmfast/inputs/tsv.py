@@ -27,6 +27,7 @@ import csv
 import io
 import string
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from vlmfast.errors import InputError
@@ -132,8 +133,6 @@ def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None
         if problems:
             items.append(BadInput(rid, tuple(problems), request))
             continue
-        from dataclasses import replace
-
         items.append(replace(request, image_sizes=tuple(sizes)))
     if not items:
         raise InputError(f"manifest {path} holds no rows", hint="give a TSV with a header and at least one row")
