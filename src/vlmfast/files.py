@@ -8,6 +8,14 @@ import tempfile
 from pathlib import Path
 
 
+def cache_root() -> Path:
+    """vlmfast's own cache: ``VLMFAST_CACHE``, else ``$XDG_CACHE_HOME/vlmfast``, else ``~/.cache/vlmfast``."""
+    if os.environ.get("VLMFAST_CACHE"):
+        return Path(os.environ["VLMFAST_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vlmfast"
+
+
 def check_output_file(option: str, path) -> None:
     """A UsageError (raised before any work) when ``path`` cannot become a file: it is a directory, or
     the directory it would go in is a file."""

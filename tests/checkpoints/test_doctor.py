@@ -128,6 +128,28 @@ def _tied(ctx):
     return d, {"base": ctx.base}
 
 
+def _lost(*prefixes):
+    def make(ctx):
+        d = _copy(ctx.base, ctx.tmp / "c")
+        _rewrite_weights(d, lambda s: [s.pop(k) for k in list(s) if k.startswith(prefixes)])
+        return d, {"base": ctx.base}
+    return make
+
+
+def _shrunk(ctx):
+    d = _copy(ctx.base, ctx.tmp / "c")
+    _rewrite_weights(d, lambda s: s.update({"model.norm.weight": s["model.norm.weight"][:-1].clone()}))
+    return d, {}
+
+
+def _unexpected(ctx):
+    import torch
+
+    d = _copy(ctx.base, ctx.tmp / "c")
+    _rewrite_weights(d, lambda s: s.update({"extra_head.weight": torch.zeros(2, 2)}))
+    return d, {}
+
+
 def _lora_base_missing(ctx):
     d = _copy(ctx.layouts["swift-lora"].model_dir, ctx.tmp / "adapter")
     edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path="/nowhere/Qwen2.5-VL-3B-Instruct"))
@@ -188,6 +210,10 @@ CASES = {
     "remote-code": (_auto_map, [("warning", "config.json: auto_map")]),
     "vocab-mismatch": (_vocab_mismatch, [("error", "config.json: vocab_size")]),
     "vocab-differs-from-base": (_vocab_differs, [("warning", "config.json: vocab_size")]),
+    "weights-lost": (_lost("visual.blocks.1."), [("error", "*.safetensors")]),
+    "weights-shape-mismatch": (_shrunk, [("error", "*.safetensors")]),
+    "weights-unexpected": (_unexpected, [("warning", "*.safetensors")]),
+    "weights-differ-from-base": (_lost("visual.blocks.1."), [("warning", "*.safetensors")]),
     "tie-embeddings-differs-from-base": (_tied, [("warning", "config.json: tie_word_embeddings")]),
     "lora-adapter": (lambda ctx: (ctx.layouts["swift-lora"].root, {}), None),
     "lora-base-missing": (_lora_base_missing, [("error", "adapter/adapter_config.json: base_model_name_or_path")]),

@@ -124,3 +124,22 @@ def test_wilson_interval_known_values():
             accuracy_interval(*bad)
     with pytest.raises(ValueError):
         accuracy_interval(1, 2, confidence=1.0)
+
+
+def test_identical_sampled_answers_are_news_only_beyond_what_sampling_gives():
+    from vlmfast.evaluation.samples import identical_answers_note
+
+    def rows(same_requests, total=10, k=4, tokens=20):
+        out = []
+        for i in range(total):
+            for s in range(k):
+                text = "the same long answer" if i < same_requests else f"answer {s}"
+                out.append({"id": f"q{i}", "sample": s, "text": text, "n_new_tokens": tokens, "error": None})
+        return out
+
+    note = identical_answers_note(rows(10), temperature=1.0)
+    assert note is not None and note.startswith("10 of 10 requests got 4+ identical answers")
+    assert identical_answers_note(rows(9), temperature=1.0) is None  # 90 %: not beyond the bound
+    assert identical_answers_note(rows(10), temperature=0.0) is None  # greedy: identical by design
+    assert identical_answers_note(rows(10, tokens=3), temperature=1.0) is None  # short answers repeat by chance
+    assert identical_answers_note(rows(4, total=4), temperature=1.0) is None  # too few requests to tell

@@ -215,3 +215,14 @@ def test_a_library_call_without_out_returns_rows_and_prints_none(small, capsys):
     report = infer(_options(small), backend=FakeBackend())
     assert capsys.readouterr().out == ""
     assert [r.id for r in report.results] == small and all(r.text for r in report.results)
+
+
+def test_sampled_answers_all_identical_are_said(tmp_path):
+    from vlmfast.engines.rows import GenerationSettings
+
+    five = _images(tmp_path, [(56, 56)] * 5)
+    sampled = GenerationSettings(n=4, temperature=1.0, max_new_tokens=32)
+    report = infer(_options(five, generation=sampled), backend=FakeBackend(tokens=20))  # the fake repeats itself
+    assert any(n.startswith("5 of 5 requests got 4+ identical answers") for n in report.notes)
+    report = infer(_options(five, generation=sampled), backend=FakeBackend(tokens=4))
+    assert not any("identical answers" in n for n in report.notes)  # short answers may repeat by chance

@@ -68,7 +68,8 @@ def test_every_checkpoint_once_rows_equal_fresh_loads_and_the_best_step(run, tmp
         assert _tokens(read_jsonl(c["results"])) == _tokens(run["fresh"][c["step"]])  # swapped weights = a fresh load
     by_step = {c["step"]: c for c in report["checkpoints"]}
     assert by_step[200]["accuracy"] == 1.0 and by_step[100]["accuracy"] < 1.0
-    assert report["best"] == {"step": 200, "label": "hf-trainer", "path": str(run["run"] / "checkpoint-200"), "accuracy": 1.0}
+    assert {k: report["best"][k] for k in ("step", "label", "path", "accuracy")} == \
+        {"step": 200, "label": "hf-trainer", "path": str(run["run"] / "checkpoint-200"), "accuracy": 1.0}
     assert "load_s" in by_step[0] and all("swap_s" in by_step[s] for s in (100, 200, 300))  # loaded once
     assert 0 <= by_step[100]["ci_low"] <= by_step[100]["accuracy"] <= by_step[100]["ci_high"] <= 1
     assert report["schema"] == "vlmfast.sweep/1" and report["exit_code"] == 0
@@ -276,3 +277,67 @@ def test_an_odd_base_is_said(run, tmp_path):
     assert any("one of the run's own checkpoints" in n for n in own["notes"])
     plain = sweep(_options(run, tmp_path / "d", base=str(run["base"]), steps=(100,)))
     assert not any("--base" in n for n in plain["notes"])
+
+
+def test_a_checkpoint_that_lost_its_head_is_not_evaluated_and_the_sweep_goes_on(run, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from vlmfast.run.sweep import sweep
+
+    lost = tmp_path / "run"
+    shutil.copytree(run["run"], lost)
+    weights = lost / "checkpoint-200" / "model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if k != "lm_head.weight"}, weights, metadata={"format": "pt"})
+    report = sweep(_options(dict(run, run=lost), tmp_path / "out"))
+    assert [c["step"] for c in report["checkpoints"]] == [100, 300]  # evaluated like the others no more
+    assert [(r["step"], "lm_head.weight: 1 missing" in r["reason"]) for r in report["not_evaluated"]] == [(200, True)]
+    assert any(note.startswith("step 200 not evaluated:") for note in report["notes"])
+    assert not (tmp_path / "out" / "step-200.jsonl").exists() and report["exit_code"] == 0
+
+
+def test_the_best_step_holds_up_in_the_report_the_table_and_the_page(run, tmp_path):
+    from vlmfast.report.terminal import sweep_table
+    from vlmfast.run.sweep import sweep, write_sweep_dir
+
+    report = sweep(_options(run, tmp_path / "s"))
+    by_step = {c["step"]: c for c in report["checkpoints"]}
+    assert sum(c["p_best"] for c in report["checkpoints"]) == pytest.approx(1.0, abs=1e-3)
+    best = report["best"]
+    assert best["step"] == 200 and best["p_best"] == by_step[200]["p_best"] and best["requests"] == 4
+    assert best["indistinguishable"] == [s for s in (100, 200, 300) if by_step[s]["near_best"]]
+    assert 200 in best["indistinguishable"] and by_step[200]["holm_p"] is None
+    assert all(by_step[s]["holm_p"] is not None for s in (100, 300))
+    write_sweep_dir(report, tmp_path / "s")
+    saved = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert saved["best"]["p_best"] == best["p_best"] and "p_best" in saved["checkpoints"][0]
+    assert "P(best)" in (tmp_path / "s" / "report.html").read_text()
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(sweep_table(report))
+    text = console.export_text()
+    assert "P(best)" in text and f"{by_step[200]['p_best']:.0%} ≈" in text
+
+
+def test_fingerprints_per_step_and_a_resumed_sweep_redoes_a_step_whose_files_changed(run, tmp_path):
+    from vlmfast.checkpoints.fingerprint import fingerprint
+    from vlmfast.run.sweep import sweep
+
+    moved = tmp_path / "run"
+    shutil.copytree(run["run"], moved)
+    inputs = dict(run, run=moved)
+    report = sweep(_options(inputs, tmp_path / "out"))
+    digests = {c["step"]: c["fingerprint"] for c in report["checkpoints"]}
+    assert len(set(digests.values())) == 3 and digests[100] == fingerprint(moved / "checkpoint-100")["digest"]
+    record = json.loads((tmp_path / "out" / "step-100.run.json").read_text())
+    assert record["fingerprint"] == digests[100]
+    again = sweep(_options(inputs, tmp_path / "out"))  # nothing changed: read back, nothing redone
+    assert [c["fingerprint"] for c in again["checkpoints"]] == list(digests.values())
+    assert not any("changed since" in n for n in again["notes"])
+    shutil.rmtree(moved / "checkpoint-100")
+    shutil.copytree(run["run"] / "checkpoint-300", moved / "checkpoint-100")  # overwritten in place by the trainer
+    redone = sweep(_options(inputs, tmp_path / "out"))
+    assert [n for n in redone["notes"] if "changed since" in n and "step-100.jsonl" in n]
+    by_step = {c["step"]: c for c in redone["checkpoints"]}
+    assert by_step[100]["fingerprint"] == digests[300]
+    assert _tokens(read_jsonl(by_step[100]["results"])) == _tokens(run["fresh"][300])  # its rows are the new weights'

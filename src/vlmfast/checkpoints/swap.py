@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlmfast.checkpoints.readers import cache_off_locations, read_configs, saved_cache_enabled, saved_eos
+from vlmfast.errors import VlmfastError
 
 # config keys that say nothing about the weights (what a trainer flips, or records about itself)
 IGNORED_CONFIG_KEYS = frozenset({"use_cache", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
@@ -94,12 +95,31 @@ def swap_into(loaded, found, plan: SwapPlan):
                     state[home].copy_(f.get_tensor(name))
         # no tie_weights(): a head that shares the embedding's tensor got the new values with it, and one the
         # load left untied must stay so (re-tying would point a captured graph at memory that is freed)
+    check_swapped(state, found.path, plan)
     _swap_generation_config(loaded.model, found.path)
     config, generation = read_configs(found.path)
     cache = CacheReport(cache_off_locations(config, generation), saved_cache_enabled(config, generation), True)
     eos, note = eos_list(saved_eos(config, generation)[0], loaded.processor.tokenizer)
     return dataclasses.replace(loaded, source=found.source, cache=cache, eos_token_ids=eos, config_dir=found.path,
                                load_s=time.perf_counter() - start, notes=[n for n in (found.note, note) if n])
+
+
+class StaleSwap(VlmfastError):
+    """After an in-place swap the model does not hold the checkpoint's weights (a copy that did not land)."""
+
+
+def check_swapped(state: dict, directory: Path, plan: SwapPlan) -> None:
+    """A few tensors read back from the checkpoint's files and compared with the model's after the copy
+    (:func:`vlmfast.checkpoints.fingerprint.readback_mismatch`); :class:`StaleSwap` when one differs, so a stale
+    swap is caught at the step it happened, before any of its rows is generated."""
+    from vlmfast.checkpoints.fingerprint import readback_mismatch
+
+    pairs = [(file, name, home) for file, names in plan.files.items() for name, home in names]
+    wrong = readback_mismatch(state, directory, pairs)
+    if wrong is not None:
+        raise StaleSwap(f"after copying {directory} into the loaded model in place, {wrong}: the model still "
+                        "holds other weights", hint="rerun the same command (finished checkpoints are kept); "
+                        "this checkpoint's rows were not generated")
 
 
 def _weights_config(directory: Path) -> dict:

@@ -76,6 +76,8 @@ Attn = Annotated[Optional[str], typer.Option(help="auto (flash_attention_2 when 
 TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own Python code (off by default).", rich_help_panel=MODEL)]
 Base = Annotated[Optional[str], typer.Option("--base", help="LoRA adapters: the base model (default: the one adapter_config.json names). vLLM engine: also where missing processor files come from.", rich_help_panel=MODEL)]
 Merge = Annotated[bool, typer.Option("--merge", help="LoRA adapter checkpoints: merge the adapter into the weights before generating.", rich_help_panel=MODEL)]
+AllowMissing = Annotated[Optional[list[str]], typer.Option("--allow-missing", help="Run a checkpoint that lacks tensors its model class expects when they are under these prefixes (e.g. visual.blocks.1, lm_head); they are initialised at random. Without it such a checkpoint is refused (exit 2).", rich_help_panel=MODEL)]
+Fingerprint = Annotated[str, typer.Option(help="The evaluated weights' fingerprint in the report: sampled (safetensors headers and sampled bytes of every tensor) | full (every byte).", rich_help_panel=MODEL)]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load pickle (*.bin) weights, which can run code (default: safetensors only).", rich_help_panel=MODEL)]
 Engine = Annotated[str, typer.Option(help="hf (vlmfast's engine on transformers) | vllm (vLLM, for many GPUs and big evals).", rich_help_panel=MODEL)]
 MaxImagePixels = Annotated[int, typer.Option(help="Refuse images with more pixels than this (decompression bombs).", rich_help_panel=INPUT)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from vlmfast.cli.common import (EXIT_CODES_HELP, AllowPickle, AnswerKey, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command,
+from vlmfast.cli.common import (EXIT_CODES_HELP, AllowMissing, AllowPickle, Fingerprint, AnswerKey, Attn, AutoBatchSize, Base, BboxSpace, Ckpt, Command,
                      Batching, Compile, CudaGraphs, DataParallel, Decoder, Device, Dtype, Engine, ExecutorBackend, FormatPrompt,
                      GpuMemory, IgnoreEos, ImageKey, Images, Iou, Json, Manifest, MatchTraining, MaxBatchTokens,
                      MaxImagePixels, MaxNew, MaxNumSeqs, MaxPixels, Merge, MinPixels, Out, Overlap, Overwrite,
@@ -58,6 +58,8 @@ def infer(
     attn: Attn = None,
     trust_remote_code: TrustRemote = False,
     allow_pickle: AllowPickle = False,
+    allow_missing: AllowMissing = None,
+    fingerprint: Fingerprint = "sampled",
     base: Base = None,
     merge: Merge = False,
     scorer: Scorer = "auto",

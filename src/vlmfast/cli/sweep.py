@@ -14,7 +14,7 @@ from vlmfast.cli.infer import infer as infer_command
 # infer's options that a sweep passes to each checkpoint's run, declared once in infer
 FROM_INFER = ("prompt", "prompt_file", "prompt_key", "answer_key", "image_key", "template", "format_prompt", "system", "max_pixels", "min_pixels", "skip_bad", "batch_size", "max_batch_tokens",
               "max_new_tokens", "temperature", "top_p", "seed", "n", "ignore_eos", "decoder", "batching", "cuda_graphs", "compile_", "threads",
-              "device", "dtype", "attn", "scorer", "iou", "bbox_space", "reward", "reward_weights",
+              "device", "dtype", "attn", "allow_missing", "fingerprint", "scorer", "iou", "bbox_space", "reward", "reward_weights",
               "reward_kwargs", "reward_threshold", "match_training", "json_out", "engine", "tensor_parallel_size", "data_parallel_size",
               "pipeline_parallel_size", "distributed_executor_backend", "gpu_memory_utilization", "max_num_seqs")
 

@@ -17,8 +17,10 @@ Flags (:func:`flag_run`), each rule with its threshold:
 - ``truncation``: more than ``TRUNCATION`` of the answers stopped at the length limit.
 - ``repetition``: more than ``REPETITION`` of the answers end in a loop
   (:func:`vlmfast.evaluation.health.repeats`).
-- ``collapse_after_peak``: a checkpoint after the best one whose accuracy is below the best's interval
-  (its ``ci_low``).
+- ``collapse_after_peak``: a checkpoint after the best one that is worse than it by the test that decides
+  the steps not distinguishable from the best (:mod:`vlmfast.evaluation.best`: the paired McNemar test
+  against the best, Holm-corrected over every step compared with it, below ``ALPHA``); the figure is the
+  adjusted p-value. Without per-request tables (figures only), below the best's interval (its ``ci_low``).
 - ``reward_without_accuracy``: the mean reward (``reward_mean``, the rows' total ``--reward``; only when
   both have one) is above base's by more than ``REWARD_GAIN`` while the accuracy stays inside base's
   interval (``ci_low`` to ``ci_high``).
@@ -27,6 +29,8 @@ Flags (:func:`flag_run`), each rule with its threshold:
 from __future__ import annotations
 
 from collections import defaultdict
+
+from vlmfast.evaluation.best import ALPHA
 
 GAIN = 0.05
 MIN_COMMON = 5
@@ -106,6 +110,7 @@ def flag_run(checkpoints: list[dict], rows_by_step: dict[int, list[dict] | dict]
     base = by_step.get(base_step) if base_step is not None else None
     ranked = [c for c in checkpoints if c.get("accuracy") is not None]
     best = max(ranked, key=lambda c: (c["accuracy"], -c["step"])) if ranked else None
+    worse = worse_than_best(best["step"], [c["step"] for c in ranked], tables) if best else {}
     for c in sorted(checkpoints, key=lambda c: c["step"]):
         step = c["step"]
         if (c.get("truncation_rate") or 0) > TRUNCATION:
@@ -114,8 +119,12 @@ def flag_run(checkpoints: list[dict], rows_by_step: dict[int, list[dict] | dict]
         if (c.get("repetition_rate") or 0) > REPETITION:
             flags.append(_flag("repetition", step, c["repetition_rate"], REPETITION,
                                f"{c['repetition_rate']:.0%} of answers end in a repeated phrase"))
-        if best is not None and step > best["step"] and c.get("accuracy") is not None and best.get("ci_low") is not None \
-                and c["accuracy"] < best["ci_low"]:
+        if best is not None and step > best["step"] and step in worse:
+            flags.append(_flag("collapse_after_peak", step, worse[step], ALPHA,
+                               f"accuracy {c['accuracy']:.1%} is below the best step {best['step']}'s "
+                               f"{best['accuracy']:.1%}, told apart by the paired test (Holm-adjusted p {worse[step]:.2g})"))
+        elif best is not None and step > best["step"] and step not in tables and c.get("accuracy") is not None \
+                and best.get("ci_low") is not None and c["accuracy"] < best["ci_low"]:
             flags.append(_flag("collapse_after_peak", step, c["accuracy"], best["ci_low"],
                                f"accuracy {c['accuracy']:.1%} is below the interval of the best step {best['step']} "
                                f"(from {best['ci_low']:.1%})"))
@@ -123,6 +132,18 @@ def flag_run(checkpoints: list[dict], rows_by_step: dict[int, list[dict] | dict]
             continue
         flags += _against_base(c, base, tables.get(step, {}), tables.get(base["step"], {}))
     return flags
+
+
+def worse_than_best(best: int, steps: list[int], tables: dict) -> dict[int, float]:
+    """Steps told apart from ``best`` by the paired test (:func:`compare`'s McNemar p-value, Holm-adjusted
+    over every step with a table compared with it) and below it: step → adjusted p-value."""
+    from vlmfast.evaluation.best import holm
+
+    if best not in tables:
+        return {}
+    tested = {s: compare(tables[s], tables[best]) for s in steps if s != best and s in tables}
+    adjusted = holm({s: t["p_value"] for s, t in tested.items() if t["p_value"] is not None})
+    return {s: p for s, p in adjusted.items() if p < ALPHA and (tested[s]["difference"] or 0) < 0}
 
 
 def _against_base(c: dict, base: dict, mine: dict, theirs: dict) -> list[dict]:

@@ -136,3 +136,31 @@ def accuracy_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[f
     low = 0.0 if correct == 0 else max(0.0, centre - half)
     high = 1.0 if correct == n else min(1.0, centre + half)
     return low, high
+
+
+IDENTICAL_SHARE = 0.9  # of the requests with long answers: more than this with K identical answers is news
+IDENTICAL_MIN_TOKENS = 16  # answers this long rarely repeat word for word when sampled
+IDENTICAL_MIN_TEMPERATURE = 0.3
+IDENTICAL_MIN_REQUESTS = 5
+
+
+def identical_answers_note(rows: list[dict], temperature: float) -> str | None:
+    """A note when the K sampled answers of a request are the same text more often than sampling allows:
+    at a temperature of ``IDENTICAL_MIN_TEMPERATURE`` or more, over the requests (at least
+    ``IDENTICAL_MIN_REQUESTS``) whose answers all run ``IDENTICAL_MIN_TOKENS`` tokens or more, more than
+    ``IDENTICAL_SHARE`` of them have K identical answers — what an engine that ignored the sampling settings
+    (one seed for every answer, a deterministic mode) gives. pass@k over such answers is pass@1."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("error") is None and row.get("sample") is not None and isinstance(row.get("text"), str):
+            groups.setdefault(str(row["id"]), []).append(row)
+    long = [g for g in groups.values() if len(g) > 1 and min(r.get("n_new_tokens") or 0 for r in g) >= IDENTICAL_MIN_TOKENS]
+    if temperature < IDENTICAL_MIN_TEMPERATURE or len(long) < IDENTICAL_MIN_REQUESTS:
+        return None
+    same = sum(len({r["text"] for r in g}) == 1 for g in long)
+    if same <= IDENTICAL_SHARE * len(long):
+        return None
+    k = min(len(g) for g in long)
+    return (f"{same} of {len(long)} requests got {k}+ identical answers of {IDENTICAL_MIN_TOKENS}+ tokens at temperature "
+            f"{temperature:g}: more than sampling gives; check that the engine sampled each answer (its own seed, no "
+            "deterministic mode) — pass@k over identical answers is pass@1")

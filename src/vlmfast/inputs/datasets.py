@@ -34,7 +34,8 @@ from vlmfast.errors import InputError, UsageError
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
                                      image_label, record_batches)
-from vlmfast.inputs.records import BadInput, Problem, Request, check_images, parse_messages, resolve_relative
+from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_bytes, check_images, parse_messages,
+                                   resolve_relative)
 
 DATASET_SUFFIXES = (".parquet", ".arrow")
 PROMPT_KEYS = ("problem", "prompt")
@@ -216,26 +217,6 @@ def dig(row: dict, key: str):
     return value
 
 
-def check_image_bytes(data: bytes, max_image_pixels: int | None) -> tuple[tuple[int, int] | None, str | None]:
-    """(size, problem) of embedded image bytes, checked as :func:`check_images` checks a file."""
-    from PIL import Image
-
-    Image.MAX_IMAGE_PIXELS = None  # headers only: the limit is checked below, with the pixel count in the message
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.verify()
-            size = im.size
-    except Exception as exc:  # PIL raises many types for corrupt data
-        return None, f"not a readable image ({type(exc).__name__}: {exc})"
-    finally:
-        Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees
-    n = size[0] * size[1]
-    if max_image_pixels is not None and n > max_image_pixels:
-        return None, (f"image has {n} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
-                      + ("; over twice the limit: a decompression bomb?" if n > 2 * max_image_pixels else ""))
-    return size, None
-
-
 def load_images(requests) -> dict[tuple[str, int], object]:
     """``(request id, image position) → PIL image`` for every embedded image of ``requests`` (decoded from
     bytes read just now; nothing written to disk). Path images are not in it."""
@@ -244,7 +225,11 @@ def load_images(requests) -> dict[tuple[str, int], object]:
     refs = [d for r in requests for d in (getattr(r, "image_data", None) or ()) if d is not None]
     if not refs:
         return {}
-    found = fetch_bytes(refs)
+    found = fetch_bytes([d for d in refs if d.kind != "tsv"])
+    if any(d.kind == "tsv" for d in refs):  # VLMEvalKit TSV: base64 in a row read again by its byte offset
+        from vlmfast.inputs.tsv import fetch_tsv_bytes
+
+        found.update(fetch_tsv_bytes([d for d in refs if d.kind == "tsv"]))
     return {(r.id, k): Image.open(io.BytesIO(found[d])) for r in requests
             for k, d in enumerate(getattr(r, "image_data", None) or ()) if d is not None}
 

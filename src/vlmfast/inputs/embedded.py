@@ -51,9 +51,9 @@ class Part:
 
 @dataclass(frozen=True)
 class EmbeddedImage:
-    """Where one embedded image's bytes lie: the file, the chunk (a parquet row group, or an Arrow record
-    batch), the row within it, the image column and the image's position in the row's list (None: the
-    column holds one image, not a list)."""
+    """Where one embedded image's bytes lie: the file, the chunk (a parquet row group, an Arrow record
+    batch, or for ``kind`` "tsv" the byte offset of the row holding the base64), the row within it, the image
+    column and the image's position in the row's list (None: the column holds one image, not a list)."""
 
     path: str
     kind: str

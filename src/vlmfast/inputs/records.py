@@ -133,3 +133,25 @@ def _file_problem(path: str) -> str | None:
     if os.path.getsize(path) == 0:
         return "empty file (0 bytes)"
     return None
+
+
+def check_image_bytes(data: bytes, max_image_pixels: int | None) -> tuple[tuple[int, int] | None, str | None]:
+    """(size, problem) of embedded image bytes, checked as :func:`check_images` checks a file."""
+    import io
+
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = None  # headers only: the limit is checked below, with the pixel count in the message
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.verify()
+            size = im.size
+    except Exception as exc:  # PIL raises many types for corrupt data
+        return None, f"not a readable image ({type(exc).__name__}: {exc})"
+    finally:
+        Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees
+    n = size[0] * size[1]
+    if max_image_pixels is not None and n > max_image_pixels:
+        return None, (f"image has {n} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
+                      + ("; over twice the limit: a decompression bomb?" if n > 2 * max_image_pixels else ""))
+    return size, None

@@ -108,8 +108,12 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
     """
     from vlmfast.inputs.datasets import is_dataset, is_r1v, r1v_view, read_dataset
 
+    from vlmfast.inputs.tsv import is_tsv, read_tsv
+
     if is_dataset(path):
         return read_dataset(path, default_prompt, keys, max_image_pixels)
+    if is_tsv(path) and not (keys is not None and keys.given):
+        return read_tsv(path, default_prompt, max_image_pixels)
     if keys is not None and keys.given:
         raise UsageError("--prompt-key, --answer-key and --image-key apply to parquet and Arrow datasets",
                          hint=f"drop them for the JSONL manifest {path}")

@@ -99,7 +99,12 @@ def _name(c: dict) -> str:
 def _best(best, name_of: dict) -> str:
     if not best:
         return "none"
-    return f"{name_of.get(best['step'], 'step ' + str(best['step']))} (accuracy {_pct(best.get('accuracy'))})"
+    text = f"{name_of.get(best['step'], 'step ' + str(best['step']))} (accuracy {_pct(best.get('accuracy'))}"
+    if best.get("p_best") is None:
+        return text + ")"
+    others = [name_of.get(s, f"step {s}") for s in best.get("indistinguishable", []) if s != best["step"]]
+    return (text + f", P(best) {best['p_best']:.0%}) · ≈ not distinguishable from it (paired test, Holm-corrected, "
+            f"alpha {best['alpha']}): {', '.join(others) or 'none'}")
 
 
 def _pct(value) -> str:
@@ -172,7 +177,7 @@ def _tick(value: float, unit_range: bool) -> str:
 
 # -- table, flags, flips ---------------------------------------------------------------------------
 def _table(checkpoints: list[dict], names: list[str], flagged: dict, best_step) -> str:
-    head = ("checkpoint", "accuracy (95 % CI)", "vs base (↑ ↓)", "format", "length p50 / p90", "truncated", "repeating",
+    head = ("checkpoint", "accuracy (95 % CI)", "P(best) · ≈ best", "vs base (↑ ↓)", "format", "length p50 / p90", "truncated", "repeating",
             "empty / several answers", "tokens/s", "flags")
     rows = ["<div class='wide'><table class='steps'><tr>" + "".join(f"<th class='{'l' if h in ('checkpoint', 'flags') else ''}'>{_e(h)}</th>"
                                                    for h in head) + "</tr>"]
@@ -181,12 +186,13 @@ def _table(checkpoints: list[dict], names: list[str], flagged: dict, best_step) 
         versus = (f"{vs['difference'] * 100:+.1f} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
                   if vs.get("difference") is not None else "–")
         ci = f" ({_pct(c.get('ci_low'))}–{_pct(c.get('ci_high'))})" if c.get("ci_low") is not None else ""
-        cells = [name, _pct(c.get("accuracy")) + ci, versus, _pct(c.get("format_rate")),
+        held = "–" if c.get("p_best") is None else f"{c['p_best']:.0%}" + (" ≈" if c.get("near_best") else "")
+        cells = [name, _pct(c.get("accuracy")) + ci, held, versus, _pct(c.get("format_rate")),
                  f"{_num(c.get('new_tokens_p50'))} / {_num(c.get('new_tokens_p90'))}", _pct(c.get("truncation_rate")),
                  _pct(c.get("repetition_rate")), f"{_pct(c.get('empty_answer_rate'))} / {_pct(c.get('multi_answer_rate'))}",
                  _num(c.get("tokens_per_s")), ", ".join(flagged.get(c["step"], []))]
         rows.append(f"<tr class='{'best' if c['step'] == best_step else ''}'>" + "".join(
-            f"<td class='{'l' if i in (0, 9) else ''}{' flag' if i == 9 and cell else ''}'>{_e(cell)}</td>"
+            f"<td class='{'l' if i in (0, 10) else ''}{' flag' if i == 10 and cell else ''}'>{_e(cell)}</td>"
             for i, cell in enumerate(cells)) + "</tr>")
     return "".join(rows) + "</table></div>"
 
@@ -209,6 +215,7 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
           for kind in ("pass_at_k", "maj_at_k")}
     rewards = sorted({f for c in checkpoints for f in (c.get("reward_means") or {})})
     columns = [("vs base [95 % CI] p", paired("vs_base")), ("vs best [95 % CI] p", paired("vs_best")),
+               ("vs best p, Holm-adjusted", lambda c: _opt(c.get("holm_p"), lambda v: f"{v:.3g}")),
                ("mean length", lambda c: _opt(c.get("mean_new_tokens"), _num)),
                ("length max", lambda c: _opt(c.get("new_tokens_max"), _num)),
                ("think chars", lambda c: _opt(c.get("mean_think_chars"), _num)),

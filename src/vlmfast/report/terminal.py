@@ -54,6 +54,9 @@ def render_infer(report) -> None:
     table.add_column()
     off = escape(", ".join(cache["found_off"]) or "nowhere")
     table.add_row("checkpoint", escape(report.checkpoint))
+    if report.fingerprint:
+        fp = report.fingerprint
+        table.add_row("weights", f"{fp['digest']} ({plural(fp['tensors'], 'tensor')}, {fp['bytes'] / 2**20:,.1f} MiB)")
     table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
     speed = [report.decoder + " decoder"] + (["CUDA graphs"] if report.cuda_graphs else []) + (["compiled"] if report.compiled else [])
     batching = (f"{report.batch_size} decode rows, continuous ({plural(report.batches, 'admission')})"
@@ -132,7 +135,12 @@ def render_sweep(report: dict) -> None:
         stderr.print(f"engine: {switched}")
     best, failed = report["best"], sum(c.get("reward_errors") or 0 for c in report["checkpoints"])
     where = ("base" if best.get("label") == "base" else f"step {best['step']}") if best else ""
-    stderr.print(f"best: {where} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}" if best
+    held = ""
+    if best and best.get("p_best") is not None:
+        others = [str(s) if s else "base" for s in best.get("indistinguishable", []) if s != best["step"]]
+        held = (f", P(best) {best['p_best']:.0%} over {best['requests']} requests; ≈ not distinguishable from it "
+                f"(paired test, Holm-corrected, alpha {best['alpha']}): {', '.join(others) or 'no other step'}")
+    stderr.print(f"best: {where} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}{held}" if best
                  else f"best: none ({failed} reward call(s) failed: see reward_error in the step files)" if failed
                  else "best: none (no row had ground truth to score)")
     for f in report.get("flags", []):
@@ -154,7 +162,8 @@ def sweep_table(report: dict) -> Table:
     checkpoints = report["checkpoints"]
     samples = any(c.get("samples") for c in checkpoints)
     errors = any(c.get("errors") or c.get("reward_errors") for c in checkpoints)
-    columns = ["step", "accuracy\n(95 % CI)", "vs base\n(flips)", "format", "tokens\np50/p90", "trunc", "loop",
+    held = any(c.get("p_best") is not None for c in checkpoints)
+    columns = ["step", "accuracy\n(95 % CI)", *(["P(best)\n≈ best"] if held else []), "vs base\n(flips)", "format", "tokens\np50/p90", "trunc", "loop",
                *(["pass@k · maj@k\n· all same"] if samples else []), "tokens/s", *(["errors"] if errors else []), "flags"]
     for column in columns:
         table.add_column(column, justify="left" if column == "flags" else "right", no_wrap=column == "step",
@@ -170,11 +179,19 @@ def sweep_table(report: dict) -> Table:
         lengths = "/".join("–" if c.get(k) is None else f"{c[k]:.0f}" for k in ("new_tokens_p50", "new_tokens_p90"))
         extra = [_samples_cell(c.get("samples"))] if samples else []
         failed = [str(c.get("errors", 0)) + (f" + {c['reward_errors']} reward" if c.get("reward_errors") else "")]
-        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, versus,
+        chance = [_held_cell(c)] if held else []
+        table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, *chance, versus,
                       _rate(c["format_rate"]), lengths, _rate(c.get("truncation_rate")), _rate(c.get("repetition_rate")),
                       *extra, _fmt(c["tokens_per_s"], "", 0), *(failed if errors else []),
                       " ".join(flags.get(c["step"], [])))
     return table
+
+
+def _held_cell(c: dict) -> str:
+    """P(best) and ``≈`` when the step is not told apart from the best (the best itself included)."""
+    if c.get("p_best") is None:
+        return "–"
+    return f"{c['p_best']:.0%}" + (" ≈" if c.get("near_best") else "")
 
 
 def _rate(value, sign: bool = True) -> str:

@@ -53,6 +53,8 @@ class InferOptions:
     attn: str | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    allow_missing: list[str] | tuple[str, ...] | None = None  # prefixes of tensors a checkpoint may lack (random)
+    fingerprint: str = "sampled"  # the weights' fingerprint: "sampled" (headers + sampled bytes) | "full" (every byte)
     base: str | None = None  # LoRA adapter checkpoints: the base model (default: adapter_config.json's)
     merge: bool = False  # LoRA: merge the adapter into the weights before generating
     max_batch_tokens: int | None = None
@@ -83,6 +85,7 @@ class InferOptions:
         check_choice("--engine", self.engine, ENGINES)
         check_choice("--decoder", self.decoder, DECODERS)
         check_choice("--batching", self.batching, BATCHING)
+        check_choice("--fingerprint", self.fingerprint, ("sampled", "full"))
         check_choice("--scorer", self.scorer, SCORERS)
         check_choice("--template", self.template, tuple(TEMPLATES))
         if self.format_prompt is not None and self.template != "plain":

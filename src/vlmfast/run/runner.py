@@ -66,15 +66,22 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.engines.open import open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.weights import require_whole
 
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
+    weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
+    weights_id = weights_fingerprint(found, options.fingerprint)
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
     work = collect_work(options, dist)
+    if weights is not None and weights.allowed:
+        lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
+        work = dataclasses.replace(work, notes=[f"tensors missing as --allow-missing allows ({lost}): the model runs "
+                                                "with them initialised at random"] + work.notes)
     if reward is not None and not options.skip_bad:  # --skip-bad records reward failures per row instead
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
@@ -83,6 +90,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out} "
                                "(--overwrite runs them again)")
         report.parity = parity
+        report.fingerprint = weights_id
         return report
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
@@ -102,7 +110,21 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size)
     report.processes = [share.figures() for share in everyone] if dist.world > 1 else []
     report.parity = parity
+    report.fingerprint = weights_id
     return report
+
+
+def weights_fingerprint(found, how: str = "sampled") -> dict | None:
+    """The fingerprint of a local model checkpoint's weights (``how``: ``sampled`` or ``full``); None for a hub
+    id, an adapter, or files that cannot be read (the loader says why)."""
+    from vlmfast.checkpoints.fingerprint import fingerprint
+
+    if found is None or not found.is_local or found.kind != "model":
+        return None
+    try:
+        return fingerprint(found.path, full=how == "full")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def collect_work(options: InferOptions, dist: Distributed) -> Work:

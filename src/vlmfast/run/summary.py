@@ -65,6 +65,7 @@ class InferReport:
     out: str | None
     processes: list[dict] = field(default_factory=list)  # per-process figures of a multi-process run
     parity: dict | None = None  # training settings beside the checkpoint vs this run's (vlmfast.run.parity)
+    fingerprint: dict | None = None  # the weights evaluated (vlmfast.checkpoints.fingerprint); None: not a local dir
     results: list[SampleResult] = field(default_factory=list, repr=False)
     batch_timings: list[BatchTiming] = field(default_factory=list, repr=False)
 
@@ -107,6 +108,11 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
     # compiling and capturing are not generating: out of the wall time once, here
     generate_s = max(0.0, max(s.wall_s for s in shares) - facts.compile_s)
     notes = work.notes + facts.notes
+    if options.generation.n > 1:
+        from vlmfast.evaluation.samples import identical_answers_note
+
+        same = identical_answers_note(rows, options.generation.temperature)
+        notes = notes + ([same] if same else [])
     if facts.oom_splits:
         notes = notes + [f"out of memory: {facts.oom_splits} batch(es) were halved and retried"]
     # the cap is news only when an image was larger than it (small images were never touched)

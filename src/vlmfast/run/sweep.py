@@ -183,9 +183,12 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
                           for s in listing.skipped if not s.pending] + odd_base
     searched = None
+    refused: list[dict] = []  # checkpoints not evaluated: their weights are not whole
 
     def evaluate(entry: _Entry) -> float | None:
-        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings))
+        if _refuse(entry, options, refused, notes, say):
+            return None
+        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes))
         checked, news = models.engine_news()
         figures[-1].update(checked)
         for note in news:
@@ -222,9 +225,12 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             for skipped in (s for s in looked.skipped if s.pending and str(s.path) not in waiting_on):
                 waiting_on.add(str(skipped.path))
                 say(f"not yet: {skipped.path} ({skipped.reason})")
+            seen |= {r["step"] for r in refused}
             for c in (c for c in looked.checkpoints if c.step not in seen):
+                if _refuse(_Entry(c.step, c.path, c.layout), options, refused, notes, say):
+                    continue
                 figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say, tables,
-                                         settings))
+                                         settings, notes))
     except KeyboardInterrupt:
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
     finally:
@@ -232,7 +238,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     report = _report(options, figures, notes, tables)
     from vlmfast.timing import versions
 
-    report.update(settings=settings, versions=versions())
+    report.update(settings=settings, versions=versions(), not_evaluated=refused)
     if searched is not None:
         report["search"] = searched
         if searched["skipped"]:
@@ -241,6 +247,24 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                                    f"{', '.join(map(str, searched['skipped']))}); a plain sweep into the same --out-dir "
                                    "evaluates only those")
     return report
+
+
+def _refuse(entry: _Entry, options: SweepOptions, refused: list[dict], notes: list[str], say) -> bool:
+    """True (and the reason recorded and said) when the checkpoint's weights are not whole: the sweep goes on
+    without it, as for a save still being written."""
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.weights import require_whole
+    from vlmfast.errors import CheckpointError
+
+    try:
+        require_whole(locate(entry.path), options.infer.allow_missing or ())
+    except CheckpointError as exc:
+        refused.append({"step": entry.step, "path": str(entry.path), "reason": exc.message, "hint": exc.hint})
+        label = "base" if entry.label == "base" else f"step {entry.step}"
+        notes.append(f"{label} not evaluated: {exc.message}")
+        say(notes[-1])
+        return True
+    return False
 
 
 def _base_notes(entries: list[_Entry]) -> list[str]:
@@ -271,7 +295,7 @@ def _sleep(seconds: float) -> bool:
 
 
 def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say, tables,
-              settings: dict) -> dict:
+              settings: dict, notes: list[str]) -> dict:
     """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
     table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
     from vlmfast.checkpoints.locate import locate
@@ -282,13 +306,27 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
     found = locate(entry.path)
     say(f"step {entry.step}: {entry.path}")
+    from vlmfast.run.runner import weights_fingerprint
+    from vlmfast.run.sweep_record import forget_if_changed
+
+    weights_id = weights_fingerprint(found, options.infer.fingerprint)
+    changed = forget_if_changed(out, weights_id)
+    if changed:
+        say(changed)
+        notes.append(changed)
     models.how = None
     report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out)), progress=progress,
                    backend=models.at(found))
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     tables[entry.step] = per_request(rows)
+    from vlmfast.evaluation.samples import identical_answers_note
+
+    same = identical_answers_note(rows, options.infer.generation.temperature) if options.infer.generation.n > 1 else None
+    if same:
+        notes.append(f"step {entry.step}: {same}")
     figures = _figures(entry, out, rows, report, how, seconds)
+    figures["fingerprint"] = weights_id["digest"] if weights_id else None
     from vlmfast.run.sweep_record import MEASURED, measured, record
 
     if report.samples == 0 and (kept := measured(out)):  # read back, nothing measured: the figures of when it ran
@@ -330,7 +368,8 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
     for f in figures:  # paired against base and the best, over the requests both scored
         f["vs_base"] = compare(tables[f["step"]], tables[base["step"]]) if base and f is not base else None
         f["vs_best"] = compare(tables[f["step"]], tables[best["step"]]) if best and f is not best else None
-    notes = notes + _undistinguished(best, figures)
+    held = _held_up(best, ranked, tables)
+    notes = notes + _undistinguished(best, figures, held)
     gate = None
     if options.fail_if_best_below is not None:
         failed = best is None or best["accuracy"] < options.fail_if_best_below
@@ -340,24 +379,45 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
     return {
         "schema": SCHEMA, "run_dir": options.run_dir, "out_dir": options.out_dir, "manifest": options.infer.manifest,
         "checkpoints": sorted(figures, key=lambda f: f["step"]),
-        "best": {"step": best["step"], "label": best["label"], "path": best["path"], "accuracy": best["accuracy"]}
+        "best": {"step": best["step"], "label": best["label"], "path": best["path"], "accuracy": best["accuracy"],
+                 **({"p_best": held["p_best"].get(best["step"]), "indistinguishable": held["indistinguishable"],
+                     "requests": held["requests"], "alpha": held["alpha"], "resamples": held["resamples"]} if held else {})}
         if best else None,
         "gate": gate, "exit_code": EXIT_LESS_ACCURATE if gate and gate["failed"] else 0, "notes": notes,
         "flags": flag_run(figures, tables, base_step=base["step"] if base else None),
     }
 
 
-def _undistinguished(best: dict | None, figures: list[dict]) -> list[str]:
-    """A note when the best step is not told apart from others: their paired interval against it holds 0."""
+def _held_up(best: dict | None, ranked: list[dict], tables: dict[int, dict]) -> dict | None:
+    """Whether the best holds up (:mod:`vlmfast.evaluation.best`): each ranked step's probability of being
+    the best, and the steps its paired test, Holm-corrected, does not tell apart from it. Each checkpoint's
+    figures get ``p_best``, ``holm_p`` (against the best) and ``near_best`` (in that set)."""
+    from vlmfast.evaluation.best import best_step
+
     if best is None:
+        return None
+    scores = {f["step"]: {rid: v[0] for rid, v in tables[f["step"]].items()} for f in ranked}
+    p_values = {f["step"]: (f["vs_best"] or {}).get("p_value") for f in ranked if f is not best}
+    held = best_step(scores, best["step"], p_values)
+    for f in ranked:
+        f["p_best"] = held["p_best"].get(f["step"])
+        f["holm_p"] = held["holm_p"].get(f["step"])
+        f["near_best"] = f["step"] in held["indistinguishable"]
+    return held
+
+
+def _undistinguished(best: dict | None, figures: list[dict], held: dict | None) -> list[str]:
+    """A note when the best step is not told apart from others by the test that makes the set (and the
+    collapse flag): their Holm-adjusted paired p-value against it is at least alpha."""
+    if best is None or held is None:
         return []
-    tied = [f["step"] for f in figures if f is not best and f.get("vs_best") and f["vs_best"]["ci_high"] is not None
-            and f["vs_best"]["ci_high"] >= 0]
+    tied = [s for s in held["indistinguishable"] if s != best["step"]]
     if not tied:
         return []
     label = "base" if best["label"] == "base" else f"step {best['step']}"
-    return [f"the best ({label}) is not distinguishable from step(s) {', '.join(map(str, tied))}: their paired 95 % "
-            "interval against it includes no difference (more evaluation rows would tell them apart)"]
+    return [f"the best ({label}, P(best) {held['p_best'].get(best['step'], 0):.0%}) is not distinguishable from "
+            f"step(s) {', '.join(map(str, tied))}: their paired test against it, Holm-corrected over "
+            f"{len(held['holm_p'])} step(s), gives p >= {held['alpha']} (more evaluation rows would tell them apart)"]
 
 
 def publish(report: dict, options: SweepOptions, *, trackers=None) -> list[str]:

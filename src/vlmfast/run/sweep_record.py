@@ -9,7 +9,9 @@ of the run that generated the rows. A rerun into the same ``--out-dir``
   (rereading rows measures nothing: tokens/s would be null and load seconds 0);
 - with other settings is an error listing what differs (rows made one way must not be reported as made
   another), unless ``--overwrite`` (start afresh) or another ``--out-dir``.
-Another vlmfast, torch or transformers version is only said: it changes no setting.
+Another vlmfast, torch or transformers version is only said: it changes no setting. The record also holds
+the fingerprint of the weights evaluated (:mod:`vlmfast.checkpoints.fingerprint`): a checkpoint whose
+files changed since is evaluated again, and said.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def record(results: Path, settings: dict, figures: dict) -> None:
     from vlmfast.files import atomic_write
     from vlmfast.timing import versions
 
-    data = {"settings": settings, "versions": versions(), "figures": {k: figures[k] for k in MEASURED if k in figures}}
+    data = {"settings": settings, "versions": versions(), "figures": {k: figures[k] for k in MEASURED if k in figures},
+            "fingerprint": figures.get("fingerprint")}
     atomic_write(sidecar(results), (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
 
 
@@ -110,6 +113,22 @@ def measured(results: Path) -> dict:
         return json.loads(sidecar(results).read_text(encoding="utf-8")).get("figures", {})
     except (OSError, ValueError):
         return {}
+
+
+def forget_if_changed(results: Path, weights_id: dict | None) -> str | None:
+    """When the checkpoint's weight files changed since ``results``' rows were written (its record holds
+    another fingerprint), remove the rows and the record so the step is evaluated again, and say so."""
+    try:
+        then = json.loads(sidecar(results).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError):
+        return None
+    now = weights_id["digest"] if weights_id else None
+    if then is None or now is None or then == now:
+        return None
+    results.unlink(missing_ok=True)
+    sidecar(results).unlink(missing_ok=True)
+    return (f"{results.name}: the checkpoint's weight files changed since its rows were written (fingerprint {then} "
+            f"then, {now} now): evaluated again")
 
 
 def _norm(value):

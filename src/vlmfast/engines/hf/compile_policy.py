@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.files import atomic_write
+from vlmfast.files import atomic_write, cache_root  # noqa: F401 - cache_root importable from here
 
 # Until this machine has measured them: compile seconds of the decode step and the share of a step that
 # fusion saves. CUDA, measured on an H200 with the Qwen2.5-VL-3B shape (torch 2.11, transformers 5.24):
@@ -27,13 +27,6 @@ from vlmfast.files import atomic_write
 DEFAULT_COLD_COMPILE_S = {"cuda": 35.0, "cpu": 30.0}
 DEFAULT_WARM_COMPILE_S = {"cuda": 8.2, "cpu": 6.0}
 DEFAULT_GAIN = {"cuda": 0.24, "cpu": 0.2}
-
-
-def cache_root() -> Path:
-    if os.environ.get("VLMFAST_CACHE"):
-        return Path(os.environ["VLMFAST_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "vlmfast"
 
 
 def _kind(device: str) -> str:

@@ -9,7 +9,10 @@ stale weights after a reload, stale image-encoder caches, hybrid linear-attentio
 layer-wise reloading have all been reported against vLLM — so the first reload of a sweep is checked:
 a fixed set of requests (the ``canary``) is decoded greedily on the reloaded engine and on a fresh engine
 of the same checkpoint. Any difference turns in-place reloading off for the rest of the sweep, names
-the first request that differs, and the fresh engine carries on with the checkpoint.
+the first request that differs, and the fresh engine carries on with the checkpoint. Every reload, the
+first and the later ones, is also read back: a few language-model norm weights (kept unfused and whole on
+every rank) are hashed in the workers and compared with the checkpoint's files, so a reload that left
+other weights is caught at the step it happened; a fresh engine then takes over, as after a failed canary.
 """
 
 from __future__ import annotations
@@ -97,6 +100,97 @@ def _reload(backend, found) -> str | None:
         return note
     for stack in old:
         stack.close()
+    wrong = reloaded_mismatch(backend.llm, Path(found.path))
+    if wrong is not None:  # the engine kept other weights: a fresh engine takes this checkpoint and the later ones
+        backend.reload.enabled = False
+        note = (f"read-back after the in-place reload of {found.path}: {wrong}; this checkpoint gets a fresh vLLM "
+                "engine, and so does every later one")
+        backend.reload.notes.append(note)
+        return note
+    return None
+
+
+READBACK_TENSORS = 3  # language-model norm weights compared after every reload
+
+
+def readback_picks(directory: Path) -> dict[str, tuple[str, str]]:
+    """Which saved tensors to read back after a reload: language-model norm weights (first, middle and last
+    by name), the tensors vLLM keeps as saved — unfused, and whole on every tensor-parallel rank. Their
+    name with the wrappers taken off → (file, saved name)."""
+    from vlmfast.checkpoints.fingerprint import weight_files
+    from vlmfast.checkpoints.readers import safetensors_header
+
+    found = {}
+    for path in weight_files(directory):
+        if path.suffix != ".safetensors":
+            continue
+        for name in safetensors_header(path):
+            if name.endswith("norm.weight") and "visual" not in name and not name.startswith("mtp"):
+                found[_tail(name)] = (path.name, name)
+    ordered = sorted(found)
+    if len(ordered) > READBACK_TENSORS:
+        ordered = [ordered[0], ordered[len(ordered) // 2], ordered[-1]]
+    return {t: found[t] for t in ordered}
+
+
+def _tail(name: str) -> str:
+    """A parameter's name without the wrappers saves and engines put around it (``model.``,
+    ``language_model.``, in any order)."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in ("model.", "language_model."):
+            if name.startswith(prefix):
+                name, changed = name[len(prefix):], True
+    return name
+
+
+def worker_digests(worker, tails: list[str]) -> dict[str, tuple[str, str]]:
+    """Run in every vLLM worker: the dtype and SHA-256 of the bytes of each parameter whose name, wrappers
+    off, is in ``tails``."""
+    import hashlib
+
+    import torch
+
+    runner = worker.model_runner
+    model = getattr(runner, "model", None) or runner.get_model()
+    wanted, out = set(tails), {}
+    for name, param in model.named_parameters():
+        tail = _tail(name)
+        if tail in wanted:
+            data = param.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+            out[tail] = (str(param.dtype), hashlib.sha256(data.numpy().tobytes()).hexdigest())
+    return out
+
+
+def reloaded_mismatch(llm, directory: Path) -> str | None:
+    """After a reload: the first read-back tensor (:func:`readback_picks`) whose bytes in the engine differ
+    from the checkpoint's own (cast to the engine's dtype), or None when they agree — or when the engine
+    cannot say (no such tensors, an RPC this vLLM lacks: the canary stays the check)."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    picks = readback_picks(directory)
+    if not picks:
+        return None
+    try:
+        answers = llm.collective_rpc(worker_digests, args=(list(picks),))
+    except Exception:  # noqa: BLE001 - an engine that cannot answer is not evidence of stale weights
+        return None
+    held = {}
+    for answer in answers or []:
+        held.update(answer or {})
+    for tail, (file, name) in picks.items():
+        if tail not in held:
+            continue
+        dtype, digest = held[tail]
+        with safe_open(str(directory / file), framework="pt", device="cpu") as f:
+            saved = f.get_tensor(name)
+        saved = saved.to(getattr(torch, dtype.removeprefix("torch."))).contiguous()
+        if hashlib.sha256(saved.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest() != digest:
+            return f"{name} holds other values in the engine than {directory.name}/{file} saves"
     return None
 
 

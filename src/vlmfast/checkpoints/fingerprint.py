@@ -1,0 +1,101 @@
+"""Which weights produced a row: a fingerprint of a checkpoint's weight files, and a read-back check that a
+model holds the weights of a checkpoint after they were copied into it.
+
+:func:`fingerprint` is cheap by default: every safetensors header (names, dtypes, shapes, offsets) and, of
+every tensor, ``SAMPLE_BYTES`` bytes at its start, middle and end — a few kilobytes read for a 3B model,
+and an RL update changes nearly every tensor. ``full=True`` digests every byte instead (minutes for a
+7B model on a slow disk). Other weight files (pickle ``.bin``) count by name, size and their first and
+last ``SAMPLE_BYTES``. Equal files give equal fingerprints on every machine.
+
+:func:`readback_mismatch` reads a few tensors of a checkpoint (first, middle and last by name, and the
+LM head) from its files and compares them with the loaded model's: after an in-place swap, a model that
+kept the previous step's numbers is caught at the step it happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+SAMPLE_BYTES = 64
+READBACK = 4  # tensors compared after a swap
+
+
+def weight_files(d: Path) -> list[Path]:
+    """The full-model weight files of a checkpoint dir, sorted (adapters and trainer pickles aside)."""
+    from vlmfast.checkpoints.readers import NOT_WEIGHTS
+
+    return sorted(p for pattern in ("*.safetensors", "*.bin") for p in Path(d).glob(pattern)
+                  if not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS)
+
+
+def fingerprint(d, *, full: bool = False) -> dict:
+    """``{"digest": "sampled:<16 hex>" | "full:<16 hex>", "files", "tensors", "bytes"}`` of the weight files in
+    ``d`` (see the module docstring). Raises OSError / ValueError on an unreadable file."""
+    from vlmfast.checkpoints.readers import _safetensors_head
+
+    h = hashlib.sha256()
+    files, tensors, total = weight_files(Path(d)), 0, 0
+    for path in files:
+        h.update(path.name.encode("utf-8") + b"\0")
+        with open(path, "rb") as f:
+            if path.suffix != ".safetensors":
+                size = path.stat().st_size
+                total += size
+                h.update(str(size).encode())
+                h.update(_read(f, 0, SAMPLE_BYTES) + _read(f, max(0, size - SAMPLE_BYTES), SAMPLE_BYTES))
+                continue
+            size, header = _safetensors_head(path)
+            h.update(json.dumps(header, sort_keys=True).encode("utf-8"))
+            start = 8 + size
+            if full:
+                f.seek(start)
+                while block := f.read(1 << 20):
+                    h.update(block)
+            for name in sorted(n for n in header if n != "__metadata__"):
+                begin, end = (int(x) for x in header[name]["data_offsets"])
+                tensors, total = tensors + 1, total + end - begin
+                if not full:
+                    h.update(_samples(f, start + begin, end - begin))
+    method = "full" if full else "sampled"
+    return {"digest": f"{method}:{h.hexdigest()[:16]}", "files": len(files), "tensors": tensors, "bytes": total}
+
+
+def _read(f, offset: int, n: int) -> bytes:
+    f.seek(offset)
+    return f.read(n)
+
+
+def _samples(f, offset: int, length: int) -> bytes:
+    if length <= 3 * SAMPLE_BYTES:
+        return _read(f, offset, length)
+    middle = offset + (length - SAMPLE_BYTES) // 2
+    last = offset + length - SAMPLE_BYTES
+    return _read(f, offset, SAMPLE_BYTES) + _read(f, middle, SAMPLE_BYTES) + _read(f, last, SAMPLE_BYTES)
+
+
+def readback_names(pairs: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """Which of a checkpoint's (file, saved name, model name) triples to read back: first, middle and last by
+    name, and the LM head when it is saved (the tensor a wrong load most often gets wrong)."""
+    ordered = sorted(pairs, key=lambda p: p[1])
+    if len(ordered) <= READBACK:
+        return ordered
+    picked = [ordered[0], ordered[len(ordered) // 2], ordered[-1]]
+    head = next((p for p in ordered if p[1].endswith("lm_head.weight")), ordered[len(ordered) // 4])
+    return list(dict.fromkeys(picked + [head]))
+
+
+def readback_mismatch(state: dict, directory: Path, pairs: list[tuple[str, str, str]]) -> str | None:
+    """The first of the :func:`readback_names` tensors whose values in ``state`` (the model's state dict)
+    differ from the checkpoint's own (cast to the model's dtype, as the copy does), or None when all agree."""
+    import torch
+    from safetensors import safe_open
+
+    for file, name, home in readback_names(pairs):
+        with safe_open(str(Path(directory) / file), framework="pt", device="cpu") as f:
+            saved = f.get_tensor(name)
+        held = state[home].detach()
+        if not torch.equal(saved.to(held.dtype), held.to("cpu")):
+            return f"{name} holds other values than {Path(directory).name}/{file} saves"
+    return None

@@ -1,0 +1,367 @@
+"""Whole weights: the tensors a checkpoint's safetensors headers name against the tensors its model class
+expects, built from its config.json on the meta device (no memory, no weights read).
+
+A save can lose whole groups of tensors while its files look whole (an export that skipped shards, a
+vision tower left out, an untied LM head dropped); transformers then initialises the missing ones at
+random and says so only in its load log. :func:`check_weights` says which are missing, which the files
+hold that the class does not take, and which have another shape, each grouped by the longest prefix all
+of whose tensors share the fate (``visual.blocks.1.*: 12 missing``).
+
+Names are compared in one form: transformers renamed the wrappers over the years (``model.layers.0`` in
+a Qwen2.5-VL save, ``model.language_model.layers.0`` in its class today, ``visual.*`` beside
+``model.visual.*``) and maps one onto the other on load, so the leading ``model.`` and ``language_model.``
+are dropped on both sides. A tied LM head (the class's output embedding is its input embedding) may be
+saved or not; fused expert tensors (``experts.gate_up_proj``) are found in per-expert saves
+(``experts.0.gate_proj.weight``) as transformers converts them on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlmfast.errors import CheckpointError
+
+WRAPPERS = ("model.", "language_model.")  # dropped, in this order, from every name before comparing
+_EXPERT = re.compile(r"^(.*\.experts)\.\d+\.")
+
+
+def canonical(name: str) -> str:
+    """A tensor name without the wrappers transformers maps between saves and classes."""
+    for prefix in WRAPPERS:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name
+
+
+@dataclass(frozen=True)
+class Group:
+    """Tensors sharing one fate under ``prefix`` (a whole tensor name when ``count`` is 1 and it is one)."""
+
+    prefix: str
+    count: int
+    whole_name: bool = False  # prefix is one tensor's full name, not a folder of several
+
+    @property
+    def label(self) -> str:
+        return self.prefix if self.whole_name else f"{self.prefix}.*"
+
+    def as_dict(self) -> dict:
+        return {"prefix": self.label, "count": self.count}
+
+
+@dataclass(frozen=True)
+class WeightsCheck:
+    """What :func:`check_weights` found. ``missing``: expected tensors the files lack (``allowed``: those
+    of them the user said were expected); ``unexpected``: tensors the class does not take; ``mismatched``:
+    (name, saved shape, expected shape)."""
+
+    expected: int
+    saved: int
+    tied_head: bool
+    missing: tuple[Group, ...] = ()
+    allowed: tuple[Group, ...] = ()
+    unexpected: tuple[Group, ...] = ()
+    mismatched: tuple[tuple[str, list, list], ...] = ()
+    head_lost: bool = False  # the LM head is untied in the config and its tensor is missing
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def whole(self) -> bool:
+        """Nothing missing (beyond what was allowed) and no shape differs: the weights can be evaluated."""
+        return not self.missing and not self.mismatched
+
+    def summary(self) -> str:
+        """One line: ``visual.blocks.1.*: 12 missing; lm_head.weight: 1 missing``."""
+        parts = [f"{g.label}: {g.count} missing" for g in self.missing]
+        parts += [f"{name}: shape {saved} saved, {want} expected" for name, saved, want in self.mismatched[:3]]
+        if len(self.mismatched) > 3:
+            parts.append(f"{len(self.mismatched) - 3} more shapes differ")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {"whole": self.whole, "expected": self.expected, "saved": self.saved, "tied_head": self.tied_head,
+                "missing": [g.as_dict() for g in self.missing], "allowed_missing": [g.as_dict() for g in self.allowed],
+                "unexpected": [g.as_dict() for g in self.unexpected],
+                "mismatched": [{"name": n, "saved": s, "expected": e} for n, s, e in self.mismatched]}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The tensors a model class expects for a config: canonical name → (the class's name, shape)."""
+
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+    tied_head: bool
+    head: str | None  # canonical name of the output embedding's weight
+    ignore_missing: tuple[str, ...] = ()  # the class's own patterns of tensors it does not need saved
+    ignore_unexpected: tuple[str, ...] = ()  # ... and of saved tensors it drops on load (Qwen3.5's mtp.*)
+
+
+def expected_tensors(d: Path, config: dict, *, apart: bool = False) -> Expected | None:
+    """What the checkpoint's model class expects, built on the meta device from ``d``'s config.json (no
+    memory; 0.4 s for the 3B shapes once torch and transformers are imported, which takes seconds), and
+    kept in vlmfast's cache by the config's bytes, the class and the transformers version: the checkpoints
+    of one run share a config, and a cached answer imports neither. ``apart``: build in a child process
+    (``infer`` and ``sweep``: importing the model classes settles torch's compile cache directory, which
+    they point at their own only later, before the model loads). None when the installed transformers has
+    no class for it (said elsewhere)."""
+    from vlmfast.checkpoints.families import family_of
+
+    family = family_of(config)
+    names = [family.model_class] if family else [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    if not names:
+        return None
+    cached = _cache_file(Path(d), names)
+    if cached is not None and cached.is_file():
+        try:
+            return _from_json(json.loads(cached.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # rebuilt below
+    found = _build_elsewhere(Path(d), names) if apart else _build_expected(Path(d), names)
+    if found is not None and cached is not None:
+        from vlmfast.files import atomic_write
+
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(cached, json.dumps(_to_json(found)).encode("utf-8"))
+        except OSError:
+            pass  # a read-only cache costs the build next time, nothing else
+    return found
+
+
+def _cache_file(d: Path, names: list[str]) -> Path | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vlmfast.files import cache_root
+
+    try:
+        key = hashlib.sha256((d / "config.json").read_bytes() + "\0".join([*names, version("transformers")]).encode())
+    except (OSError, PackageNotFoundError):
+        return None
+    return cache_root() / "expected-tensors" / f"{key.hexdigest()[:24]}.json"
+
+
+def _to_json(e: Expected) -> dict:
+    return {"tensors": {c: [n, list(s)] for c, (n, s) in e.tensors.items()}, "tied_head": e.tied_head, "head": e.head,
+            "ignore_missing": list(e.ignore_missing), "ignore_unexpected": list(e.ignore_unexpected)}
+
+
+def _from_json(data: dict) -> Expected:
+    return Expected({c: (n, tuple(s)) for c, (n, s) in data["tensors"].items()}, bool(data["tied_head"]), data["head"],
+                    tuple(data["ignore_missing"]), tuple(data["ignore_unexpected"]))
+
+
+def _build_elsewhere(d: Path, names: list[str]) -> Expected | None:
+    """:func:`_build_expected` in a child Python (this module run as a script), its answer as JSON."""
+    import os
+    import subprocess
+    import sys
+
+    import vlmfast
+
+    root = str(Path(vlmfast.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "vlmfast.checkpoints.weights", str(d), *names], capture_output=True,
+                              text=True, env=env, timeout=600)
+        data = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return _from_json(data) if data else None
+
+
+def _build_expected(d: Path, names: list[str]) -> Expected | None:
+    import torch
+    import transformers
+    from transformers import AutoConfig
+
+    cls = next((getattr(transformers, n, None) for n in names if getattr(transformers, n, None) is not None), None)
+    if cls is None:
+        return None
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # config warnings about unused keys are not this check's to show
+    try:
+        cfg = AutoConfig.from_pretrained(str(d))
+        with torch.device("meta"):
+            model = cls(cfg)
+    except Exception:  # noqa: BLE001 - a config the class cannot build from is reported by the loader, not here
+        return None
+    finally:
+        hf_logging.set_verbosity(level)
+    tensors = {canonical(n): (n, tuple(t.shape)) for n, t in model.state_dict().items()}
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    head = None
+    if out_emb is not None:
+        head = next((canonical(n) for n, p in model.named_parameters(remove_duplicate=False) if p is out_emb.weight
+                     and n.endswith("lm_head.weight")), None) or "lm_head.weight"
+    tied = out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight
+    return Expected(tensors, tied, head, tuple(_patterns(cls, "_keys_to_ignore_on_load_missing")),
+                    tuple(_patterns(cls, "_keys_to_ignore_on_load_unexpected")))
+
+
+def _patterns(cls, attr: str) -> list[str]:
+    value = getattr(cls, attr, None) or []
+    return [p for p in value if isinstance(p, str)]
+
+
+def check_weights(d: Path, config: dict, index: dict, allow_missing=(), *, apart: bool = False) -> WeightsCheck | None:
+    """The checkpoint's tensors (``index``: name → (dtype, shape, bytes), its safetensors headers) against
+    what its class expects. ``allow_missing``: prefixes whose missing tensors are expected (``visual``,
+    ``lm_head``; a trailing ``.*`` is allowed); ``apart``: see :func:`expected_tensors`. None when no class
+    is known for it, or with no safetensors."""
+    if not index:
+        return None
+    expected = expected_tensors(d, config, apart=apart)
+    if expected is None:
+        return None
+    return compare(expected, index, allow_missing, quantized="quantization_config" in config)
+
+
+def compare(expected: Expected, index: dict, allow_missing=(), *, quantized: bool = False) -> WeightsCheck:
+    """:func:`check_weights` on an :class:`Expected` (pure: tests give made ones)."""
+    saved = {canonical(n): (n, tuple(meta[1])) for n, meta in index.items()}
+    want = dict(expected.tensors)
+    if expected.tied_head and expected.head:
+        want.pop(expected.head, None)  # tied: the output layer is the input embedding, saved or not
+        saved.pop(expected.head, None)
+    missing = {c for c in want if c not in saved and not _ignored(want[c][0], expected.ignore_missing)}
+    unexpected = {c for c in saved if c not in want and not _ignored(saved[c][0], expected.ignore_unexpected)}
+    # per-expert saves of fused expert tensors: transformers fuses them on load
+    split_experts = {m.group(1) for c in unexpected if (m := _EXPERT.match(c))}
+    missing = {c for c in missing if c.rsplit(".", 1)[0] not in split_experts}
+    unexpected = {c for c in unexpected if not ((m := _EXPERT.match(c)) and m.group(1) in split_experts)}
+    mismatched = []
+    if not quantized:  # quantized saves pack their tensors into other shapes
+        for c in sorted(set(want) & set(saved)):
+            mine, theirs = saved[c][1], want[c][1]
+            transposed = ".experts." in f".{c}" and sorted(mine) == sorted(theirs)  # a fused layout, converted on load
+            if mine != theirs and not transposed:
+                mismatched.append((saved[c][0], list(mine), list(theirs)))
+    style = _style(index)
+    allowed = {c for c in missing if _allowed(c, want[c][0], style, allow_missing)}
+    head_lost = bool(expected.head) and not expected.tied_head and expected.head in missing
+    return WeightsCheck(
+        expected=len(want), saved=len(index), tied_head=expected.tied_head,
+        missing=tuple(_groups(missing - allowed, set(want), style)), allowed=tuple(_groups(allowed, set(want), style)),
+        unexpected=tuple(_groups(unexpected, set(saved), None, {c: saved[c][0] for c in saved})),
+        mismatched=tuple(mismatched), head_lost=head_lost and expected.head not in allowed)
+
+
+def _ignored(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(re.search(p, name) for p in patterns)
+
+
+def _style(index: dict) -> str:
+    """How the save names its wrappers: ``new`` (model.language_model.*, model.visual.*), else ``old``
+    (model.*, visual.*)."""
+    return "new" if any(n.startswith("model.language_model.") for n in index) else "old"
+
+
+def restyle(name: str, style: str | None) -> str:
+    """A canonical name as this save would write it."""
+    if style is None or name.startswith(("lm_head", "mtp.")):
+        return name
+    if name.startswith("visual."):
+        return ("model." if style == "new" else "") + name
+    return ("model.language_model." if style == "new" else "model.") + name
+
+
+def _allowed(c: str, model_name: str, style: str, prefixes) -> bool:
+    for p in prefixes:
+        p = p.removesuffix("*").removesuffix(".")
+        if any(n == p or n.startswith(p + ".") for n in (c, model_name, restyle(c, style))):
+            return True
+    return False
+
+
+def _groups(members: set[str], universe: set[str], style: str | None, shown: dict | None = None) -> list[Group]:
+    """``members`` grouped by the shortest prefix under which every name of ``universe`` is a member."""
+    if not members:
+        return []
+    every, hit = Counter(), Counter()
+    for names, counter in ((universe, every), (members, hit)):
+        for n in names:
+            parts = n.split(".")
+            for k in range(1, len(parts) + 1):
+                counter[".".join(parts[:k])] += 1
+    found: dict[str, int] = {}
+    for n in sorted(members):
+        parts = n.split(".")
+        prefix = next(p for p in (".".join(parts[:k]) for k in range(1, len(parts) + 1)) if hit[p] == every[p])
+        found[n if hit[prefix] == 1 else prefix] = hit[prefix]  # one tensor: its own name says more
+    groups = []
+    for prefix, count in found.items():
+        whole = prefix in members
+        label = (shown or {}).get(prefix) if whole and shown else None
+        if label is None:
+            label = restyle(prefix, style) if style else _shown_prefix(prefix, members, shown)
+        groups.append(Group(label, count, whole))
+    return sorted(groups, key=lambda g: (-g.count, g.prefix))
+
+
+def _shown_prefix(prefix: str, members: set[str], shown: dict | None) -> str:
+    """The prefix as the save writes it: from one of its members' saved names."""
+    if not shown:
+        return prefix
+    member = next(m for m in sorted(members) if m.startswith(prefix + "."))
+    return shown[member][: len(shown[member]) - (len(member) - len(prefix))]
+
+
+def require_whole(found, allow_missing=()) -> WeightsCheck | None:
+    """For ``infer`` and ``sweep``: a CheckpointError (exit 2, nothing written) when a local model
+    checkpoint lacks tensors its class expects (beyond ``allow_missing``) or holds one of another shape;
+    else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class)."""
+    if found is None or not found.is_local or found.kind != "model":
+        return None
+    from vlmfast.checkpoints.readers import read_json_object, tensor_index
+
+    d = Path(found.path)
+    try:
+        index = tensor_index(d)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an unreadable header is the loader's error to give
+    check = check_weights(d, read_json_object(d / "config.json"), index, allow_missing, apart=True)
+    if check is not None and not check.whole:
+        raise CheckpointError(f"{d}: the weights are not whole: {check.summary()} "
+                              f"({check.expected} tensors expected, {check.saved} saved)", hint=fix_hint(check))
+    return check
+
+
+def fix_hint(check: WeightsCheck) -> str:
+    """What to do about weights that are not whole."""
+    if check.mismatched and not check.missing:
+        return "the save does not match its config.json: save again, or take the config.json the weights were saved with"
+    prefixes = " ".join(f"--allow-missing {g.prefix}" for g in check.missing[:3])
+    head = ("tie_word_embeddings is false, so the LM head must be saved; " if check.head_lost else "")
+    return (f"{head}the save lost these tensors: save again from the trainer's state (or copy frozen ones, e.g. the "
+            f"vision tower, from the base model); if they are meant to be missing, {prefixes} runs it with them "
+            "initialised at random")
+
+
+def compare_with_base(index: dict, base_index: dict) -> str:
+    """The saved tensors against the base's (both safetensors indexes), grouped: what the base has that this
+    save lacks, what only this save has, and shapes that differ (the vocabulary rows of the embedding and
+    the head aside: doctor's vocabulary check says those). Empty when they agree."""
+    mine = {canonical(n): tuple(meta[1]) for n, meta in index.items()}
+    theirs = {canonical(n): tuple(meta[1]) for n, meta in base_index.items()}
+    style = _style(index)
+    parts = [f"{g.label}: {g.count} in the base, not here" for g in _groups(set(theirs) - set(mine), set(theirs), style)]
+    parts += [f"{g.label}: {g.count} here, not in the base" for g in _groups(set(mine) - set(theirs), set(mine), style)]
+    vocab = ("embed_tokens.weight", "lm_head.weight")
+    shapes = [c for c in sorted(set(mine) & set(theirs)) if mine[c] != theirs[c]
+              and not (c.endswith(vocab) and mine[c][1:] == theirs[c][1:])]
+    parts += [f"{restyle(c, style)}: shape {list(mine[c])} here, {list(theirs[c])} in the base" for c in shapes]
+    return "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
+
+
+if __name__ == "__main__":  # the child process of _build_elsewhere: DIR CLASS... → the expected tensors as JSON
+    import sys
+
+    built = _build_expected(Path(sys.argv[1]), sys.argv[2:])
+    print(json.dumps(_to_json(built) if built is not None else None))

@@ -1,0 +1,76 @@
+"""VLMEvalKit TSV manifests: a made MMBench-style file (base64 images, options A-D, a hint, a repeated image
+named by another row's index, a quoted multi-line question) gives the same rows and accuracy as the JSONL
+that names the same images as files, the prompt laid out as VLMEvalKit's multiple-choice datasets build it."""
+
+import base64
+import csv
+import json
+
+import pytest
+
+from conftest import cli, read_jsonl
+
+
+def _prompt(question, options, hint=None):
+    """VLMEvalKit's ImageMCQDataset.build_prompt, written out by hand."""
+    text = (f"Hint: {hint}\n" if hint else "") + f"Question: {question}\n" + "Options:\n"
+    text += "".join(f"{k}. {v}\n" for k, v in options.items())
+    return text + "Please select the correct answer from the options above. \n"
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory, images):
+    root = tmp_path_factory.mktemp("tsv")
+    rows = [
+        {"index": "10", "question": "How many shapes?", "A": "1", "B": "2", "C": "3", "D": "4", "answer": "B",
+         "hint": "", "category": "count", "image": base64.b64encode(images[0].read_bytes()).decode()},
+        {"index": "11", "question": "Which colour is\n the largest shape?", "A": "red", "B": "blue", "C": "", "D": "",
+         "answer": "A", "hint": "Look closely.", "category": "colour",
+         "image": base64.b64encode(images[1].read_bytes()).decode()},
+        {"index": "12", "question": "Is it square?", "A": "yes", "B": "no", "C": "", "D": "", "answer": "A", "hint": "",
+         "category": "shape", "image": "10"},  # MMBench: a repeated image names the row that holds it
+    ]
+    tsv = root / "MMBench_mini.tsv"
+    with open(tsv, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t")
+        writer.writeheader()
+        writer.writerows(rows)
+    files = {"10": images[0], "11": images[1], "12": images[0]}
+    jsonl = root / "mmbench_mini.jsonl"
+    jsonl.write_text("".join(json.dumps({
+        "id": r["index"], "image": str(files[r["index"]]), "scorer": "choice", "solution": r["answer"],
+        "prompt": _prompt(r["question"], {k: r[k] for k in "ABCD" if r[k]}, r["hint"] or None)}) + "\n" for r in rows))
+    return {"tsv": tsv, "jsonl": jsonl, "rows": rows}
+
+
+def test_the_rows_are_vlmevalkit_s_requests(sets):
+    from vlmfast.inputs.requests import read_manifest
+
+    items, notes = read_manifest(str(sets["tsv"]), None)
+    assert [r.id for r in items] == ["10", "11", "12"]
+    assert items[1].prompt == ("Hint: Look closely.\nQuestion: Which colour is\n the largest shape?\nOptions:\n"
+                               "A. red\nB. blue\nPlease select the correct answer from the options above. \n")
+    assert [(r.truth, r.scorer) for r in items] == [("B", "choice"), ("A", "choice"), ("A", "choice")]
+    assert all(r.image_sizes and r.image_data for r in items) and "category" in notes[0]
+    assert "image" not in items[0].record and items[0].record["category"] == "count"
+    from vlmfast.inputs.datasets import load_images
+
+    decoded = load_images(items)
+    assert decoded[("12", 0)].size == decoded[("10", 0)].size  # the repeated image is row 10's
+
+
+def test_a_tsv_gives_the_same_rows_and_accuracy_as_its_jsonl(sets, grpo_ckpt, tmp_path):
+    runs = {}
+    for kind in ("tsv", "jsonl"):
+        out = tmp_path / f"{kind}.jsonl"
+        r = cli("infer", "--ckpt", grpo_ckpt, "--manifest", sets[kind], "--max-new-tokens", "4", "--device", "cpu",
+                "--out", out, "--json")
+        assert r.returncode == 0, r.stderr
+        runs[kind] = (read_jsonl(out), json.loads(r.stdout)["scores"])
+    fields = ("id", "prompt", "text", "token_ids", "answer", "correct", "score", "scorer")
+    tsv_rows, jsonl_rows = ([{k: row.get(k) for k in fields} for row in rows] for rows, _ in runs.values())
+    assert tsv_rows == jsonl_rows and all(row["scorer"] == "choice" for row in tsv_rows)
+    assert runs["tsv"][1]["accuracy"] == runs["jsonl"][1]["accuracy"]
+    assert not list(sets["tsv"].parent.glob("*.png"))  # nothing decoded to disk
+    score = cli("score", tmp_path / "tsv.jsonl", "--manifest", sets["tsv"], "--json")
+    assert score.returncode == 0 and json.loads(score.stdout)["accuracy"] == runs["tsv"][1]["accuracy"]
