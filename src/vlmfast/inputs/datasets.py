@@ -125,11 +125,15 @@ def _schema(part: Part) -> tuple[list[str], dict[str, list[str]]]:
     from vlmfast.inputs.embedded import require_pyarrow
 
     pa = require_pyarrow()
-    if part.kind == "parquet":
-        schema = pa.parquet.ParquetFile(part.path).schema_arrow
-    else:
-        with pa.memory_map(part.path) as source:
-            schema = pa.ipc.open_stream(source).schema
+    try:
+        if part.kind == "parquet":
+            schema = pa.parquet.ParquetFile(part.path).schema_arrow
+        else:
+            with pa.memory_map(part.path) as source:
+                schema = pa.ipc.open_stream(source).schema
+    except (OSError, pa.ArrowException) as exc:  # a truncated or foreign file: said before any model loads
+        raise InputError(f"cannot read {part.path}: {exc}",
+                         hint="give a parquet file or a datasets save_to_disk folder (Arrow IPC stream files)") from exc
     nested = {f.name: [s.name for s in f.type] for f in schema if pa.types.is_struct(f.type)}
     return list(schema.names), nested
 

@@ -46,6 +46,9 @@ class SweepOptions:
     def __post_init__(self):
         if self.infer.manifest is None and not self.infer.images:
             raise UsageError("a sweep needs its evaluation set", hint="give --manifest FILE.jsonl (with ground truth)")
+        from vlmfast.files import check_output_dir
+
+        check_output_dir("--out-dir", self.out_dir)
         if self.fail_if_best_below is not None and not 0 <= self.fail_if_best_below <= 1:
             raise UsageError(f"--fail-if-best-below {self.fail_if_best_below}: an accuracy is between 0 and 1",
                              hint="e.g. --fail-if-best-below 0.6")

@@ -1,0 +1,60 @@
+"""Output places, settings and datasets that cannot work are one `error:` line with a hint and exit 2,
+before any model loads or any work is done: never a traceback, never after the work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from tests.conftest import cli
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_sweep_out_dir_that_is_a_file_or_unwritable_is_a_clear_error(grpo_ckpt, images, tmp_path):
+    manifest = _jsonl(tmp_path / "m.jsonl", [{"id": "a", "image": str(images[0]), "prompt": "p", "solution": "1"}])
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    r = cli("sweep", grpo_ckpt.parent, "--manifest", manifest, "--out-dir", taken)
+    assert r.returncode == 2 and f"--out-dir {taken}: is a file" in r.stderr and "hint:" in r.stderr
+    r = cli("sweep", grpo_ckpt.parent, "--manifest", manifest, "--out-dir", "/sys/vlmfast-sweep")
+    assert r.returncode == 2 and "--out-dir /sys/vlmfast-sweep: cannot write in /sys" in r.stderr
+
+
+def test_bench_report_that_is_a_file_is_refused_before_the_bench_runs(grpo_ckpt, tmp_path, monkeypatch):
+    import vlmfast.run.bench as bench
+
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: (_ for _ in ()).throw(AssertionError("the bench ran")))
+    taken = tmp_path / "report"
+    taken.write_text("x")
+    r = cli("bench", "--ckpt", grpo_ckpt, "--synthetic", 1, "--report", taken)
+    assert r.returncode == 2 and f"--report {taken}: is a file" in r.stderr
+
+
+def test_infer_out_that_cannot_be_written_is_refused_before_loading(grpo_ckpt, images, monkeypatch):
+    import vlmfast.engines.open as engines
+
+    monkeypatch.setattr(engines, "open_backend", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--out", "/sys/vlmfast/res.jsonl")
+    assert r.returncode == 2 and "--out /sys/vlmfast/res.jsonl: cannot write in /sys" in r.stderr
+
+
+def test_reward_kwargs_not_json_with_a_training_record_beside_the_checkpoint(grpo_ckpt, images, tmp_path):
+    ckpt = shutil.copytree(grpo_ckpt, tmp_path / "checkpoint-10")
+    (ckpt / "args.json").write_text(json.dumps({"rlhf_type": "grpo", "temperature": 0.9}))
+    reward = tmp_path / "r.py"
+    reward.write_text("def f(completions, solution, **kwargs):\n    return [1.0 for _ in completions]\n")
+    r = cli("infer", "--ckpt", ckpt, "--images", images[0], "--prompt", "p", "--reward", f"{reward}:f",
+            "--reward-kwargs", "{format_weight: 0.1}")
+    assert r.returncode == 2 and "--reward-kwargs: not JSON" in r.stderr and "hint:" in r.stderr
+
+
+def test_a_broken_parquet_manifest_is_a_clear_error(grpo_ckpt, tmp_path):
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 this is not a parquet file")
+    r = cli("infer", "--ckpt", grpo_ckpt, "--manifest", broken)
+    assert r.returncode == 2 and f"cannot read {broken}" in r.stderr and "hint:" in r.stderr
+
