@@ -58,3 +58,19 @@ def test_a_broken_parquet_manifest_is_a_clear_error(grpo_ckpt, tmp_path):
     r = cli("infer", "--ckpt", grpo_ckpt, "--manifest", broken)
     assert r.returncode == 2 and f"cannot read {broken}" in r.stderr and "hint:" in r.stderr
 
+
+def test_a_broken_config_json_is_named_not_the_processor(grpo_ckpt, images, tmp_path):
+    from vlmfast.checkpoints.load import load
+    from vlmfast.errors import CheckpointError
+
+    ckpt = shutil.copytree(grpo_ckpt, tmp_path / "ckpt")
+    (ckpt / "config.json").write_text('{"model_type": "qwen2_5_vl",')  # a save cut short
+    r = cli("infer", "--ckpt", ckpt, "--images", images[0], "--prompt", "p")
+    assert r.returncode == 2 and f"{ckpt / 'config.json'}: cannot read" in r.stderr
+    assert "processor" not in r.stderr
+    try:
+        load(str(ckpt), device="cpu")
+    except CheckpointError as exc:
+        assert "config.json: cannot read" in exc.message and "processor" not in (exc.hint or "")
+    else:
+        raise AssertionError("a broken config.json loaded")

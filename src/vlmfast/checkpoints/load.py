@@ -158,6 +158,8 @@ def load(
         return loaded
     if base is not None or merge:
         raise UsageError("--base and --merge apply to LoRA adapter checkpoints", hint=f"{found.source} is a full model")
+    if found.is_local:
+        read_configs(found.path)  # a broken config.json is named as such, not as the processor that reads it first
     if found.is_local and not allow_pickle and not any(found.path.glob("*.safetensors")):
         raise CheckpointError(
             f"{found.path}: weights are pickle files (*.bin), which can run arbitrary code when loaded",

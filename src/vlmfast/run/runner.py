@@ -69,6 +69,10 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
+    if found is not None and found.is_local and found.kind == "model":
+        from vlmfast.checkpoints.readers import read_configs
+
+        read_configs(found.path)  # a broken config.json: said now, not after torch has been imported
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
