@@ -226,6 +226,29 @@ def _good_requests(manifest: str, keys=None) -> list[Request]:
     return items
 
 
+def truth_fields(manifest: str, keys=None) -> tuple[str, str, str]:
+    """(the ground-truth fields the manifest reader looks for, the fields the manifest's first record has,
+    a hint) for a manifest none of whose records gave a ground truth."""
+    from vlmfast.inputs.datasets import ANSWER_KEYS, R1V_KEYS, is_dataset
+    from vlmfast.inputs.embedded import column_names, dataset_parts
+
+    if is_dataset(manifest):
+        given = keys.answer if keys is not None and keys.answer else None
+        looked = f"column {given}" if given else "the columns " + ", ".join(ANSWER_KEYS)
+        found = ", ".join(column_names(dataset_parts(manifest)[0]))
+        return looked, found, "name the ground-truth column with --answer-key COLUMN"
+    records, _ = read_records(Path(manifest).read_text(encoding="utf-8", errors="replace"), manifest)
+    first = next((r for _, r in records if isinstance(r, dict)), {})
+    looked = '"solution", "answer", an assistant turn after the last user turn of "messages", R1-V\'s "ground_truth"'
+    hint = 'give each line its ground truth as "solution" (e.g. "solution": "B")'
+    if "conversations" in first:
+        hint = ("it looks like VLM-R1's training JSONL: its second \"conversations\" turn is the solution; "
+                "turn it into a manifest with vlmfast convert FILE --out manifest.jsonl")
+    elif set(first) & (R1V_KEYS - {"ground_truth"}):
+        hint = 'R1-V lines carry their truth as "ground_truth": add it to each line'
+    return looked, ", ".join(f'"{k}"' for k in first) or "no fields", hint
+
+
 def read_reward_truths(manifest: str, keys=None) -> dict[str, dict]:
     """id → what a trainer's reward function is handed of each manifest record: ``manifest_truth`` (the
     ground truth byte for byte as the line holds it), ``record`` (the line itself), ``data_source`` and
