@@ -84,3 +84,32 @@ def test_a_reward_that_cannot_be_called_fails_before_anything_generates(tmp_path
         infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=[f"{rewards}:accuracy"]),
               backend=backend)
     assert backend.batches_run == 0 and not out.exists()
+
+
+def test_a_reward_that_raises_with_skip_bad_is_counted_not_hidden(tmp_path, capsys):
+    """--skip-bad keeps a raising reward's row as reward_error: the report counts it (terminal and JSON),
+    for infer and score alike, instead of "0 errors" and an accuracy over the rows left."""
+    from conftest import cli
+    from vlmfast.report.terminal import render_infer
+
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"im{i}.png"))
+        Image.new("RGB", (56, 56), (i * 60, 40, 90)).save(paths[-1])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": p, "prompt": "?", "solution": "A" if i else "boom"}) + "\n"
+                                for i, p in enumerate(paths)))
+    rewards = tmp_path / "picky.py"
+    rewards.write_text("def acc(completions, solution, **kwargs):\n"
+                       "    if 'boom' in solution:\n        raise ValueError('cannot parse boom')\n"
+                       "    return [1.0 for _ in completions]\n")
+    out = tmp_path / "r.jsonl"
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=f"{rewards}:acc",
+                                skip_bad=True, batch_size=1), backend=FakeBackend())
+    assert report.scores["reward_errors"] == 1 and report.scores["scored"] == 2
+    capsys.readouterr()
+    render_infer(report)
+    assert "1 reward error" in capsys.readouterr().err
+    r = cli("score", out, "--manifest", manifest, "--reward", f"{rewards}:acc", "--skip-bad", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["reward_errors"] == 1
+    assert "1 row whose reward function raised" in r.stderr

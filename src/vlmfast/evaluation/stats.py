@@ -39,6 +39,8 @@ def summarize(rows: list[dict]) -> dict:
         "mean_think_chars": mean(len(think) for think, _ in parts if think is not None),
         "mean_answer_chars": mean(len(answer) for _, answer in parts if answer is not None),
         "bbox_unmapped": sum(1 for r in scored if r.get("bbox_unmapped")),
+        # rows whose reward function raised (--skip-bad): unscored, so left out of the accuracy above
+        "reward_errors": sum(1 for r in ok if r.get("reward_error") is not None),
     }
     from vlmfast.evaluation.health import health
 
