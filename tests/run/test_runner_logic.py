@@ -1,5 +1,6 @@
 """The runner, the summary and the report's arithmetic through a fake backend: no model, no torch."""
 
+import dataclasses
 import json
 
 import pytest
@@ -43,11 +44,11 @@ def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatc
     import vlmfast.engines.open
 
     out = tmp_path / "r.jsonl"
-    infer(_options(small, out), backend=FakeBackend())
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "use_cache": False}))
     (ckpt / "model.safetensors").write_bytes(b"")
+    infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(out)), backend=FakeBackend())
 
     def no_engine(*args, **kwargs):
         raise AssertionError("the engine (and the model) should not be opened")
@@ -215,3 +216,28 @@ def test_a_library_call_without_out_returns_rows_and_prints_none(small, capsys):
     report = infer(_options(small), backend=FakeBackend())
     assert capsys.readouterr().out == ""
     assert [r.id for r in report.results] == small and all(r.text for r in report.results)
+
+
+@pytest.mark.parametrize("change, named", [({"ckpt": "other"}, "ckpt: "), ({"template": "r1"}, 'template: "plain" then, "r1" now'),
+                                           ({"temperature": 0.7}, '"temperature": 0.7'), ({"max_new_tokens": 9}, '"max_new_tokens": 9')])
+def test_a_resume_with_other_settings_is_an_error_naming_them(small, tmp_path, change, named):
+    """Rows made one way are never completed another way into one file: the settings are recorded beside
+    --out (as a sweep records each step's), a rerun that differs stops before anything runs; --overwrite redoes."""
+    from vlmfast.engines.rows import GenerationSettings
+
+    out = tmp_path / "r.jsonl"
+    infer(_options(small[:2], out), backend=FakeBackend())
+    assert json.loads((tmp_path / "r.run.json").read_text())["settings"]["template"] == "plain"
+    gen = {k: change[k] for k in ("temperature", "max_new_tokens") if k in change}
+    kw = {k: v for k, v in change.items() if k not in gen and k != "ckpt"}
+    options = InferOptions(ckpt=change.get("ckpt", "fake"), images=small, prompt="Which?", out=str(out),
+                           generation=GenerationSettings(**gen), **kw)
+    backend = FakeBackend()
+    with pytest.raises(UsageError, match="holds rows made with other settings") as exc:
+        infer(options, backend=backend)
+    assert named in exc.value.message and "--overwrite" in exc.value.hint and backend.batches_run == 0
+    assert len(read_jsonl(out)) == 2
+    report = infer(dataclasses.replace(options, overwrite=True), backend=FakeBackend())
+    assert report.samples == 4 and report.skipped_existing == 0
+    again = infer(options, backend=FakeBackend())  # now recorded with these settings: resumes
+    assert again.samples == 0 and again.skipped_existing == 4
