@@ -100,8 +100,14 @@ def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
 
     before, now = earlier.get("versions", {}), versions()
     changed = [f"{k} {before[k]} → {now[k]}" for k in ("vlmfast", "torch", "transformers")
-               if k in before and k in now and before[k] != now[k]]
+               if k in before and k in now and _release(before[k]) != _release(now[k])]
     return f"earlier rows were made with {', '.join(changed)}; resuming with the same settings" if changed else None
+
+
+def _release(version) -> str:
+    """A version without its local build tag (``2.14.1+cu130`` → ``2.14.1``): records written before every
+    read came from the package metadata hold either spelling for one installation."""
+    return str(version).split("+")[0]
 
 
 def record(results: Path, settings: dict, figures: dict) -> None:
