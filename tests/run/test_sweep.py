@@ -276,3 +276,23 @@ def test_an_odd_base_is_said(run, tmp_path):
     assert any("one of the run's own checkpoints" in n for n in own["notes"])
     plain = sweep(_options(run, tmp_path / "d", base=str(run["base"]), steps=(100,)))
     assert not any("--base" in n for n in plain["notes"])
+
+
+def test_base_takes_a_hub_id_as_bench_compare_base_does(run, tmp_path, monkeypatch):
+    """--base Qwen/Qwen2.5-VL-3B-Instruct (the README's first sweep): a hub id is located as infer and bench
+    locate one (here from the local Hugging Face cache, offline), and its rows are the base directory's."""
+    from huggingface_hub import constants
+
+    from vlmfast.run.sweep import sweep
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--tinyorg--tiny-base"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(run["base"], repo / "snapshots" / ("0" * 40))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    by_id = sweep(_options(run, tmp_path / "hub-base", base="tinyorg/tiny-base", steps=(100,)))
+    by_dir = sweep(_options(run, tmp_path / "dir-base", base=str(run["base"]), steps=(100,)))
+    assert [c["label"] for c in by_id["checkpoints"]] == ["base", by_dir["checkpoints"][1]["label"]]
+    assert _tokens(read_jsonl(tmp_path / "hub-base" / "base.jsonl")) == _tokens(read_jsonl(tmp_path / "dir-base" / "base.jsonl"))

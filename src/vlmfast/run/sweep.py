@@ -74,8 +74,9 @@ class SweepOptions:
 @dataclass
 class _Entry:
     step: int
-    path: Path
+    path: Path | str  # a hub id (a base not in the local cache) stays a string
     label: str  # "base" | the layout
+    found: object = None  # the base as located (a hub id is probed once)
 
 
 class _Models:
@@ -176,7 +177,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
-    entries = ([_Entry(0, locate(options.base).path, "base")] if options.base else [])
+    base = locate(options.base, hub=True) if options.base else None  # a directory or a hub id, as every --base takes
+    entries = [_Entry(0, base.path or base.source, "base", base)] if base else []
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     odd_base = _base_notes(entries)
     for note in odd_base:
@@ -283,7 +285,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     from vlmfast.run.runner import infer
 
     out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
-    found = locate(entry.path)
+    found = entry.found or locate(entry.path)
     say(f"step {entry.step}: {entry.path}")
     models.how = None
     report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out)), progress=progress,
