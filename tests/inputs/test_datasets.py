@@ -381,3 +381,16 @@ def test_score_and_the_sweep_page_read_a_dataset_with_the_runs_columns(images, t
     assert default.returncode == 0 and json.loads(default.stdout)["accuracy"] == 0.75
     assert _truths(str(tmp_path / "shards"), {"answer_key": "label"}) == dict(zip("abcd", ["4", "blue", "5", "yes"]))
     assert _truths(str(tmp_path / "shards"), None) == dict(zip("abcd", ANSWERS))
+
+
+def test_an_image_mark_is_the_images_place_in_every_manifest_format(images, tmp_path):
+    """"<image>How many boxes?" is the same prompt in a parquet, a JSONL line and an ms-swift turn: the mark
+    is dropped and the image goes first, never sent as the text "<image>"."""
+    pq.write_table(_easyr1(images), tmp_path / "easyr1.parquet")
+    lines = [{**line, "prompt": f"<image>{line['prompt']}"} for line in _ours(images)]
+    swift = [{"id": line["id"], "images": line["images"], "answer": line["answer"],
+              "messages": [{"role": "user", "content": line["prompt"]}]} for line in lines]
+    parquet = collect(manifest=str(tmp_path / "easyr1.parquet")).requests
+    for manifest in (_jsonl(tmp_path / "ours.jsonl", lines), _jsonl(tmp_path / "swift.jsonl", swift)):
+        got = collect(manifest=manifest).requests
+        assert [r.prompt for r in got] == [r.prompt for r in parquet] == QUESTIONS

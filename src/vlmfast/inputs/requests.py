@@ -32,6 +32,10 @@ R1_INSTRUCTION = (
 )
 TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION}
 
+# The image placeholder of LLaVA-style data (ms-swift, VLM-R1, EasyR1, verl): in every manifest format it marks
+# where an image goes, never text; vlmfast removes it and puts the request's images before the text.
+IMAGE_MARK = "<image>"
+
 # Manifest keys we understand; anything else is ignored (and reported once).
 MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages", "solution", "answer", "scorer",
                            "data_source", "extra_info"})
@@ -171,7 +175,9 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
         images = [i.get("path") if isinstance(i, dict) else i for i in images]
     if not images or not all(isinstance(i, str) and i for i in images):
         raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
-    prompt = prompt if prompt is not None else default_prompt
+    if isinstance(prompt, str):  # "<image>" marks the image's place, as in every format read: images go first
+        prompt = prompt.replace(IMAGE_MARK, "").strip()
+    prompt = prompt if prompt else default_prompt
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError('no prompt: give "prompt" in the record, or --prompt / --prompt-file for all')
     scorer = record.get("scorer")
