@@ -14,12 +14,11 @@ import os
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
+from vlmfast.inputs.datasets import VLMR1_SCORERS
 from vlmfast.inputs.requests import Request, parse_messages, read_manifest
 from vlmfast.evaluation.scoring import SCORERS, parse_box, truth_text
 
 FORMATS = ("vlmr1", "swift", "auto")
-# VLM-R1 names a per-record reward ("accu_reward_method"); the ones with a scorer of ours.
-_R1_REWARD_SCORERS = {"mcq": "choice"}
 _URL_PREFIXES = ("http://", "https://", "data:")
 
 
@@ -135,7 +134,7 @@ def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
     if truth is None and len(turns) > 1 and isinstance(turns[1], dict):
         truth = turns[1].get("value")
     row = _row(record, index, images, prompt)
-    scorer = record.get("scorer") or _R1_REWARD_SCORERS.get(record.get("accu_reward_method"))
+    scorer = record.get("scorer") or VLMR1_SCORERS.get(record.get("accu_reward_method"))
     return _with_truth(row, truth, scorer)
 
 
@@ -242,8 +241,9 @@ def truth_fields(manifest: str, keys=None) -> tuple[str, str, str]:
     looked = '"solution", "answer", an assistant turn after the last user turn of "messages", R1-V\'s "ground_truth"'
     hint = 'give each line its ground truth as "solution" (e.g. "solution": "B")'
     if "conversations" in first:
-        hint = ("it looks like VLM-R1's training JSONL: its second \"conversations\" turn is the solution; "
-                "turn it into a manifest with vlmfast convert FILE --out manifest.jsonl")
+        hint = 'VLM-R1 lines carry their solution as the second "conversations" turn: add it to each line'
+        looked = 'the second "conversations" turn (VLM-R1)'
+
     elif set(first) & (R1V_KEYS - {"ground_truth"}):
         hint = 'R1-V lines carry their truth as "ground_truth": add it to each line'
     return looked, ", ".join(f'"{k}"' for k in first) or "no fields", hint

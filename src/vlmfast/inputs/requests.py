@@ -110,7 +110,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
     :func:`vlmfast.inputs.datasets.read_dataset` (``keys``: its :class:`~vlmfast.inputs.datasets.DatasetKeys`).
     Relative image paths resolve against the manifest's directory first, then the working directory.
     """
-    from vlmfast.inputs.datasets import is_dataset, is_r1v, r1v_view, read_dataset
+    from vlmfast.inputs.datasets import is_dataset, is_r1v, is_vlmr1, r1v_view, read_dataset, vlmr1_row, vlmr1_view
 
     if is_dataset(path):
         return read_dataset(path, default_prompt, keys, max_image_pixels)
@@ -124,6 +124,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
     base = Path(path).parent
     items: list[Request | BadInput] = []
     unknown: set[str] = set()
+    decoded = 0  # JSON values read so far: a VLM-R1 line without an id is named by its position, as convert names it
     for lineno, line in enumerate(raw.splitlines(), start=1):
         where = f"{path}:{lineno}"
         if not line.strip():
@@ -136,12 +137,16 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
         except json.JSONDecodeError as exc:
             items.append(_bad_line(where, f"invalid JSON ({exc.msg} at column {exc.colno})"))
             continue
+        decoded += 1
         if not isinstance(record, dict):
             items.append(_bad_line(where, "record is not a JSON object"))
             continue
         line = record
         if is_r1v(record):  # R1-V's evaluation lines: read through our keys, handed to rewards as they are
             record = r1v_view(record)
+        elif is_vlmr1(record):  # VLM-R1's lines: rewards get the row its loader makes, scorers our keys
+            line = vlmr1_row(record, base)
+            record = vlmr1_view(line, decoded - 1)
         else:
             unknown.update(set(record) - MANIFEST_KEYS)
         try:
