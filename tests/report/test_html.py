@@ -197,3 +197,11 @@ def test_the_page_is_written_beside_report_json(swept):
     text = (swept / "report.html").read_text()
     assert _data(text)["samples"][3]["truth_box"] == [4, 6, 30, 34]
     assert shutil.disk_usage(swept).free > 0 and (swept / "report.json").is_file()
+
+
+def test_the_page_shows_each_reward_sub_scores_mean():
+    page = _page()
+    page["checkpoints"][1].update(reward_means={"math": 0.5}, reward_score_means={"format": 0.0, "accuracy": 0.55})
+    more = render(page).split("more figures per checkpoint")[1].split("</details>")[0]
+    assert re.findall(r"<th[^>]*>(.*?)</th>", more)[-2:] == ["sub-score format", "sub-score accuracy"]
+    assert re.findall(r"<td[^>]*>(.*?)</td>", more)[-2:] == ["0.000", "0.550"]

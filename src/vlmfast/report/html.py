@@ -219,6 +219,9 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
     columns += [("all same", lambda c: _opt((c.get("samples") or {}).get("all_same_rate"), _pct))]
     columns += [(f"reward {f}", lambda c, f=f: _opt((c.get("reward_means") or {}).get(f), lambda v: f"{v:.3f}"))
                 for f in rewards]
+    subscores = list(dict.fromkeys(k for c in checkpoints for k in (c.get("reward_score_means") or {})))
+    columns += [(f"sub-score {k}", lambda c, k=k: _opt((c.get("reward_score_means") or {}).get(k), lambda v: f"{v:.3f}"))
+                for k in subscores]
     columns += [("load / swap s", lambda c: _opt(next((c[k] for k in ("load_s", "swap_s", "reload_s")
                                                        if c.get(k) is not None), None), lambda v: f"{v:.1f}")),
                 ("errors", lambda c: _opt((c.get("errors") or 0) + (c.get("reward_errors") or 0) or None, str))]

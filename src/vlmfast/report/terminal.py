@@ -81,6 +81,8 @@ def render_infer(report) -> None:
                       f"max {h['new_tokens_max']} tokens · truncated {_pct(h['truncation_rate'])} · repeating "
                       f"{_pct(h['repetition_rate'])} · empty answer {_pct(h['empty_answer_rate'])} · several answers "
                       f"{_pct(h['multi_answer_rate'])}")
+    if scores.get("rewards"):
+        table.add_row("reward", _reward_line(scores))
     samples = scores.get("samples")
     if samples and samples.get("pass_at_k"):
         table.add_row("n answers", "pass@k · maj@k · all same: " + _samples_cell(samples))
@@ -102,6 +104,15 @@ def render_infer(report) -> None:
     stderr.print(table)
     for note in report.notes:
         render_note(note)
+
+
+def _reward_line(summary: dict) -> str:
+    """The reward's mean, each sub-score's mean, and what decided correctness."""
+    rewards = summary.get("rewards") or {}
+    subs = " · ".join(f"{escape(k)} {_fmt(v, '', 3)}" for k, v in (rewards.get("subscores") or {}).items())
+    judged = rewards.get("correct_from")
+    return (f"mean {_fmt(summary.get('mean_score'), '', 3)}" + (f" · sub-scores: {subs}" if subs else "")
+            + (f" · correct: its {escape(judged)} sub-score ≥ --reward-threshold" if judged else ""))
 
 
 def _pct(value) -> str:
@@ -139,6 +150,10 @@ def render_sweep(report: dict) -> None:
         stderr.print(f"[yellow]flag {f['code']}:[/yellow] {escape(f['message'])}")
     if report["gate"] and report["gate"]["failed"]:
         stderr.print(f"[red]gate:[/red] {escape(report['gate']['message'])}")
+    judged = sorted({c["correct_from"] for c in report["checkpoints"] if c.get("correct_from")})
+    if judged:
+        render_note(f"accuracy: a row is correct when the reward's {', '.join(judged)} sub-score reaches "
+                    "--reward-threshold (the total also weights other sub-scores)")
     for note in report["notes"]:
         render_note(note)
 
@@ -154,8 +169,10 @@ def sweep_table(report: dict) -> Table:
     checkpoints = report["checkpoints"]
     samples = any(c.get("samples") for c in checkpoints)
     errors = any(c.get("errors") or c.get("reward_errors") for c in checkpoints)
+    rewarded = any(c.get("reward_mean") is not None for c in checkpoints)
     columns = ["step", "accuracy\n(95 % CI)", "vs base\n(flips)", "format", "tokens\np50/p90", "trunc", "loop",
-               *(["pass@k · maj@k\n· all same"] if samples else []), "tokens/s", *(["errors"] if errors else []), "flags"]
+               *(["pass@k · maj@k\n· all same"] if samples else []), *(["reward\n(sub-scores)"] if rewarded else []),
+               "tokens/s", *(["errors"] if errors else []), "flags"]
     for column in columns:
         table.add_column(column, justify="left" if column == "flags" else "right", no_wrap=column == "step",
                          overflow="fold")  # narrower than the table: cells wrap, no figure is cut to "…"
@@ -169,6 +186,9 @@ def sweep_table(report: dict) -> Table:
                   if vs and vs.get("difference") is not None else "–")
         lengths = "/".join("–" if c.get(k) is None else f"{c[k]:.0f}" for k in ("new_tokens_p50", "new_tokens_p90"))
         extra = [_samples_cell(c.get("samples"))] if samples else []
+        if rewarded:
+            subs = " · ".join(f"{escape(k)} {_fmt(v, '', 2)}" for k, v in (c.get("reward_score_means") or {}).items())
+            extra.append(_fmt(c.get("reward_mean"), "", 2) + (f" ({subs})" if subs else ""))
         failed = [str(c.get("errors", 0)) + (f" + {c['reward_errors']} reward" if c.get("reward_errors") else "")]
         table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, versus,
                       _rate(c["format_rate"]), lengths, _rate(c.get("truncation_rate")), _rate(c.get("repetition_rate")),
@@ -227,6 +247,8 @@ def render_scores(source: str, summary: dict) -> None:
         stderr.print(f"[red]{plural(summary['reward_errors'], 'row')} whose reward function raised[/red]: unscored, left out of "
                      "the accuracy (see each row's reward_error; add --out to keep them)")
     rewards = summary.get("rewards") or {}
+    if rewards:
+        stderr.print("reward: " + _reward_line(summary))
     for name, figures in rewards.get("functions", {}).items():
         stderr.print(f"reward {escape(name)}: mean {_fmt(figures['mean'], '', 3)}"
                      + (f" · not applicable to {plural(figures['not_applicable_rows'], 'row')}" if figures["not_applicable_rows"] else ""))

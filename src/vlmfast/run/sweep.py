@@ -323,6 +323,8 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
     }
     if "samples" in scores:
         figures["samples"] = scores["samples"]
+    if (scores.get("rewards") or {}).get("correct_from"):  # correctness read from the reward's accuracy sub-score
+        figures["correct_from"] = scores["rewards"]["correct_from"]
     return figures
 
 
