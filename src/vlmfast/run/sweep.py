@@ -304,15 +304,17 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
 
 
 def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:
+    from vlmfast.evaluation.flags import per_request
     from vlmfast.evaluation.health import health
-    from vlmfast.evaluation.samples import accuracy_interval
+    from vlmfast.evaluation.samples import request_interval
     from vlmfast.evaluation.stats import summarize
 
     scores = summarize(rows)
     ok = [r for r in rows if r.get("error") is None]
     scored = [r for r in ok if r.get("correct") is not None]
     correct = sum(bool(r["correct"]) for r in scored)
-    low, high = accuracy_interval(correct, len(scored)) if scored else (None, None)
+    # over requests: with --n K a request's K answers are one trial, not K independent ones
+    low, high = request_interval([score for score, _, _ in per_request(rows).values()])
     figures = {
         "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out), "rows": len(rows),
         "accuracy": round(correct / len(scored), 4) if scored else None,
