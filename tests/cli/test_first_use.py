@@ -1,0 +1,29 @@
+"""Small things a first use trips on: what is printed once, what is said only when known, what the
+package shows of itself."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from tests.conftest import cli
+
+
+def test_make_checkpoint_names_its_path_once(tmp_path):
+    r = cli("make-checkpoint", tmp_path / "c")
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "c")
+    assert str(tmp_path / "c") not in r.stderr and "wrote a qwen2_5_vl checkpoint" in r.stderr
+
+
+def test_doctor_says_no_step_count_it_does_not_know(grpo_ckpt, tmp_path):
+    ckpt = shutil.copytree(grpo_ckpt, tmp_path / "checkpoint-300")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 300, "log_history": []}))
+    r = cli("doctor", ckpt, "--json")
+    messages = [f["message"] for f in json.loads(r.stdout)["findings"] if f["code"] == "trainer-state"]
+    assert messages == ["saved at global_step 300"]
+
+
+def test_dir_lists_the_lazy_exports():
+    import vlmfast
+
+    assert {"infer", "InferOptions", "load", "sweep", "__version__"} <= set(dir(vlmfast))
