@@ -27,3 +27,13 @@ def test_dir_lists_the_lazy_exports():
     import vlmfast
 
     assert {"infer", "InferOptions", "load", "sweep", "__version__"} <= set(dir(vlmfast))
+
+
+def test_reports_in_a_log_carry_no_trailing_padding(grpo_ckpt, images, tmp_path):
+    """Not on a terminal, rich pads every line of the report's grid to its widest (150 columns of blanks in a log)."""
+    from tests.conftest import vlmfast
+
+    r = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--max-new-tokens", 2,
+                "--out", tmp_path / "r.jsonl")
+    assert r.returncode == 0 and "vlmfast infer" in r.stderr and "checkpoint" in r.stderr
+    assert [line for line in r.stderr.splitlines() if line != line.rstrip()] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from rich.console import Console
@@ -10,14 +11,38 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+_TRAILING = re.compile(r"[ \t]+(?=\n)")
+
+
+class _TrimmedStderr:
+    """``sys.stderr``, looked up at every write (a test or a caller may swap it), with the spaces rich pads each
+    table line with to the table's width cut off the line's end: a log holds the text, not 150 columns of blanks."""
+
+    def write(self, text: str) -> int:
+        sys.stderr.write(_TRAILING.sub("", text))
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stderr, "encoding", None) or "utf-8"
+
+
 def _console() -> Console:
     """Rich on stderr. Not on a terminal (a CI log, a pipe) rich assumes 80 columns and would wrap cells and cut
-    intervals short: there the width is COLUMNS when set, else 200, so a table keeps every number on its line."""
+    intervals short: there the width is COLUMNS when set, else 200, so a table keeps every number on its line,
+    and lines carry no trailing padding (on a terminal the padding clears what a live bar drew)."""
     import os
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # notes and hints: one line each, greppable
     if not console.is_terminal:
-        console.width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 200
+        width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 200
+        console = Console(file=_TrimmedStderr(), highlight=False, soft_wrap=True, width=width)
     return console
 
 
