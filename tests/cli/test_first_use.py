@@ -37,3 +37,10 @@ def test_reports_in_a_log_carry_no_trailing_padding(grpo_ckpt, images, tmp_path)
                 "--out", tmp_path / "r.jsonl")
     assert r.returncode == 0 and "vlmfast infer" in r.stderr and "checkpoint" in r.stderr
     assert [line for line in r.stderr.splitlines() if line != line.rstrip()] == []
+
+
+def test_the_demos_speed_up_comes_with_what_it_is_worth():
+    from vlmfast.cli.demo import timing_note
+
+    assert timing_note(load=0.5, cores=2).startswith("one timed run each") and "vlmfast bench" in timing_note(0.5, 2)
+    assert timing_note(load=5.2, cores=2).startswith("the machine is busy (1-minute load 5.2 on 2 cores)")
