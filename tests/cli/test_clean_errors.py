@@ -74,3 +74,23 @@ def test_a_broken_config_json_is_named_not_the_processor(grpo_ckpt, images, tmp_
         assert "config.json: cannot read" in exc.message and "processor" not in (exc.hint or "")
     else:
         raise AssertionError("a broken config.json loaded")
+
+
+def test_cut_weights_and_a_broken_config_are_said_before_torch_is_imported(grpo_ckpt, images, tmp_path):
+    """What the files alone show (a safetensors file shorter than its header says, a config.json cut short)
+    fails before torch is imported: in a second, not after the 8–9 s torch takes to load."""
+    import subprocess
+    import sys
+
+    ckpt = shutil.copytree(grpo_ckpt, tmp_path / "ckpt")
+    weights = next(ckpt.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    probe = ("import runpy, sys\nsys.argv = ['vlmfast', 'infer', '--ckpt', sys.argv[1], '--images', sys.argv[2], '--prompt', 'p']\n"
+             "try:\n    runpy.run_module('vlmfast', run_name='__main__')\nexcept SystemExit as exc:\n"
+             "    print(exc.code, 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", probe, str(ckpt), str(images[0])], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"], r.stderr
+    assert "the weights are incomplete" in r.stderr and "hint:" in r.stderr
+    (ckpt / "config.json").write_text("{")
+    r = subprocess.run([sys.executable, "-c", probe, str(ckpt), str(images[0])], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"] and "config.json: cannot read" in r.stderr

@@ -69,10 +69,6 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
-    if found is not None and found.is_local and found.kind == "model":
-        from vlmfast.checkpoints.readers import read_configs
-
-        read_configs(found.path)  # a broken config.json: said now, not after torch has been imported
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
@@ -88,6 +84,10 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
                                "(--overwrite runs them again)")
         report.parity = parity
         return report
+    if found is not None and found.is_local and found.kind == "model":
+        from vlmfast.checkpoints.readers import require_loadable
+
+        require_loadable(found.path)  # a broken config.json or cut weights: said now, not after torch is imported
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
