@@ -241,3 +241,17 @@ def test_a_resume_with_other_settings_is_an_error_naming_them(small, tmp_path, c
     assert report.samples == 4 and report.skipped_existing == 0
     again = infer(options, backend=FakeBackend())  # now recorded with these settings: resumes
     assert again.samples == 0 and again.skipped_existing == 4
+
+
+def test_a_sweep_step_cut_short_by_a_kill_resumes_on_the_record_infer_wrote(small, tmp_path):
+    """infer records its settings when a step's first rows are written; the sweep that resumes that step
+    compares its own settings with that record (the inputs, which infer does not record, are not compared)."""
+    from vlmfast.run.sweep_record import check, settings_of
+
+    out_dir = tmp_path / "sweep"
+    options = _options(small, out_dir / "step-100.jsonl")
+    infer(options, backend=FakeBackend())  # as a sweep runs a step; killed right after, before the sweep's record
+    assert "ckpt" in json.loads((out_dir / "step-100.run.json").read_text())["settings"]
+    assert check(out_dir, settings_of(options), overwrite=False) == []
+    with pytest.raises(UsageError, match="template"):
+        check(out_dir, settings_of(dataclasses.replace(options, template="r1")), overwrite=False)

@@ -84,16 +84,16 @@ def check(out_dir: Path, settings: dict, overwrite: bool) -> list[str]:
 
 def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
     """A UsageError (``what``: the differences follow) when the record at ``path`` holds other settings than
-    ``settings``; else a note when other versions made its rows (None when they are the same). A record
-    without a ``ckpt`` setting (a sweep's: it names the checkpoint by its file) is not compared on it."""
+    ``settings``; else a note when other versions made its rows (None when they are the same). Only the
+    settings the record holds are compared: a sweep's names no ``ckpt`` (its file names the step), and one
+    ``infer`` wrote (a sweep's step cut short) no inputs, which may grow between runs."""
     try:
         earlier = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     then = earlier.get("settings", {}) if isinstance(earlier, dict) else {}
     differs = [f"{key}: {_show(then.get(key))} then, {_show(value)} now" for key, value in settings.items()
-               if key not in SAME_BY_CONTENT and not (key == "ckpt" and key not in then)
-               and _norm(then.get(key)) != _norm(value)]
+               if key not in SAME_BY_CONTENT and key in then and _norm(then[key]) != _norm(value)]
     if differs:
         raise UsageError(f"{what}: " + "; ".join(differs), hint=hint)
     from vlmfast.timing import versions
