@@ -112,7 +112,7 @@ RewardWeights = Annotated[Optional[str], typer.Option(help="--reward: one weight
 RewardKwargs = Annotated[Optional[str], typer.Option(help="--reward: JSON object of keyword arguments bound to every call, as EasyR1's reward_function_kwargs (e.g. '{\"max_response_length\": 4096}').", rich_help_panel=SCORE)]
 RewardThreshold = Annotated[float, typer.Option(help="--reward: a row is correct when its reward is at least this (1.0 suits 0/1 rewards); when the reward returns an accuracy (or acc) sub-score, that sub-score is compared.", rich_help_panel=SCORE)]
 MatchTraining = Annotated[bool, typer.Option("--match-training", help="Adopt the training's settings found beside the checkpoint (ms-swift args.json, EasyR1 experiment_config.json, verl .hydra/config.yaml): format prompt, pixel limits, max new tokens, validation sampling, reward function; options given on the command line win. The report says what was adopted.", rich_help_panel=GEN)]
-Out = Annotated[Optional[str], typer.Option(help="JSONL results file (default: stdout). Rerunning skips ids already there.", rich_help_panel=OUTPUT)]
+Out = Annotated[Optional[str], typer.Option(help="JSONL results file (default: stdout). Rerunning with the same settings skips ids already there (other settings: an error naming them).", rich_help_panel=OUTPUT)]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Redo ids already in --out.", rich_help_panel=OUTPUT)]
 RetryErrors = Annotated[bool, typer.Option("--retry-errors", help="Resume, and redo the ids whose earlier row is an error row.", rich_help_panel=OUTPUT)]
 Json = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.", rich_help_panel=OUTPUT)]
