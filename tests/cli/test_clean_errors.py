@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.conftest import cli
+from conftest import cli
 
 
 def _jsonl(path, rows):

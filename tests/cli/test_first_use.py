@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.conftest import cli
+from conftest import cli
 
 
 def test_make_checkpoint_names_its_path_once(tmp_path):
@@ -31,7 +31,7 @@ def test_dir_lists_the_lazy_exports():
 
 def test_reports_in_a_log_carry_no_trailing_padding(grpo_ckpt, images, tmp_path):
     """Not on a terminal, rich pads every line of the report's grid to its widest (150 columns of blanks in a log)."""
-    from tests.conftest import vlmfast
+    from conftest import vlmfast
 
     r = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--max-new-tokens", 2,
                 "--out", tmp_path / "r.jsonl")
