@@ -28,3 +28,22 @@ def test_step_times_on_a_cpu_are_clock_reads_in_order():
         clock(step)
     times = clock.times()
     assert len(times) == 3 and clock.origin <= times[0] <= times[1] <= times[2]
+
+
+def test_versions_read_the_same_whether_or_not_torch_was_imported(monkeypatch, tmp_path):
+    """torch's __version__ names its build (2.14.1+cu130) where the package metadata may not: every record
+    reads the metadata, so a resume in the same environment says no version changed."""
+    import json
+    import sys
+    import types
+    from importlib import metadata
+
+    from vlmfast.run.sweep_record import compare
+    from vlmfast.timing import versions
+
+    before = versions()["torch"]
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__version__=metadata.version("torch") + "+cu999"))
+    assert versions()["torch"] == before == metadata.version("torch")
+    record = tmp_path / "step-1.run.json"  # written by an earlier vlmfast that read the imported module's string
+    record.write_text(json.dumps({"settings": {}, "versions": {**versions(), "torch": before + "+cu999"}}))
+    assert compare(record, {}, "differs", hint="") is None

@@ -37,3 +37,8 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module 'vlmfast' has no attribute {name!r}")
+
+
+def __dir__():
+    """The lazy exports too, so ``dir(vlmfast)`` and completion show the API."""
+    return sorted(set(globals()) | set(__all__))

@@ -17,8 +17,8 @@ def cache_root() -> Path:
 
 
 def check_output_file(option: str, path) -> None:
-    """A UsageError (raised before any work) when ``path`` cannot become a file: it is a directory, or
-    the directory it would go in is a file."""
+    """A UsageError (raised before any work) when ``path`` cannot become a file: it is a directory, the
+    directory it would go in is a file, or nothing can be written there."""
     from vlmfast.errors import UsageError
 
     path = Path(path)
@@ -27,6 +27,45 @@ def check_output_file(option: str, path) -> None:
                          hint=f"name a file, e.g. {option} {path / 'results.jsonl'}")
     if path.parent.exists() and not path.parent.is_dir():
         raise UsageError(f"{option} {path}: {path.parent} is a file, not a directory", hint="choose another path")
+    if path.is_file():
+        try:  # opened for appending and closed: the file is not changed
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise UsageError(f"{option} {path}: cannot be written ({exc.strerror or exc})",
+                             hint="choose a path you can write, or fix its permissions") from None
+    _check_writable_place(option, path, path.parent)
+
+
+def check_output_dir(option: str, path) -> None:
+    """A UsageError (raised before any work) when ``path`` cannot be a directory files are written into:
+    it is a file, or nothing can be created in it (or in the nearest folder above it that exists)."""
+    from vlmfast.errors import UsageError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: is a file; a directory is written there",
+                         hint=f"name a directory, e.g. {option} {path.with_suffix('')}-out")
+    _check_writable_place(option, path, path)
+
+
+def _check_writable_place(option: str, path: Path, directory: Path) -> None:
+    """Try to create (and remove) a file in ``directory``, or in the nearest folder above it that exists
+    (``mkdir -p`` would start there): permission bits alone do not tell (root, read-only mounts)."""
+    from vlmfast.errors import UsageError
+
+    existing = directory if str(directory) else Path(".")
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path}: {existing} is a file, not a directory", hint="choose another path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".vlmfast-probe.", dir=existing)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write in {existing} ({exc.strerror or exc})",
+                         hint="choose a place you can write, or fix its permissions") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:

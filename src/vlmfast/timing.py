@@ -200,12 +200,12 @@ def versions() -> dict:
     from vlmfast import __version__
 
     def installed(name: str) -> str | None:
-        if name in sys.modules:  # imported: its own string (torch's names its build, e.g. +cu130)
-            return getattr(sys.modules[name], "__version__", None)
+        # the metadata always, imported or not: torch's own __version__ may name its build (+cu130) where the
+        # metadata does not, and one environment must read the same in every record
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
-            return None
+            return getattr(sys.modules.get(name), "__version__", None)
 
     return {"vlmfast": __version__, "torch": installed("torch"), "transformers": installed("transformers"),
             "python": platform.python_version()}

@@ -143,6 +143,7 @@ def test_demo_runs_offline_and_reports_the_as_saved_comparison(tmp_path):
     r = vlmfast("demo", "--workdir", tmp_path, "--max-new-tokens", 4)
     assert r.returncode == 0, r.stderr
     assert "forced on" in r.stderr and "identical greedy tokens for 8/8 samples" in r.stderr
+    assert "one timed run each: the speed-up moves with what else the machine runs" in r.stderr
     assert "--compare-base" in r.stderr and "--like base" in r.stderr  # the suggested next step has a base
     assert len(read_jsonl(tmp_path / "results.jsonl")) == 8
 

@@ -288,3 +288,69 @@ def test_score_command_takes_several_rewards_weights_and_kwargs(setup, tmp_path)
     bad = cli("score", tmp_path / "results.jsonl", "--manifest", tmp_path / "manifest.jsonl", "--reward",
               f"{trl}:length", "--reward-kwargs", "[1]")
     assert bad.returncode == 2 and "expected a JSON object" in bad.stderr
+
+
+def _vlmr1_data(tmp_path):
+    """A VLM-R1 REC JSONL as its trainer reads it (relative image names under the JSONL's folder, the
+    --image_folders the trainer joins), results rows with boxes in the model's input pixels (half the image)."""
+    from PIL import Image
+
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    Image.new("RGB", (224, 112), (200, 30, 30)).save(folder / "a.png")
+    Image.new("RGB", (140, 112), (30, 30, 200)).save(folder / "b.png")
+    ask = "<image>Please provide the bounding box coordinate of the region this sentence describes: {}."
+    lines = [{"id": 1, "image": "a.png", "conversations": [{"from": "human", "value": ask.format("the left cup")},
+                                                          {"from": "gpt", "value": "[10, 20, 110, 80]"}]},
+             {"image": "b.png", "conversations": [{"from": "human", "value": ask.format("the plate")},
+                                                  {"from": "gpt", "value": "<answer>[5, 5, 60, 45]</answer>"}],
+              "accu_reward_method": "default"},
+             {"image": "a.png", "conversations": [{"from": "human", "value": ask.format("the right cup")},
+                                                  {"from": "gpt", "value": "[120, 10, 210, 100]"}]}]
+    manifest = folder / "rec_val.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    answers = ["[6, 9, 56, 41]", "[5, 5, 60, 45]", "<think>x</think> [1, 2, 3, 4]"]  # the last: no answer tags
+    sizes = [[112, 56], [140, 112], [112, 56]]
+    rows = [{"id": rid, "text": f"<think>look</think><answer>{a}</answer>" if "<think>" not in a else a,
+             "images": [str(folder / line["image"])], "model_image_sizes": [size]}
+            for rid, a, size, line in zip(["1", "00001_b", "00002_a"], answers, sizes, lines)]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder, manifest, results, rows, sizes
+
+
+@pytest.mark.parametrize("commit", ["90052f4", "f4f3665"])
+def test_vlmr1_rec_reward_on_its_own_jsonl_equals_its_trainer(tmp_path, commit, monkeypatch):
+    """VLM-R1's iou_reward (HEAD and the commit before its resize change), fed VLM-R1's own JSONL through
+    score --reward, gives per row what VLM-R1's trainer computes: the columns its loader makes (solution
+    re-wrapped in answer tags, image paths as a list, problem, accu_reward_method) and the processor's grid."""
+    import runpy
+
+    from PIL import Image
+    from vlmr1_loader import QWEN_MODULES, grpo_jsonl_rows
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 89_478_485)  # Pillow's own (an earlier test may have set a small one)
+
+    folder, manifest, results, rows, sizes = _vlmr1_data(tmp_path)
+    trainer_rows = grpo_jsonl_rows(str(manifest), str(folder))
+    columns = {key: [row.get(key) for row in trainer_rows] for row in trainer_rows for key in row}
+    completions = [[{"role": "assistant", "content": r["text"]}] for r in rows]
+    grids = [[1, h // 14, w // 14] for w, h in sizes]
+    iou_reward = runpy.run_path(str(QWEN_MODULES[commit]))["Qwen2VLModule"].iou_reward
+    expected = iou_reward(completions, image_grid_thw=grids, **columns)
+    assert max(expected) > 0.9 and expected[2] == 0.0  # a real overlap, and an untagged answer
+
+    out = tmp_path / "scored.jsonl"
+    r = cli("score", results, "--manifest", manifest, "--reward", f"{QWEN_MODULES[commit]}:Qwen2VLModule.iou_reward",
+            "--reward-threshold", "0.5", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert [row["score"] for row in read_jsonl(out)] == expected
+
+    seen = tmp_path / "seen.py"
+    seen.write_text("SEEN = []\n\ndef columns(completions, solution, **kwargs):\n"
+                    "    SEEN.append({'solution': solution, **kwargs})\n    return [0.0 for _ in completions]\n")
+    reward = load_reward(f"{seen}:columns")
+    rescore_file(results, str(manifest), reward=reward)
+    handed = _module(reward)["SEEN"][-1]
+    assert {k: handed[k] for k in columns} == columns
+    assert handed["solution"][0] == "<answer> [10, 20, 110, 80] </answer>" and handed["image_path"][0] == [str(folder / "a.png")]

@@ -143,3 +143,31 @@ def test_identical_sampled_answers_are_news_only_beyond_what_sampling_gives():
     assert identical_answers_note(rows(10), temperature=0.0) is None  # greedy: identical by design
     assert identical_answers_note(rows(10, tokens=3), temperature=1.0) is None  # short answers repeat by chance
     assert identical_answers_note(rows(4, total=4), temperature=1.0) is None  # too few requests to tell
+
+
+def test_intervals_with_several_answers_are_over_requests():
+    """16 requests × 4 answers, none right: the requests are the trials (0–19.4 %), not the 64 answers
+    (0–5.7 %); one answer per request gives the same interval as before. The sweep's checkpoint figures,
+    on which collapse_after_peak and reward_without_accuracy are defined, take it."""
+    from types import SimpleNamespace
+
+    from vlmfast.evaluation.samples import accuracy_interval, request_interval
+    from vlmfast.run.sweep import _Entry, _figures
+
+    assert request_interval([0.0] * 16) == (0.0, pytest.approx(0.1936, abs=1e-4))
+    assert accuracy_interval(0, 64)[1] == pytest.approx(0.0566, abs=1e-4)
+    assert request_interval([1.0, 0.0, 1.0, 1.0, 0.0]) == accuracy_interval(3, 5)
+    low, high = request_interval([0.25] * 16)  # a quarter of each request's answers right
+    assert low < 0.25 < high and high - low > accuracy_interval(16, 64)[1] - accuracy_interval(16, 64)[0]
+    rows = [{"id": f"q{i}", "sample": k, "text": "x", "error": None, "correct": False, "score": 0.0, "format_ok": False,
+             "n_new_tokens": 3, "finish_reason": "eos"} for i in range(16) for k in range(4)]
+    figures = _figures(_Entry(100, "ckpt", "hf-trainer"), "out.jsonl", rows, SimpleNamespace(tokens_per_s=None), "load", 1.0)
+    assert (figures["accuracy"], figures["ci_low"], figures["ci_high"]) == (0.0, 0.0, 0.1936)
+
+
+def test_bench_pairs_requests_not_answers():
+    from vlmfast.run.bench import request_means
+
+    rows = [{"id": "a", "sample": 0, "score": 1.0}, {"id": "a", "sample": 1, "score": 0.0},
+            {"id": "b", "sample": 0, "score": None}, {"id": "b", "sample": 1, "score": None}]
+    assert request_means(rows) == {"a": 0.5, "b": None}

@@ -404,3 +404,17 @@ def test_accuracy_over_tagged_answers_is_reported_beside_the_overall():
             {"text": "1", "score": 1.0, "correct": True, "format_ok": False}]
     s = summarize(rows)
     assert s["accuracy"] == pytest.approx(2 / 3) and (s["tagged_accuracy"], s["tagged_rows"]) == (0.5, 2)
+
+
+def test_a_long_untagged_text_equal_to_the_truth_scores_as_such():
+    """The stated-answer length rule guards choices and numbers; a text scorer compares the whole text."""
+    from vlmfast.evaluation.scoring import score_row
+
+    truth = "The red cube sits to the left of the small green cylinder, behind the large metal sphere."
+    assert len(truth) > 64
+    exact = score_row({"text": truth}, truth, "exact")
+    assert (exact["correct"], exact["parse_failed"], exact["scorer"]) == (True, False, "exact")
+    assert score_row({"text": "I think: " + truth}, truth, "contains")["correct"] is True
+    assert score_row({"text": "Something else entirely, " * 4}, truth, "exact")["correct"] is False
+    long_choice = score_row({"text": "Let me look at each option carefully before I decide which one fits " * 2}, "B", "choice")
+    assert long_choice["parse_failed"] is True  # still no answer read from a long text for a choice

@@ -381,3 +381,47 @@ def test_score_and_the_sweep_page_read_a_dataset_with_the_runs_columns(images, t
     assert default.returncode == 0 and json.loads(default.stdout)["accuracy"] == 0.75
     assert _truths(str(tmp_path / "shards"), {"answer_key": "label"}) == dict(zip("abcd", ["4", "blue", "5", "yes"]))
     assert _truths(str(tmp_path / "shards"), None) == dict(zip("abcd", ANSWERS))
+
+
+def test_an_image_mark_is_the_images_place_in_every_manifest_format(images, tmp_path):
+    """"<image>How many boxes?" is the same prompt in a parquet, a JSONL line and an ms-swift turn: the mark
+    is dropped and the image goes first, never sent as the text "<image>"."""
+    pq.write_table(_easyr1(images), tmp_path / "easyr1.parquet")
+    lines = [{**line, "prompt": f"<image>{line['prompt']}"} for line in _ours(images)]
+    swift = [{"id": line["id"], "images": line["images"], "answer": line["answer"],
+              "messages": [{"role": "user", "content": line["prompt"]}]} for line in lines]
+    parquet = collect(manifest=str(tmp_path / "easyr1.parquet")).requests
+    for manifest in (_jsonl(tmp_path / "ours.jsonl", lines), _jsonl(tmp_path / "swift.jsonl", swift)):
+        got = collect(manifest=manifest).requests
+        assert [r.prompt for r in got] == [r.prompt for r in parquet] == QUESTIONS
+
+
+def test_vlmr1_jsonl_is_read_as_it_is_like_its_converted_manifest(grpo_ckpt, images, tmp_path):
+    """VLM-R1's training / evaluation JSONL ("image", "conversations": question then solution,
+    "accu_reward_method") needs no convert step: infer, score and sweep read it as its trainer does, and the
+    requests are those of the manifest `vlmfast convert` writes from it."""
+    from vlmfast.inputs.convert import convert_file, write_manifest
+
+    folder = images[0].parent
+    lines = [{"id": "r0", "image": images[0].name, "accu_reward_method": "default",
+              "conversations": [{"from": "human", "value": "<image>Where is the red box?"},
+                                {"from": "gpt", "value": "[10, 20, 60, 70]"}]},
+             {"image": images[1].name, "accu_reward_method": "mcq",
+              "conversations": [{"from": "human", "value": "<image>Which shape? A. circle B. square"},
+                                {"from": "gpt", "value": "<answer>B</answer>"}]}]
+    manifest = _jsonl(folder / "vlmr1_rec.jsonl", lines)
+    try:
+        converted = write_manifest(convert_file(manifest, image_root=str(folder)), str(tmp_path / "converted.jsonl"))
+        got, want = collect(manifest=manifest), collect(manifest=str(converted))
+        assert got.bad == [] and got.warnings == []
+        assert [(r.id, r.images, r.prompt, r.truth, r.scorer) for r in got.requests] == \
+               [(r.id, r.images, r.prompt, r.truth, r.scorer) for r in want.requests]
+        assert [r.id for r in got.requests] == ["r0", f"00001_{images[1].stem}"]
+        assert got.requests[0].truth == [10, 20, 60, 70] and got.requests[1].scorer == "choice"
+        out = tmp_path / "r.jsonl"
+        r = cli("infer", "--ckpt", grpo_ckpt, "--manifest", manifest, "--max-new-tokens", 2, "--device", "cpu", "--out", out)
+        assert r.returncode == 0, r.stderr
+        assert [(row["id"], row["prompt"]) for row in read_jsonl(out)] == [
+            ("r0", "Where is the red box?"), (f"00001_{images[1].stem}", "Which shape? A. circle B. square")]
+    finally:
+        os.remove(manifest)  # the images folder is shared by the session's tests

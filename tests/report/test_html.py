@@ -197,3 +197,30 @@ def test_the_page_is_written_beside_report_json(swept):
     text = (swept / "report.html").read_text()
     assert _data(text)["samples"][3]["truth_box"] == [4, 6, 30, 34]
     assert shutil.disk_usage(swept).free > 0 and (swept / "report.json").is_file()
+
+
+def test_the_page_shows_each_reward_sub_scores_mean():
+    page = _page()
+    page["checkpoints"][1].update(reward_means={"math": 0.5}, reward_score_means={"format": 0.0, "accuracy": 0.55})
+    more = render(page).split("more figures per checkpoint")[1].split("</details>")[0]
+    assert re.findall(r"<th[^>]*>(.*?)</th>", more)[-2:] == ["sub-score format", "sub-score accuracy"]
+    assert re.findall(r"<td[^>]*>(.*?)</td>", more)[-2:] == ["0.000", "0.550"]
+
+
+def _x_labels(page_text: str) -> list[tuple[float, float, str]]:
+    """The x axis's labels of the first chart: (left, right, text), at ~6 px a character."""
+    chart = page_text.split("<svg class='curve'")[1].split("</svg>")[0]
+    found = re.findall(r"<text x='([\d.]+)' y='164' font-size='10' text-anchor='(\w+)'>([^<]*)</text>", chart)
+    spans = {"start": (0, 1), "middle": (0.5, 0.5), "end": (1, 0)}  # the label's share left and right of x
+    return [(float(x) - 6 * len(label) * spans[a][0], float(x) + 6 * len(label) * spans[a][1], label) for x, a, label in found]
+
+
+def test_the_x_axis_labels_every_step_that_fits_and_never_skips_one_it_has_room_for():
+    page = _page()
+    base = page["checkpoints"][0]
+    page["checkpoints"] = [{**base, "step": s, "label": "base" if s == 0 else "hf-trainer"} for s in (0, 100, 200, 300)]
+    assert [label for _, _, label in _x_labels(render(page))] == ["0", "100", "200", "300"]
+    page["checkpoints"] = [{**base, "step": s, "label": "hf-trainer"} for s in range(100, 5001, 100)]  # 50 steps
+    labels = _x_labels(render(page))
+    assert labels[0][2] == "100" and labels[-1][2] == "5000" and 4 < len(labels) < 50
+    assert all(a[1] < b[0] for a, b in zip(labels, labels[1:]))  # no two labels overlap

@@ -60,3 +60,17 @@ def test_sweep_table_fits_100_columns_with_flips_and_flag_marks(monkeypatch):
 def test_a_narrow_terminal_wraps_cells_and_cuts_no_figure(monkeypatch):
     text = "\n".join(_render(monkeypatch, 70))
     assert "…" not in text and "13↓)" in text and "collapse" in text
+
+
+def test_a_rewarded_sweep_has_a_reward_column_with_sub_score_means_and_says_what_decided(monkeypatch):
+    import copy
+
+    rewarded = copy.deepcopy(REPORT)
+    for c, (mean, acc) in zip(rewarded["checkpoints"], ((0.28, 0.31), (0.5, 0.55), (0.07, 0.08))):
+        c.update(reward_mean=mean, reward_score_means={"format": 0.0, "accuracy": acc}, correct_from="accuracy")
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=200, highlight=False, soft_wrap=True))
+    terminal.render_sweep(rewarded)
+    text = out.getvalue()
+    assert "reward" in text.splitlines()[1] and "0.50 (format 0.00 · accuracy 0.55)" in text
+    assert "the reward's accuracy sub-score reaches --reward-threshold" in text

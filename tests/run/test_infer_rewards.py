@@ -84,3 +84,77 @@ def test_a_reward_that_cannot_be_called_fails_before_anything_generates(tmp_path
         infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=[f"{rewards}:accuracy"]),
               backend=backend)
     assert backend.batches_run == 0 and not out.exists()
+
+
+def test_a_reward_that_raises_with_skip_bad_is_counted_not_hidden(tmp_path, capsys):
+    """--skip-bad keeps a raising reward's row as reward_error: the report counts it (terminal and JSON),
+    for infer and score alike, instead of "0 errors" and an accuracy over the rows left."""
+    from conftest import cli
+    from vlmfast.report.terminal import render_infer
+
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"im{i}.png"))
+        Image.new("RGB", (56, 56), (i * 60, 40, 90)).save(paths[-1])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": p, "prompt": "?", "solution": "A" if i else "boom"}) + "\n"
+                                for i, p in enumerate(paths)))
+    rewards = tmp_path / "picky.py"
+    rewards.write_text("def acc(completions, solution, **kwargs):\n"
+                       "    if 'boom' in solution:\n        raise ValueError('cannot parse boom')\n"
+                       "    return [1.0 for _ in completions]\n")
+    out = tmp_path / "r.jsonl"
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=f"{rewards}:acc",
+                                skip_bad=True, batch_size=1), backend=FakeBackend())
+    assert report.scores["reward_errors"] == 1 and report.scores["scored"] == 2
+    capsys.readouterr()
+    render_infer(report)
+    assert "1 reward error" in capsys.readouterr().err
+    r = cli("score", out, "--manifest", manifest, "--reward", f"{rewards}:acc", "--skip-bad", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["reward_errors"] == 1
+    assert "1 row whose reward function raised" in r.stderr
+
+
+# EasyR1's math reward's shape (examples/reward_function/math.py): overall = 0.9·accuracy + 0.1·format, its
+# format a \boxed{} answer inside <think>…</think>, which these answers lack.
+EASYR1_MATH = '''
+REWARD_TYPE = "batch"
+
+def compute_score(reward_inputs, format_weight=0.1):
+    out = []
+    for x in reward_inputs:
+        accuracy = float(x["response"].endswith(f"<answer>{x['ground_truth']}</answer>"))
+        fmt = float("\\\\boxed{" in x["response"])
+        out.append({"overall": (1 - format_weight) * accuracy + format_weight * fmt, "format": fmt, "accuracy": accuracy})
+    return out
+'''
+
+
+def test_a_reward_with_an_accuracy_sub_score_decides_correctness_by_it(tmp_path, capsys):
+    """A right answer without the reward's format scores overall 0.9 < --reward-threshold 1.0; its accuracy
+    sub-score says it is right: that is the row's correctness, said in the report, with every sub-score's mean."""
+    from conftest import cli
+    from vlmfast.report.terminal import render_infer
+
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"im{i}.png"))
+        Image.new("RGB", (56, 56), (i * 60, 40, 90)).save(paths[-1])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": p, "prompt": "?", "answer": "A" if i < 3 else "B"}) + "\n"
+                                for i, p in enumerate(paths)))
+    (tmp_path / "math.py").write_text(EASYR1_MATH)
+    out = tmp_path / "r.jsonl"
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=f"{tmp_path / 'math.py'}:compute_score"),
+                   backend=FakeBackend())
+    rows = read_jsonl(out)
+    assert [r["score"] for r in rows] == [0.9, 0.9, 0.9, 0.0] and [r["correct"] for r in rows] == [True, True, True, False]
+    assert report.scores["accuracy"] == 0.75
+    assert report.scores["rewards"]["subscores"] == {"format": 0.0, "accuracy": 0.75}
+    assert report.scores["rewards"]["correct_from"] == "accuracy"
+    capsys.readouterr()
+    render_infer(report)
+    err = capsys.readouterr().err
+    assert "sub-scores: format 0.000 · accuracy 0.750" in err and "correct: its accuracy sub-score" in err
+    r = cli("score", out, "--manifest", manifest, "--reward", f"{tmp_path / 'math.py'}:compute_score", "--json")
+    assert json.loads(r.stdout)["accuracy"] == 0.75 and "correct: its accuracy sub-score" in r.stderr

@@ -210,3 +210,23 @@ def test_score_on_a_partial_results_file_names_the_ids_without_rows(tmp_path, im
     assert summary["rows"] == 1 and summary["manifest_ids_without_rows"] == 4
     note = next(n for n in summary["notes"] if "have no row" in n)
     assert note.startswith("4 of 5 manifest id(s) have no row in") and "mcq-1" in note and "count-1" not in note
+
+
+def test_no_row_id_in_the_manifest_exits_2_naming_both_sides(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "1", "b": "2"})
+    results = _results(tmp_path, [{"id": "x", "text": "<answer>1</answer>"}, {"id": "y", "text": "2"}])
+    r = cli("score", results, "--manifest", manifest, "--out", tmp_path / "scored.jsonl")
+    assert r.returncode == 2 and "none of the 2 row id(s)" in r.stderr and "rows have x, y" in r.stderr
+    assert "the manifest has a, b" in r.stderr and "hint:" in r.stderr and not (tmp_path / "scored.jsonl").exists()
+
+
+def test_a_manifest_without_truth_it_recognises_exits_2_naming_the_fields(tmp_path, images):
+    """A VLM-R1 training line: the truth is its second "conversations" turn, which a vlmfast manifest
+    does not carry; every score would be None."""
+    line = {"id": "r0", "image": str(images[0]), "prompt": "Where is the cat?", "gt": [1, 2, 3, 4]}
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(line) + "\n")
+    results = _results(tmp_path, [{"id": "r0", "text": "<answer>[1, 2, 3, 4]</answer>"}])
+    r = cli("score", results, "--manifest", manifest)
+    assert r.returncode == 2 and "no ground truth in any of the 1 matched record(s)" in r.stderr
+    assert '"solution", "answer"' in r.stderr and '"gt"' in r.stderr and 'as "solution"' in r.stderr

@@ -1,5 +1,6 @@
 """The runner, the summary and the report's arithmetic through a fake backend: no model, no torch."""
 
+import dataclasses
 import json
 
 import pytest
@@ -43,11 +44,11 @@ def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatc
     import vlmfast.engines.open
 
     out = tmp_path / "r.jsonl"
-    infer(_options(small, out), backend=FakeBackend())
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "use_cache": False}))
     (ckpt / "model.safetensors").write_bytes(b"")
+    infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(out)), backend=FakeBackend())
 
     def no_engine(*args, **kwargs):
         raise AssertionError("the engine (and the model) should not be opened")
@@ -226,3 +227,42 @@ def test_sampled_answers_all_identical_are_said(tmp_path):
     assert any(n.startswith("5 of 5 requests got 4+ identical answers") for n in report.notes)
     report = infer(_options(five, generation=sampled), backend=FakeBackend(tokens=4))
     assert not any("identical answers" in n for n in report.notes)  # short answers may repeat by chance
+
+
+@pytest.mark.parametrize("change, named", [({"ckpt": "other"}, "ckpt: "), ({"template": "r1"}, 'template: "plain" then, "r1" now'),
+                                           ({"temperature": 0.7}, '"temperature": 0.7'), ({"max_new_tokens": 9}, '"max_new_tokens": 9')])
+def test_a_resume_with_other_settings_is_an_error_naming_them(small, tmp_path, change, named):
+    """Rows made one way are never completed another way into one file: the settings are recorded beside
+    --out (as a sweep records each step's), a rerun that differs stops before anything runs; --overwrite redoes."""
+    from vlmfast.engines.rows import GenerationSettings
+
+    out = tmp_path / "r.jsonl"
+    infer(_options(small[:2], out), backend=FakeBackend())
+    assert json.loads((tmp_path / "r.run.json").read_text())["settings"]["template"] == "plain"
+    gen = {k: change[k] for k in ("temperature", "max_new_tokens") if k in change}
+    kw = {k: v for k, v in change.items() if k not in gen and k != "ckpt"}
+    options = InferOptions(ckpt=change.get("ckpt", "fake"), images=small, prompt="Which?", out=str(out),
+                           generation=GenerationSettings(**gen), **kw)
+    backend = FakeBackend()
+    with pytest.raises(UsageError, match="holds rows made with other settings") as exc:
+        infer(options, backend=backend)
+    assert named in exc.value.message and "--overwrite" in exc.value.hint and backend.batches_run == 0
+    assert len(read_jsonl(out)) == 2
+    report = infer(dataclasses.replace(options, overwrite=True), backend=FakeBackend())
+    assert report.samples == 4 and report.skipped_existing == 0
+    again = infer(options, backend=FakeBackend())  # now recorded with these settings: resumes
+    assert again.samples == 0 and again.skipped_existing == 4
+
+
+def test_a_sweep_step_cut_short_by_a_kill_resumes_on_the_record_infer_wrote(small, tmp_path):
+    """infer records its settings when a step's first rows are written; the sweep that resumes that step
+    compares its own settings with that record (the inputs, which infer does not record, are not compared)."""
+    from vlmfast.run.sweep_record import check, settings_of
+
+    out_dir = tmp_path / "sweep"
+    options = _options(small, out_dir / "step-100.jsonl")
+    infer(options, backend=FakeBackend())  # as a sweep runs a step; killed right after, before the sweep's record
+    assert "ckpt" in json.loads((out_dir / "step-100.run.json").read_text())["settings"]
+    assert check(out_dir, settings_of(options), overwrite=False) == []
+    with pytest.raises(UsageError, match="template"):
+        check(out_dir, settings_of(dataclasses.replace(options, template="r1")), overwrite=False)

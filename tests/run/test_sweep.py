@@ -1,6 +1,7 @@
 """vlmfast sweep: every checkpoint of a made run (three checkpoints with different weights and a base),
 each one's rows equal to a fresh infer of it, the best step, resume, weight swaps and full loads, --watch."""
 
+import dataclasses
 import json
 import shutil
 
@@ -341,3 +342,40 @@ def test_fingerprints_per_step_and_a_resumed_sweep_redoes_a_step_whose_files_cha
     by_step = {c["step"]: c for c in redone["checkpoints"]}
     assert by_step[100]["fingerprint"] == digests[300]
     assert _tokens(read_jsonl(by_step[100]["results"])) == _tokens(run["fresh"][300])  # its rows are the new weights'
+
+
+def test_base_takes_a_hub_id_as_bench_compare_base_does(run, tmp_path, monkeypatch):
+    """--base Qwen/Qwen2.5-VL-3B-Instruct (the README's first sweep): a hub id is located as infer and bench
+    locate one (here from the local Hugging Face cache, offline), and its rows are the base directory's."""
+    from huggingface_hub import constants
+
+    from vlmfast.run.sweep import sweep
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--tinyorg--tiny-base"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(run["base"], repo / "snapshots" / ("0" * 40))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    by_id = sweep(_options(run, tmp_path / "hub-base", base="tinyorg/tiny-base", steps=(100,)))
+    by_dir = sweep(_options(run, tmp_path / "dir-base", base=str(run["base"]), steps=(100,)))
+    assert [c["label"] for c in by_id["checkpoints"]] == ["base", by_dir["checkpoints"][1]["label"]]
+    assert _tokens(read_jsonl(tmp_path / "hub-base" / "base.jsonl")) == _tokens(read_jsonl(tmp_path / "dir-base" / "base.jsonl"))
+
+
+def test_a_sweep_reads_vlmr1_jsonl_as_it_is(run, tmp_path):
+    """VLM-R1's own lines ("image", "conversations") are a sweep's evaluation set with no convert step: the
+    same prompts as the vlmfast manifest they mirror, so the same tokens, and the truth scored."""
+    from vlmfast.run.sweep import sweep
+
+    lines = [json.loads(line) for line in run["manifest"].read_text().splitlines()]
+    vlmr1 = tmp_path / "vlmr1.jsonl"
+    vlmr1.write_text("".join(json.dumps({"id": line["id"], "image": line["image"], "accu_reward_method": "default",
+                                         "conversations": [{"from": "human", "value": "<image>" + line["prompt"]},
+                                                           {"from": "gpt", "value": line["solution"]}]}) + "\n"
+                             for line in lines))
+    options = _options(run, tmp_path / "s", steps=(200,))
+    report = sweep(dataclasses.replace(options, infer=dataclasses.replace(options.infer, manifest=str(vlmr1))))
+    assert _tokens(read_jsonl(tmp_path / "s" / "step-200.jsonl")) == _tokens(run["fresh"][200])
+    assert report["checkpoints"][0]["accuracy"] is not None

@@ -422,7 +422,8 @@ def _trainer_leftovers(d: Path) -> list[Finding]:
         logged = ", ".join(f"{k} {last[k]}" for k in ("reward", "loss") if k in last)
         best = state.get("best_model_checkpoint")
         out.append(Finding("info", "trainer-state", "trainer_state.json",
-                           f"saved at global_step {state.get('global_step')} of {state.get('max_steps')}"
+                           f"saved at global_step {state.get('global_step')}"
+                           + (f" of {state['max_steps']}" if state.get("max_steps") is not None else "")
                            + (f"; last logged: {logged}" if logged else "") + (f"; best checkpoint: {best}" if best else ""),
                            ""))
     args = maybe_json(d / "args.json")

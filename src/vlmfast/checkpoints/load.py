@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import CHAT_TEMPLATE, cache_off_locations, read_configs, saved_cache_enabled
+from vlmfast.checkpoints.readers import (CHAT_TEMPLATE, cache_off_locations, read_configs, require_loadable,
+                                         saved_cache_enabled)
 from vlmfast.errors import CheckpointError, UsageError, check_choice
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
@@ -158,6 +159,8 @@ def load(
         return loaded
     if base is not None or merge:
         raise UsageError("--base and --merge apply to LoRA adapter checkpoints", hint=f"{found.source} is a full model")
+    if found.is_local and found.kind == "model":  # a broken config.json or cut weights, named as such (not as
+        require_loadable(found.path)  # the processor or the loader that reads them first), before torch loads
     if found.is_local and not allow_pickle and not any(found.path.glob("*.safetensors")):
         raise CheckpointError(
             f"{found.path}: weights are pickle files (*.bin), which can run arbitrary code when loaded",

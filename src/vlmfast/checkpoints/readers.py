@@ -264,6 +264,18 @@ def weights_complete(path) -> bool:
     return False
 
 
+def require_loadable(d: Path) -> None:
+    """A model dir's configs read (:func:`read_configs`) and its weights complete (:func:`weights_complete`), or
+    the CheckpointError naming what is wrong: checked from the files alone, in well under a second, before
+    torch is imported (loading would fail on them only after that, with the error of whatever read them first)."""
+    read_configs(d)
+    if not _model_weights_complete(Path(d)):
+        raise CheckpointError(f"{d}: the weights are incomplete: a safetensors file is shorter than its header says, "
+                              "or a shard the index names is missing",
+                              hint="the save was cut short or is still being written: save again, or point at the "
+                                   "run directory (its highest complete checkpoint is used); vlmfast doctor shows more")
+
+
 _SHARD = re.compile(r"-\d+-of-\d+\.safetensors$")
 
 

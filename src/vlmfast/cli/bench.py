@@ -57,6 +57,10 @@ def bench(
         from vlmfast.report.terminal import ProgressBar, print_json, render_bench, render_note, write_bench_dir
 
         options = from_params(BenchOptions, params)  # generation: max_new_tokens, ignore_eos, temperature, top_p, seed, n
+        if report_dir is not None:
+            from vlmfast.files import check_output_dir
+
+            check_output_dir("--report", report_dir)  # before the bench runs, not after
         bar = ProgressBar(unit="timed runs")
         try:
             report = run_bench(options, progress=bar, say=render_note if not bar.live else (lambda text: None))

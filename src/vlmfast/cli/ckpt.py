@@ -92,7 +92,7 @@ def make_checkpoint(
         from vlmfast.checkpoints.tiny import build_checkpoint
 
         path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite, family=family)
-        stderr.print(f"checkpoint ({family}, {preset}, like {like}) in {path}", markup=False)
+        stderr.print(f"wrote a {family} checkpoint ({preset}, like {like}):", markup=False)  # the path: on stdout, once
         typer.echo(str(path))
 
     guarded(run)

@@ -26,7 +26,7 @@ def sweep(
     run_dir: Annotated[str, typer.Argument(help="A training run's output dir: checkpoint-N (HF Trainer, VLM-R1, TRL), vX-*/checkpoint-N (ms-swift) or global_step_N/actor/huggingface (EasyR1, verl).", show_default=False)],
     manifest: Annotated[str, typer.Option(help="The evaluation set with ground truth: JSONL, or the trainer's parquet / save_to_disk dataset (see infer --manifest).", rich_help_panel=INPUT)],
     out_dir: Annotated[Path, typer.Option(help="Where each checkpoint's results file, report.json and plot.png go (rerun to resume).", rich_help_panel=OUTPUT)],
-    base: Annotated[Optional[str], typer.Option(help="The model the run started from, evaluated as step 0: did RL help?", rich_help_panel=INPUT)] = None,
+    base: Annotated[Optional[str], typer.Option(help="The model the run started from (dir or hub id), evaluated as step 0: did RL help?", rich_help_panel=INPUT)] = None,
     steps: Annotated[Optional[str], typer.Option(help="Only these steps, comma-separated (e.g. 100,300).", rich_help_panel=INPUT)] = None,
     watch: Annotated[bool, typer.Option("--watch", help="Keep polling RUN_DIR and evaluate new checkpoints as the trainer writes them (once their weights are complete), until Ctrl-C.", rich_help_panel=INPUT)] = False,
     poll: Annotated[float, typer.Option(help="--watch: seconds between looks at RUN_DIR.", rich_help_panel=INPUT)] = 60.0,

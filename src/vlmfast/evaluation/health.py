@@ -108,4 +108,7 @@ def health(rows: list[dict]) -> dict:
         names = list(dict.fromkeys(n for g in given for n in g))
         figures["reward_means"] = {n: _mean(g[n] for g in given if isinstance(g.get(n), (int, float))) for n in names}
         figures["reward_mean"] = _mean(r["score"] for r in ok if isinstance(r.get("score"), (int, float)))
+        subs = [r["reward_scores"] for r in ok if isinstance(r.get("reward_scores"), dict)]
+        keys = list(dict.fromkeys(k for g in subs for k in g))  # EasyR1's format / accuracy, …: each one's mean
+        figures["reward_score_means"] = {k: _mean(g[k] for g in subs if isinstance(g.get(k), (int, float))) for k in keys}
     return figures

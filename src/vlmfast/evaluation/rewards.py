@@ -6,7 +6,8 @@ manifest's ground truth untouched and ``--reward-kwargs`` bound as EasyR1's ``re
 Several functions are weighted and summed as TRL's GRPOTrainer does (``reward_weights``; a ``None`` is
 "not applicable": left out of that function's mean and out of the sum, the row left out entirely
 when every function says None). The total becomes the row's ``score``; ``correct`` is
-``score >= threshold``. Standard library only at import time: the user's file imports what it needs.
+``score >= threshold``, or, when a function returns an ``accuracy`` (``acc``) sub-score, that sub-score
+``>= threshold`` (a total that also weights the format must not call a right answer wrong). Standard library only at import time: the user's file imports what it needs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from vlmfast.evaluation.reward_calls import (
     reward_value,
 )
 from vlmfast.evaluation.scoring import ROW_FIELDS, format_ok
+from vlmfast.evaluation.stats import accuracy_key
 
 __all__ = ["FIELDS", "FORMS", "KINDS", "Reward", "RewardError", "RewardSet", "load_reward", "load_rewards",
            "parse_reward_kwargs", "parse_reward_weights"]
@@ -197,7 +199,11 @@ class RewardSet:
         if all(v is None for v in values):
             return  # not applicable to this row: no score, left out of every mean
         total = sum(w * v for w, v in zip(self.weights, values) if v is not None)  # TRL's nansum
-        fields.update(score=total, correct=total >= self.threshold)
+        # a reward that returns its accuracy beside a total weighting the format (EasyR1: 0.9·accuracy +
+        # 0.1·format) says whether the answer is right by that sub-score: a right answer without the format is right
+        key = accuracy_key(subscores)
+        judged = subscores[key] if key is not None else total
+        fields.update(score=total, correct=judged >= self.threshold)
 
 
 def _truth_record(value) -> tuple[bool, object, Mapping | None, str | None]:

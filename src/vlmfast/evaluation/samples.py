@@ -127,14 +127,31 @@ def accuracy_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[f
         raise ValueError(f"correct must be between 0 and n={n}, got {correct}")
     if n == 0:
         return None, None
+    return _wilson(correct / n, n, confidence)
+
+
+def request_interval(scores: list[float], confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """The accuracy interval over requests, ``scores`` holding each request's mean correctness over its
+    answers (:func:`vlmfast.evaluation.flags.per_request`): the requests are the independent trials, not
+    the answers (16 requests × 4 answers, none right: 0–19.4 %, not the 0–5.7 % of 64 trials). Wilson's
+    interval at the requests' mean with n = the requests: a mean of values in [0, 1] varies at most as a
+    0/1 one of the same mean does, so the interval keeps its coverage; with one answer per request it is
+    :func:`accuracy_interval` itself."""
+    if not scores:
+        return None, None
+    return _wilson(sum(scores) / len(scores), len(scores), confidence)
+
+
+def _wilson(p: float, n: int, confidence: float) -> tuple[float, float]:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = correct / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # The bounds at 0 and n are exactly 0 and 1; the subtraction leaves rounding dust there.
-    low = 0.0 if correct == 0 else max(0.0, centre - half)
-    high = 1.0 if correct == n else min(1.0, centre + half)
+    # The bounds at 0 and 1 are exactly 0 and 1; the subtraction leaves rounding dust there.
+    low = 0.0 if p <= 0 else max(0.0, centre - half)
+    high = 1.0 if p >= 1 else min(1.0, centre + half)
     return low, high
 
 

@@ -287,6 +287,8 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
     answer = parse_reasoning(text)[1] if isinstance(text, str) else None
     if answer is None and plain_fallback and isinstance(text, str) and not _ANY_TAG.search(text):
         answer = stated_answer(text)
+        if answer is None and resolve_scorer(truth_text(truth), scorer or "auto") in ("exact", "contains"):
+            answer = text  # a text scorer: the whole untagged text is the answer (the length rule guards choices, numbers)
     s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
                      model_size=_first_size(row.get("model_image_sizes")),
                      bbox_space=row_bbox_space(row, bbox_space), **opts)

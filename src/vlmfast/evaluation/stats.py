@@ -13,6 +13,20 @@ from vlmfast.evaluation.scoring import parse_reasoning
 from vlmfast.timing import percentile
 
 
+# A reward's sub-score that says whether the answer is right (EasyR1 "accuracy", verl "acc"): when a reward
+# returns one, it decides a row's correctness, not the total that also weights the format.
+ACCURACY_SUBSCORES = ("accuracy", "acc")
+
+
+def accuracy_key(subscores) -> str | None:
+    """The key of ``subscores`` (a row's ``reward_scores``) that is its accuracy: ``accuracy`` or ``acc``,
+    bare or after a function's name (``math/accuracy``); None when there is none, or several."""
+    if not isinstance(subscores, dict):
+        return None
+    keys = [k for k in subscores if str(k).rpartition("/")[2] in ACCURACY_SUBSCORES]
+    return keys[0] if len(keys) == 1 else None
+
+
 def mean(values) -> float | None:
     """The arithmetic mean of ``values`` (any iterable of numbers), or None when there are none."""
     values = [float(v) for v in values]
@@ -39,6 +53,8 @@ def summarize(rows: list[dict]) -> dict:
         "mean_think_chars": mean(len(think) for think, _ in parts if think is not None),
         "mean_answer_chars": mean(len(answer) for _, answer in parts if answer is not None),
         "bbox_unmapped": sum(1 for r in scored if r.get("bbox_unmapped")),
+        # rows whose reward function raised (--skip-bad): unscored, so left out of the accuracy above
+        "reward_errors": sum(1 for r in ok if r.get("reward_error") is not None),
     }
     from vlmfast.evaluation.health import health
 
@@ -62,7 +78,16 @@ def reward_means(rows: list[dict]) -> dict:
     given = [r["rewards"] for r in rows if isinstance(r.get("rewards"), dict)]
     out = {n: {"mean": mean(g[n] for g in given if g.get(n) is not None),
                "not_applicable_rows": sum(1 for g in given if g.get(n) is None)} for n in names}
-    return {"functions": out, "not_applicable_rows": sum(1 for g in given if all(v is None for v in g.values()))}
+    subs = [r["reward_scores"] for r in rows if isinstance(r.get("reward_scores"), dict)]
+    keys = list(dict.fromkeys(k for g in subs for k in g))
+    means = {"functions": out, "not_applicable_rows": sum(1 for g in given if all(v is None for v in g.values()))}
+    if keys:
+        correct_from = {accuracy_key(g) for g in subs} - {None}
+        # each sub-score's mean over the rows that returned it (EasyR1's format / accuracy, …), and the one a
+        # row's correctness was read from (None: the total against the threshold)
+        means.update(subscores={k: mean(g[k] for g in subs if isinstance(g.get(k), (int, float))) for k in keys},
+                     correct_from=sorted(correct_from)[0] if len(correct_from) == 1 else None)
+    return means
 
 
 def _score_stats(scored: list[dict]) -> dict:

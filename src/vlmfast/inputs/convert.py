@@ -14,12 +14,11 @@ import os
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
+from vlmfast.inputs.datasets import VLMR1_SCORERS
 from vlmfast.inputs.requests import Request, parse_messages, read_manifest
 from vlmfast.evaluation.scoring import SCORERS, parse_box, truth_text
 
 FORMATS = ("vlmr1", "swift", "auto")
-# VLM-R1 names a per-record reward ("accu_reward_method"); the ones with a scorer of ours.
-_R1_REWARD_SCORERS = {"mcq": "choice"}
 _URL_PREFIXES = ("http://", "https://", "data:")
 
 
@@ -135,7 +134,7 @@ def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
     if truth is None and len(turns) > 1 and isinstance(turns[1], dict):
         truth = turns[1].get("value")
     row = _row(record, index, images, prompt)
-    scorer = record.get("scorer") or _R1_REWARD_SCORERS.get(record.get("accu_reward_method"))
+    scorer = record.get("scorer") or VLMR1_SCORERS.get(record.get("accu_reward_method"))
     return _with_truth(row, truth, scorer)
 
 
@@ -224,6 +223,30 @@ def _good_requests(manifest: str, keys=None) -> list[Request]:
         raise InputError(f"{len(bad)} bad manifest record(s):\n" + "\n".join(f"  - {p}" for p in bad[:50]),
                          hint=f"fix them (scorers are: {', '.join(SCORERS)})", problems=[str(p) for p in bad])
     return items
+
+
+def truth_fields(manifest: str, keys=None) -> tuple[str, str, str]:
+    """(the ground-truth fields the manifest reader looks for, the fields the manifest's first record has,
+    a hint) for a manifest none of whose records gave a ground truth."""
+    from vlmfast.inputs.datasets import ANSWER_KEYS, R1V_KEYS, is_dataset
+    from vlmfast.inputs.embedded import column_names, dataset_parts
+
+    if is_dataset(manifest):
+        given = keys.answer if keys is not None and keys.answer else None
+        looked = f"column {given}" if given else "the columns " + ", ".join(ANSWER_KEYS)
+        found = ", ".join(column_names(dataset_parts(manifest)[0]))
+        return looked, found, "name the ground-truth column with --answer-key COLUMN"
+    records, _ = read_records(Path(manifest).read_text(encoding="utf-8", errors="replace"), manifest)
+    first = next((r for _, r in records if isinstance(r, dict)), {})
+    looked = '"solution", "answer", an assistant turn after the last user turn of "messages", R1-V\'s "ground_truth"'
+    hint = 'give each line its ground truth as "solution" (e.g. "solution": "B")'
+    if "conversations" in first:
+        hint = 'VLM-R1 lines carry their solution as the second "conversations" turn: add it to each line'
+        looked = 'the second "conversations" turn (VLM-R1)'
+
+    elif set(first) & (R1V_KEYS - {"ground_truth"}):
+        hint = 'R1-V lines carry their truth as "ground_truth": add it to each line'
+    return looked, ", ".join(f'"{k}"' for k in first) or "no fields", hint
 
 
 def read_reward_truths(manifest: str, keys=None) -> dict[str, dict]:

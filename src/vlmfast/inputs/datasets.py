@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
-from vlmfast.evaluation.scoring import SCORERS, truth_text
+from vlmfast.evaluation.scoring import SCORERS, parse_box, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
                                      image_label, record_batches)
 from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_bytes, check_images, parse_messages,
@@ -126,11 +126,15 @@ def _schema(part: Part) -> tuple[list[str], dict[str, list[str]]]:
     from vlmfast.inputs.embedded import require_pyarrow
 
     pa = require_pyarrow()
-    if part.kind == "parquet":
-        schema = pa.parquet.ParquetFile(part.path).schema_arrow
-    else:
-        with pa.memory_map(part.path) as source:
-            schema = pa.ipc.open_stream(source).schema
+    try:
+        if part.kind == "parquet":
+            schema = pa.parquet.ParquetFile(part.path).schema_arrow
+        else:
+            with pa.memory_map(part.path) as source:
+                schema = pa.ipc.open_stream(source).schema
+    except (OSError, pa.ArrowException) as exc:  # a truncated or foreign file: said before any model loads
+        raise InputError(f"cannot read {part.path}: {exc}",
+                         hint="give a parquet file or a datasets save_to_disk folder (Arrow IPC stream files)") from exc
     nested = {f.name: [s.name for s in f.type] for f in schema if pa.types.is_struct(f.type)}
     return list(schema.names), nested
 
@@ -266,4 +270,62 @@ def r1v_view(record: dict) -> dict:
     for key in ("id", "system", "scorer", "data_source", "extra_info"):
         if key in record:
             view[key] = record[key]
+    return view
+
+
+# -- VLM-R1 -------------------------------------------------------------------------------------------------
+# VLM-R1 names a per-record reward ("accu_reward_method"); the ones with a scorer of ours.
+VLMR1_SCORERS = {"mcq": "choice"}
+
+
+def is_vlmr1(record: dict) -> bool:
+    """A line of VLM-R1's training / evaluation JSONL (its ``grpo_jsonl.py``): ``conversations`` holding the
+    question, then the solution; none of our prompt keys."""
+    return isinstance(record.get("conversations"), list) and not ({"prompt", "messages"} & set(record))
+
+
+def vlmr1_row(record: dict, base: Path) -> dict:
+    """The row VLM-R1's loader makes of ``record`` (``grpo_jsonl.py`` ``main`` and ``make_conversation_from_jsonl``):
+    ``image`` becomes ``image_path`` (a list; relative paths against the manifest's folder, where the trainer
+    joins its ``--image_folders``), the first turn without ``<image>`` is ``problem``, the second turn with its
+    answer tags stripped is re-wrapped as ``solution`` = ``"<answer> … </answer>"``, and ``accu_reward_method``
+    defaults to ``"default"``; every other field as it is. Reward functions are handed exactly these columns."""
+    row = {k: v for k, v in record.items() if k not in ("image", "conversations")}
+    image = record.get("image")
+    if isinstance(image, (str, list)):
+        row["image_path"] = [resolve_relative(i, base) if isinstance(i, str) else i
+                             for i in ([image] if isinstance(image, str) else image)]
+    turns = record["conversations"]
+    first = turns[0].get("value") if turns and isinstance(turns[0], dict) else None
+    if isinstance(first, str):
+        row["problem"] = first.replace("<image>", "")
+    second = turns[1].get("value") if len(turns) > 1 and isinstance(turns[1], dict) else None
+    if second is not None:
+        solution = second.replace("<answer>", "").replace("</answer>", "").strip() if isinstance(second, str) else str(second)
+        row["solution"] = f"<answer> {solution} </answer>"
+    row["accu_reward_method"] = record.get("accu_reward_method", "default")
+    return row
+
+
+def vlmr1_view(row: dict, index: int) -> dict:
+    """A VLM-R1 loader row (:func:`vlmr1_row`) in vlmfast's manifest keys. The id is the line's own, else
+    ``NNNNN_<image stem>`` (its position: a REC file asks several questions of one image), as ``vlmfast
+    convert`` names it."""
+    paths = row.get("image_path")
+    view = {"images": paths} if paths else {}
+    if isinstance(row.get("problem"), str):
+        view["prompt"] = row["problem"]
+    if "solution" in row:
+        view["solution"] = row["solution"]  # the built-in scorers read inside the answer tags
+    first = paths[0] if paths and isinstance(paths[0], str) else "none"
+    view["id"] = row["id"] if "id" in row else f"{index:05d}_{Path(first).stem}"
+    scorer = row.get("scorer") or VLMR1_SCORERS.get(row["accu_reward_method"])
+    truth = truth_text(row.get("solution"))
+    if scorer is None and isinstance(truth, (list, dict)) and parse_box(truth) is not None:
+        scorer = "bbox"  # a REC box, as convert marks it
+    if scorer is not None:
+        view["scorer"] = scorer
+    for key in ("system", "data_source", "extra_info"):
+        if key in row:
+            view[key] = row[key]
     return view

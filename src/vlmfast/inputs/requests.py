@@ -32,6 +32,10 @@ R1_INSTRUCTION = (
 )
 TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION}
 
+# The image placeholder of LLaVA-style data (ms-swift, VLM-R1, EasyR1, verl): in every manifest format it marks
+# where an image goes, never text; vlmfast removes it and puts the request's images before the text.
+IMAGE_MARK = "<image>"
+
 # Manifest keys we understand; anything else is ignored (and reported once).
 MANIFEST_KEYS = frozenset({"id", "image", "images", "prompt", "system", "messages", "solution", "answer", "scorer",
                            "data_source", "extra_info"})
@@ -106,7 +110,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
     :func:`vlmfast.inputs.datasets.read_dataset` (``keys``: its :class:`~vlmfast.inputs.datasets.DatasetKeys`).
     Relative image paths resolve against the manifest's directory first, then the working directory.
     """
-    from vlmfast.inputs.datasets import is_dataset, is_r1v, r1v_view, read_dataset
+    from vlmfast.inputs.datasets import is_dataset, is_r1v, is_vlmr1, r1v_view, read_dataset, vlmr1_row, vlmr1_view
 
     from vlmfast.inputs.tsv import is_tsv, read_tsv
 
@@ -124,6 +128,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
     base = Path(path).parent
     items: list[Request | BadInput] = []
     unknown: set[str] = set()
+    decoded = 0  # JSON values read so far: a VLM-R1 line without an id is named by its position, as convert names it
     for lineno, line in enumerate(raw.splitlines(), start=1):
         where = f"{path}:{lineno}"
         if not line.strip():
@@ -136,12 +141,16 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
         except json.JSONDecodeError as exc:
             items.append(_bad_line(where, f"invalid JSON ({exc.msg} at column {exc.colno})"))
             continue
+        decoded += 1
         if not isinstance(record, dict):
             items.append(_bad_line(where, "record is not a JSON object"))
             continue
         line = record
         if is_r1v(record):  # R1-V's evaluation lines: read through our keys, handed to rewards as they are
             record = r1v_view(record)
+        elif is_vlmr1(record):  # VLM-R1's lines: rewards get the row its loader makes, scorers our keys
+            line = vlmr1_row(record, base)
+            record = vlmr1_view(line, decoded - 1)
         else:
             unknown.update(set(record) - MANIFEST_KEYS)
         try:
@@ -175,7 +184,9 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
         images = [i.get("path") if isinstance(i, dict) else i for i in images]
     if not images or not all(isinstance(i, str) and i for i in images):
         raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
-    prompt = prompt if prompt is not None else default_prompt
+    if isinstance(prompt, str):  # "<image>" marks the image's place, as in every format read: images go first
+        prompt = prompt.replace(IMAGE_MARK, "").strip()
+    prompt = prompt if prompt else default_prompt
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError('no prompt: give "prompt" in the record, or --prompt / --prompt-file for all')
     scorer = record.get("scorer")

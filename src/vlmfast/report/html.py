@@ -143,8 +143,7 @@ def _chart(title: str, steps: list[int], lines, band, unit_range: bool, flagged:
     parts = [f"<line x1='{PAD}' y1='{y(lo):.1f}' x2='{CHART_W - 10}' y2='{y(lo):.1f}' stroke='#99a'/>",
              f"<text x='2' y='{y(hi) + 4:.1f}' font-size='10'>{_tick(hi, unit_range)}</text>",
              f"<text x='2' y='{y(lo):.1f}' font-size='10'>{_tick(lo, unit_range)}</text>"]
-    ticks = sorted({x0, x1, steps[len(steps) // 2]}) if len(steps) > 2 else sorted({x0, x1})
-    for step in ticks:  # the end ticks anchored inside the chart so long step numbers are not clipped
+    for step in _ticks(steps, x):  # the end ticks anchored inside the chart so long step numbers are not clipped
         anchor = "start" if step == x0 and x1 > x0 else "end" if step == x1 and x1 > x0 else "middle"
         parts.append(f"<text x='{x(step):.1f}' y='{CHART_H - 6}' font-size='10' text-anchor='{anchor}'>{step}</text>")
     for step in flagged:
@@ -169,6 +168,32 @@ def _chart(title: str, steps: list[int], lines, band, unit_range: bool, flagged:
         parts.append(f"<text x='{PAD + 4 + 60 * k}' y='11' font-size='10' fill='{color}'>{_e(label)}</text>")
     return (f"<div class='chart'><h3>{_e(title)}</h3><svg class='curve' width='{CHART_W}' height='{CHART_H}' "
             f"role='img' aria-label='{_e(title)}'>" + "".join(parts) + "</svg></div>")
+
+
+def _ticks(steps: list[int], x) -> list[int]:
+    """The steps labelled on the x axis: every evaluated one where the labels fit side by side (10 px type,
+    ~6 px a digit; the end labels anchored inside the chart), else as many as fit from the first on, the last
+    always; never a step that was not evaluated."""
+    ordered = sorted(set(steps))
+    first, last = ordered[0], ordered[-1]
+
+    def extent(step: int) -> tuple[float, float]:  # the label's span, with a gap
+        room, at = 6 * len(str(step)) + 8, x(step)
+        if first != last and step == first:
+            return at, at + room
+        if first != last and step == last:
+            return at - room, at
+        return at - room / 2, at + room / 2
+
+    kept: list[int] = []
+    for step in ordered:
+        if not kept or extent(step)[0] >= extent(kept[-1])[1]:
+            kept.append(step)
+    if kept[-1] != last:  # the last step is always labelled, in place of neighbours too close to it
+        while len(kept) > 1 and extent(last)[0] < extent(kept[-1])[1]:
+            kept.pop()
+        kept.append(last)
+    return kept
 
 
 def _tick(value: float, unit_range: bool) -> str:
@@ -226,6 +251,9 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
     columns += [("all same", lambda c: _opt((c.get("samples") or {}).get("all_same_rate"), _pct))]
     columns += [(f"reward {f}", lambda c, f=f: _opt((c.get("reward_means") or {}).get(f), lambda v: f"{v:.3f}"))
                 for f in rewards]
+    subscores = list(dict.fromkeys(k for c in checkpoints for k in (c.get("reward_score_means") or {})))
+    columns += [(f"sub-score {k}", lambda c, k=k: _opt((c.get("reward_score_means") or {}).get(k), lambda v: f"{v:.3f}"))
+                for k in subscores]
     columns += [("load / swap s", lambda c: _opt(next((c[k] for k in ("load_s", "swap_s", "reload_s")
                                                        if c.get(k) is not None), None), lambda v: f"{v:.1f}")),
                 ("errors", lambda c: _opt((c.get("errors") or 0) + (c.get("reward_errors") or 0) or None, str))]

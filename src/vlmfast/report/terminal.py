@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from rich.console import Console
@@ -10,14 +11,38 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+_TRAILING = re.compile(r"[ \t]+(?=\n)")
+
+
+class _TrimmedStderr:
+    """``sys.stderr``, looked up at every write (a test or a caller may swap it), with the spaces rich pads each
+    table line with to the table's width cut off the line's end: a log holds the text, not 150 columns of blanks."""
+
+    def write(self, text: str) -> int:
+        sys.stderr.write(_TRAILING.sub("", text))
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stderr, "encoding", None) or "utf-8"
+
+
 def _console() -> Console:
     """Rich on stderr. Not on a terminal (a CI log, a pipe) rich assumes 80 columns and would wrap cells and cut
-    intervals short: there the width is COLUMNS when set, else 200, so a table keeps every number on its line."""
+    intervals short: there the width is COLUMNS when set, else 200, so a table keeps every number on its line,
+    and lines carry no trailing padding (on a terminal the padding clears what a live bar drew)."""
     import os
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # notes and hints: one line each, greppable
     if not console.is_terminal:
-        console.width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 200
+        width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 200
+        console = Console(file=_TrimmedStderr(), highlight=False, soft_wrap=True, width=width)
     return console
 
 
@@ -66,7 +91,10 @@ def render_infer(report) -> None:
         per = " · ".join(f"#{p['rank']} {p['device']}: {plural(p['samples'], 'sample')}, {_fmt(p['tokens_per_s'], ' tokens/s', 1)}"
                          for p in report.processes)
         table.add_row("processes", f"{len(report.processes)} ({per})")
-    table.add_row("samples", f"{report.samples} run, {plural(report.errors, 'error')}, {report.skipped_existing} already done")
+    failed = (report.scores or {}).get("reward_errors") or 0
+    table.add_row("samples", f"{report.samples} run, {plural(report.errors, 'error')}"
+                  + (f", [red]{plural(failed, 'reward error')}[/red] (unscored: see reward_error)" if failed else "")
+                  + f", {report.skipped_existing} already done")
     table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
     scores = report.scores or {}
     if scores.get("scored"):
@@ -82,6 +110,8 @@ def render_infer(report) -> None:
                       f"max {h['new_tokens_max']} tokens · truncated {_pct(h['truncation_rate'])} · repeating "
                       f"{_pct(h['repetition_rate'])} · empty answer {_pct(h['empty_answer_rate'])} · several answers "
                       f"{_pct(h['multi_answer_rate'])}")
+    if scores.get("rewards"):
+        table.add_row("reward", _reward_line(scores))
     samples = scores.get("samples")
     if samples and samples.get("pass_at_k"):
         table.add_row("n answers", "pass@k · maj@k · all same: " + _samples_cell(samples))
@@ -105,6 +135,15 @@ def render_infer(report) -> None:
     stderr.print(table)
     for note in report.notes:
         render_note(note)
+
+
+def _reward_line(summary: dict) -> str:
+    """The reward's mean, each sub-score's mean, and what decided correctness."""
+    rewards = summary.get("rewards") or {}
+    subs = " · ".join(f"{escape(k)} {_fmt(v, '', 3)}" for k, v in (rewards.get("subscores") or {}).items())
+    judged = rewards.get("correct_from")
+    return (f"mean {_fmt(summary.get('mean_score'), '', 3)}" + (f" · sub-scores: {subs}" if subs else "")
+            + (f" · correct: its {escape(judged)} sub-score ≥ --reward-threshold" if judged else ""))
 
 
 def _pct(value) -> str:
@@ -147,6 +186,10 @@ def render_sweep(report: dict) -> None:
         stderr.print(f"[yellow]flag {f['code']}:[/yellow] {escape(f['message'])}")
     if report["gate"] and report["gate"]["failed"]:
         stderr.print(f"[red]gate:[/red] {escape(report['gate']['message'])}")
+    judged = sorted({c["correct_from"] for c in report["checkpoints"] if c.get("correct_from")})
+    if judged:
+        render_note(f"accuracy: a row is correct when the reward's {', '.join(judged)} sub-score reaches "
+                    "--reward-threshold (the total also weights other sub-scores)")
     for note in report["notes"]:
         render_note(note)
 
@@ -163,8 +206,10 @@ def sweep_table(report: dict) -> Table:
     samples = any(c.get("samples") for c in checkpoints)
     errors = any(c.get("errors") or c.get("reward_errors") for c in checkpoints)
     held = any(c.get("p_best") is not None for c in checkpoints)
-    columns = ["step", "accuracy\n(95 % CI)", *(["P(best)\n≈ best"] if held else []), "vs base\n(flips)", "format", "tokens\np50/p90", "trunc", "loop",
-               *(["pass@k · maj@k\n· all same"] if samples else []), "tokens/s", *(["errors"] if errors else []), "flags"]
+    rewarded = any(c.get("reward_mean") is not None for c in checkpoints)
+    columns = ["step", "accuracy\n(95 % CI)", *(["P(best)\n≈ best"] if held else []), "vs base\n(flips)", "format",
+               "tokens\np50/p90", "trunc", "loop", *(["pass@k · maj@k\n· all same"] if samples else []),
+               *(["reward\n(sub-scores)"] if rewarded else []), "tokens/s", *(["errors"] if errors else []), "flags"]
     for column in columns:
         table.add_column(column, justify="left" if column == "flags" else "right", no_wrap=column == "step",
                          overflow="fold")  # narrower than the table: cells wrap, no figure is cut to "…"
@@ -178,6 +223,9 @@ def sweep_table(report: dict) -> Table:
                   if vs and vs.get("difference") is not None else "–")
         lengths = "/".join("–" if c.get(k) is None else f"{c[k]:.0f}" for k in ("new_tokens_p50", "new_tokens_p90"))
         extra = [_samples_cell(c.get("samples"))] if samples else []
+        if rewarded:
+            subs = " · ".join(f"{escape(k)} {_fmt(v, '', 2)}" for k, v in (c.get("reward_score_means") or {}).items())
+            extra.append(_fmt(c.get("reward_mean"), "", 2) + (f" ({subs})" if subs else ""))
         failed = [str(c.get("errors", 0)) + (f" + {c['reward_errors']} reward" if c.get("reward_errors") else "")]
         chance = [_held_cell(c)] if held else []
         table.add_row("base" if c["label"] == "base" else str(c["step"]), _pct(c["accuracy"]) + ci, *chance, versus,
@@ -240,7 +288,12 @@ def render_scores(source: str, summary: dict) -> None:
                  f"mean think {_fmt(summary.get('mean_think_chars'), ' chars', 0)} · "
                  f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
                  f"{plural(summary.get('rows_without_truth', 0), 'row')} without ground truth")
+    if summary.get("reward_errors"):
+        stderr.print(f"[red]{plural(summary['reward_errors'], 'row')} whose reward function raised[/red]: unscored, left out of "
+                     "the accuracy (see each row's reward_error; add --out to keep them)")
     rewards = summary.get("rewards") or {}
+    if rewards:
+        stderr.print("reward: " + _reward_line(summary))
     for name, figures in rewards.get("functions", {}).items():
         stderr.print(f"reward {escape(name)}: mean {_fmt(figures['mean'], '', 3)}"
                      + (f" · not applicable to {plural(figures['not_applicable_rows'], 'row')}" if figures["not_applicable_rows"] else ""))

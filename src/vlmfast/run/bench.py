@@ -29,7 +29,7 @@ from vlmfast.engines.contract import Backend
 from vlmfast.engines.hf.engine import Engine
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
-from vlmfast.engines.rows import GenerationSettings, SampleResult, row_key
+from vlmfast.engines.rows import GenerationSettings, SampleResult
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import TEMPLATES
 from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
@@ -292,6 +292,14 @@ def _accuracy(scored: list[dict]) -> dict:
     return {"accuracy": s["accuracy"], "format_rate": s["format_rate"], "scored": s["scored"]}
 
 
+def request_means(rows: list[dict]) -> dict[str, float | None]:
+    """id → the mean score of its answers (None when none was scored)."""
+    grouped: dict[str, list] = {}
+    for r in rows:
+        grouped.setdefault(str(r["id"]), []).append(r.get("score"))
+    return {rid: (sum(v) / len(v) if (v := [s for s in scores if s is not None]) else None) for rid, scores in grouped.items()}
+
+
 def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes, versions_) -> dict:
     from vlmfast.evaluation.stats import paired_comparison
 
@@ -300,8 +308,8 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
     accuracy = {}
     for bs in options.batch_sizes:
         if (BASE, bs) in by and by.get((CKPT, bs), {}).get("scored"):
-            scores = {name: {row_key(r["id"], r.get("sample")): r["score"] for r in score_results(rows[(name, bs)], truths, options)}
-                      for name in (CKPT, BASE)}
+            # per request (its answers' mean with --n K): the requests are the paired trials, not the answers
+            scores = {name: request_means(score_results(rows[(name, bs)], truths, options)) for name in (CKPT, BASE)}
             accuracy[f"ckpt_vs_base@{bs}"] = paired_comparison(scores[CKPT], scores[BASE])
     fidelity, differences = {}, {}
     for name, a, b in fidelity_pairs(options.batch_sizes) if settings.greedy else ():

@@ -41,13 +41,15 @@ def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[o
     """What a run with ``options`` (:class:`~vlmfast.run.options.InferOptions`) will use: setting → (value,
     where it comes from: the flag, or the default). ``where``: the checkpoint's directory, when located."""
 
+    from vlmfast.evaluation.rewards import parse_reward_kwargs, parse_reward_weights
+
     g = options.generation
 
     def flag(name, value, default):
         return value, f"--{name.replace('_', '-')}" + (" (default)" if value == default else "")
 
     lo, hi = _pixel_defaults(where or _checkpoint_dir(options.ckpt))
-    kwargs = json.loads(options.reward_kwargs) if options.reward_kwargs else None
+    kwargs = parse_reward_kwargs(options.reward_kwargs) if options.reward_kwargs else None  # UsageError when not a JSON object
     reward = ([options.reward] if isinstance(options.reward, str) else list(options.reward)) if options.reward else None
     return {
         "format_prompt": _format_prompt(options),
@@ -59,7 +61,7 @@ def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[o
         "top_p": flag("top_p", g.top_p, 1.0),
         "n": flag("n", g.n, 1),
         "reward": (reward, "--reward") if reward else (None, f"vlmfast's scorer (--scorer {options.scorer})"),
-        "reward_weights": ([float(w) for w in options.reward_weights.split(",")], "--reward-weights")
+        "reward_weights": (list(parse_reward_weights(options.reward_weights, len(options.reward_weights.split(",")))), "--reward-weights")
         if options.reward_weights else (None, "--reward-weights (default: equal)"),
         "reward_kwargs": flag("reward_kwargs", kwargs, None),
         "eos": (None, "the checkpoint's EOS ids + the chat stop (<|im_end|>)"),

@@ -87,6 +87,25 @@ def _row_problem(row) -> str | None:
     return None
 
 
+def _check_matches(rows: list[dict], truths: dict, results: Path, manifest: str, keys) -> None:
+    """An InputError when nothing could be scored: no row's id is in the manifest, or none of the rows that
+    are has ground truth the manifest reader recognises (every score would be None, and exit 0 would hide it)."""
+    from vlmfast.inputs.convert import truth_fields
+
+    matched = [str(r["id"]) for r in rows if str(r["id"]) in truths]
+    if not matched:
+        ours = ", ".join(dict.fromkeys(str(r["id"]) for r in rows[:5]))
+        theirs = ", ".join(list(truths)[:5])
+        raise InputError(f"none of the {len(rows)} row id(s) of {results} is in {manifest}: rows have {ours}"
+                         f"{' …' if len(rows) > 5 else ''}; the manifest has {theirs}{' …' if len(truths) > 5 else ''}",
+                         hint="ids must be the manifest's \"id\" (or its image path where a record has no id): "
+                              "give the manifest the results were made from")
+    if all(truths[rid][0] is None for rid in matched):
+        looked, found, hint = truth_fields(manifest, keys)
+        raise InputError(f"{manifest}: no ground truth in any of the {len(matched)} matched record(s): looked for "
+                         f"{looked}; the records have {found}", hint=hint)
+
+
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
                  out: Path | None = None, reward=None, skip_bad: bool = False, keys=None) -> dict:
     """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
@@ -103,6 +122,7 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
                          'with "id" and "text" per row')
     rows, notes = read_result_rows(results)
     truths = read_truths(manifest, keys)
+    _check_matches(rows, truths, results, manifest, keys)
     if reward is not None:
         lines = read_reward_truths(manifest, keys)
         scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, lines, skip_bad=skip_bad))]

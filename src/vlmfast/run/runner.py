@@ -77,7 +77,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
-    work = collect_work(options, dist)
+    settings = _settings(options, found)
+    work = collect_work(options, dist, settings)
     if weights is not None and weights.allowed:
         lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
         work = dataclasses.replace(work, notes=[f"tensors missing as --allow-missing allows ({lost}): the model runs "
@@ -92,10 +93,18 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         report.parity = parity
         report.fingerprint = weights_id
         return report
+    if found is not None and found.is_local and found.kind == "model":
+        from vlmfast.checkpoints.readers import require_loadable
+
+        require_loadable(found.path)  # a broken config.json or cut weights: said now, not after torch is imported
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
         batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
+        if settings is not None and dist.is_main and (options.overwrite or not work.existing):
+            from vlmfast.run.sweep_record import record
+
+            record(Path(options.out), settings, {})  # what made the rows to come: a resume is checked against it
         work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
         compiled_before = backend.facts().compile_s  # an engine kept across runs (a sweep's) compiled before
         mine = run_batches(backend, options, work, batch_size, dist, progress, reward)
@@ -127,9 +136,27 @@ def weights_fingerprint(found, how: str = "sampled") -> dict | None:
         return None
 
 
-def collect_work(options: InferOptions, dist: Distributed) -> Work:
+def _settings(options: InferOptions, found) -> dict | None:
+    """What shapes a run's rows (a sweep's settings, and the checkpoint): recorded beside ``--out`` (None
+    without one)."""
+    from vlmfast.run.sweep_record import settings_of
+
+    if options.out is None:
+        return None
+
+    if found is not None:
+        ckpt = str(found.path.resolve()) if found.is_local else found.source
+    else:  # an engine handed in: the checkpoint as named
+        ckpt = str(Path(options.ckpt).resolve()) if Path(options.ckpt).exists() else options.ckpt
+    # the inputs themselves may grow between runs (more images, more manifest lines: new ids to run)
+    inputs = ("images", "manifest", "manifest_sha256")
+    return {"ckpt": ckpt, **{k: v for k, v in settings_of(options, digest=False).items() if k not in inputs}}
+
+
+def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None) -> Work:
     """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
-    earlier run already finished: those are skipped (error rows redone with ``retry_errors``)."""
+    earlier run already finished: those are skipped (error rows redone with ``retry_errors``). ``settings``:
+    the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep."""
     collected = collect(
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
@@ -151,6 +178,12 @@ def collect_work(options: InferOptions, dist: Distributed) -> Work:
         if dist.world > 1 and not options.overwrite:
             read_existing(out, repair=False)  # a file that is not ours fails every process alike, not just the main one
         if dist.is_main:
+            if settings is not None and not options.overwrite and out.is_file() and out.stat().st_size:
+                from vlmfast.run.sweep_record import compare, sidecar
+
+                said = compare(sidecar(out), settings, f"{out} holds rows made with other settings "
+                               f"({sidecar(out).name})", hint="rerun with --overwrite to redo them, or give another --out")
+                notes += [f"{out}: {said}"] if said else []
             existing, said = prepare_out(out, overwrite=options.overwrite)
             notes += said
         dist.barrier()  # every process reads the same, repaired file

@@ -46,6 +46,9 @@ class SweepOptions:
     def __post_init__(self):
         if self.infer.manifest is None and not self.infer.images:
             raise UsageError("a sweep needs its evaluation set", hint="give --manifest FILE.jsonl (with ground truth)")
+        from vlmfast.files import check_output_dir
+
+        check_output_dir("--out-dir", self.out_dir)
         if self.fail_if_best_below is not None and not 0 <= self.fail_if_best_below <= 1:
             raise UsageError(f"--fail-if-best-below {self.fail_if_best_below}: an accuracy is between 0 and 1",
                              hint="e.g. --fail-if-best-below 0.6")
@@ -71,8 +74,9 @@ class SweepOptions:
 @dataclass
 class _Entry:
     step: int
-    path: Path
+    path: Path | str  # a hub id (a base not in the local cache) stays a string
     label: str  # "base" | the layout
+    found: object = None  # the base as located (a hub id is probed once)
 
 
 class _Models:
@@ -173,7 +177,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
-    entries = ([_Entry(0, locate(options.base).path, "base")] if options.base else [])
+    base = locate(options.base, hub=True) if options.base else None  # a directory or a hub id, as every --base takes
+    entries = [_Entry(0, base.path or base.source, "base", base)] if base else []
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     odd_base = _base_notes(entries)
     for note in odd_base:
@@ -304,7 +309,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     from vlmfast.run.runner import infer
 
     out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
-    found = locate(entry.path)
+    found = entry.found or locate(entry.path)
     say(f"step {entry.step}: {entry.path}")
     from vlmfast.run.runner import weights_fingerprint
     from vlmfast.run.sweep_record import forget_if_changed
@@ -337,15 +342,17 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
 
 
 def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:
+    from vlmfast.evaluation.flags import per_request
     from vlmfast.evaluation.health import health
-    from vlmfast.evaluation.samples import accuracy_interval
+    from vlmfast.evaluation.samples import request_interval
     from vlmfast.evaluation.stats import summarize
 
     scores = summarize(rows)
     ok = [r for r in rows if r.get("error") is None]
     scored = [r for r in ok if r.get("correct") is not None]
     correct = sum(bool(r["correct"]) for r in scored)
-    low, high = accuracy_interval(correct, len(scored)) if scored else (None, None)
+    # over requests: with --n K a request's K answers are one trial, not K independent ones
+    low, high = request_interval([score for score, _, _ in per_request(rows).values()])
     figures = {
         "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out), "rows": len(rows),
         "accuracy": round(correct / len(scored), 4) if scored else None,
@@ -356,6 +363,8 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
     }
     if "samples" in scores:
         figures["samples"] = scores["samples"]
+    if (scores.get("rewards") or {}).get("correct_from"):  # correctness read from the reward's accuracy sub-score
+        figures["correct_from"] = scores["rewards"]["correct_from"]
     return figures
 
 

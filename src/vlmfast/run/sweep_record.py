@@ -27,11 +27,11 @@ MEASURED = ("tokens_per_s", "load_s", "swap_s", "reload_s", "canary_s")
 SAME_BY_CONTENT = ("manifest",)  # compared by its digest: the same file named from another directory is the same
 
 
-def settings_of(infer) -> dict:
+def settings_of(infer, *, digest: bool = True) -> dict:
     """The settings of a sweep's ``infer`` options that shape its rows (paths as given, the manifest also by
-    its content's digest)."""
+    its content's digest, unless not ``digest``)."""
     manifest = infer.manifest
-    digest = _digest(Path(manifest)) if manifest else None
+    digest = _digest(Path(manifest)) if manifest and digest else None
     generation = asdict(infer.generation)
     return {
         "manifest": manifest, "manifest_sha256": digest, "images": infer.images, "prompt": infer.prompt,
@@ -77,24 +77,39 @@ def check(out_dir: Path, settings: dict, overwrite: bool) -> list[str]:
         return []
     notes = []
     for path in records:
-        try:
-            earlier = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        differs = [f"{key}: {_show(earlier.get('settings', {}).get(key))} then, {_show(value)} now"
-                   for key, value in settings.items()
-                   if key not in SAME_BY_CONTENT and _norm(earlier.get("settings", {}).get(key)) != _norm(value)]
-        if differs:
-            raise UsageError(f"{out_dir} holds rows made with other settings ({path.name}): " + "; ".join(differs),
-                             hint="rerun with --overwrite to start afresh, or give another --out-dir")
-        from vlmfast.timing import versions
-
-        then, now = earlier.get("versions", {}), versions()
-        changed = [f"{k} {then[k]} → {now[k]}" for k in ("vlmfast", "torch", "transformers")
-                   if k in then and k in now and then[k] != now[k]]
-        if changed and not notes:
-            notes.append(f"{out_dir}: earlier rows were made with {', '.join(changed)}; resuming with the same settings")
+        said = compare(path, settings, f"{out_dir} holds rows made with other settings ({path.name})",
+                       hint="rerun with --overwrite to start afresh, or give another --out-dir")
+        if said and not notes:
+            notes.append(f"{out_dir}: {said}")
     return notes
+
+
+def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
+    """A UsageError (``what``: the differences follow) when the record at ``path`` holds other settings than
+    ``settings``; else a note when other versions made its rows (None when they are the same). Only the
+    settings the record holds are compared: a sweep's names no ``ckpt`` (its file names the step), and one
+    ``infer`` wrote (a sweep's step cut short) no inputs, which may grow between runs."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    then = earlier.get("settings", {}) if isinstance(earlier, dict) else {}
+    differs = [f"{key}: {_show(then.get(key))} then, {_show(value)} now" for key, value in settings.items()
+               if key not in SAME_BY_CONTENT and key in then and _norm(then[key]) != _norm(value)]
+    if differs:
+        raise UsageError(f"{what}: " + "; ".join(differs), hint=hint)
+    from vlmfast.timing import versions
+
+    before, now = earlier.get("versions", {}), versions()
+    changed = [f"{k} {before[k]} → {now[k]}" for k in ("vlmfast", "torch", "transformers")
+               if k in before and k in now and _release(before[k]) != _release(now[k])]
+    return f"earlier rows were made with {', '.join(changed)}; resuming with the same settings" if changed else None
+
+
+def _release(version) -> str:
+    """A version without its local build tag (``2.14.1+cu130`` → ``2.14.1``): records written before every
+    read came from the package metadata hold either spelling for one installation."""
+    return str(version).split("+")[0]
 
 
 def record(results: Path, settings: dict, figures: dict) -> None:

@@ -46,9 +46,10 @@ def ending_apart(loaded, requests, max_new):
     tokens the rows really produce."""
     tokens = [r.token_ids for r in static_rows(Engine(loaded, GenerationSettings(max_new_tokens=max_new, ignore_eos=True)),
                                                requests, len(requests)).values()]
-    for stop in itertools.chain(itertools.combinations(sorted({t for row in tokens for t in row[1:]}), 2)):
+    candidates = sorted({t for row in tokens for t in row[1:]})
+    for stop in itertools.chain(itertools.combinations(candidates, 2), itertools.combinations(candidates, 3)):
         ends = [next((i for i, t in enumerate(row) if t in stop), None) for row in tokens]
-        if sum(e is not None and e > 0 for e in ends) >= len(tokens) - 1 and len(set(ends)) >= 4:
+        if sum(e is not None and e > 0 for e in ends) >= len(tokens) - 1 and len(set(ends)) >= 3:
             return dataclasses.replace(loaded, eos_token_ids=list(stop))
     raise AssertionError("no token pair ends the rows at different steps")
 
