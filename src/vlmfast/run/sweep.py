@@ -358,7 +358,8 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
         "accuracy": round(correct / len(scored), 4) if scored else None,
         "ci_low": None if low is None else round(low, 4), "ci_high": None if high is None else round(high, 4),
         **health(rows),
-        "tokens_per_s": report.tokens_per_s, "decode_row_utilization": report.decode_row_utilization, f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
+        "tokens_per_s": report.tokens_per_s, "decode_row_utilization": getattr(report, "decode_row_utilization", None),
+        f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
         "errors": len(rows) - len(ok), "reward_errors": sum(r.get("reward_error") is not None for r in ok),
     }
     if "samples" in scores:
