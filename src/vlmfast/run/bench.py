@@ -24,6 +24,7 @@ from vlmfast.run.bench_figures import (
     AS_SAVED, BASE, CKPT, SCHEMA, VLLM, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
     noise_notes, scenario_summary, speed_ratios,
 )
+from vlmfast.declared import FAST, GATES, GEN, INPUT, MODEL, like, nested, option
 from vlmfast.engines.bandwidth import run_bandwidth
 from vlmfast.engines.contract import Backend
 from vlmfast.engines.hf.engine import Engine
@@ -33,6 +34,7 @@ from vlmfast.engines.rows import GenerationSettings, SampleResult, row_key
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import TEMPLATES
 from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
+from vlmfast.run.options import InferOptions
 from vlmfast.timing import free_memory, now, peak_memory_mib, reset_peak_memory
 
 
@@ -43,34 +45,42 @@ class BenchOptions:
     ``bbox_space`` None: each row's own, else ``resized`` (see :func:`vlmfast.evaluation.scoring.row_bbox_space`).
     The gates (exit codes 3, 4, 5) are evaluated by :func:`run_bench` into ``report["gates"]``."""
 
-    ckpt: str
-    compare_base: str | None = None
-    images: list[str] | None = None
-    manifest: str | None = None
-    synthetic: int | None = None
-    synthetic_size: int = 224
-    prompt: str | None = None
-    template: str = "plain"
-    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=128))
-    batch_sizes: tuple[int, ...] | str = (8,)
-    warmup: int = 1
-    repeats: int = 3
-    as_saved: bool = True
-    device: str | None = None
-    dtype: str | None = None
-    attn: str | None = None
-    max_pixels: int | None = None
-    min_pixels: int | None = None
-    decoder: str = "vlmfast"
-    cuda_graphs: bool | None = None
-    compile: bool = False  # ckpt and base: torch.compile the decode step (the warm-up runs compile)
-    engines: tuple[str, ...] | str = ("hf",)
-    scorer: str = "auto"
-    iou: float = 0.5
-    bbox_space: str | None = None
-    fail_if_slower: float | None = None  # exit 3 when ckpt tokens/s < base tokens/s ÷ X
-    fail_on_cache_off: bool = False  # exit 4 when the saved config turns the cache off anywhere
-    fail_if_less_accurate: float | None = None  # exit 5 when ckpt accuracy < base accuracy − X
+    ckpt: str = like(InferOptions, "ckpt")
+    compare_base: str | None = option(None, help="Base model (dir or hub id) run on the same workload.", panel=MODEL)
+    images: list[str] | None = like(InferOptions, "images")
+    manifest: str | None = like(InferOptions, "manifest")
+    synthetic: int | None = option(None, help="Generate N synthetic images as the workload.", panel=INPUT)
+    synthetic_size: int = option(224, help="Side of synthetic images in pixels.", panel=INPUT)
+    prompt: str | None = like(InferOptions, "prompt")
+    template: str = like(InferOptions, "template")
+    max_pixels: int | None = like(InferOptions, "max_pixels")
+    min_pixels: int | None = like(InferOptions, "min_pixels")
+    generation: GenerationSettings = nested(lambda: GenerationSettings(max_new_tokens=128))
+    batch_sizes: tuple[int, ...] | str = option("8", help="Comma-separated batch sizes for ckpt (and base), e.g. 1,8.",
+                                                panel=GEN, type=str)
+    warmup: int = option(1, help="Untimed runs per scenario.", panel=GEN)
+    repeats: int = option(3, help="Timed runs per scenario (medians reported).", panel=GEN)
+    decoder: str = like(InferOptions, "decoder")
+    cuda_graphs: bool | None = like(InferOptions, "cuda_graphs")
+    # ckpt and base: torch.compile the decode step (the warm-up runs compile)
+    compile: bool = option(False, help="ckpt and base: torch.compile the decode step (compiled in the warm-up runs).",
+                           panel=FAST, flag="--compile/--no-compile")
+    engines: tuple[str, ...] | str = option(
+        "hf", help="Engines for ckpt, comma-separated: hf, vllm (hf,vllm: side by side, with token agreement).",
+        panel=MODEL, type=str)
+    as_saved: bool = option(True, help="Also run plain HF generate with the saved config (slow when the cache is off).",
+                            panel=GEN)
+    device: str | None = like(InferOptions, "device")
+    dtype: str | None = like(InferOptions, "dtype")
+    attn: str | None = like(InferOptions, "attn")
+    scorer: str = like(InferOptions, "scorer")
+    iou: float = like(InferOptions, "iou")
+    bbox_space: str | None = like(InferOptions, "bbox_space")
+    fail_if_slower: float | None = option(None, help="Exit 3 when ckpt tokens/s < base tokens/s ÷ X.", panel=GATES)
+    fail_on_cache_off: bool = option(False, help="Exit 4 when the saved config turns the cache off anywhere.",
+                                     panel=GATES)
+    fail_if_less_accurate: float | None = option(
+        None, help="Exit 5 when ckpt accuracy < base accuracy − X (needs ground truth in --manifest).", panel=GATES)
 
     def __post_init__(self):
         self.batch_sizes = _batch_sizes(self.batch_sizes)

@@ -41,27 +41,29 @@ def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[o
     """What a run with ``options`` (:class:`~vlmfast.run.options.InferOptions`) will use: setting → (value,
     where it comes from: the flag, or the default). ``where``: the checkpoint's directory, when located."""
 
+    from vlmfast.declared import default_of
+
     g = options.generation
 
     def flag(name, value, default):
         return value, f"--{name.replace('_', '-')}" + (" (default)" if value == default else "")
+
+    def generation(name):  # the default from the field that declares it
+        return flag(name, getattr(g, name), default_of(type(g), name))
 
     lo, hi = _pixel_defaults(where or _checkpoint_dir(options.ckpt))
     kwargs = json.loads(options.reward_kwargs) if options.reward_kwargs else None
     reward = ([options.reward] if isinstance(options.reward, str) else list(options.reward)) if options.reward else None
     return {
         "format_prompt": _format_prompt(options),
-        "system": flag("system", options.system, None),
+        "system": flag("system", options.system, default_of(type(options), "system")),
         "min_pixels": (options.min_pixels, "--min-pixels") if options.min_pixels else lo,
         "max_pixels": (options.max_pixels, "--max-pixels") if options.max_pixels else hi,
-        "max_new_tokens": flag("max_new_tokens", g.max_new_tokens, 1024),
-        "temperature": flag("temperature", g.temperature, 0.0),
-        "top_p": flag("top_p", g.top_p, 1.0),
-        "n": flag("n", g.n, 1),
+        **{name: generation(name) for name in GENERATION},
         "reward": (reward, "--reward") if reward else (None, f"vlmfast's scorer (--scorer {options.scorer})"),
         "reward_weights": ([float(w) for w in options.reward_weights.split(",")], "--reward-weights")
         if options.reward_weights else (None, "--reward-weights (default: equal)"),
-        "reward_kwargs": flag("reward_kwargs", kwargs, None),
+        "reward_kwargs": flag("reward_kwargs", kwargs, default_of(type(options), "reward_kwargs")),
         "eos": (None, "the checkpoint's EOS ids + the chat stop (<|im_end|>)"),
     }
 

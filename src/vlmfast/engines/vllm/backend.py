@@ -378,10 +378,14 @@ class VllmBackend(Preparer):
         self.close()
 
 
-def open_vllm(options, found) -> VllmBackend:
+def open_vllm(options, found, loaded=None, dist=None) -> VllmBackend:
     """The vLLM engine for ``options`` (checkpoint overlay, processor, sampling settings; vLLM itself starts
     in :meth:`VllmBackend.ready`). What the report says about the KV cache comes from the checkpoint's own
-    configs, not the overlay's."""
+    configs, not the overlay's. vLLM loads its own model (``loaded`` is not used) and runs its own
+    processes: under accelerate (``dist.world`` > 1) it is refused."""
+    if dist is not None and dist.world > 1:
+        raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
+                         hint="use --data-parallel-size N and/or --tensor-parallel-size N")
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
                        min_pixels=options.min_pixels, max_pixels=options.max_pixels, parallel=options.vllm,
                        dtype=options.dtype, trust_remote_code=options.trust_remote_code)
