@@ -161,8 +161,8 @@ def takes(cls):
     return wrap
 
 
-def annotated(cls, name: str):
-    """The Typer annotation of ``cls``'s option ``name``, for a command that takes it beside options of its
-    own (its default: the field's, which the defaults test holds it to)."""
-    [param] = [p for p in params_of(cls) if p.name == name]
-    return param.parameter().annotation
+def annotated(cls, *names: str) -> tuple:
+    """The Typer annotations of ``cls``'s options ``names``, for a command that takes them beside options of
+    its own (their defaults: the fields', which the defaults test holds them to)."""
+    params = {p.name: p for p in params_of(cls)}
+    return tuple(params[name].parameter().annotation for name in names)

@@ -71,7 +71,7 @@ def _declared():
 
     names = ("prompt_key", "answer_key", "image_key", "scorer", "iou", "bbox_space", "reward", "reward_weights",
              "reward_kwargs", "reward_threshold")
-    return (*(annotated(InferOptions, name) for name in names), annotated(GenerationSettings, "max_new_tokens"))
+    return (*annotated(InferOptions, *names), *annotated(GenerationSettings, "max_new_tokens"))
 
 
 PromptKey, AnswerKey, ImageKey, Scorer, Iou, BboxSpace, Reward, RewardWeights, RewardKwargs, RewardThreshold, MaxNew = _declared()

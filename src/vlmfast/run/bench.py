@@ -3,7 +3,8 @@
 Scenarios (stable names, the JSON schema depends on them):
 
 - ``ckpt``          vlmfast on the checkpoint: cache forced on, batched (once per ``--batch-sizes`` entry)
-- ``ckpt-vllm``     the checkpoint on vLLM (``--engines hf,vllm``), same workload and batch sizes
+- ``ckpt-vllm``     the checkpoint on vLLM (``--engines hf,vllm``), same workload and batch sizes; any other
+                    engine of :data:`~vlmfast.engines.open.ENGINES` likewise, as ``ckpt-<engine>``
 - ``ckpt-as-saved`` plain HF ``generate`` honouring the checkpoint's saved generation config, one
                     sample at a time — what the user got before vlmfast
 - ``base``          vlmfast on the base model, same workload and batch sizes (``--compare-base``)
@@ -21,13 +22,12 @@ import tempfile
 from dataclasses import dataclass, field
 
 from vlmfast.run.bench_figures import (
-    AS_SAVED, BASE, CKPT, SCHEMA, VLLM, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
-    noise_notes, scenario_summary, speed_ratios,
+    AS_SAVED, BASE, CKPT, SCHEMA, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
+    noise_notes, scenario_name, scenario_summary, speed_ratios,
 )
 from vlmfast.declared import FAST, GATES, GEN, INPUT, MODEL, like, nested, option
 from vlmfast.engines.bandwidth import run_bandwidth
 from vlmfast.engines.contract import Backend
-from vlmfast.engines.hf.engine import Engine
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
 from vlmfast.engines.rows import GenerationSettings, SampleResult, row_key
@@ -124,7 +124,8 @@ def _batch_sizes(value) -> tuple[int, ...]:
 def _engines(value) -> tuple[str, ...]:
     names = [e.strip() for e in value.split(",") if e.strip()] if isinstance(value, str) else list(value)
     if not names or any(e not in ENGINES for e in names):
-        raise UsageError(f"--engines {value!r}: expected hf, vllm or hf,vllm", hint="e.g. --engines hf,vllm")
+        raise UsageError(f"--engines {value!r}: expected engines among {', '.join(ENGINES)}, comma-separated",
+                         hint="e.g. --engines hf,vllm")
     return tuple(dict.fromkeys(names))
 
 
@@ -180,9 +181,11 @@ class _Bench:
     scenarios: list[dict] = field(default_factory=list)
     rows: dict[tuple[str, int], list[SampleResult]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    tokenizer: object = None  # the checkpoint's: think and answer token counts on every engine
 
-    def measure(self, name: str, backend: Backend, batch_size: int, tokenizer, loaded=None) -> None:
-        """Warm-up runs, then timed runs of the whole workload on ``backend``; the scenario's figures."""
+    def measure(self, name: str, backend: Backend, batch_size: int, tokenizer, loaded=None, compiles=True) -> None:
+        """Warm-up runs, then timed runs of the whole workload on ``backend``; the scenario's figures.
+        ``compiles``: the engine takes ``--compile`` (vlmfast's), so a step that ran uncompiled is said."""
         o = self.options
         self.say(f"{name} (batch {batch_size}): {o.warmup} warm-up + {o.repeats} timed runs")
         for _ in range(o.warmup):
@@ -204,7 +207,7 @@ class _Bench:
         summary.update(_accuracy(score_results(runs[-1].results, self.truths, o)))
         facts = backend.facts()
         summary["compiled"] = facts.compiled  # what ran, not what was asked: a failed compile falls back
-        if o.compile and name != VLLM and not facts.compiled:
+        if o.compile and compiles and not facts.compiled:
             why = [n for n in facts.notes if "compile" in n.lower()]
             self.notes.append(f"{name} (batch {batch_size}): --compile was asked, the decode step ran uncompiled"
                               + (f" ({'; '.join(why)})" if why else ""))
@@ -224,8 +227,8 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     n_engines = len(options.engines) + bool(options.compare_base)
     progress.start(options.repeats * (len(options.batch_sizes) * n_engines + options.as_saved))
     cache = _checkpoint_scenarios(bench, found, compile_cache)
-    if "vllm" in options.engines:
-        _vllm_scenarios(bench, found)
+    for engine in (e for e in options.engines if e != "hf"):
+        _opened_scenarios(bench, engine, found)
     base_cache = _engine_scenarios(bench, BASE, base_found, compile_cache) if base_found is not None else None
     return _report(options, requests, bench.scenarios, bench.rows, bench.truths, cache, base_cache, bench.notes,
                    versions())
@@ -245,12 +248,14 @@ def _checkpoint_scenarios(bench: _Bench, found, compile_cache) -> dict:
     from vlmfast.checkpoints.load import load
     from vlmfast.engines.hf.as_saved import AsSavedEngine, saved_generation_config
     from vlmfast.engines.hf.backend import HfBackend
+    from vlmfast.engines.hf.engine import Engine
 
     o = bench.options
     common, fast = _engine_kwargs(o, compile_cache)
     loaded = load(found, device=o.device, dtype=o.dtype, attn=o.attn)
     bench.notes += loaded.notes
     cache, tokenizer = loaded.cache.as_dict(), loaded.processor.tokenizer
+    bench.tokenizer = tokenizer
     if "hf" in o.engines:
         for bs in o.batch_sizes:
             bench.measure(CKPT, HfBackend.around(Engine(loaded, o.generation, **fast)), bs, tokenizer, loaded)
@@ -266,6 +271,7 @@ def _engine_scenarios(bench: _Bench, name: str, found, compile_cache) -> dict:
     """``found`` (the base) on vlmfast's engine at each batch size; its cache report."""
     from vlmfast.checkpoints.load import load
     from vlmfast.engines.hf.backend import HfBackend
+    from vlmfast.engines.hf.engine import Engine
 
     o = bench.options
     loaded = load(found, device=o.device, dtype=o.dtype, attn=o.attn)
@@ -278,21 +284,36 @@ def _engine_scenarios(bench: _Bench, name: str, found, compile_cache) -> dict:
     return cache
 
 
-def _vllm_scenarios(bench: _Bench, found) -> None:
-    """The checkpoint on vLLM at each batch size, vLLM started once, outside every clock; vLLM stopped
-    and its checkpoint overlay removed after."""
-    from vlmfast.engines.vllm.backend import VllmBackend
+def _opened_scenarios(bench: _Bench, engine: str, found) -> None:
+    """The checkpoint on another engine (``--engines``: vLLM, or any in ``ENGINES``) at each batch size,
+    opened through :func:`~vlmfast.engines.open.open_backend` as ``infer`` opens it and made ready once,
+    outside every clock; closed after (vLLM: its engine process stopped, its overlay removed)."""
+    from vlmfast.engines.open import open_backend
+    from vlmfast.run.parallel import Distributed
 
     o = bench.options
-    with VllmBackend(found, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, dtype=o.dtype) as backend:
-        backend.start(bench.requests)
-        described = backend.describe()
-        bench.notes.append(f"vLLM {described['vllm_version']}: start-up {described['startup_s']} s (not timed), "
-                           f"dtype {described['dtype']}, enforce_eager {described['enforce_eager']}")
-        bench.notes += described["notes"]
+    backend = open_backend(_run_options(o, engine), found, None, Distributed())
+    try:
+        backend.ready(bench.requests, bench.sizes, max(o.batch_sizes))
+        facts = backend.facts()
+        versions = ", ".join(f"{k} {v}" for k, v in facts.versions.items())
+        bench.notes.append(f"{engine}{f' ({versions})' if versions else ''}: ready in {facts.load_s:.1f} s (not timed), "
+                           f"dtype {facts.dtype}, CUDA graphs {facts.cuda_graphs}")
+        bench.notes += facts.notes
         for bs in o.batch_sizes:
-            bench.measure(VLLM, backend, bs, backend.tokenizer)
+            bench.measure(scenario_name(engine), backend, bs, bench.tokenizer, compiles=False)
+    finally:
+        backend.close()
     free_memory()
+
+
+def _run_options(o: BenchOptions, engine: str) -> InferOptions:
+    """What ``infer --engine ENGINE`` would be given for this bench: its settings, less those the engine refuses."""
+    settings = dict(device=o.device, dtype=o.dtype, attn=o.attn, decoder=o.decoder, cuda_graphs=o.cuda_graphs,
+                    compile=o.compile, min_pixels=o.min_pixels, max_pixels=o.max_pixels, template=o.template)
+    refused = ENGINES[engine].refuses
+    return InferOptions(ckpt=o.ckpt, engine=engine, generation=o.generation,
+                        **{k: v for k, v in settings.items() if k not in refused})
 
 
 def _accuracy(scored: list[dict]) -> dict:
@@ -314,7 +335,7 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
                       for name in (CKPT, BASE)}
             accuracy[f"ckpt_vs_base@{bs}"] = paired_comparison(scores[CKPT], scores[BASE])
     fidelity, differences = {}, {}
-    for name, a, b in fidelity_pairs(options.batch_sizes) if settings.greedy else ():
+    for name, a, b in fidelity_pairs(options.batch_sizes, options.engines) if settings.greedy else ():
         if a in rows and b in rows:
             fidelity[name] = agreement(rows[a], rows[b])
             differences[name] = first_difference(rows[a], rows[b])
@@ -330,7 +351,7 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
         "cache": cache,
         "base_cache": base_cache,
         "scenarios": scenarios,
-        "ratios": speed_ratios(by, options.batch_sizes),
+        "ratios": speed_ratios(by, options.batch_sizes, options.engines),
         "accuracy": accuracy,
         "fidelity": fidelity,
         "first_difference": {k: v for k, v in differences.items() if v is not None},

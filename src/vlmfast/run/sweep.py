@@ -48,29 +48,25 @@ class _Models:
 
         if self.current is found:
             return
+        why = None
+        if self.backend is not None:
+            how, seconds, why = self.backend.switch_to(found, canary=self.options.canary)
+            if how is None:  # this engine cannot move to another checkpoint: a new one for it
+                self.backend.close()
+                self.backend = None
         if self.backend is None:
             start = time.perf_counter()
             self.backend = open_backend(self.options.infer, found, None, Distributed())
-            reload = getattr(self.backend, "reload", None)  # vLLM: reloads in place, checked by a canary
-            if reload is not None:
-                reload.canary_requests = self.options.canary
-            self.how = ("load", time.perf_counter() - start)
-        else:
-            how, seconds, why = self.backend.switch_to(found)
-            self.how = (how, seconds)
-            if why:
-                self.say(f"{found.path}: loaded afresh ({why})")
+            how, seconds = "load", time.perf_counter() - start
+        self.how = (how, seconds)
+        if why:
+            self.say(f"{found.path}: loaded afresh ({why})")
         self.current = found
 
     def engine_news(self) -> tuple[dict, list[str]]:
-        """What the engine checked while the last checkpoint ran (vLLM's canary after the first in-place
-        reload): its seconds for the figures, and what it found, said once."""
-        reload = getattr(self.backend, "reload", None)
-        if reload is None or not reload.notes:
-            return {}, []
-        news = list(reload.notes)
-        reload.notes.clear()
-        return ({"canary_s": round(reload.canary_s, 3)} if reload.canary_s is not None else {}), news
+        """What the engine checked on its own while the last checkpoint ran (vLLM's canary after the first
+        in-place reload): its figures for the report, and what it found, said once."""
+        return self.backend.news() if self.backend is not None else ({}, [])
 
     def close(self) -> None:
         if self.backend is not None:

@@ -35,6 +35,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from vlmfast.checkpoints.locate import located
+from vlmfast.engines.contract import Switched
 from vlmfast.errors import UsageError
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
@@ -328,11 +329,16 @@ class VllmBackend(Preparer):
                            model_sizes=[list(im.size) for im in images], sample=k if n > 1 else None)
                 for k, c in enumerate(completions)]
 
-    def switch_to(self, found) -> tuple[str, float, str | None]:
+    def switch_to(self, found, canary: int | None = None) -> Switched:
         """A sweep's next checkpoint: its weights reloaded into the running engine when it can be (see
-        :mod:`vlmfast.engines.vllm.reload`), else this backend rebuilt for it. ("reload" | "load", seconds,
-        why not in place)."""
-        return switch(self, found)
+        :mod:`vlmfast.engines.vllm.reload`; the first reload checked by ``canary`` requests), else this
+        backend rebuilt for it. ("reload" | "load", seconds, why not in place)."""
+        if canary is not None:
+            self.reload.canary_requests = canary
+        return Switched(*switch(self, found))
+
+    def news(self) -> tuple[dict, list[str]]:
+        return self.reload.news()
 
     # -- reporting and lifetime -----------------------------------------------------------------
     def describe(self) -> dict:

@@ -39,6 +39,15 @@ class ReloadState:
     def described(self) -> dict:
         return {"reload_s": _rounded(self.reload_s), "canary_s": _rounded(self.canary_s)}
 
+    def news(self) -> tuple[dict, list[str]]:
+        """The canary's verdict after the first in-place reload: its seconds for the figures, and what it
+        found, said once (:meth:`vlmfast.engines.contract.Backend.news`)."""
+        if not self.notes:
+            return {}, []
+        notes = list(self.notes)
+        self.notes.clear()
+        return ({"canary_s": _rounded(self.canary_s)} if self.canary_s is not None else {}), notes
+
 
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 3)
