@@ -131,3 +131,22 @@ def test_bench_keeps_its_own_generation_default():
     assert default_of(BenchOptions, "generation") == GenerationSettings(max_new_tokens=128)
     assert _params("bench")["max_new_tokens"].default == 128
     assert _params("infer")["max_new_tokens"].default == default_of(GenerationSettings, "max_new_tokens")
+
+
+def test_choices_in_help_come_from_the_registries():
+    """--scorer's help names every scorer of the scoring registry; make-checkpoint --family's every family."""
+    from vlmfast.checkpoints.families import BY_KEY
+    from vlmfast.evaluation.scoring import SCORER_FUNCTIONS, SCORERS
+
+    scorer_help = _params("infer")["scorer"].help
+    assert set(SCORER_FUNCTIONS) < set(SCORERS) and all(name in scorer_help for name in SCORERS)
+    family_help = _params("make-checkpoint")["family"].help
+    assert all(key in family_help for key in BY_KEY)
+
+
+def test_every_engine_derives_its_draws_from_one_key():
+    """One seed rule: a run's seed (given, or drawn once) and the (seed, request id, sample) key."""
+    from vlmfast.engines.rows import draw_key, run_seed
+
+    assert run_seed(7) == 7 and run_seed(None) != run_seed(None)  # none given: each run draws its own
+    assert draw_key(7, "q1", 0) == draw_key(7, "q1", 0) != draw_key(7, "q1", 1) != draw_key(8, "q1", 1)

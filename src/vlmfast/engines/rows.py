@@ -80,6 +80,22 @@ class SampleResult:
         return row_key(self.id, self.sample)
 
 
+def run_seed(seed: int | None) -> int:
+    """The seed a run's draws derive from: ``--seed``, or (none given) one drawn for this run. Every engine
+    takes its seed here."""
+    import secrets
+
+    return seed if seed is not None else secrets.randbits(31)
+
+
+def draw_key(seed: int, request_id: str, sample: int = 0) -> int:
+    """The 32-bit key of one answer's draws, for every engine: (run seed, request id, sample index) → the
+    same draws whatever the batch, the order, a resume or the checkpoint the engine held before."""
+    import zlib
+
+    return zlib.crc32(f"{seed}\x00{request_id}\x00{sample}".encode("utf-8"))
+
+
 def row_key(rid, sample=None) -> str:
     """What identifies a row in a results file (resume, order): its id, and its sample when there are several."""
     return str(rid) if sample is None else f"{rid}\x00{sample}"

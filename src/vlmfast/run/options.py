@@ -12,6 +12,7 @@ from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES, check_engine_options
 from vlmfast.engines.vllm.support import VllmSettings
 from vlmfast.errors import UsageError, check_choice
+from vlmfast.evaluation.scoring import OWN_SCORERS, REFERENCE_SCORERS
 from vlmfast.files import check_output_file
 from vlmfast.inputs.requests import DEFAULT_MAX_IMAGE_PIXELS
 from vlmfast.engines.rows import GenerationSettings
@@ -21,8 +22,8 @@ MANIFEST_HELP = (
     '{"messages", "images"} or R1-V {"image_path", "question", "ground_truth"}; or a trainer\'s dataset as it is: a '
     ".parquet file, a folder of parquet shards or a datasets save_to_disk folder (EasyR1 / verl layouts, images "
     "embedded as bytes; needs pyarrow: the parquet extra).")
-SCORER_HELP = ("Default scorer for rows with ground truth: auto | exact | number | choice | bbox | contains, or a "
-               "published evaluation's rules: vlm-r1-rec | easyr1-math | r1v-counting.")
+SCORER_HELP = (f"Default scorer for rows with ground truth: {' | '.join(OWN_SCORERS)}, or a published evaluation's "
+               f"rules: {' | '.join(REFERENCE_SCORERS)}.")  # read from the registry of scorers
 REWARD_HELP = (
     "FILE.py:FUNCTION — score with the trainer's own reward function, called as its trainer calls it (EasyR1 "
     "compute_score(reward_inputs) / (reward_input) / ≤0.3 (predict_str, ground_truth), TRL/VLM-R1 f(completions, "

@@ -21,7 +21,7 @@ def _pixel_defaults(ckpt) -> tuple[tuple[int, str], tuple[int, str]]:
     """The processor's own (min, max) pixels as the engine will use them (max capped), read from the
     checkpoint's processor config without loading it."""
     from vlmfast.checkpoints.readers import maybe_json
-    from vlmfast.engines.prepare import DEFAULT_MAX_PIXELS_CAP
+    from vlmfast.engines.prepare import DEFAULT_MAX_PIXELS_CAP, pixel_limits
 
     d = Path(ckpt).expanduser()
     for name in ("preprocessor_config.json", "processor_config.json"):
@@ -29,12 +29,12 @@ def _pixel_defaults(ckpt) -> tuple[tuple[int, str], tuple[int, str]]:
         data = data.get("image_processor", data) if isinstance(data.get("image_processor"), dict) else data
         if not data:
             continue
-        size = data.get("size") if isinstance(data.get("size"), dict) else {}
-        lo = size.get("shortest_edge") or data.get("min_pixels") or 56 * 56
-        hi = size.get("longest_edge") or data.get("max_pixels") or 16384 * 28 * 28
+        lo, hi = pixel_limits(data.get("size") if isinstance(data.get("size"), dict) else {}, data.get("min_pixels"),
+                              data.get("max_pixels"))
         capped = f" capped at {DEFAULT_MAX_PIXELS_CAP}" if hi > DEFAULT_MAX_PIXELS_CAP else ""
-        return (int(lo), f"the processor's ({name})"), (min(int(hi), DEFAULT_MAX_PIXELS_CAP), f"the processor's ({name}){capped}")
-    return (56 * 56, "the processor's (default)"), (DEFAULT_MAX_PIXELS_CAP, "the processor's (capped default)")
+        return (lo, f"the processor's ({name})"), (min(hi, DEFAULT_MAX_PIXELS_CAP), f"the processor's ({name}){capped}")
+    lo, hi = pixel_limits({})
+    return (lo, "the processor's (default)"), (min(hi, DEFAULT_MAX_PIXELS_CAP), "the processor's (capped default)")
 
 
 def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[object, str]]:

@@ -144,7 +144,7 @@ def run_canary(backend, requests) -> None:
     fresh = type(backend)(backend.found, greedy, **backend.rebuild_kwargs())
     try:
         fresh.start(requests)
-        differs = first_difference(reloaded, _decode(fresh, picks, greedy))
+        differs = first_differing_id(reloaded, _decode(fresh, picks, greedy))
         if differs is not None:
             _take_over(backend, fresh)
     finally:
@@ -170,7 +170,7 @@ def _decode(backend, picks, greedy) -> list:
         backend.settings, backend.sampling_params = keep
 
 
-def first_difference(a: list, b: list) -> str | None:
+def first_differing_id(a: list, b: list) -> str | None:
     """The first request id (in ``a``'s order) whose rows' tokens differ between ``a`` and ``b``."""
     theirs = {(r.id, r.sample): (r.token_ids, r.error) for r in b}
     for row in a:
