@@ -1,5 +1,5 @@
 """``vlmfast bench``: the command line of :func:`vlmfast.run.bench.run_bench`; its options are the fields of
-:class:`vlmfast.run.bench.BenchOptions`, infer's among them by reference (:mod:`vlmfast.cli.build`)."""
+:class:`vlmfast.run.bench_options.BenchOptions`, infer's among them by reference (:mod:`vlmfast.cli.build`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 
 from vlmfast.cli.build import takes
 from vlmfast.cli.common import EXIT_CODES_HELP, OUTPUT, Command, Json, command, guarded
-from vlmfast.run.bench import BenchOptions
+from vlmfast.run.bench_options import BenchOptions
 
 
 @command(cls=Command, epilog=EXIT_CODES_HELP)

@@ -53,6 +53,9 @@ class Param:
 def params_of(cls, defaults=None, path: tuple[str, ...] = (), nest: Nested | None = None) -> list[Param]:
     """The command-line parameters of ``cls``'s option fields, nested dataclasses' included. ``defaults``:
     an instance whose values are the defaults (a nested field's factory's product), else the fields'."""
+    top = defaults is None and not path and nest is None
+    if top and cls in _MADE:  # infer's parameters serve infer and the options other commands take from it
+        return _MADE[cls]
     hints = typing.get_type_hints(cls)
     nest = nest or Nested()
     unknown = set(nest.without) | {name for name, _ in nest.changes}
@@ -81,7 +84,12 @@ def params_of(cls, defaults=None, path: tuple[str, ...] = (), nest: Nested | Non
     names = [p.name for p in out]
     if len(set(names)) != len(names):
         raise TypeError(f"{cls.__name__}: two options named alike in {names}")
+    if top:
+        _MADE[cls] = out
     return out
+
+
+_MADE: dict[type, list[Param]] = {}
 
 
 def _cli_type(hint, default):

@@ -192,7 +192,7 @@ def gate(report: dict, fail_if_slower: float | None, fail_on_cache_off: bool,
     """Exit code and messages for the CI gates: 3 when ckpt tokens/s < base tokens/s ÷ X (checked
     first), 5 when ckpt accuracy < base accuracy − X, 2 when that needs accuracy and none was scored,
     4 when the saved checkpoint has the cache off anywhere, else 0. Every tripped gate gets its message.
-    That a gate comparing with the base has one is :class:`~vlmfast.run.bench.BenchOptions`' check."""
+    That a gate comparing with the base has one is :class:`~vlmfast.run.bench_options.BenchOptions`' check."""
     messages, codes = [], []
     pairs = [(s, b) for s in report["scenarios"] if s["name"] == CKPT
              for b in report["scenarios"] if b["name"] == BASE and b["batch_size"] == s["batch_size"]]
