@@ -164,6 +164,14 @@ class FakeBackend:
             yield [(indices, rows, BatchTiming(size=len(rows), preprocess_s=0.01, ttft_s=0.02, decode_s=0.03,
                                                steps=self.tokens, new_tokens=self.tokens * len(rows)))]
 
+    def switch_to(self, found, canary=None):
+        from vlmfast.engines.contract import Switched
+
+        return Switched.impossible("the fake backend opens once per checkpoint")
+
+    def news(self):
+        return {}, []
+
     def facts(self):
         from vlmfast.engines.facts import EngineFacts
 

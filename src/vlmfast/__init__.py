@@ -22,7 +22,7 @@ _EXPORTS = {
     "InferOptions": "run.options",
     "InferReport": "run.summary",
     "sweep": "run.sweep",
-    "SweepOptions": "run.sweep",
+    "SweepOptions": "run.sweep_options",
     "VlmfastError": "errors",
     "Family": "checkpoints.families",
     "family_for": "checkpoints.families",

@@ -6,7 +6,7 @@ catch :class:`VlmfastError`.
 
 from __future__ import annotations
 
-# Exit codes (documented in README and `vlmfast --help`). Stable: CI scripts depend on them.
+# Exit codes (documented in docs/reference.md and `vlmfast --help`). Stable: CI scripts depend on them.
 EXIT_FAILURE = 1  # an unexpected runtime failure (a bug or an environment problem)
 EXIT_BAD_INPUT = 2  # bad arguments, inputs or checkpoint; nothing was written
 EXIT_SLOWER_THAN_BASE = 3  # bench --fail-if-slower gate tripped

@@ -286,8 +286,10 @@ def test_doctor_lists_the_settings_that_differ(tmp_path):
 
 
 class _SwappingFake(FakeBackend):
-    def switch_to(self, found):
-        return "swap", 0.0, None
+    def switch_to(self, found, canary=None):
+        from vlmfast.engines.contract import Switched
+
+        return Switched("swap", 0.0)
 
 
 def test_sweep_reports_parity_once_from_the_run_and_adopts_it(tmp_path, image, monkeypatch):

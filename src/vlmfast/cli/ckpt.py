@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from vlmfast.checkpoints.families import BY_KEY as FAMILIES  # the table of families: --family's choices
 from vlmfast.cli.common import GEN, Command, MaxNew, UsageError, command, guarded
 
 
@@ -82,7 +83,7 @@ def make_checkpoint(
     preset: Annotated[str, typer.Option(help="tiny (tests) | demo (~6M params, cache-off cost visible on a CPU) | 3b | 7b (the real shapes; GPU benchmarks)")] = "tiny",
     like: Annotated[str, typer.Option(help="grpo (use_cache false everywhere, as trainers save) | base")] = "grpo",
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
-    family: Annotated[str, typer.Option(help="qwen2_vl | qwen2_5_vl | qwen3_vl | qwen3_vl_moe | qwen3_5 | qwen3_5_moe (Qwen3.5: transformers 5.x only; presets 3b and 7b: qwen2_5_vl only)")] = "qwen2_5_vl",
+    family: Annotated[str, typer.Option(help=f"{' | '.join(FAMILIES)} (Qwen3.5: transformers 5.x only; presets 3b and 7b: qwen2_5_vl only)")] = "qwen2_5_vl",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing directory.")] = False,
 ):
     """Build a random-weight Qwen-VL checkpoint offline (the family's real model and processor classes)."""

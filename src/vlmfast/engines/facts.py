@@ -40,5 +40,5 @@ class EngineFacts:
         cache = {**saved_cache_report(found), "forced_on": False}
         return cls(engine=options.engine, checkpoint=found.source if found is not None else options.ckpt, load_s=0.0,
                    cache=cache, device="none", dtype="none", attn="none", decoder=options.decoder if options.engine == "hf"
-                   else "vllm", cuda_graphs=False, compiled=False, max_pixels=options.max_pixels, max_pixels_capped=False,
+                   else options.engine, cuda_graphs=False, compiled=False, max_pixels=options.max_pixels, max_pixels_capped=False,
                    notes=["nothing to run: every id is already in the results file (the model was not loaded)"])

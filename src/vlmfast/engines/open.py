@@ -1,25 +1,70 @@
 """The engines a run can use, and the one place that opens one: ``--engine hf`` (vlmfast's own engine on
-transformers) or ``--engine vllm``."""
+transformers) or ``--engine vllm``. Each engine declares here how it opens and which run options it does
+not take; :func:`check_engine_options` is the one check of them. An engine added to :data:`ENGINES`
+(a test's double included) is an ``--engine`` choice of ``infer`` and ``sweep`` and an ``--engines``
+entry of ``bench``, with nothing else to edit."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from vlmfast.engines.contract import Backend
 
-ENGINES = ("hf", "vllm")
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """An engine: ``opener`` (``"module:function"``, imported when the engine opens so ``--help`` stays
+    light, or the function) is called as ``opener(options, found, loaded, dist)`` and returns a
+    :class:`~vlmfast.engines.contract.Backend`. ``refuses``: the run options (fields of
+    :class:`~vlmfast.run.options.InferOptions`) this engine does not take — given with a value other than
+    their default, the run stops with ``refusal`` (``{flags}`` and ``{verb}`` filled in) and ``hint``."""
+
+    opener: str | Callable
+    refuses: tuple[str, ...] = ()
+    refusal: str = "{flags} {verb} to another engine"
+    hint: str = "drop them"
+
+    def open(self, options, found, loaded, dist) -> Backend:
+        opener = self.opener
+        if isinstance(opener, str):
+            module, name = opener.split(":")
+            opener = getattr(importlib.import_module(module), name)
+        return opener(options, found, loaded, dist)
+
+
+ENGINES: dict[str, EngineEntry] = {
+    "hf": EngineEntry(
+        "vlmfast.engines.hf.backend:open_hf", refuses=("vllm",),
+        refusal="--tensor-parallel-size, --data-parallel-size, --gpu-memory-utilization and --max-num-seqs apply to "
+                "--engine vllm",
+        hint="add --engine vllm, or launch several processes with accelerate for the HF engine"),
+    "vllm": EngineEntry(
+        "vlmfast.engines.vllm.backend:open_vllm",
+        refuses=("device", "attn", "decoder", "batching", "cuda_graphs", "compile", "overlap", "max_batch_tokens",
+                 "allow_pickle", "threads"),
+        refusal="{flags} {verb} to vlmfast's own engine (--engine hf), not to --engine vllm",
+        hint="drop them; vLLM picks its own device, attention and CUDA graphs"),
+}
+
+
+def check_engine_options(options) -> None:
+    """Refuse the options ``options.engine`` does not take (see :class:`EngineEntry`); "auto" counts as not given."""
+    from vlmfast.declared import default_of, flag_of
+    from vlmfast.errors import UsageError
+
+    entry = ENGINES[options.engine]
+    cls = type(options)
+    given = [name for name in entry.refuses
+             if getattr(options, name) != default_of(cls, name) and getattr(options, name) != "auto"]
+    if given:
+        flags = ", ".join(flag_of(cls, name) for name in given)
+        raise UsageError(entry.refusal.format(flags=flags, verb="applies" if len(given) == 1 else "apply"),
+                         hint=entry.hint)
 
 
 def open_backend(options, found, loaded, dist) -> Backend:
     """The engine ``options`` ask for, on the located checkpoint (or an already ``loaded`` model). The
     compile cache is pointed at before the model loads; vLLM itself starts in :meth:`Backend.ready`."""
-    from vlmfast.errors import UsageError
-
-    if options.engine == "vllm":
-        if dist.world > 1:
-            raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
-                             hint="use --data-parallel-size N and/or --tensor-parallel-size N")
-        from vlmfast.engines.vllm.backend import open_vllm
-
-        return open_vllm(options, found)
-    from vlmfast.engines.hf.backend import open_hf
-
-    return open_hf(options, found, loaded, dist)
+    return ENGINES[options.engine].open(options, found, loaded, dist)

@@ -95,8 +95,15 @@ class Preparer:
 
 def processor_pixel_limits(image_processor) -> tuple[int, int]:
     """(min_pixels, max_pixels) of a Qwen2-VL image processor, across transformers versions."""
-    size = getattr(image_processor, "size", None) or {}
+    return pixel_limits(getattr(image_processor, "size", None) or {}, getattr(image_processor, "min_pixels", None),
+                        getattr(image_processor, "max_pixels", None))
+
+
+def pixel_limits(size, min_pixels=None, max_pixels=None) -> tuple[int, int]:
+    """(min, max) pixels from an image processor's settings — a loaded one's or its saved config's —
+    whichever transformers wrote them: ``size``'s shortest/longest edge, then the older ``min_pixels`` /
+    ``max_pixels``, then Qwen's defaults (56·56, 16384·28·28)."""
     get = size.get if isinstance(size, dict) else lambda k, d=None: getattr(size, k, d)
-    lo = get("shortest_edge") or getattr(image_processor, "min_pixels", None) or 56 * 56
-    hi = get("longest_edge") or getattr(image_processor, "max_pixels", None) or 16384 * 28 * 28
+    lo = get("shortest_edge") or min_pixels or 56 * 56
+    hi = get("longest_edge") or max_pixels or 16384 * 28 * 28
     return int(lo), int(hi)

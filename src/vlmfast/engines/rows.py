@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlmfast.declared import GEN, option
 from vlmfast.inputs.requests import Request
 from vlmfast.evaluation.scoring import parse_reasoning
 
@@ -14,12 +15,14 @@ from vlmfast.evaluation.scoring import parse_reasoning
 class GenerationSettings:
     """How to decode. ``temperature == 0`` means greedy (the default)."""
 
-    max_new_tokens: int = 1024
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
-    n: int = 1  # answers per request: the prompt is prefilled once, its KV cache copied to n decode rows
+    max_new_tokens: int = option(1024, help="Cap on new tokens per sample.", panel=GEN)
+    temperature: float = option(0.0, help="0 = greedy (default).", panel=GEN)
+    top_p: float = option(1.0, help="Nucleus sampling (with --temperature > 0).", panel=GEN)
+    seed: int | None = option(None, help="Random seed (sampling).", panel=GEN)
+    ignore_eos: bool = option(False, help="Always decode --max-new-tokens (benchmarks).", panel=GEN)
+    # answers per request: the prompt is prefilled once, its KV cache copied to n decode rows
+    n: int = option(1, help="Answers per request (sampled: add --temperature). The prompt is prefilled once; rows gain "
+                    "\"sample\" 0…n−1; --batch-size counts answers.", panel=GEN)
 
     def __post_init__(self):
         from vlmfast.errors import UsageError
@@ -75,6 +78,22 @@ class SampleResult:
     @property
     def key(self) -> str:
         return row_key(self.id, self.sample)
+
+
+def run_seed(seed: int | None) -> int:
+    """The seed a run's draws derive from: ``--seed``, or (none given) one drawn for this run. Every engine
+    takes its seed here."""
+    import secrets
+
+    return seed if seed is not None else secrets.randbits(31)
+
+
+def draw_key(seed: int, request_id: str, sample: int = 0) -> int:
+    """The 32-bit key of one answer's draws, for every engine: (run seed, request id, sample index) → the
+    same draws whatever the batch, the order, a resume or the checkpoint the engine held before."""
+    import zlib
+
+    return zlib.crc32(f"{seed}\x00{request_id}\x00{sample}".encode("utf-8"))
 
 
 def row_key(rid, sample=None) -> str:

@@ -21,7 +21,7 @@ from vlmfast.evaluation.boxes import (BBOX_SPACES, BOX_POINTS, DEFAULT_BBOX_SPAC
                                       row_bbox_space)
 from vlmfast.evaluation.reference import REFERENCE_SCORERS  # published evaluation scripts' rules, on the whole row
 
-SCORERS = ("auto", "exact", "number", "choice", "bbox", "contains", *REFERENCE_SCORERS)
+# SCORERS (every name --scorer and a manifest's "scorer" take) is made below from the registry of scorers
 # The fields score_row adds to a result row (all null on error rows).
 ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")
 
@@ -156,19 +156,52 @@ def score_answer(answer, truth, scorer: str = "auto", *, iou: float = 0.5, image
     name = resolve_scorer(truth, scorer)
     if answer is None:
         return Score(0.0, False, name, True, iou=0.0 if name == "bbox" else None)
-    answer = str(answer)
-    if name == "bbox":
-        return _score_bbox(answer, truth, iou, image_size, model_size, bbox_space)
-    if name == "number":
-        got, want = parse_number(answer), parse_number(_as_text(truth))
-        ok = got is not None and want is not None and _numbers_match(got, want, rel_tol, abs_tol)
-        return _binary(name, ok, got is None)
-    if name == "choice":
-        got, want = parse_choice(answer), parse_choice(_as_text(truth))
-        return _binary(name, got is not None and got == want, got is None)
-    got, want = normalize(answer), normalize(_as_text(truth))
-    ok = (got == want) if name == "exact" else bool(want) and want in got
-    return _binary(name, ok, False)
+    judge = _Judge(iou, image_size, model_size, bbox_space, rel_tol, abs_tol)
+    return SCORER_FUNCTIONS[name](str(answer), truth, judge)
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """What a scorer may need beside the answer and the truth."""
+
+    iou: float
+    image_size: object
+    model_size: object
+    bbox_space: str
+    rel_tol: float
+    abs_tol: float
+
+
+def _exact(answer: str, truth, judge: _Judge) -> Score:
+    return _binary("exact", normalize(answer) == normalize(_as_text(truth)), False)
+
+
+def _contains(answer: str, truth, judge: _Judge) -> Score:
+    want = normalize(_as_text(truth))
+    return _binary("contains", bool(want) and want in normalize(answer), False)
+
+
+def _number(answer: str, truth, judge: _Judge) -> Score:
+    got, want = parse_number(answer), parse_number(_as_text(truth))
+    ok = got is not None and want is not None and _numbers_match(got, want, judge.rel_tol, judge.abs_tol)
+    return _binary("number", ok, got is None)
+
+
+def _choice(answer: str, truth, judge: _Judge) -> Score:
+    got, want = parse_choice(answer), parse_choice(_as_text(truth))
+    return _binary("choice", got is not None and got == want, got is None)
+
+
+def _bbox(answer: str, truth, judge: _Judge) -> Score:
+    return _score_bbox(answer, truth, judge.iou, judge.image_size, judge.model_size, judge.bbox_space)
+
+
+# The registry of vlmfast's own scorers: name → function (answer text, truth, judge) → Score. --scorer's
+# choices and help, manifests' per-row "scorer" and the dispatch above all read it; ``auto`` picks one of
+# them by the truth's shape (resolve_scorer); REFERENCE_SCORERS read the whole row (score_row).
+SCORER_FUNCTIONS = {"exact": _exact, "number": _number, "choice": _choice, "bbox": _bbox, "contains": _contains}
+OWN_SCORERS = ("auto", *SCORER_FUNCTIONS)
+SCORERS = (*OWN_SCORERS, *REFERENCE_SCORERS)
 
 
 

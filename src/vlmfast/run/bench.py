@@ -3,7 +3,8 @@
 Scenarios (stable names, the JSON schema depends on them):
 
 - ``ckpt``          vlmfast on the checkpoint: cache forced on, batched (once per ``--batch-sizes`` entry)
-- ``ckpt-vllm``     the checkpoint on vLLM (``--engines hf,vllm``), same workload and batch sizes
+- ``ckpt-vllm``     the checkpoint on vLLM (``--engines hf,vllm``), same workload and batch sizes; any other
+                    engine of :data:`~vlmfast.engines.open.ENGINES` likewise, as ``ckpt-<engine>``
 - ``ckpt-as-saved`` plain HF ``generate`` honouring the checkpoint's saved generation config, one
                     sample at a time — what the user got before vlmfast
 - ``base``          vlmfast on the base model, same workload and batch sizes (``--compare-base``)
@@ -12,7 +13,8 @@ Each scenario: ``warmup`` untimed runs, then ``repeats`` timed runs of the whole
 figures are medians (and p90) over the timed runs, with the runs' spread (a note when they disagree);
 TTFT percentiles are over every sample of every run. With ground truth in the manifest, every scenario
 is scored too, and ckpt − base accuracy comes with a paired confidence interval. The figures are
-:mod:`vlmfast.run.bench_figures`' arithmetic on the recorded runs.
+:mod:`vlmfast.run.bench_figures`' arithmetic on the recorded runs. The options, :class:`BenchOptions`, live in
+:mod:`vlmfast.run.bench_options`, which ``--help`` imports without the rest of the bench.
 """
 
 from __future__ import annotations
@@ -21,101 +23,16 @@ import tempfile
 from dataclasses import dataclass, field
 
 from vlmfast.run.bench_figures import (
-    AS_SAVED, BASE, CKPT, SCHEMA, VLLM, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
-    noise_notes, scenario_summary, speed_ratios,
+    AS_SAVED, BASE, CKPT, SCHEMA, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
+    noise_notes, scenario_name, scenario_summary, speed_ratios,
 )
 from vlmfast.engines.bandwidth import run_bandwidth
 from vlmfast.engines.contract import Backend
-from vlmfast.engines.hf.engine import Engine
-from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
-from vlmfast.engines.rows import GenerationSettings, SampleResult
-from vlmfast.errors import UsageError, check_choice
-from vlmfast.inputs.requests import TEMPLATES
-from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
+from vlmfast.engines.rows import SampleResult, row_key
+from vlmfast.run.bench_options import BenchOptions
+from vlmfast.run.options import InferOptions
 from vlmfast.timing import free_memory, now, peak_memory_mib, reset_peak_memory
-
-
-@dataclass
-class BenchOptions:
-    """What ``vlmfast bench`` runs, checked once here (a UsageError with a hint) before anything loads.
-    ``batch_sizes`` and ``engines`` may also be given as comma-separated text ("1,8", "hf,vllm").
-    ``bbox_space`` None: each row's own, else ``resized`` (see :func:`vlmfast.evaluation.scoring.row_bbox_space`).
-    The gates (exit codes 3, 4, 5) are evaluated by :func:`run_bench` into ``report["gates"]``."""
-
-    ckpt: str
-    compare_base: str | None = None
-    images: list[str] | None = None
-    manifest: str | None = None
-    synthetic: int | None = None
-    synthetic_size: int = 224
-    prompt: str | None = None
-    template: str = "plain"
-    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=128))
-    batch_sizes: tuple[int, ...] | str = (8,)
-    warmup: int = 1
-    repeats: int = 3
-    as_saved: bool = True
-    device: str | None = None
-    dtype: str | None = None
-    attn: str | None = None
-    max_pixels: int | None = None
-    min_pixels: int | None = None
-    decoder: str = "vlmfast"
-    cuda_graphs: bool | None = None
-    compile: bool = False  # ckpt and base: torch.compile the decode step (the warm-up runs compile)
-    engines: tuple[str, ...] | str = ("hf",)
-    scorer: str = "auto"
-    iou: float = 0.5
-    bbox_space: str | None = None
-    fail_if_slower: float | None = None  # exit 3 when ckpt tokens/s < base tokens/s ÷ X
-    fail_on_cache_off: bool = False  # exit 4 when the saved config turns the cache off anywhere
-    fail_if_less_accurate: float | None = None  # exit 5 when ckpt accuracy < base accuracy − X
-
-    def __post_init__(self):
-        self.batch_sizes = _batch_sizes(self.batch_sizes)
-        self.engines = _engines(self.engines)
-        if self.synthetic is not None and self.synthetic < 1:
-            raise UsageError(f"--synthetic {self.synthetic}: expected at least 1 image", hint="e.g. --synthetic 8")
-        if not (self.images or self.manifest or self.synthetic):
-            raise UsageError("no workload", hint="give --images, --manifest or --synthetic N")
-        if self.warmup < 0 or self.repeats < 1:
-            raise UsageError(f"--warmup {self.warmup} --repeats {self.repeats}: need 0 or more warm-up runs and 1 or "
-                             "more timed runs", hint="e.g. --warmup 1 --repeats 3")
-        if self.compile and self.warmup < 1:
-            raise UsageError("--compile needs a warm-up run to compile outside the clock", hint="use --warmup 1 or more")
-        choices = [("--decoder", self.decoder, DECODERS), ("--scorer", self.scorer, SCORERS),
-                   ("--template", self.template, tuple(TEMPLATES))]
-        for option, value, known in choices + ([("--bbox-space", self.bbox_space, BBOX_SPACES)] if self.bbox_space is not None else []):
-            check_choice(option, value, known)
-        self._check_gates()
-
-    def _check_gates(self) -> None:
-        if (self.fail_if_slower is not None or self.fail_if_less_accurate is not None) and not self.compare_base:
-            raise UsageError("--fail-if-slower and --fail-if-less-accurate compare with the base", hint="add --compare-base BASE")
-        if self.fail_if_slower is not None and self.fail_if_slower < 1:
-            raise UsageError(f"--fail-if-slower {self.fail_if_slower}: below 1 it would demand ckpt beat the base",
-                             hint="X ≥ 1: exit 3 when ckpt tokens/s < base tokens/s ÷ X; 1 means no slower than the base")
-        if self.fail_if_less_accurate is not None and not 0 <= self.fail_if_less_accurate <= 1:
-            raise UsageError(f"--fail-if-less-accurate {self.fail_if_less_accurate}: an accuracy drop is between 0 and 1",
-                             hint="e.g. --fail-if-less-accurate 0.02 (two points)")
-        if self.fail_if_less_accurate is not None and not self.manifest:
-            raise UsageError("--fail-if-less-accurate needs ground truth", hint="give --manifest with a solution/answer per record")
-
-
-def _batch_sizes(value) -> tuple[int, ...]:
-    items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)
-    sizes = [int(x) for x in items if (isinstance(x, str) and x.isdigit()) or (isinstance(x, int) and not isinstance(x, bool))]
-    if not items or len(sizes) != len(items) or min(sizes) < 1:
-        raise UsageError(f"--batch-sizes {value!r}: expected positive integers", hint="e.g. --batch-sizes 1,8")
-    return tuple(dict.fromkeys(sizes))  # a size twice would run and key the same scenario twice
-
-
-def _engines(value) -> tuple[str, ...]:
-    names = [e.strip() for e in value.split(",") if e.strip()] if isinstance(value, str) else list(value)
-    if not names or any(e not in ENGINES for e in names):
-        raise UsageError(f"--engines {value!r}: expected hf, vllm or hf,vllm", hint="e.g. --engines hf,vllm")
-    return tuple(dict.fromkeys(names))
 
 
 def run_workload(backend: Backend, requests, image_sizes, batch_size: int) -> RunStats:
@@ -170,9 +87,11 @@ class _Bench:
     scenarios: list[dict] = field(default_factory=list)
     rows: dict[tuple[str, int], list[SampleResult]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    tokenizer: object = None  # the checkpoint's: think and answer token counts on every engine
 
-    def measure(self, name: str, backend: Backend, batch_size: int, tokenizer, loaded=None) -> None:
-        """Warm-up runs, then timed runs of the whole workload on ``backend``; the scenario's figures."""
+    def measure(self, name: str, backend: Backend, batch_size: int, tokenizer, loaded=None, compiles=True) -> None:
+        """Warm-up runs, then timed runs of the whole workload on ``backend``; the scenario's figures.
+        ``compiles``: the engine takes ``--compile`` (vlmfast's), so a step that ran uncompiled is said."""
         o = self.options
         self.say(f"{name} (batch {batch_size}): {o.warmup} warm-up + {o.repeats} timed runs")
         for _ in range(o.warmup):
@@ -194,7 +113,7 @@ class _Bench:
         summary.update(_accuracy(score_results(runs[-1].results, self.truths, o)))
         facts = backend.facts()
         summary["compiled"] = facts.compiled  # what ran, not what was asked: a failed compile falls back
-        if o.compile and name != VLLM and not facts.compiled:
+        if o.compile and compiles and not facts.compiled:
             why = [n for n in facts.notes if "compile" in n.lower()]
             self.notes.append(f"{name} (batch {batch_size}): --compile was asked, the decode step ran uncompiled"
                               + (f" ({'; '.join(why)})" if why else ""))
@@ -214,8 +133,8 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     n_engines = len(options.engines) + bool(options.compare_base)
     progress.start(options.repeats * (len(options.batch_sizes) * n_engines + options.as_saved))
     cache = _checkpoint_scenarios(bench, found, compile_cache)
-    if "vllm" in options.engines:
-        _vllm_scenarios(bench, found)
+    for engine in (e for e in options.engines if e != "hf"):
+        _opened_scenarios(bench, engine, found)
     base_cache = _engine_scenarios(bench, BASE, base_found, compile_cache) if base_found is not None else None
     return _report(options, requests, bench.scenarios, bench.rows, bench.truths, cache, base_cache, bench.notes,
                    versions())
@@ -235,12 +154,14 @@ def _checkpoint_scenarios(bench: _Bench, found, compile_cache) -> dict:
     from vlmfast.checkpoints.load import load
     from vlmfast.engines.hf.as_saved import AsSavedEngine, saved_generation_config
     from vlmfast.engines.hf.backend import HfBackend
+    from vlmfast.engines.hf.engine import Engine
 
     o = bench.options
     common, fast = _engine_kwargs(o, compile_cache)
     loaded = load(found, device=o.device, dtype=o.dtype, attn=o.attn)
     bench.notes += loaded.notes
     cache, tokenizer = loaded.cache.as_dict(), loaded.processor.tokenizer
+    bench.tokenizer = tokenizer
     if "hf" in o.engines:
         for bs in o.batch_sizes:
             bench.measure(CKPT, HfBackend.around(Engine(loaded, o.generation, **fast)), bs, tokenizer, loaded)
@@ -256,6 +177,7 @@ def _engine_scenarios(bench: _Bench, name: str, found, compile_cache) -> dict:
     """``found`` (the base) on vlmfast's engine at each batch size; its cache report."""
     from vlmfast.checkpoints.load import load
     from vlmfast.engines.hf.backend import HfBackend
+    from vlmfast.engines.hf.engine import Engine
 
     o = bench.options
     loaded = load(found, device=o.device, dtype=o.dtype, attn=o.attn)
@@ -268,21 +190,36 @@ def _engine_scenarios(bench: _Bench, name: str, found, compile_cache) -> dict:
     return cache
 
 
-def _vllm_scenarios(bench: _Bench, found) -> None:
-    """The checkpoint on vLLM at each batch size, vLLM started once, outside every clock; vLLM stopped
-    and its checkpoint overlay removed after."""
-    from vlmfast.engines.vllm.backend import VllmBackend
+def _opened_scenarios(bench: _Bench, engine: str, found) -> None:
+    """The checkpoint on another engine (``--engines``: vLLM, or any in ``ENGINES``) at each batch size,
+    opened through :func:`~vlmfast.engines.open.open_backend` as ``infer`` opens it and made ready once,
+    outside every clock; closed after (vLLM: its engine process stopped, its overlay removed)."""
+    from vlmfast.engines.open import open_backend
+    from vlmfast.run.parallel import Distributed
 
     o = bench.options
-    with VllmBackend(found, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, dtype=o.dtype) as backend:
-        backend.start(bench.requests)
-        described = backend.describe()
-        bench.notes.append(f"vLLM {described['vllm_version']}: start-up {described['startup_s']} s (not timed), "
-                           f"dtype {described['dtype']}, enforce_eager {described['enforce_eager']}")
-        bench.notes += described["notes"]
+    backend = open_backend(_run_options(o, engine), found, None, Distributed())
+    try:
+        backend.ready(bench.requests, bench.sizes, max(o.batch_sizes))
+        facts = backend.facts()
+        versions = ", ".join(f"{k} {v}" for k, v in facts.versions.items())
+        bench.notes.append(f"{engine}{f' ({versions})' if versions else ''}: ready in {facts.load_s:.1f} s (not timed), "
+                           f"dtype {facts.dtype}, CUDA graphs {facts.cuda_graphs}")
+        bench.notes += facts.notes
         for bs in o.batch_sizes:
-            bench.measure(VLLM, backend, bs, backend.tokenizer)
+            bench.measure(scenario_name(engine), backend, bs, bench.tokenizer, compiles=False)
+    finally:
+        backend.close()
     free_memory()
+
+
+def _run_options(o: BenchOptions, engine: str) -> InferOptions:
+    """What ``infer --engine ENGINE`` would be given for this bench: its settings, less those the engine refuses."""
+    settings = dict(device=o.device, dtype=o.dtype, attn=o.attn, decoder=o.decoder, cuda_graphs=o.cuda_graphs,
+                    compile=o.compile, min_pixels=o.min_pixels, max_pixels=o.max_pixels, template=o.template)
+    refused = ENGINES[engine].refuses
+    return InferOptions(ckpt=o.ckpt, engine=engine, generation=o.generation,
+                        **{k: v for k, v in settings.items() if k not in refused})
 
 
 def _accuracy(scored: list[dict]) -> dict:
@@ -312,7 +249,7 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
             scores = {name: request_means(score_results(rows[(name, bs)], truths, options)) for name in (CKPT, BASE)}
             accuracy[f"ckpt_vs_base@{bs}"] = paired_comparison(scores[CKPT], scores[BASE])
     fidelity, differences = {}, {}
-    for name, a, b in fidelity_pairs(options.batch_sizes) if settings.greedy else ():
+    for name, a, b in fidelity_pairs(options.batch_sizes, options.engines) if settings.greedy else ():
         if a in rows and b in rows:
             fidelity[name] = agreement(rows[a], rows[b])
             differences[name] = first_difference(rows[a], rows[b])
@@ -328,7 +265,7 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
         "cache": cache,
         "base_cache": base_cache,
         "scenarios": scenarios,
-        "ratios": speed_ratios(by, options.batch_sizes),
+        "ratios": speed_ratios(by, options.batch_sizes, options.engines),
         "accuracy": accuracy,
         "fidelity": fidelity,
         "first_difference": {k: v for k, v in differences.items() if v is not None},

@@ -17,6 +17,15 @@ if TYPE_CHECKING:
 
 SCHEMA = "vlmfast.bench/3"
 CKPT, VLLM, AS_SAVED, BASE = "ckpt", "ckpt-vllm", "ckpt-as-saved", "base"
+
+
+def scenario_name(engine: str) -> str:
+    """The checkpoint's scenario on ``engine``: ``ckpt`` on vlmfast's own, ``ckpt-<engine>`` on another."""
+    return CKPT if engine == "hf" else f"ckpt-{engine}"
+
+
+def _other_engines(engines) -> list[str]:
+    return [e for e in engines if e != "hf"]
 # Timed runs of one workload whose wall times vary by more than this (coefficient of variation) were
 # disturbed by something besides the model — other processes, clock boost or throttling, a cold cache:
 # the medians are less trustworthy, and a ratio between scenarios within a few percent of 1 is noise.
@@ -146,7 +155,7 @@ def ratio(numerator, denominator):
     return None if not numerator or not denominator else rounded(numerator / denominator)
 
 
-def speed_ratios(by: dict[tuple[str, int], dict], batch_sizes) -> dict:
+def speed_ratios(by: dict[tuple[str, int], dict], batch_sizes, engines=("hf", "vllm")) -> dict:
     """Speed-up factors between scenarios (``by``: (name, batch size) → figures). ``x_vs_y@B``: both
     at batch B. The as-saved run is one sample at a time whatever ``batch_sizes`` says, so its label
     names both sides' sizes: ``ckpt@B_vs_as_saved@1``."""
@@ -162,17 +171,19 @@ def speed_ratios(by: dict[tuple[str, int], dict], batch_sizes) -> dict:
                 "tokens_per_s": ratio(ck["tokens_per_s"], by[(AS_SAVED, 1)]["tokens_per_s"]),
                 "wall_s": ratio(by[(AS_SAVED, 1)]["wall_s_median"], ck["wall_s_median"]),
             }
-        if (VLLM, bs) in by:
-            ratios[f"vllm_vs_ckpt@{bs}"] = {"tokens_per_s": ratio(by[(VLLM, bs)]["tokens_per_s"], ck["tokens_per_s"])}
+        for engine in _other_engines(engines):
+            if (scenario_name(engine), bs) in by:
+                other = by[(scenario_name(engine), bs)]
+                ratios[f"{engine}_vs_ckpt@{bs}"] = {"tokens_per_s": ratio(other["tokens_per_s"], ck["tokens_per_s"])}
     return ratios
 
 
-def fidelity_pairs(batch_sizes) -> list[tuple[str, tuple[str, int], tuple[str, int]]]:
+def fidelity_pairs(batch_sizes, engines=("hf", "vllm")) -> list[tuple[str, tuple[str, int], tuple[str, int]]]:
     """The (label, scenario a, scenario b) pairs whose greedy tokens should agree."""
     small, large = min(batch_sizes), max(batch_sizes)
     pairs = [("batch_1_vs_n", (CKPT, 1), (CKPT, large)) if small == 1 and large > 1 else None,
              (f"ckpt@{small}_vs_as_saved@1", (CKPT, small), (AS_SAVED, 1)),
-             ("hf_vs_vllm", (CKPT, small), (VLLM, small))]
+             *((f"hf_vs_{e}", (CKPT, small), (scenario_name(e), small)) for e in _other_engines(engines))]
     return [p for p in pairs if p is not None]
 
 
@@ -181,7 +192,7 @@ def gate(report: dict, fail_if_slower: float | None, fail_on_cache_off: bool,
     """Exit code and messages for the CI gates: 3 when ckpt tokens/s < base tokens/s ÷ X (checked
     first), 5 when ckpt accuracy < base accuracy − X, 2 when that needs accuracy and none was scored,
     4 when the saved checkpoint has the cache off anywhere, else 0. Every tripped gate gets its message.
-    That a gate comparing with the base has one is :class:`~vlmfast.run.bench.BenchOptions`' check."""
+    That a gate comparing with the base has one is :class:`~vlmfast.run.bench_options.BenchOptions`' check."""
     messages, codes = [], []
     pairs = [(s, b) for s in report["scenarios"] if s["name"] == CKPT
              for b in report["scenarios"] if b["name"] == BASE and b["batch_size"] == s["batch_size"]]

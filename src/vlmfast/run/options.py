@@ -1,80 +1,137 @@
 """What a run was asked to do, checked once: :class:`InferOptions` (with :class:`VllmSettings` for
 ``--engine vllm``). Every check happens in ``__post_init__``, so the CLI and Python callers get the same
-errors, before anything loads."""
+errors, before anything loads. Each field that is an option carries its help, panel and flag
+(:mod:`vlmfast.declared`): ``vlmfast infer``'s command line is built from these fields."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, nested, option
 from vlmfast.engines.hf import BATCHING, DECODERS
-from vlmfast.engines.open import ENGINES
+from vlmfast.engines.open import ENGINES, check_engine_options
 from vlmfast.engines.vllm.support import VllmSettings
 from vlmfast.errors import UsageError, check_choice
+from vlmfast.evaluation.scoring import OWN_SCORERS, REFERENCE_SCORERS
 from vlmfast.files import check_output_file
 from vlmfast.inputs.requests import DEFAULT_MAX_IMAGE_PIXELS
 from vlmfast.engines.rows import GenerationSettings
 
-
-
-# (option name, its default, the flag) of settings only vlmfast's own engine has
-HF_ONLY = (("device", None, "--device"), ("attn", None, "--attn"), ("decoder", "vlmfast", "--decoder"),
-           ("batching", "continuous", "--batching"),
-           ("cuda_graphs", None, "--cuda-graphs"), ("compile", None, "--compile"), ("overlap", None, "--overlap"),
-           ("max_batch_tokens", None, "--max-batch-tokens"), ("allow_pickle", False, "--allow-pickle"),
-           ("threads", None, "--threads"))
+MANIFEST_HELP = (
+    'JSONL, one request per line: {"id", "image"|"images", "prompt", "system", "solution", "scorer"}, ms-swift '
+    '{"messages", "images"}, R1-V {"image_path", "question", "ground_truth"} or VLM-R1 {"image", "conversations"}; '
+    "a VLMEvalKit .tsv (base64 images, options A-D, answer); or a trainer's dataset as it is: a .parquet file, a "
+    "folder of parquet shards or a datasets save_to_disk folder (EasyR1 / verl layouts, images embedded as bytes; "
+    "needs pyarrow: the parquet extra).")
+SCORER_HELP = (f"Default scorer for rows with ground truth: {' | '.join(OWN_SCORERS)}, or a published evaluation's "
+               f"rules: {' | '.join(REFERENCE_SCORERS)}.")  # read from the registry of scorers
+REWARD_HELP = (
+    "FILE.py:FUNCTION — score with the trainer's own reward function, called as its trainer calls it (EasyR1 "
+    "compute_score(reward_inputs) / (reward_input) / ≤0.3 (predict_str, ground_truth), TRL/VLM-R1 f(completions, "
+    "solution, **kwargs), verl compute_score(data_source, solution_str, ground_truth, extra_info)). Repeat for "
+    "several: summed with --reward-weights.")
 
 
 @dataclass(frozen=True)
 class InferOptions:
     """``vlmfast infer``'s options (see ``vlmfast infer --help``); invalid combinations raise UsageError."""
 
-    ckpt: str
-    images: list[str] | None = None
-    prompt: str | None = None
-    prompt_file: str | None = None
-    manifest: str | None = None
+    ckpt: str = option(help="Checkpoint dir, trainer output dir (highest checkpoint-N wins) or hub id.", panel=MODEL,
+                       flag="--ckpt")
+    images: list[str] | None = option(
+        None, help="Image files, directories or globs (repeat or list after one flag).", panel=INPUT, flag="--images")
+    prompt: str | None = option(None, help="Prompt applied to every image.", panel=INPUT)
+    prompt_file: str | None = option(None, help="File holding the prompt for every image.", panel=INPUT)
+    manifest: str | None = option(None, help=MANIFEST_HELP, panel=INPUT)
     # a parquet / Arrow dataset's columns (None: EasyR1's problem/answer/images, then verl's; vlmfast.inputs.datasets)
-    prompt_key: str | None = None
-    answer_key: str | None = None
-    image_key: str | None = None
-    format_prompt: str | None = None  # a Jinja file every prompt is rendered through (EasyR1's data.format_prompt)
-    template: str = "plain"
-    system: str | None = None
-    out: str | None = None
-    overwrite: bool = False
-    retry_errors: bool = False  # resume: redo ids whose earlier row is an error row
-    skip_bad: bool = False
-    batch_size: int | None = None  # None: auto (from free GPU memory; a measured default on a CPU)
-    generation: GenerationSettings = field(default_factory=GenerationSettings)
-    min_pixels: int | None = None
-    max_pixels: int | None = None
-    device: str | None = None
-    dtype: str | None = None
-    attn: str | None = None
-    trust_remote_code: bool = False
-    allow_pickle: bool = False
-    allow_missing: list[str] | tuple[str, ...] | None = None  # prefixes of tensors a checkpoint may lack (random)
-    fingerprint: str = "sampled"  # the weights' fingerprint: "sampled" (headers + sampled bytes) | "full" (every byte)
-    base: str | None = None  # LoRA adapter checkpoints: the base model (default: adapter_config.json's)
-    merge: bool = False  # LoRA: merge the adapter into the weights before generating
-    max_batch_tokens: int | None = None
-    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
-    overlap: bool | None = None  # prepare the next batch while this one generates (None: on CUDA only)
-    decoder: str = "vlmfast"  # "vlmfast" (own decode loop) | "hf" (plain model.generate, the reference)
-    batching: str = "continuous"  # "continuous" (a row that ends takes the next request) | "static" (whole batches)
-    cuda_graphs: bool | None = None  # None: on CUDA with the vlmfast decoder
-    compile: bool | None = None  # None: decided after the first batch, by what the workload would save
-    threads: int | None = None  # torch's CPU threads (None: this process's share of the cores it may use)
-    scorer: str = "auto"  # default scorer for rows with ground truth and no scorer of their own
-    iou: float = 0.5
-    bbox_space: str | None = None  # None: each row's own (the model family's convention), else resized
-    reward: str | list[str] | None = None  # FILE.py:FUNCTION (one or several): the trainer's reward functions score
-    reward_weights: str | None = None  # "1,0.5": one weight per reward function, summed as TRL does
-    reward_kwargs: str | None = None  # JSON object bound to every reward call (EasyR1's reward_function_kwargs)
-    reward_threshold: float = 1.0  # a rewarded row is correct when its reward is at least this
-    engine: str = "hf"  # "hf" (vlmfast's engine on transformers) | "vllm"
-    vllm: VllmSettings = field(default_factory=VllmSettings)
-    match_training: bool = False  # adopt the training's settings (beside the checkpoint) for those not given
+    prompt_key: str | None = option(None, help="Parquet/Arrow --manifest: the prompt column (default: problem, as "
+                                    "EasyR1; else verl's prompt chat messages).", panel=INPUT)
+    answer_key: str | None = option(None, help="Parquet/Arrow --manifest: the ground-truth column, dotted into a "
+                                    "struct (default: answer, as EasyR1; else reward_model.ground_truth, as verl; "
+                                    "else solution).", panel=INPUT)
+    image_key: str | None = option(None, help="Parquet/Arrow --manifest: the image column, bytes or paths (default: "
+                                   "images, else image).", panel=INPUT)
+    template: str = option("plain", help="plain | r1 (append VLM-R1's think/answer instruction).", panel=INPUT)
+    format_prompt: str | None = option(
+        None, help="A Jinja file each prompt is rendered through, with the question as {{ content }}: EasyR1's "
+        "data.format_prompt (e.g. its math.jinja), so the prompts are the training's (instead of --template).",
+        panel=INPUT)
+    system: str | None = option(None, help="System prompt.", panel=INPUT)
+    max_pixels: int | None = option(
+        None, help="Max pixels per image (default: the processor's, capped at 1280·28·28).", panel=INPUT)
+    min_pixels: int | None = option(None, help="Min pixels per image (default: the processor's).", panel=INPUT)
+    skip_bad: bool = option(False, help="Record an error row per bad input and run the rest (default: fail before "
+                            "loading).", panel=INPUT)
+    max_image_pixels: int = option(DEFAULT_MAX_IMAGE_PIXELS, help="Refuse images with more pixels than this "
+                                   "(decompression bombs).", panel=INPUT)
+    # "auto" (None once checked): from free GPU memory; a measured default on a CPU
+    batch_size: int | str | None = option(
+        "auto", help="Samples per batch, or auto (CUDA: from free memory; CPU: 32). Batches are formed by cost.",
+        panel=GEN, type=str)
+    max_batch_tokens: int | None = option(
+        None, help="Padded prompt tokens through the model at once (prefill: rows × widest prompt; default CPU 2048, "
+        "CUDA 32768). --decoder hf: caps whole batches.", panel=GEN)
+    generation: GenerationSettings = nested(GenerationSettings)
+    match_training: bool = option(
+        False, help="Adopt the training's settings found beside the checkpoint (ms-swift args.json, EasyR1 "
+        "experiment_config.json, verl .hydra/config.yaml): format prompt, pixel limits, max new tokens, validation "
+        "sampling, reward function; options given on the command line win. The report says what was adopted.",
+        panel=GEN)
+    decoder: str = option("vlmfast", help="vlmfast (its own decode loop) | hf (plain model.generate: the reference).",
+                          panel=FAST)
+    batching: str = option("continuous", help="continuous (a decode row whose answer ended takes the next request at "
+                           "once; default) | static (each batch runs until its longest answer ends). vlmfast's decoder "
+                           "in one process.", panel=FAST)
+    cuda_graphs: bool | None = option(None, help="Replay the decode step from CUDA graphs (default: on CUDA).",
+                                      panel=FAST)
+    compile: bool | None = option(None, help="torch.compile the decode step (default: decided after the first batch "
+                                  "by what it would save; cached per machine).", panel=FAST)
+    overlap: bool | None = option(None, help="Prepare the next batch while this one generates (default: on CUDA; on a "
+                                  "CPU it competes for the cores).", panel=FAST)
+    threads: int | None = option(None, help="Torch's CPU threads (default: this process's share of the cores it may "
+                                 "use: the cores ÷ the processes launched beside it).", panel=FAST)
+    engine: str = option("hf", help="hf (vlmfast's engine on transformers) | vllm (vLLM, for many GPUs and big evals).",
+                         panel=MODEL)
+    vllm: VllmSettings = nested(VllmSettings)
+    device: str | None = option(None, help="auto | cpu | cuda | cuda:N", panel=MODEL)
+    dtype: str | None = option(None, help="auto (CUDA bf16, CPU float32) | bfloat16 | float16 | float32", panel=MODEL)
+    attn: str | None = option(None, help="auto (flash_attention_2 when installed, else sdpa) | flash_attention_2 | "
+                              "sdpa | eager", panel=MODEL)
+    trust_remote_code: bool = option(False, help="Run the checkpoint's own Python code (off by default).", panel=MODEL)
+    allow_pickle: bool = option(False, help="Load pickle (*.bin) weights, which can run code (default: safetensors "
+                                "only).", panel=MODEL)
+    base: str | None = option(None, help="LoRA adapters: the base model (default: the one adapter_config.json names). "
+                              "vLLM engine: also where missing processor files come from.", panel=MODEL)
+    merge: bool = option(False, help="LoRA adapter checkpoints: merge the adapter into the weights before generating.",
+                         panel=MODEL)
+    allow_missing: list[str] | None = option(
+        None, help="Run a checkpoint that lacks tensors its model class expects when they are under these prefixes "
+        "(e.g. visual.blocks.1, lm_head); they are initialised at random. Without it such a checkpoint is refused "
+        "(exit 2).", panel=MODEL, flag="--allow-missing", type=list[str])
+    fingerprint: str = option("sampled", help="The evaluated weights' fingerprint in the report: sampled (safetensors "
+                              "headers and sampled bytes of every tensor) | full (every byte).", panel=MODEL)
+    scorer: str = option("auto", help=SCORER_HELP, panel=SCORE)
+    iou: float = option(0.5, help="bbox scorer: IoU needed to count as correct.", panel=SCORE)
+    bbox_space: str | None = option(
+        None, help="Where predicted boxes live: resized (Qwen2.5-VL: pixels of the resized input) | original (pixels "
+        "of the image as given) | rel1000 (Qwen2-VL, Qwen3-VL: 0–1000 relative). Default: each row's bbox_space (the "
+        "model family's), else resized.", panel=SCORE)
+    reward: str | list[str] | None = option(None, help=REWARD_HELP, panel=SCORE, type=list[str])
+    reward_weights: str | None = option(
+        None, help="--reward: one weight per function, comma-separated (e.g. 1,0.5); the total is their weighted "
+        "sum, as TRL's reward_weights.", panel=SCORE)
+    reward_kwargs: str | None = option(
+        None, help="--reward: JSON object of keyword arguments bound to every call, as EasyR1's "
+        "reward_function_kwargs (e.g. '{\"max_response_length\": 4096}').", panel=SCORE)
+    reward_threshold: float = option(
+        1.0, help="--reward: a row is correct when its reward is at least this (1.0 suits 0/1 rewards); when the reward "
+        "returns an accuracy (or acc) sub-score, that sub-score is compared.", panel=SCORE)
+    out: str | None = option(None, help="JSONL results file (default: stdout). Rerunning with the same settings skips "
+                             "ids already there (other settings: an error naming them).", panel=OUTPUT)
+    overwrite: bool = option(False, help="Redo ids already in --out.", panel=OUTPUT)
+    retry_errors: bool = option(False, help="Resume, and redo the ids whose earlier row is an error row.",
+                                panel=OUTPUT)
+    # not options: set by whoever builds the options
     explicit: frozenset[str] | None = None  # options given explicitly (None: those that differ from their default)
     rows_to_stdout: bool = False  # without --out, the command line streams rows to stdout; a library call returns them
 
@@ -103,8 +160,7 @@ class InferOptions:
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise UsageError(f"--min-pixels {self.min_pixels} > --max-pixels {self.max_pixels}: need min <= max",
                              hint="lower --min-pixels or raise --max-pixels")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise UsageError(f"--batch-size {self.batch_size}: expected a positive integer or auto", hint="e.g. --batch-size 8")
+        object.__setattr__(self, "batch_size", _batch_size(self.batch_size))
         if self.overwrite and self.retry_errors:
             raise UsageError("--overwrite redoes every id; --retry-errors resumes and redoes only error rows",
                              hint="drop one of them")
@@ -112,13 +168,14 @@ class InferOptions:
             check_output_file("--out", self.out)
         if (self.overwrite or self.retry_errors) and self.out is None:
             raise UsageError("--overwrite and --retry-errors act on a results file", hint="add --out results.jsonl")
-        if self.engine == "vllm":
-            given = [flag for name, default, flag in HF_ONLY if getattr(self, name) not in (default, "auto")]
-            if given:
-                raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to vlmfast's own "
-                                 "engine (--engine hf), not to --engine vllm",
-                                 hint="drop them; vLLM picks its own device, attention and CUDA graphs")
-        elif not self.vllm.is_default:
-            raise UsageError("--tensor-parallel-size, --data-parallel-size, --gpu-memory-utilization and --max-num-seqs "
-                             "apply to --engine vllm",
-                             hint="add --engine vllm, or launch several processes with accelerate for the HF engine")
+        check_engine_options(self)
+
+
+def _batch_size(value) -> int | None:
+    """``--batch-size``: a positive number, or "auto" / None (the engine's choice: None)."""
+    if value is None or value == "auto":
+        return None
+    number = int(value) if isinstance(value, str) and value.isdigit() else value
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise UsageError(f"--batch-size {value}: expected a positive integer or auto", hint="e.g. --batch-size 8")
+    return number

@@ -21,7 +21,7 @@ def _pixel_defaults(ckpt) -> tuple[tuple[int, str], tuple[int, str]]:
     """The processor's own (min, max) pixels as the engine will use them (max capped), read from the
     checkpoint's processor config without loading it."""
     from vlmfast.checkpoints.readers import maybe_json
-    from vlmfast.engines.prepare import DEFAULT_MAX_PIXELS_CAP
+    from vlmfast.engines.prepare import DEFAULT_MAX_PIXELS_CAP, pixel_limits
 
     d = Path(ckpt).expanduser()
     for name in ("preprocessor_config.json", "processor_config.json"):
@@ -29,12 +29,12 @@ def _pixel_defaults(ckpt) -> tuple[tuple[int, str], tuple[int, str]]:
         data = data.get("image_processor", data) if isinstance(data.get("image_processor"), dict) else data
         if not data:
             continue
-        size = data.get("size") if isinstance(data.get("size"), dict) else {}
-        lo = size.get("shortest_edge") or data.get("min_pixels") or 56 * 56
-        hi = size.get("longest_edge") or data.get("max_pixels") or 16384 * 28 * 28
+        lo, hi = pixel_limits(data.get("size") if isinstance(data.get("size"), dict) else {}, data.get("min_pixels"),
+                              data.get("max_pixels"))
         capped = f" capped at {DEFAULT_MAX_PIXELS_CAP}" if hi > DEFAULT_MAX_PIXELS_CAP else ""
-        return (int(lo), f"the processor's ({name})"), (min(int(hi), DEFAULT_MAX_PIXELS_CAP), f"the processor's ({name}){capped}")
-    return (56 * 56, "the processor's (default)"), (DEFAULT_MAX_PIXELS_CAP, "the processor's (capped default)")
+        return (lo, f"the processor's ({name})"), (min(hi, DEFAULT_MAX_PIXELS_CAP), f"the processor's ({name}){capped}")
+    lo, hi = pixel_limits({})
+    return (lo, "the processor's (default)"), (min(hi, DEFAULT_MAX_PIXELS_CAP), "the processor's (capped default)")
 
 
 def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[object, str]]:
@@ -42,28 +42,29 @@ def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[o
     where it comes from: the flag, or the default). ``where``: the checkpoint's directory, when located."""
 
     from vlmfast.evaluation.rewards import parse_reward_kwargs, parse_reward_weights
+    from vlmfast.declared import default_of
 
     g = options.generation
 
     def flag(name, value, default):
         return value, f"--{name.replace('_', '-')}" + (" (default)" if value == default else "")
 
+    def generation(name):  # the default from the field that declares it
+        return flag(name, getattr(g, name), default_of(type(g), name))
+
     lo, hi = _pixel_defaults(where or _checkpoint_dir(options.ckpt))
     kwargs = parse_reward_kwargs(options.reward_kwargs) if options.reward_kwargs else None  # UsageError when not a JSON object
     reward = ([options.reward] if isinstance(options.reward, str) else list(options.reward)) if options.reward else None
     return {
         "format_prompt": _format_prompt(options),
-        "system": flag("system", options.system, None),
+        "system": flag("system", options.system, default_of(type(options), "system")),
         "min_pixels": (options.min_pixels, "--min-pixels") if options.min_pixels else lo,
         "max_pixels": (options.max_pixels, "--max-pixels") if options.max_pixels else hi,
-        "max_new_tokens": flag("max_new_tokens", g.max_new_tokens, 1024),
-        "temperature": flag("temperature", g.temperature, 0.0),
-        "top_p": flag("top_p", g.top_p, 1.0),
-        "n": flag("n", g.n, 1),
+        **{name: generation(name) for name in GENERATION},
         "reward": (reward, "--reward") if reward else (None, f"vlmfast's scorer (--scorer {options.scorer})"),
         "reward_weights": (list(parse_reward_weights(options.reward_weights, len(options.reward_weights.split(",")))), "--reward-weights")
         if options.reward_weights else (None, "--reward-weights (default: equal)"),
-        "reward_kwargs": flag("reward_kwargs", kwargs, None),
+        "reward_kwargs": flag("reward_kwargs", kwargs, default_of(type(options), "reward_kwargs")),
         "eos": (None, "the checkpoint's EOS ids + the chat stop (<|im_end|>)"),
     }
 

@@ -17,58 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.errors import EXIT_LESS_ACCURATE, UsageError
-from vlmfast.run.options import InferOptions
+from vlmfast.errors import EXIT_LESS_ACCURATE
+from vlmfast.run.sweep_options import SweepOptions
 
 SCHEMA = "vlmfast.sweep/1"
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """``vlmfast sweep``'s options. ``infer`` holds everything each checkpoint's run takes (its ``ckpt``
-    and ``out`` are set per checkpoint)."""
-
-    run_dir: str
-    out_dir: str
-    infer: InferOptions
-    base: str | None = None
-    steps: tuple[int, ...] | None = None
-    fail_if_best_below: float | None = None
-    watch: bool = False
-    poll_s: float = 60.0
-    canary: int = 8  # --engine vllm: requests checked against a fresh engine after the first in-place reload
-    search: str = "all"  # "all" | "coarse": every k-th checkpoint, then the best's neighbours (run/search.py)
-    every: int | None = None  # --search coarse: k (None: about 8 checkpoints in the coarse pass)
-    overwrite: bool = False  # start afresh: an earlier sweep's rows and records in out_dir are removed
-    tensorboard: str | None = None  # a log dir: every checkpoint's figures as scalars at its step (report/trackers.py)
-    wandb: str | None = None  # PROJECT or PROJECT/RUN: the same figures to W&B
-
-    def __post_init__(self):
-        if self.infer.manifest is None and not self.infer.images:
-            raise UsageError("a sweep needs its evaluation set", hint="give --manifest FILE.jsonl (with ground truth)")
-        from vlmfast.files import check_output_dir
-
-        check_output_dir("--out-dir", self.out_dir)
-        if self.fail_if_best_below is not None and not 0 <= self.fail_if_best_below <= 1:
-            raise UsageError(f"--fail-if-best-below {self.fail_if_best_below}: an accuracy is between 0 and 1",
-                             hint="e.g. --fail-if-best-below 0.6")
-        if self.poll_s <= 0:
-            raise UsageError(f"--poll {self.poll_s}: expected seconds > 0", hint="e.g. --poll 60")
-        from vlmfast.errors import check_choice
-        from vlmfast.run.search import SEARCHES
-
-        check_choice("--search", self.search, SEARCHES)
-        if self.search == "coarse" and self.watch:
-            raise UsageError("--search coarse picks among the checkpoints there now; --watch waits for new ones",
-                             hint="drop one of them")
-        if self.every is not None and self.every < 1:
-            raise UsageError(f"--every {self.every}: expected a stride of 1 or more", hint="e.g. --every 5")
-        if self.tensorboard is not None or self.wandb is not None:  # a missing package is said now, not after the sweep
-            from vlmfast.report.trackers import check_trackers
-
-            check_trackers(self.tensorboard, self.wandb)
-        if self.canary < 0:
-            raise UsageError(f"--canary {self.canary}: expected a number of requests, 0 to skip", hint="e.g. --canary 8")
 
 
 @dataclass
@@ -97,29 +49,25 @@ class _Models:
 
         if self.current is found:
             return
+        why = None
+        if self.backend is not None:
+            how, seconds, why = self.backend.switch_to(found, canary=self.options.canary)
+            if how is None:  # this engine cannot move to another checkpoint: a new one for it
+                self.backend.close()
+                self.backend = None
         if self.backend is None:
             start = time.perf_counter()
             self.backend = open_backend(self.options.infer, found, None, Distributed())
-            reload = getattr(self.backend, "reload", None)  # vLLM: reloads in place, checked by a canary
-            if reload is not None:
-                reload.canary_requests = self.options.canary
-            self.how = ("load", time.perf_counter() - start)
-        else:
-            how, seconds, why = self.backend.switch_to(found)
-            self.how = (how, seconds)
-            if why:
-                self.say(f"{found.path}: loaded afresh ({why})")
+            how, seconds = "load", time.perf_counter() - start
+        self.how = (how, seconds)
+        if why:
+            self.say(f"{found.path}: loaded afresh ({why})")
         self.current = found
 
     def engine_news(self) -> tuple[dict, list[str]]:
-        """What the engine checked while the last checkpoint ran (vLLM's canary after the first in-place
-        reload): its seconds for the figures, and what it found, said once."""
-        reload = getattr(self.backend, "reload", None)
-        if reload is None or not reload.notes:
-            return {}, []
-        news = list(reload.notes)
-        reload.notes.clear()
-        return ({"canary_s": round(reload.canary_s, 3)} if reload.canary_s is not None else {}), news
+        """What the engine checked on its own while the last checkpoint ran (vLLM's canary after the first
+        in-place reload): its figures for the report, and what it found, said once."""
+        return self.backend.news() if self.backend is not None else ({}, [])
 
     def close(self) -> None:
         if self.backend is not None:

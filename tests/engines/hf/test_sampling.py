@@ -10,7 +10,8 @@ import torch
 
 from conftest import read_jsonl
 from vlmfast.engines.hf.engine import Engine
-from vlmfast.engines.hf.sampling import row_key, select, token_hashes, uniform_noise
+from vlmfast.engines.hf.sampling import select, token_hashes, uniform_noise
+from vlmfast.engines.rows import draw_key
 from vlmfast.engines.hf.scheduler import Scheduler
 from vlmfast.engines.rows import GenerationSettings
 from vlmfast.inputs.requests import Request
@@ -33,7 +34,7 @@ def test_the_race_picks_each_token_with_its_probability():
     probability (deterministic: the keys are fixed, so this cannot flake)."""
     probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03])
     rows = 20_000
-    keys = torch.tensor([row_key(0, f"q{i}", 0) for i in range(rows)])
+    keys = torch.tensor([draw_key(0, f"q{i}", 0) for i in range(rows)])
     chosen = select(probs.log().expand(rows, -1), torch.zeros(5), temperature=1.0, top_p=1.0, keys=keys, step=3)
     freq = torch.bincount(chosen, minlength=5).float() / rows
     assert torch.allclose(freq, probs, atol=0.015), freq
@@ -41,7 +42,7 @@ def test_the_race_picks_each_token_with_its_probability():
 
 def test_noise_is_uniform_and_differs_by_key_step_and_token():
     hashed = token_hashes(4096, "cpu")
-    keys = torch.tensor([row_key(1, "a", 0), row_key(1, "a", 1), row_key(2, "a", 0), row_key(1, "b", 0)])
+    keys = torch.tensor([draw_key(1, "a", 0), draw_key(1, "a", 1), draw_key(2, "a", 0), draw_key(1, "b", 0)])
     u = uniform_noise(keys, torch.tensor([5]), hashed)
     assert u.shape == (4, 4096) and float(u.min()) > 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.01

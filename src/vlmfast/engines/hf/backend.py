@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vlmfast.engines.contract import Switched
 from vlmfast.engines.facts import EngineFacts
 
 # measured on 2 cores with prefill in groups: decode keeps gaining up to 32 rows (benchmarks/RESULTS.md)
@@ -132,10 +133,11 @@ class HfBackend:
             + ([engine.admissions] if engine.admissions else []),
         )
 
-    def switch_to(self, found) -> tuple[str, float, str | None]:
+    def switch_to(self, found, canary: int | None = None) -> Switched:
         """Run the next checkpoint ``found`` on this backend: its weights copied into the loaded model when
         the shapes allow (CUDA graphs and compiled steps stay valid), else a full load. Returns
-        ("swap" | "load", seconds, why a swap was not possible)."""
+        ("swap" | "load", seconds, why a swap was not possible). A swap copies every tensor exactly: no
+        ``canary`` check is needed."""
         from vlmfast.checkpoints.swap import plan_swap, swap_into
 
         plan = plan_swap(self.loaded, found.path) if found.is_local else None
@@ -145,7 +147,7 @@ class HfBackend:
                 self.engine.forget_shapes()  # decode states hold the EOS list
             self.loaded = self.engine.loaded = swapped
             self.notes = list(swapped.notes)
-            return "swap", swapped.load_s, None
+            return Switched("swap", swapped.load_s, None)
         from vlmfast.checkpoints.load import load
 
         o, runtime = self.options, self.loaded.runtime
@@ -158,7 +160,10 @@ class HfBackend:
                       allow_pickle=o.allow_pickle, base=o.base, merge=o.merge)
         self._build(loaded)
         self.notes = list(loaded.notes)
-        return "load", loaded.load_s, plan.reason if plan is not None else "not a local checkpoint"
+        return Switched("load", loaded.load_s, plan.reason if plan is not None else "not a local checkpoint")
+
+    def news(self) -> tuple[dict, list[str]]:
+        return {}, []  # nothing checked on its own: a swap is exact
 
     def close(self) -> None:
         self.engine.forget_shapes()

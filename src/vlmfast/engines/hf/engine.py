@@ -15,7 +15,6 @@ fallback for families the loop does not know. Batching, prefetch and out-of-memo
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from vlmfast.engines.hf.plain_generate import PlainGenerate
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
-from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
+from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row, run_seed
 from vlmfast.timing import StepTimes, free_device_cache, now, vision_clock
 
 CUDA_SYNC_EVERY = 8  # CUDA: one EOS read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
@@ -113,7 +112,7 @@ class Engine(Preparer, PlainGenerate):
                          min_pixels=min_pixels, max_pixels=max_pixels)
         self._text = self._bias = None
         # sampling draws are keyed by (seed, request id, sample): without --seed, one seed drawn for this engine
-        self.seed = settings.seed if settings.seed is not None else secrets.randbits(31)
+        self.seed = run_seed(settings.seed)
         self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → a static DecodeState
         self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
         self.admissions: str | None = None  # what the last continuous run did, said in the report

@@ -5,9 +5,10 @@ token i with probability ``p_i`` (gpt-fast and vLLM sample this way: no ``torch.
 read-backs stall the host every step). The noise is not drawn from a generator: it is a hash of
 (the row's key, the step, the token id), so
 
-- a row's tokens depend only on its own key — :func:`row_key` of (seed, request id, sample index) — never
-  on which batch it ran in, on its neighbours, on spare rows of a captured graph, on resume order or on
-  which checkpoint the engine held before: the same (seed, checkpoint, id, sample) gives the same
+- a row's tokens depend only on its own key — :func:`vlmfast.engines.rows.draw_key` of (seed, request id,
+  sample index), the key every engine derives its draws from — never on which batch it ran in, on its
+  neighbours, on spare rows of a captured graph, on resume order or on which checkpoint the engine held
+  before: the same (seed, checkpoint, id, sample) gives the same
   answer in every run;
 - the whole choice is a pure function of device tensors, so a CUDA graph can hold it.
 
@@ -17,9 +18,9 @@ so no product leaves int64) on values kept in 32 bits; the top 24 bits make a un
 
 from __future__ import annotations
 
-import zlib
-
 import torch
+
+from vlmfast.engines.rows import draw_key
 
 _M32 = 0xFFFFFFFF
 _STEP = 0x61C88647  # spreads consecutive steps apart before mixing
@@ -34,14 +35,9 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def row_key(seed: int, request_id: str, sample: int) -> int:
-    """The 32-bit key of one answer: (seed, request id, sample index) → the same draws in every run."""
-    return zlib.crc32(f"{seed}\x00{request_id}\x00{sample}".encode("utf-8"))
-
-
 def row_keys(seed: int, request_ids, n: int, device) -> torch.Tensor:
     """The keys of a batch's decode rows: each request's n answers in order (sample 0…n−1)."""
-    keys = [row_key(seed, rid, k) for rid in request_ids for k in range(n)]
+    keys = [draw_key(seed, rid, k) for rid in request_ids for k in range(n)]
     return torch.tensor(keys, dtype=torch.long, device=device)
 
 
@@ -61,7 +57,7 @@ def uniform_noise(keys: torch.Tensor, step: torch.Tensor, hashed_tokens: torch.T
 def select(logits, bias, *, temperature: float, top_p: float, keys=None, step=0, hashed_tokens=None):
     """The next token of every row: argmax when ``temperature`` is 0; otherwise temperature, then
     nucleus (top-p) filtering as transformers does it, then the exponential race on each row's own noise
-    (``keys``: (rows,) int64 from :func:`row_key`; ``step``: which token of the answer this is)."""
+    (``keys``: (rows,) int64 from :func:`~vlmfast.engines.rows.draw_key`; ``step``: which token of the answer this is)."""
     scores = logits + bias
     if temperature == 0:
         return scores.argmax(-1)

@@ -31,14 +31,14 @@ import os
 import time
 import warnings
 import weakref
-import zlib
 from collections.abc import Iterator, Sequence
 
 from vlmfast.checkpoints.locate import located
+from vlmfast.engines.contract import Switched
 from vlmfast.errors import UsageError
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
-from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row
+from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, draw_key, error_row, result_row, run_seed
 from vlmfast.engines.vllm.reload import ReloadState, run_canary, switch
 from vlmfast.engines.vllm.support import (VllmSettings, check_cpu_head_size, chunk_timing, close_stacks, import_vllm,
                                           quiet_known_warnings, shutdown, validation_errors, vllm_version)
@@ -81,6 +81,7 @@ class VllmBackend(Preparer):
         self.on_cpu = bool(current_platform.is_cpu())
         self.base = None if base is None else str(base)
         self.settings = settings or GenerationSettings()
+        self.seed = run_seed(self.settings.seed)  # every request's draws derive from it (engines.rows.draw_key)
         self.parallel = parallel or VllmSettings()
         self.dtype = dtype if dtype not in (None, "auto") else ("float32" if self.on_cpu else "auto")
         self.enforce_eager = self.on_cpu if enforce_eager is None else bool(enforce_eager)
@@ -181,7 +182,7 @@ class VllmBackend(Preparer):
             gpu_memory_utilization=self.parallel.gpu_memory_utilization,
             enforce_eager=self.enforce_eager, trust_remote_code=self.trust_remote_code,
             disable_log_stats=False,  # V1 fills RequestOutput.metrics only with stats on (the timing needs them)
-            seed=self.settings.seed if self.settings.seed is not None else 0,
+            seed=self.seed,
             mm_processor_kwargs={"min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
             limit_mm_per_prompt={"image": max(1, self.max_images_per_prompt), "video": 0},
         )
@@ -264,11 +265,11 @@ class VllmBackend(Preparer):
             yield [(indices, results, timing)]
 
     def request_seed(self, request: Request) -> int | None:
-        """Sampling seed of one request: ``seed`` mixed with the request id, so a request samples the same
-        whatever chunk it lands in, and repeated prompts do not all draw the same sample. None: unseeded."""
-        if self.settings.seed is None or self.settings.greedy:
+        """Sampling seed of one request (None: greedy), as every engine derives it (``draw_key`` of the run's
+        seed, the id and sample 0: vLLM draws a request's n answers from one seed), whatever its chunk."""
+        if self.settings.greedy:
             return None
-        return (self.settings.seed * 1_000_003 + zlib.crc32(request.id.encode("utf-8"))) % 2**31
+        return draw_key(self.seed, request.id) % 2**31
 
     def generate_batch(self, batch: Sequence[Request]) -> tuple[list[SampleResult], BatchTiming | None]:
         """Results for ``batch`` in its order (one ``LLM.generate`` call); undecodable images → error rows."""
@@ -284,7 +285,7 @@ class VllmBackend(Preparer):
         prompts = [{"prompt": self.chat_text(r), "multi_modal_data": {"image": images[r.id]}, "mm_processor_kwargs": limits}
                    for r in ok]
         params = self.sampling_params
-        if not self.settings.greedy and self.settings.seed is not None:
+        if not self.settings.greedy:
             params = []
             for r in ok:
                 seeded = self.sampling_params.clone()
@@ -328,11 +329,16 @@ class VllmBackend(Preparer):
                            model_sizes=[list(im.size) for im in images], sample=k if n > 1 else None)
                 for k, c in enumerate(completions)]
 
-    def switch_to(self, found) -> tuple[str, float, str | None]:
+    def switch_to(self, found, canary: int | None = None) -> Switched:
         """A sweep's next checkpoint: its weights reloaded into the running engine when it can be (see
-        :mod:`vlmfast.engines.vllm.reload`), else this backend rebuilt for it. ("reload" | "load", seconds,
-        why not in place)."""
-        return switch(self, found)
+        :mod:`vlmfast.engines.vllm.reload`; the first reload checked by ``canary`` requests), else this
+        backend rebuilt for it. ("reload" | "load", seconds, why not in place)."""
+        if canary is not None:
+            self.reload.canary_requests = canary
+        return Switched(*switch(self, found))
+
+    def news(self) -> tuple[dict, list[str]]:
+        return self.reload.news()
 
     # -- reporting and lifetime -----------------------------------------------------------------
     def describe(self) -> dict:
@@ -378,10 +384,14 @@ class VllmBackend(Preparer):
         self.close()
 
 
-def open_vllm(options, found) -> VllmBackend:
+def open_vllm(options, found, loaded=None, dist=None) -> VllmBackend:
     """The vLLM engine for ``options`` (checkpoint overlay, processor, sampling settings; vLLM itself starts
     in :meth:`VllmBackend.ready`). What the report says about the KV cache comes from the checkpoint's own
-    configs, not the overlay's."""
+    configs, not the overlay's. vLLM loads its own model (``loaded`` is not used) and runs its own
+    processes: under accelerate (``dist.world`` > 1) it is refused."""
+    if dist is not None and dist.world > 1:
+        raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
+                         hint="use --data-parallel-size N and/or --tensor-parallel-size N")
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
                        min_pixels=options.min_pixels, max_pixels=options.max_pixels, parallel=options.vllm,
                        dtype=options.dtype, trust_remote_code=options.trust_remote_code)

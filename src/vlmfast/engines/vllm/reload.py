@@ -42,6 +42,15 @@ class ReloadState:
     def described(self) -> dict:
         return {"reload_s": _rounded(self.reload_s), "canary_s": _rounded(self.canary_s)}
 
+    def news(self) -> tuple[dict, list[str]]:
+        """The canary's verdict after the first in-place reload: its seconds for the figures, and what it
+        found, said once (:meth:`vlmfast.engines.contract.Backend.news`)."""
+        if not self.notes:
+            return {}, []
+        notes = list(self.notes)
+        self.notes.clear()
+        return ({"canary_s": _rounded(self.canary_s)} if self.canary_s is not None else {}), notes
+
 
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 3)
@@ -229,7 +238,7 @@ def run_canary(backend, requests) -> None:
     fresh = type(backend)(backend.found, greedy, **backend.rebuild_kwargs())
     try:
         fresh.start(requests)
-        differs = first_difference(reloaded, _decode(fresh, picks, greedy))
+        differs = first_differing_id(reloaded, _decode(fresh, picks, greedy))
         if differs is not None:
             _take_over(backend, fresh)
     finally:
@@ -255,7 +264,7 @@ def _decode(backend, picks, greedy) -> list:
         backend.settings, backend.sampling_params = keep
 
 
-def first_difference(a: list, b: list) -> str | None:
+def first_differing_id(a: list, b: list) -> str | None:
     """The first request id (in ``a``'s order) whose rows' tokens differ between ``a`` and ``b``."""
     theirs = {(r.id, r.sample): (r.token_ids, r.error) for r in b}
     for row in a:

@@ -8,6 +8,7 @@ import os
 import warnings
 from dataclasses import dataclass
 
+from vlmfast.declared import SCALE, option
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.engines.rows import BatchTiming, SampleResult
 
@@ -19,12 +20,16 @@ class VllmSettings:
     """``--engine vllm`` only: how vLLM spreads the work, with vLLM's own parallelism (it schedules inside
     each chunk of requests). ``distributed_executor_backend`` "ray" spans the nodes of a Ray cluster."""
 
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    distributed_executor_backend: str | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int | None = None
+    tensor_parallel_size: int = option(1, help="--engine vllm: GPUs per model replica (tensor parallel).", panel=SCALE)
+    data_parallel_size: int = option(1, help="--engine vllm: model replicas (vLLM's data parallel).", panel=SCALE)
+    pipeline_parallel_size: int = option(
+        1, help="--engine vllm: pipeline stages per model replica (across GPUs or nodes).", panel=SCALE)
+    distributed_executor_backend: str | None = option(
+        None, help="--engine vllm: vLLM's distributed executor: mp (one node), ray (a Ray cluster, several nodes).",
+        panel=SCALE)
+    gpu_memory_utilization: float = option(0.9, help="--engine vllm: share of GPU memory vLLM may take.", panel=SCALE)
+    max_num_seqs: int | None = option(None, help="--engine vllm: sequences vLLM runs at once (default: vLLM's).",
+                                      panel=SCALE)
 
     def __post_init__(self):
         if min(self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size) < 1:
