@@ -252,7 +252,7 @@ def test_bench_n_answers_per_request_count_as_answers(grpo_ckpt, images):
 
 
 def test_a_bench_with_ground_truth_shows_accuracy_format_and_ckpt_minus_base(capsys):
-    from vlmfast.report.terminal import render_bench
+    from vlmfast.report.bench_report import render_bench
 
     scenario = {"name": CKPT, "batch_size": 2, "tokens_per_s": 10.0, "accuracy": 0.75, "format_rate": 0.5}
     report = {"scenarios": [scenario, {**scenario, "name": BASE, "accuracy": 0.5}], "ratios": {}, "fidelity": {},

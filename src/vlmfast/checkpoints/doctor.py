@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vlmfast.checkpoints.readers import (
@@ -20,48 +19,17 @@ from vlmfast.checkpoints.readers import (
     weights_complete,
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
+from vlmfast.checkpoints.findings import (  # noqa: F401 - importable from here
+    CODES, SEVERITIES, Finding, findings_as_dicts, strict_exit_code, whole_findings,
+)
 from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
 
-SEVERITIES = ("error", "warning", "info")
-CODES = (  # every finding code diagnose can return; stable: scripts and docs depend on them
-    "resolved", "cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
-    "tokenizer-missing", "chat-template-missing", "unknown-class", "fsdp-unmerged", "weights-missing",
-    "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
-    "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
-    "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
-    "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
-)
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
 # Classes transformers renamed or never had, and what the checkpoint should say instead.
 RENAMED = {"Qwen2_5_VLImageProcessor": "Qwen2VLImageProcessor"}
 # Exported by every transformers vlmfast supports (4.57 and 5.x; the Fast names as aliases in 5.x):
 # checking these needs no import of transformers, which costs seconds (on 4.57 it imports torch).
 ALWAYS_KNOWN = classes_in_every_version() | {"Qwen2VLImageProcessorFast", "Qwen2TokenizerFast"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem (or fact) about a checkpoint. ``code`` is stable (tests, CI and docs use it);
-    ``location`` is ``"file: key"``, a file name (relative to the diagnosed dir) or a path."""
-
-    severity: str  # "error" | "warning" | "info"
-    code: str
-    location: str
-    message: str
-    fix: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def findings_as_dicts(findings: list[Finding]) -> list[dict]:
-    """JSON-ready findings, in order."""
-    return [f.as_dict() for f in findings]
-
-
-def strict_exit_code(findings: list[Finding]) -> int:
-    """1 if any finding is an error (``doctor --strict``), else 0."""
-    return 1 if any(f.severity == "error" for f in findings) else 0
 
 
 def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, evaluation: dict | None = None) -> list[Finding]:
@@ -89,7 +57,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     found += _family(d, config)
     found += _classes(d)
     found += _weights(target, base_dir, float32_min_bytes)
-    found += _whole(target, config, base_dir)
+    found += whole_findings(target, config, base_dir)
     found += _remote_code(d)
     found += _vocab(d, config, base_dir, base_cfg)
     found += _parity(d, evaluation) + _trainer_leftovers(d)
@@ -304,48 +272,6 @@ def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> 
                            f"weights stored in float32: {_mib(total)} on disk, {_mib(total - f32 // 2)} in bfloat16 ({why})",
                            "load with --dtype bfloat16 (default on CUDA), or save a bfloat16 copy: "
                            "model.to(torch.bfloat16).save_pretrained(DIR)"))
-    return out
-
-
-def _whole(target: Located, config: dict, base_dir: Path | None) -> list[Finding]:
-    """The tensors the model class expects (built on the meta device) against the saved ones, and with
-    ``--base``, the saved ones against the base's."""
-    from vlmfast.checkpoints.weights import check_weights, compare_with_base, fix_hint
-
-    if target.kind != "model":
-        return []
-    d = target.path
-    try:
-        index = tensor_index(d)
-        base_index = tensor_index(base_dir) if base_dir else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        return []  # reported by _weights
-    out = []
-    check = check_weights(d, config, index)
-    if check is not None and check.missing:
-        head = (" (tie_word_embeddings is false: the LM head is its own matrix, and the save lost it)"
-                if check.head_lost else "")
-        out.append(Finding("error", "weights-lost", "*.safetensors",
-                           f"{sum(g.count for g in check.missing)} of {check.expected} tensors the model class expects "
-                           f"are not saved: {', '.join(f'{g.label}: {g.count} missing' for g in check.missing)}{head}; "
-                           "transformers would initialise them at random and say so only in its load log",
-                           fix_hint(check)))
-    if check is not None and check.mismatched:
-        shown = "; ".join(f"{n}: {s} saved, {e} expected" for n, s, e in check.mismatched[:3])
-        out.append(Finding("error", "weights-shape-mismatch", "*.safetensors",
-                           f"{len(check.mismatched)} tensor(s) have another shape than config.json gives: {shown}",
-                           fix_hint(check)))
-    if check is not None and check.unexpected:
-        out.append(Finding("warning", "weights-unexpected", "*.safetensors",
-                           "saved tensors the model class does not take (dropped on load): "
-                           + ", ".join(f"{g.label}: {g.count}" for g in check.unexpected[:5]),
-                           "check the checkpoint was saved from this model class (config.json: architectures)"))
-    differs = compare_with_base(index, base_index) if base_index else None
-    if differs:
-        out.append(Finding("warning", "weights-differ-from-base", "*.safetensors",
-                           f"the tensors differ from the base's: {differs}",
-                           "tensors the base has and this save lacks were lost or are ignored by this model class: "
-                           "compare with the base's index before trusting an evaluation"))
     return out
 
 

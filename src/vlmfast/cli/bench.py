@@ -24,7 +24,8 @@ def bench(
 
     def run():
         from vlmfast.run.bench import run_bench
-        from vlmfast.report.terminal import ProgressBar, print_json, render_bench, render_note, write_bench_dir
+        from vlmfast.report.bench_report import render_bench, write_bench_dir
+        from vlmfast.report.terminal import ProgressBar, print_json, render_note
 
         options = parsed.build()
         if report_dir is not None:

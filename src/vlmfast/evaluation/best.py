@@ -79,3 +79,33 @@ def best_step(scores: dict[int, dict[str, float]], best: int, p_values: dict[int
     return {"p_best": {s: round(p, 4) for s, p in probabilities.items()}, "requests": n,
             "indistinguishable": keep, "holm_p": {s: float(f"{p:.4g}") for s, p in adjusted.items()},
             "alpha": alpha, "resamples": resamples}
+
+
+def held_up(best: dict | None, ranked: list[dict], tables: dict[int, dict]) -> dict | None:
+    """Whether the best holds up (:mod:`vlmfast.evaluation.best`): each ranked step's probability of being
+    the best, and the steps its paired test, Holm-corrected, does not tell apart from it. Each checkpoint's
+    figures get ``p_best``, ``holm_p`` (against the best) and ``near_best`` (in that set)."""
+    if best is None:
+        return None
+    scores = {f["step"]: {rid: v[0] for rid, v in tables[f["step"]].items()} for f in ranked}
+    p_values = {f["step"]: (f["vs_best"] or {}).get("p_value") for f in ranked if f is not best}
+    held = best_step(scores, best["step"], p_values)
+    for f in ranked:
+        f["p_best"] = held["p_best"].get(f["step"])
+        f["holm_p"] = held["holm_p"].get(f["step"])
+        f["near_best"] = f["step"] in held["indistinguishable"]
+    return held
+
+
+def undistinguished_note(best: dict | None, figures: list[dict], held: dict | None) -> list[str]:
+    """A note when the best step is not told apart from others by the test that makes the set (and the
+    collapse flag): their Holm-adjusted paired p-value against it is at least alpha."""
+    if best is None or held is None:
+        return []
+    tied = [s for s in held["indistinguishable"] if s != best["step"]]
+    if not tied:
+        return []
+    label = "base" if best["label"] == "base" else f"step {best['step']}"
+    return [f"the best ({label}, P(best) {held['p_best'].get(best['step'], 0):.0%}) is not distinguishable from "
+            f"step(s) {', '.join(map(str, tied))}: their paired test against it, Holm-corrected over "
+            f"{len(held['holm_p'])} step(s), gives p >= {held['alpha']} (more evaluation rows would tell them apart)"]

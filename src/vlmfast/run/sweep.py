@@ -318,6 +318,7 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
 
 
 def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables: dict[int, dict]) -> dict:
+    from vlmfast.evaluation.best import held_up, undistinguished_note
     from vlmfast.evaluation.flags import compare, flag_run
 
     ranked = [f for f in figures if f["accuracy"] is not None]
@@ -326,8 +327,8 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
     for f in figures:  # paired against base and the best, over the requests both scored
         f["vs_base"] = compare(tables[f["step"]], tables[base["step"]]) if base and f is not base else None
         f["vs_best"] = compare(tables[f["step"]], tables[best["step"]]) if best and f is not best else None
-    held = _held_up(best, ranked, tables)
-    notes = notes + _undistinguished(best, figures, held)
+    held = held_up(best, ranked, tables)
+    notes = notes + undistinguished_note(best, figures, held)
     gate = None
     if options.fail_if_best_below is not None:
         failed = best is None or best["accuracy"] < options.fail_if_best_below
@@ -344,38 +345,6 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
         "gate": gate, "exit_code": EXIT_LESS_ACCURATE if gate and gate["failed"] else 0, "notes": notes,
         "flags": flag_run(figures, tables, base_step=base["step"] if base else None),
     }
-
-
-def _held_up(best: dict | None, ranked: list[dict], tables: dict[int, dict]) -> dict | None:
-    """Whether the best holds up (:mod:`vlmfast.evaluation.best`): each ranked step's probability of being
-    the best, and the steps its paired test, Holm-corrected, does not tell apart from it. Each checkpoint's
-    figures get ``p_best``, ``holm_p`` (against the best) and ``near_best`` (in that set)."""
-    from vlmfast.evaluation.best import best_step
-
-    if best is None:
-        return None
-    scores = {f["step"]: {rid: v[0] for rid, v in tables[f["step"]].items()} for f in ranked}
-    p_values = {f["step"]: (f["vs_best"] or {}).get("p_value") for f in ranked if f is not best}
-    held = best_step(scores, best["step"], p_values)
-    for f in ranked:
-        f["p_best"] = held["p_best"].get(f["step"])
-        f["holm_p"] = held["holm_p"].get(f["step"])
-        f["near_best"] = f["step"] in held["indistinguishable"]
-    return held
-
-
-def _undistinguished(best: dict | None, figures: list[dict], held: dict | None) -> list[str]:
-    """A note when the best step is not told apart from others by the test that makes the set (and the
-    collapse flag): their Holm-adjusted paired p-value against it is at least alpha."""
-    if best is None or held is None:
-        return []
-    tied = [s for s in held["indistinguishable"] if s != best["step"]]
-    if not tied:
-        return []
-    label = "base" if best["label"] == "base" else f"step {best['step']}"
-    return [f"the best ({label}, P(best) {held['p_best'].get(best['step'], 0):.0%}) is not distinguishable from "
-            f"step(s) {', '.join(map(str, tied))}: their paired test against it, Holm-corrected over "
-            f"{len(held['holm_p'])} step(s), gives p >= {held['alpha']} (more evaluation rows would tell them apart)"]
 
 
 def publish(report: dict, options: SweepOptions, *, trackers=None) -> list[str]:

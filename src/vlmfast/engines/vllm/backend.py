@@ -188,8 +188,7 @@ class VllmBackend(Preparer):
         )
         args.update(self.parallel.engine_args())
         if self.on_cpu and not self.settings.greedy:
-            # vLLM's CPU sampler rewinds a request's seeded generator after a partial (chunked) prefill, which a
-            # CPU generator refuses ("CPU Generator does not use offset") and the engine dies: whole prefills only
+            # its sampler rewinds a seeded generator after a partial prefill; a CPU generator refuses: whole prefills
             args["enable_chunked_prefill"] = False
         if self.max_model_len is not None:
             args["max_model_len"] = self.max_model_len

@@ -1,0 +1,85 @@
+"""What :mod:`vlmfast.checkpoints.doctor` reports: :class:`Finding` (a stable ``code``, a severity, where,
+what and the exact fix), the codes it can take, and the whole-weights findings (the tensors a model class
+expects against the saved ones: :mod:`vlmfast.checkpoints.weights`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SEVERITIES = ("error", "warning", "info")
+CODES = (  # every finding code diagnose can return; stable: scripts and docs depend on them
+    "resolved", "cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
+    "tokenizer-missing", "chat-template-missing", "unknown-class", "fsdp-unmerged", "weights-missing",
+    "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
+    "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
+    "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
+    "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
+)
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or fact) about a checkpoint. ``code`` is stable (tests, CI and docs use it);
+    ``location`` is ``"file: key"``, a file name (relative to the diagnosed dir) or a path."""
+
+    severity: str  # "error" | "warning" | "info"
+    code: str
+    location: str
+    message: str
+    fix: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def findings_as_dicts(findings: list[Finding]) -> list[dict]:
+    """JSON-ready findings, in order."""
+    return [f.as_dict() for f in findings]
+
+
+def strict_exit_code(findings: list[Finding]) -> int:
+    """1 if any finding is an error (``doctor --strict``), else 0."""
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]:
+    """doctor's whole-weights findings: the tensors the model class expects (built on the meta device)
+    against the saved ones, and with ``--base``, the saved ones against the base's."""
+    from vlmfast.checkpoints.readers import tensor_index
+    from vlmfast.checkpoints.weights import check_weights, compare_with_base, fix_hint
+
+    if target.kind != "model":
+        return []
+    d = target.path
+    try:
+        index = tensor_index(d)
+        base_index = tensor_index(base_dir) if base_dir else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # reported by _weights
+    out = []
+    check = check_weights(d, config, index)
+    if check is not None and check.missing:
+        head = (" (tie_word_embeddings is false: the LM head is its own matrix, and the save lost it)"
+                if check.head_lost else "")
+        out.append(Finding("error", "weights-lost", "*.safetensors",
+                           f"{sum(g.count for g in check.missing)} of {check.expected} tensors the model class expects "
+                           f"are not saved: {', '.join(f'{g.label}: {g.count} missing' for g in check.missing)}{head}; "
+                           "transformers would initialise them at random and say so only in its load log",
+                           fix_hint(check)))
+    if check is not None and check.mismatched:
+        shown = "; ".join(f"{n}: {s} saved, {e} expected" for n, s, e in check.mismatched[:3])
+        out.append(Finding("error", "weights-shape-mismatch", "*.safetensors",
+                           f"{len(check.mismatched)} tensor(s) have another shape than config.json gives: {shown}",
+                           fix_hint(check)))
+    if check is not None and check.unexpected:
+        out.append(Finding("warning", "weights-unexpected", "*.safetensors",
+                           "saved tensors the model class does not take (dropped on load): "
+                           + ", ".join(f"{g.label}: {g.count}" for g in check.unexpected[:5]),
+                           "check the checkpoint was saved from this model class (config.json: architectures)"))
+    differs = compare_with_base(index, base_index) if base_index else None
+    if differs:
+        out.append(Finding("warning", "weights-differ-from-base", "*.safetensors",
+                           f"the tensors differ from the base's: {differs}",
+                           "tensors the base has and this save lacks were lost or are ignored by this model class: "
+                           "compare with the base's index before trusting an evaluation"))
+    return out
