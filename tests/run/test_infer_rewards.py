@@ -130,7 +130,7 @@ def compute_score(reward_inputs, format_weight=0.1):
 '''
 
 
-def test_a_reward_with_an_accuracy_sub_score_decides_correctness_by_it(tmp_path, capsys):
+def test_a_reward_with_an_accuracy_sub_score_decides_correctness_by_it(tmp_path, capsys, monkeypatch):
     """A right answer without the reward's format scores overall 0.9 < --reward-threshold 1.0; its accuracy
     sub-score says it is right: that is the row's correctness, said in the report, with every sub-score's mean."""
     from conftest import cli
@@ -152,6 +152,10 @@ def test_a_reward_with_an_accuracy_sub_score_decides_correctness_by_it(tmp_path,
     assert report.scores["accuracy"] == 0.75
     assert report.scores["rewards"]["subscores"] == {"format": 0.0, "accuracy": 0.75}
     assert report.scores["rewards"]["correct_from"] == "accuracy"
+    from vlmfast.report import terminal
+
+    # the console's width was fixed when it was made (COLUMNS then, or the terminal's): pin it for this table
+    monkeypatch.setattr(terminal.stderr, "width", 200)
     capsys.readouterr()
     render_infer(report)
     err = capsys.readouterr().err

@@ -184,8 +184,8 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
         images = [i.get("path") if isinstance(i, dict) else i for i in images]
     if not images or not all(isinstance(i, str) and i for i in images):
         raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
-    if isinstance(prompt, str):  # "<image>" marks the image's place, as in every format read: images go first
-        prompt = prompt.replace(IMAGE_MARK, "").strip()
+    if isinstance(prompt, str) and IMAGE_MARK in prompt:  # the image's place, as in every format read: images go first
+        prompt = prompt.replace(IMAGE_MARK, "").strip()  # a prompt without a mark is kept as written
     prompt = prompt if prompt else default_prompt
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError('no prompt: give "prompt" in the record, or --prompt / --prompt-file for all')
