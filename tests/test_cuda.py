@@ -254,3 +254,23 @@ def test_a_graph_per_attended_length_and_the_eager_tokens(on_gpu, images):
     assert graphs == eager
     state = next(iter(engine._static.values()))
     assert sorted(state.graphs) == list(range(ATTEND_STEP, state.max_len + 1, ATTEND_STEP)) and len(state.graphs) >= 2
+
+
+@needs_qwen_vl_utils
+def test_requests_admitted_into_freed_rows_between_replays_draw_the_eager_tokens(on_gpu, images):
+    """Continuous batching under CUDA graphs: three requests through two captured rows, the third admitted
+    into a freed row between replayed steps (admission happens outside the graphs); seeded draws equal the
+    eager loop's, row for row (float32)."""
+    from vlmfast.engines.hf.continuous import stream
+
+    settings = GenerationSettings(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=5)
+    reqs = [Request(str(p), (str(p),), "Count the shapes.") for p in images[:3]]
+
+    def answers(engine):
+        length = max(engine.cost(r) for r in reqs) + 64 + settings.max_new_tokens
+        return {r.id: r.token_ids for out, _ in stream(engine, reqs, 2, length) for r in out}
+
+    eager = answers(Engine(on_gpu, settings, cuda_graphs=False))
+    graphs = Engine(on_gpu, settings)
+    assert answers(graphs) == eager and len(eager) == 3
+    assert graphs._static and all(state.graph is not None for state in graphs._static.values())
