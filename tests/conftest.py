@@ -52,6 +52,20 @@ def own_compile_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def family_ckpts(tmp_path_factory):
+    """Each family's tiny GRPO-like checkpoint, built once per session, on demand (read only: copy to change)."""
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    root, built = tmp_path_factory.mktemp("families"), {}
+
+    def get(key):
+        if key not in built:
+            built[key] = build_checkpoint(root / key, family=key)
+        return built[key]
+    return get
+
+
+@pytest.fixture(scope="session")
 def grpo_ckpt(tmp_path_factory) -> Path:
     from vlmfast.checkpoints.tiny import build_checkpoint
 

@@ -32,20 +32,6 @@ ON_THIS_LINE = [pytest.param(k, marks=pytest.mark.skipif(not _has_class(k), reas
 
 
 @pytest.fixture(scope="module")
-def family_ckpts(tmp_path_factory):
-    """Each family's tiny GRPO-like checkpoint, built once, on demand."""
-    from vlmfast.checkpoints.tiny import build_checkpoint
-
-    root, built = tmp_path_factory.mktemp("families"), {}
-
-    def get(key):
-        if key not in built:
-            built[key] = build_checkpoint(root / key, family=key)
-        return built[key]
-    return get
-
-
-@pytest.fixture(scope="module")
 def family_loaded(family_ckpts):
     from vlmfast.checkpoints.load import load
 

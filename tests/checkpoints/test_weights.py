@@ -26,19 +26,6 @@ ON_THIS_LINE = [pytest.param(k, marks=pytest.mark.skipif(not _has_class(k), reas
                 for k in FAMILIES]
 
 
-@pytest.fixture(scope="module")
-def family_ckpts(tmp_path_factory):
-    from vlmfast.checkpoints.tiny import build_checkpoint
-
-    root, built = tmp_path_factory.mktemp("whole"), {}
-
-    def get(key):
-        if key not in built:
-            built[key] = build_checkpoint(root / key, family=key)
-        return built[key]
-    return get
-
-
 def damaged(src, dst, drop=(), shrink=(), config=None):
     """A copy of ``src`` whose safetensors file lacks the tensors whose names contain a ``drop`` string,
     with the ``shrink`` tensors one row shorter, and ``config`` applied to its config.json."""
