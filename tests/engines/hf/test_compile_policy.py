@@ -140,13 +140,13 @@ def test_past_the_recompile_limit_later_shapes_decode_uncompiled_and_it_is_said(
 
     torch._dynamo.reset()
     monkeypatch.setattr(compile_policy, "RECOMPILE_LIMIT", 1)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)
     reqs = [Request(str(p), (str(p),), "Count.") for p in images[:3]]
     settings = GenerationSettings(max_new_tokens=4)
     engine = Engine(loaded, settings, compile=True,
                     compiler=lambda fn: torch.compile(fn, backend="eager", dynamic=False))
-    got = {r.id: r.token_ids for _, rs, _ in Scheduler(engine).run(reqs, {}, 2) for r in rs}  # shapes of 2 rows, then 1
+    # dynamo's own patch: monkeypatch's undo of a config entry hides it from later compiles in the session
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=False):
+        got = {r.id: r.token_ids for _, rs, _ in Scheduler(engine).run(reqs, {}, 2) for r in rs}  # 2 rows, then 1
     torch._dynamo.reset()
     eager = {r.id: r.token_ids for _, rs, _ in Scheduler(Engine(loaded, settings)).run(reqs, {}, 2) for r in rs}
     assert got == eager and engine.policy.enabled is False
