@@ -91,6 +91,50 @@ def test_an_eager_loop_computes_only_rows_that_run(spread, images):
     assert every_row.row_steps > last.row_steps
 
 
+def test_rows_split_by_length_each_attend_over_their_own_keys_with_the_same_tokens(spread, images, monkeypatch):
+    """An eager step splits its rows into groups that each read only as many keys as their longest row
+    (every possible group here: a group costs nothing); each answer keeps its tokens, whatever group it
+    was in, and the rows that ended leave the others in their order."""
+    from vlmfast.engines.hf import text_decoder
+    from vlmfast.engines.hf.decode import DecodeState
+
+    reqs = _requests(images)
+    settings = GenerationSettings(max_new_tokens=24)
+    whole, _, _, _ = run_stream(Engine(spread, settings, sync_every=1), reqs, 4)
+    monkeypatch.setattr(text_decoder, "GROUP_COST_KEYS", 0)
+    splits, orders = [], []
+    row_groups, pack = DecodeState.row_groups, DecodeState.pack
+
+    def spy_groups(state):
+        groups = row_groups(state)
+        splits.append([(a, b, n) for a, b, n, _ in groups])
+        return groups
+
+    def spy_pack(state):
+        before = [o for o in state.owner if o is not None]
+        pack(state)
+        orders.append((before, [o for o in state.owner[:state.cache.active]]))
+
+    monkeypatch.setattr(DecodeState, "row_groups", spy_groups)
+    monkeypatch.setattr(DecodeState, "pack", spy_pack)
+    grouped, _, _, _ = run_stream(Engine(spread, settings, sync_every=1), reqs, 4)
+    assert {k: v.token_ids for k, v in grouped.items()} == {k: v.token_ids for k, v in whole.items()}
+    assert any(len({n for _, _, n in split}) > 1 for split in splits)  # groups read different numbers of keys
+    assert all(before == after for before, after in orders)  # packing keeps the live rows' order
+
+
+def test_a_split_reads_fewer_keys_only_where_a_group_pays():
+    from vlmfast.engines.hf.text_decoder import split_rows
+
+    assert split_rows([]) == []
+    assert split_rows([600] * 8 + [100] * 8, call_cost=512) == [(0, 8), (8, 16)]
+    assert split_rows([600] * 8 + [590] * 8, call_cost=512) == [(0, 16)]  # 80 keys saved < one call
+    assert split_rows([100, 600] * 8, call_cost=512) == [(0, 16)]  # groups are contiguous rows
+    assert split_rows([5, 4, 3, 2], call_cost=0) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    rows = list(range(1000, 0, -1))  # many rows: boundaries among 16 evenly spaced ones
+    assert all(a % 63 == 0 for a, _ in split_rows(rows, call_cost=0)) and len(split_rows(rows, call_cost=0)) == 16
+
+
 def test_static_shapes_admit_into_freed_rows_with_the_eager_tokens(spread, images):
     """The path CUDA graphs and compiled steps take (all rows, device-side indices, additive mask),
     uncompiled here: rows freed and refilled mid-run give the eager loop's tokens."""

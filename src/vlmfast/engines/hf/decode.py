@@ -26,7 +26,8 @@ from vlmfast.engines.hf.fused import fused_projections
 from vlmfast.engines.hf.kv import StaticKV  # noqa: F401 - the decode cache, importable from here
 from vlmfast.engines.hf.sampling import select, token_hashes
 from vlmfast.engines.hf.text_decoder import (  # noqa: F401 - importable from here
-    DECODE_ATTENTION, TextDecoder, decode_attention, decode_attention_for, rope_positions, suppress_bias,
+    DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention, decode_attention_for, rope_positions, split_rows,
+    suppress_bias,
 )
 
 
@@ -114,6 +115,7 @@ class DecodeState:
         self.cache.active = self.batch if self.static else 0
         self.t = 0  # steps taken
         self.row_steps = 0  # rows computed, summed over steps
+        self._split_for, self._split = None, []  # row_groups' split and the rows it was chosen for
 
     def take(self, other: DecodeState) -> None:
         """Every row of ``other`` (no more rows, a cache no longer than this one's) into the same rows here:
@@ -181,17 +183,20 @@ class DecodeState:
         return finished
 
     def pack(self) -> None:
-        """Eager: move live rows into the free rows below them, so a step computes ``[0, live)`` only."""
+        """Eager: close the gaps rows that ended left, keeping the live rows' order, so a step computes
+        ``[0, live)`` only. Rows come in at the end, so the order is the order of admission: longest
+        answers first, which keeps rows of similar lengths together (:meth:`row_groups`). Right after
+        :meth:`harvest` (the host's lengths are exact): only the filled keys move."""
         if self.static:
             return
         live = [r for r in range(self.batch) if self.owner[r] is not None]
-        holes = [r for r in range(len(live)) if self.owner[r] is None]
-        for src, dst in zip([r for r in live if r >= len(live)], holes):
-            self._move(src, dst)
+        for dst, src in enumerate(live):  # ascending, so a row never lands on one still to move
+            if src != dst:
+                self._move(src, dst)
         self.cache.active = len(live)
 
     def _move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst)
+        self.cache.move(src, dst, self.filled[src])
         for buffer in (self.tokens, self.count, self.key_valid, self.out, self.running, self.row_keys):
             buffer[dst] = buffer[src]
         self.next_position[:, dst] = self.next_position[:, src]
@@ -253,6 +258,21 @@ class DecodeState:
         """Whether the computed rows need a mask: prompt padding, or rows of different lengths."""
         held = [r for r in range(self.cache.active) if self.owner[r] is not None]
         return any(self.padded[r] for r in held) or len({self.filled[r] for r in held}) > 1
+
+    def row_groups(self) -> list[tuple[int, int, int, bool]]:
+        """Eager: the computed rows in contiguous groups that each attend over their longest row's keys
+        (first row, end row, keys, whether the group needs a mask). The split is chosen again only when
+        the rows change hands: between admissions every row grows by one key a step."""
+        rows = self.cache.active
+        holders = tuple(self.owner[:rows])
+        if self._split_for != holders:
+            self._split_for, self._split = holders, split_rows([self.filled[r] + 1 for r in range(rows)])
+        groups = []
+        for a, b in self._split:
+            filled = self.filled[a:b]
+            groups.append((a, b, min(max(filled) + 1, self.cache.attend),
+                           any(self.padded[a:b]) or len(set(filled)) > 1))
+        return groups
 
     def _attend(self) -> int:
         """The shortest attended length that holds every key a held row sees this step (its prompt, its
@@ -318,7 +338,13 @@ def forward_eager(state: DecodeState):
     end = cache.attend
     mask = None
     if state.ragged:
-        mask = (state.key_valid[:rows, :end] & (state.keys[:end] <= cache.write[:rows, None]))[:, None, None, :]
+        seen = state.key_valid[:rows, :end] & (state.keys[:end] <= cache.write[:rows, None])
+        # additive, made once per step: sdpa turns a boolean mask into this same -inf mask in every layer
+        mask = torch.zeros(seen.shape, dtype=cache.dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
+        mask = mask[:, None, None, :]
+        groups = state.row_groups()
+        if len(groups) > 1:  # each group of rows attends over its own longest row's keys
+            mask = RowGroups(tuple((a, b, n, mask[a:b, :, :, :n] if ragged else None) for a, b, n, ragged in groups))
     positions = state.next_position[:, :rows] + (state.count[:rows] - 1)[None, :, None]
     return state.decoder(state.tokens[:rows], positions, mask, cache)
 

@@ -57,12 +57,14 @@ class StaticKV(LinearStateCache):
         self.write[rows] = width
         return width
 
-    def move(self, src: int, dst: int) -> None:
-        """Row ``src``'s keys, values and states into row ``dst`` (packing live rows to the front)."""
+    def move(self, src: int, dst: int, filled: int | None = None) -> None:
+        """Row ``src``'s keys (its first ``filled`` columns; all when None), values and states into row
+        ``dst`` (packing live rows to the front)."""
+        end = self.max_len if filled is None else filled
         for k, v in zip(self.keys, self.values):
             if k is not None:
-                k[dst].copy_(k[src])
-                v[dst].copy_(v[src])
+                k[dst, :, :end].copy_(k[src, :, :end])
+                v[dst, :, :end].copy_(v[src, :, :end])
         self.move_linear_states(src, dst)
         self.write[dst] = self.write[src]
 
