@@ -82,7 +82,7 @@ class DecodeState:
         self.bias, self.temperature, self.top_p = bias, temperature, top_p
         self.cache = decoder.new_cache(batch, max_len)
         self.forward = forward or (forward_static if static else forward_eager)
-        self.fuse = self.forward in (forward_eager, forward_static)  # not inside a compiled step
+        self.fuse = True  # fused projections (a compiled step traces them: one product per group)
         self.eos = torch.tensor(list(eos_ids), **long)
         self.pad = torch.tensor(pad_id, **long)
         self.tokens = torch.full((batch, 1), pad_id, **long)

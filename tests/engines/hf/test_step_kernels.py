@@ -1,0 +1,59 @@
+"""The compiled decode step is one graph for every family, and a decoder layer adds few kernels to it."""
+
+import pytest
+
+from vlmfast.checkpoints.families import BY_KEY
+from vlmfast.engines.hf.step_kernels import count_kernels
+
+
+def _has_class(key: str) -> bool:
+    import transformers
+
+    return hasattr(transformers, BY_KEY[key].model_class)
+
+
+FAMILIES = [pytest.param(k, marks=pytest.mark.skipif(not _has_class(k), reason="not in this transformers"))
+            for k in BY_KEY]
+
+
+@pytest.mark.parametrize("key", FAMILIES)
+def test_the_compiled_decode_step_has_no_graph_break(key, family_ckpts):
+    """A graph break would split the step and run what lies between in Python, kernel by kernel."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.step_kernels import graph_breaks
+
+    assert graph_breaks(load(str(family_ckpts(key)), device="cpu").model) == 0
+
+
+def test_a_decoder_layer_adds_at_most_eight_generated_kernels_and_one_product_per_projection_group(family_ckpts):
+    """Counted in inductor's code for the step (CPU here: the proxy of a GPU's kernels): norms fused with
+    the residual adds, rotary positions with the cache writes and attention's mask; Q/K/V one product,
+    gate/up one product, then attention, the output projection and down: five library calls."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.step_kernels import per_layer
+
+    counted = per_layer(load(str(family_ckpts("qwen2_5_vl")), device="cpu").model, "qwen2_5_vl")
+    assert counted.graph_breaks == 0
+    assert counted.generated <= 8 and counted.library == 5, counted.line()
+
+
+def test_kernel_calls_are_read_from_inductors_code_for_a_cpu_and_a_gpu():
+    cpu = '''
+def kernel_body(): pass
+def call(self, args):
+    buf0 = empty_strided_cpu((4, 256), (256, 1), torch.float32)
+    cpp_fused_add_mean_mul_pow_rsqrt_0(arg6_1, buf0)
+    extern_kernels.mm(buf0, arg1_1, out=buf2)
+    buf23 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(buf21, arg15_1, arg16_1)
+    cpp_fused_mul_silu_1(buf2)
+    return (buf2, )
+'''
+    gpu = '''
+def call(args):
+        triton_red_fused_add_mean_0.run(arg0_1, buf0, 4, 256, stream=stream0)
+        extern_kernels.mm(buf0, arg1_1, out=buf1)
+        triton_poi_fused_mul_silu_1.run(buf1, 1024, stream=stream0)
+'''
+    assert count_kernels([cpu]) == (2, 2)
+    assert count_kernels([gpu]) == (2, 1)
+    assert count_kernels([cpu, gpu]) == (4, 3)
