@@ -9,8 +9,9 @@
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
 # GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
 # modes — default (CUDA graphs), --compile, --decoder hf (plain generate) — then a compiled `infer` twice
-# (the second finds the kernels in the compile cache). First, once: the vision tower's attention per
-# window vs merged (benchmarks/bench_vision.py). A step whose report is in OUT_DIR is skipped, so
+# (the second finds the kernels in the compile cache), the real-length mix (bench_lengths.py) and the
+# compiled step's kernels per layer (bench_kernels.py). First, once: the vision tower's attention per
+# window vs merged (benchmarks/bench_vision.py); last, once: tests/test_cuda.py (pytest, from WHEELS if missing). A step whose report is in OUT_DIR is skipped, so
 # a killed or timed-out slice loses only its running step. After every slice one table is rebuilt from
 # every report in OUT_DIR (OUT_DIR/table.md and the GPU section of benchmarks/RESULTS.md).
 #
@@ -51,7 +52,8 @@ missing_packages() {
   "$py" - <<'PY'
 import importlib.util
 need = {"torch": "torch", "torchvision": "torchvision", "transformers": "transformers>=4.57,<6",
-        "accelerate": "accelerate", "qwen_vl_utils": "qwen-vl-utils", "typer": "typer", "rich": "rich", "PIL": "pillow"}
+        "accelerate": "accelerate", "qwen_vl_utils": "qwen-vl-utils", "typer": "typer", "rich": "rich", "PIL": "pillow",
+        "pytest": "pytest"}
 print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
 PY
 }
@@ -110,6 +112,11 @@ infer_twice() {  # a fresh compile cache, so the first run compiles from scratch
       > "$dir/$run.json.part" || return 1
     mv "$dir/$run.json.part" "$dir/$run.json" || return 1
   done
+}
+
+cuda_tests() {  # tests/test_cuda.py; its summary line is the step's report
+  "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$1.part" || { cat "$1.part"; return 1; }
+  mv "$1.part" "$1"
 }
 
 whole_run() {  # a training run judged end to end: RUN_CKPTS checkpoints of one shape, one sweep, timed
@@ -183,7 +190,12 @@ for ckpt in "${ckpts[@]}"; do
   preset=${name#qwen2.5-vl-}; preset=${preset%-grpo}; [[ $preset == 3b || $preset == 7b ]] || preset=3b
   step "$name/lengths" "$(est 150)" "$out/reports/$name-lengths.json" "$py" benchmarks/bench_lengths.py \
     --preset "$preset" --ckpt "$ckpt" --device cuda --dtype bfloat16 --no-vllm --runs 3 --json "$out/reports/$name-lengths.json"
+  # the compiled decode step's kernels per layer in Triton: a load + two compiles of a 1- and 2-layer step ≈ 90 s
+  step "$name/kernels" "$(est 90)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \
+    --ckpt "$ckpt" --families qwen2_5_vl --device cuda --dtype bfloat16 --json "$out/reports/$name-kernels.json"
 done
+# the CUDA-only tests (tiny checkpoints: CUDA graphs, compiled steps, bf16, prefetch) ≈ 120 s
+step cuda-tests 120 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
 # a whole run (RUN_SIZE=7b: 20 checkpoints × 500 prompts × 512 tokens, swaps included; target 15 min): the
 # one step longer than a slice. Its estimate: ~40 s to build each checkpoint, the tokens at 3,000 per second
 if [ $# -eq 0 ] && [ -n "${RUN_SIZE:-}" ]; then

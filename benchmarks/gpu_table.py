@@ -118,8 +118,21 @@ def length_lines(mixes: dict[str, dict]) -> list[str]:
     return lines
 
 
+def kernel_lines(kernels: dict[str, dict]) -> list[str]:
+    """gpu.sh's kernel counts (benchmarks/bench_kernels.py --json): the compiled decode step per layer."""
+    lines = ["", "The compiled decode step (benchmarks/bench_kernels.py: inductor's Triton code, what one decoder "
+             "layer adds):", "", "| checkpoint | graph breaks | generated kernels / layer | library calls / layer | all / layer |",
+             "|---|---|---|---|---|"]
+    for name, counted in sorted(kernels.items()):
+        for figures in counted["families"].values():
+            generated, library = figures["generated_per_layer"], figures["library_per_layer"]
+            lines.append(f"| {name} | {figures['graph_breaks']} | {generated:g} | {library:g} | {generated + library:g} |")
+    return lines
+
+
 def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None,
-          runs: list[tuple[dict, dict]] = (), mixes: dict[str, dict] | None = None) -> str:
+          runs: list[tuple[dict, dict]] = (), mixes: dict[str, dict] | None = None, kernels: dict[str, dict] | None = None,
+          tests: str | None = None) -> str:
     everything = benches + [r for pair in infers.values() for r in pair]
     stacks = sorted({f"transformers {v['transformers']}, torch {v['torch']}" for r in everything if (v := r.get("versions"))})
     gpu = f"{device['gpu']} (CUDA {device['cuda']})" if device else "GPU"
@@ -148,7 +161,11 @@ def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dic
         lines += run_lines(runs)
     if mixes:
         lines += length_lines(mixes)
-    if not benches and not infers and not vision and not runs and not mixes:
+    if kernels:
+        lines += kernel_lines(kernels)
+    if tests:
+        lines += ["", f"tests/test_cuda.py on this machine: {tests}"]
+    if not benches and not infers and not vision and not runs and not mixes and not kernels and not tests:
         lines.append("No finished report yet.")
     return "\n".join(lines) + "\n"
 
@@ -164,8 +181,12 @@ def main() -> None:
             if (w.parent / "sweep.json").exists()]
     mixes = {p.name.removesuffix("-lengths.json"): m for p in sorted(args.out_dir.glob("reports/*-lengths.json"))
              if (m := _read(p)) is not None}
+    kernels = {p.name.removesuffix("-kernels.json"): k for p in sorted(args.out_dir.glob("reports/*-kernels.json"))
+               if (k := _read(p)) is not None}
+    tests_file = args.out_dir / "reports" / "cuda-tests.txt"
+    tests = tests_file.read_text().strip().splitlines()[-1] if tests_file.exists() and tests_file.read_text().strip() else None
     text = table(benches, infers, _read(device_file) if device_file.exists() else None,
-                 _read(vision_file) if vision_file.exists() else None, runs, mixes)
+                 _read(vision_file) if vision_file.exists() else None, runs, mixes, kernels, tests)
     print(text)
     (args.out_dir / "table.md").write_text(text, encoding="utf-8")
     if args.write:

@@ -10,7 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
 TABLE = ROOT / "benchmarks" / "gpu_table.py"
-STEPS = ["build", "default-b1", "default-b8-32", "compile-b1", "compile-b8-32", "hf-b1", "hf-b32", "infer", "lengths"]
+STEPS = ["build", "default-b1", "default-b8-32", "compile-b1", "compile-b8-32", "hf-b1", "hf-b32", "infer", "lengths",
+         "kernels"]
 SLICE_LIMIT_S = 8 * 60  # every step must leave room in a 10-minute command slice
 
 
@@ -39,7 +40,8 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
     r = gpu_sh(out, "--dry-run", PYTHON="/nonexistent/python")  # the plan needs neither Python nor a GPU
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
-    assert [name for _, name, _ in steps] == ["vision"] + [f"qwen2.5-vl-{size}-grpo/{s}" for size in ("3b", "7b") for s in STEPS]
+    assert [name for _, name, _ in steps] == (["vision"] + [f"qwen2.5-vl-{size}-grpo/{s}" for size in ("3b", "7b") for s in STEPS]
+                                              + ["cuda-tests"])
     assert {name for action, name, _ in steps if action == "skip"} == {
         "qwen2.5-vl-3b-grpo/build", "qwen2.5-vl-3b-grpo/default-b1", "qwen2.5-vl-3b-grpo/infer"}
     runs = {name: rest for action, name, rest in steps if action == "run"}
@@ -60,8 +62,8 @@ def test_dry_run_with_a_checkpoint_and_chosen_modes(tmp_path):
     assert r.returncode == 0, r.stderr
     assert [(a, n) for a, n, _ in plan(r.stdout)] == [
         ("run", "vision"), ("run", "my-ckpt/compile-b1"), ("run", "my-ckpt/compile-b8-32"), ("run", "my-ckpt/infer"),
-        ("run", "my-ckpt/lengths")]
-    assert "--preset 3b --ckpt /models/my-ckpt --device cuda" in plan(r.stdout)[-1][2]
+        ("run", "my-ckpt/lengths"), ("run", "my-ckpt/kernels"), ("run", "cuda-tests")]
+    assert "--preset 3b --ckpt /models/my-ckpt --device cuda" in plan(r.stdout)[-3][2]
     assert "--ckpt /models/my-ckpt" in plan(r.stdout)[1][2]
     bad = gpu_sh(tmp_path / "out", "--dry-run", MODES="fast")
     assert bad.returncode == 2 and "unknown mode 'fast'" in bad.stderr
@@ -103,6 +105,12 @@ elif args[0].endswith("bench_lengths.py"):
     json.dump({{"preset": args[args.index("--preset") + 1], "device": "cuda",
                "useful_tokens_per_s": {{"static batches": 2000.0, "continuous": 3600.0}}}},
               open(args[args.index("--json") + 1], "w"))
+elif args[0].endswith("bench_kernels.py"):
+    json.dump({{"device": "cuda", "families": {{"qwen2_5_vl": {{"graph_breaks": 0, "generated_per_layer": 6.0,
+                                                             "library_per_layer": 5.0}}}}}},
+              open(args[args.index("--json") + 1], "w"))
+elif args[:2] == ["-m", "pytest"]:
+    print("12 passed in 80.00s")
 elif args[:2] == ["-m", "vlmfast"]:
     command, rest = args[2], args[3:]
     opt = lambda name: rest[rest.index(name) + 1]
@@ -138,13 +146,14 @@ def _fake_python(tmp_path: Path) -> Path:
 def test_slices_run_steps_until_every_report_is_there(tmp_path):
     out, fake = tmp_path / "out", _fake_python(tmp_path)
     knobs = dict(PYTHON=fake, SIZES="3b", MODES="hf", SLICE_S="0")  # a slice of 0 s: one step per invocation
-    codes = [gpu_sh(out, **knobs).returncode for _ in range(6)]
-    assert codes == [75, 75, 75, 75, 75, 0]  # vision, build, hf-b1, hf-b32, infer, lengths
+    codes = [gpu_sh(out, **knobs).returncode for _ in range(8)]
+    assert codes == [75, 75, 75, 75, 75, 75, 75, 0]  # vision, build, hf-b1, hf-b32, infer, lengths, kernels, cuda-tests
     assert (out / "reports/qwen2.5-vl-3b-grpo-infer/second.json").exists() and (out / "images-8/img_007.png").exists()
     table = (out / "table.md").read_text()
     assert "### Fake GPU (CUDA 0.0)" in table
     assert [line.split(" | ")[1:4] for line in table.splitlines() if line.startswith("| qwen")] == [
-        ["hf", "1", "8"], ["hf", "32", "32"], ["40.0", "40.0", "miss"], ["2,000", "3,600", "1.80× |"]]
+        ["hf", "1", "8"], ["hf", "32", "32"], ["40.0", "40.0", "miss"], ["2,000", "3,600", "1.80× |"], ["0", "6", "5"]]
+    assert "tests/test_cuda.py on this machine: 12 passed in 80.00s" in table
     again = gpu_sh(out, **knobs)
     assert again.returncode == 0 and {action for action, _, _ in plan(again.stdout)} == {"skip"}  # nothing redone
 
