@@ -1,10 +1,10 @@
 """Answers of real lengths: static batches against continuous batching, and vLLM on the same workload.
 
 Forced-length figures (``--ignore-eos``) make every answer as long as the longest; GRPO answers spread
-10× in length. Workload: the demo GRPO-like checkpoint, 8 images × ``--n 8`` sampled answers (64 answers,
-temperature 1.0, seed 0), ``--max-new-tokens 512``: its random weights end answers anywhere from a few
-tokens to the limit (mean about half of it, some truncated), as the sweep's health table shows for real
-runs. 32 decode rows for vlmfast, in both modes (the CPU default batch size). Figures per mode: useful
+10× in length. Workload: the demo GRPO-like checkpoint, 8 images each asked ``--draws 4`` times under its
+own id × ``--n 8`` sampled answers (256 answers, temperature 1.0, seed 0), ``--max-new-tokens 512``: its
+random weights end answers anywhere from a few tokens to the limit (mean about half of it, some
+truncated), as the sweep's health table shows for real runs. 32 decode rows for vlmfast, in both modes (the CPU default batch size). Figures per mode: useful
 (answer) tokens per second of wall time, decode row utilization (answer tokens ÷ rows computed, summed
 over steps), the answers' length spread. Each mode alone on the machine, one warm-up, median of --runs;
 vLLM last (started once, before its clock), when it is importable (run this in .venv-vllm for it).
@@ -18,6 +18,7 @@ also ends an answer, which makes lengths spread about as the demo checkpoint's d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -33,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--draws", type=int, default=4, help="each image asked this many times (its own id each)")
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--no-vllm", action="store_true")
@@ -45,6 +47,7 @@ def main() -> None:
     parser.add_argument("--modes", default="static,continuous",
                         help="which of vlmfast's modes run: static, continuous (static alone runs on vlmfast 0.6 too, "
                         "whose static batches computed every row until the longest answer ended: PYTHONPATH=OLD/src)")
+    parser.add_argument("--compile", action="store_true", help="compile the decode step (static shapes)")
     parser.add_argument("--label", default="", help="a prefix for the modes' names in the table (e.g. 0.6)")
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--key", default="lengths")
@@ -64,16 +67,17 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-lengths-"))
     ckpt = args.ckpt or str(build_checkpoint(work / f"grpo-{args.preset}", preset=args.preset, like="grpo"))
     images = [str(p) for p in make_images(work / "images", n=args.images, sizes=DEMO_IMAGE_SIZES)]
-    requests = collect(images=images, prompt=PROMPT).requests
+    # each image asked --draws times under its own id: every draw samples its own answers, so the mix's
+    # lengths (and the last answers' tail, where few rows run) depend less on one draw's luck
+    requests = [dataclasses.replace(r, id=f"{r.id}#{k}") for k in range(args.draws)
+                for r in collect(images=images, prompt=PROMPT).requests]
     settings = GenerationSettings(max_new_tokens=args.new_tokens, temperature=1.0, seed=0, n=args.n)
     loaded = load(ckpt, device=args.device, dtype=args.dtype)
     if args.preset != "demo":
-        import dataclasses
-
         vocab = loaded.model.config.get_text_config().vocab_size
         stops = range(0, vocab, max(1, args.new_tokens // 2))
         loaded = dataclasses.replace(loaded, eos_token_ids=sorted({*loaded.eos_token_ids, *stops}))
-    engine = Engine(loaded, settings)
+    engine = Engine(loaded, settings, compile=args.compile)
     scheduler = Scheduler(engine)
     order = list(range(len(requests)))
     last: dict[str, tuple[list, list]] = {}
@@ -99,11 +103,10 @@ def main() -> None:
         times |= run_interleaved({name: fn}, args.runs)
     vllm_version = None
     if not args.no_vllm and args.preset == "demo":
-        try:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is not None:  # (this environment has vLLM)
             from vlmfast.engines.vllm.backend import VllmBackend
-        except ImportError:
-            VllmBackend = None
-        if VllmBackend is not None:
             vllm = VllmBackend(ckpt, settings)
             startup = vllm.start(requests)
             vllm_version = vllm.vllm_version
@@ -116,7 +119,8 @@ def main() -> None:
         f"### Answers of real lengths — transformers {transformers.__version__}, torch {torch.__version__}"
         + (f", vLLM {vllm_version}" if vllm_version else ""),
         "",
-        f"{args.preset} GRPO-like checkpoint on {engine.device}, {args.images} images × --n {args.n} sampled answers (temperature 1.0, seed 0), "
+        f"{args.preset} GRPO-like checkpoint on {engine.device}, {args.images} images × {args.draws} draws (ids) × --n {args.n} sampled answers "
+        f"({len(requests) * args.n} answers, temperature 1.0, seed 0), "
         f"--max-new-tokens {args.new_tokens}, {args.rows} decode rows, float32, {torch.get_num_threads()} threads"
         + (f"; vLLM eager, started once before its clock ({startup:.1f} s)" if vllm_version else "")
         + f". Each engine alone, 1 warm-up + median of {args.runs} runs (s: "

@@ -185,10 +185,10 @@ for ckpt in "${ckpts[@]}"; do
   done
   # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
   step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" "$out/reports/$name-infer"
-  # answers of real lengths: 8 images × 8 sampled answers up to 512 tokens, static batches then continuous
-  # batching in 32 rows (1 warm-up + 3 runs each ≈ 8 runs × ~1,000 steps × ≤ 5 ms) + a load ≈ 150 s
+  # answers of real lengths: 8 images × 4 draws × 8 sampled answers up to 512 tokens, static batches then
+  # continuous batching in 32 rows (1 warm-up + 3 runs each ≈ 8 runs × ~4,000 steps × ≤ 5 ms) + a load ≈ 240 s
   preset=${name#qwen2.5-vl-}; preset=${preset%-grpo}; [[ $preset == 3b || $preset == 7b ]] || preset=3b
-  step "$name/lengths" "$(est 150)" "$out/reports/$name-lengths.json" "$py" benchmarks/bench_lengths.py \
+  step "$name/lengths" "$(est 240)" "$out/reports/$name-lengths.json" "$py" benchmarks/bench_lengths.py \
     --preset "$preset" --ckpt "$ckpt" --device cuda --dtype bfloat16 --no-vllm --runs 3 --json "$out/reports/$name-lengths.json"
   # the compiled decode step's kernels per layer in Triton: a load + two compiles of a 1- and 2-layer step ≈ 90 s
   step "$name/kernels" "$(est 90)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \

@@ -107,7 +107,7 @@ def run_lines(runs: list[tuple[dict, dict]]) -> list[str]:
 
 def length_lines(mixes: dict[str, dict]) -> list[str]:
     """gpu.sh's real-length steps (benchmarks/bench_lengths.py --json): static batches vs continuous batching."""
-    lines = ["", "Answers of real lengths (8 images × 8 sampled answers up to 512 tokens, 32 decode rows; "
+    lines = ["", "Answers of real lengths (8 images × 4 draws × 8 sampled answers up to 512 tokens, 32 decode rows; "
              "benchmarks/bench_lengths.py):", "",
              "| checkpoint | static batches tokens/s | continuous tokens/s | continuous ÷ static |", "|---|---|---|---|"]
     for name, mix in sorted(mixes.items()):
