@@ -215,7 +215,7 @@ class CompilePolicy:
 
     def forward(self):
         """The static decode step to run: compiled once per run (one function for every shape), or as is."""
-        from vlmfast.engines.hf.decode import forward_static
+        from vlmfast.engines.hf.decode import forward_static, step_static
 
         if not self.enabled:
             return forward_static
@@ -233,7 +233,7 @@ class CompilePolicy:
             if not self.device.startswith("cuda"):
                 quiet_cuda_home_warning()
             compiler = self.compiler or (lambda fn: torch.compile(fn, dynamic=False, fullgraph=False))
-            self._forward = compiler(forward_static)
+            self._forward = compiler(step_static)  # the forward and the token choice, one graph
         return self._forward
 
     def timed(self, build):

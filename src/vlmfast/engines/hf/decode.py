@@ -70,7 +70,7 @@ class DecodeState:
       rounded up to ``ATTEND_STEP`` (a graph per such length) or, compiled, over the whole cache, with an
       additive mask; rows that hold no answer compute garbage nobody reads.
 
-    ``forward`` is :func:`forward_eager`, :func:`forward_static` or a compiled ``forward_static``: a plain
+    ``forward`` is :func:`forward_eager`, :func:`forward_static` or a compiled :func:`step_static`: a plain
     function of the state, never a bound method, so a state holds no reference to itself and its memory
     goes as soon as it is released (a graph pool and a KV cache per shape are gigabytes on a GPU)."""
 
@@ -237,7 +237,8 @@ class DecodeState:
         pure function of device tensors: :mod:`vlmfast.engines.hf.sampling`)."""
         with decode_attention_for(self.decoder), fused_projections(self.decoder.fused, self.fuse):
             self.logits = self.forward(self)
-        self.record(self.logits)
+        if self.forward in (forward_eager, forward_static):  # a compiled step chose its tokens itself
+            self.record(self.logits)
 
     def step(self) -> None:
         attend = self._attend()
@@ -360,6 +361,15 @@ def forward_static(state: DecodeState):
     mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
     positions = state.next_position + (state.count - 1)[None, :, None]
     return state.decoder(state.tokens, positions, mask[:, None, None, :], cache)
+
+
+def step_static(state: DecodeState):
+    """:func:`forward_static` and the choice of each row's next token, one function: what ``torch.compile``
+    compiles, so that selection (temperature, top-p, the hashed noise of a draw) joins the step's graph
+    instead of running as a dozen small kernels after it."""
+    logits = forward_static(state)
+    state.record(logits)
+    return logits
 
 
 def run_loop(state: DecodeState, *, stop_on_eos: bool, sync_every: int, on_step=None) -> Decoded:

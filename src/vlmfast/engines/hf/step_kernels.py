@@ -54,7 +54,7 @@ def count_kernels(code: list[str]) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _decode_step(model, layers: int, rows: int, length: int):
+def _decode_step(model, layers: int, rows: int, length: int, temperature: float = 0.0, top_p: float = 1.0):
     """A static decode state over ``model``'s first ``layers`` decoder layers, inside the contexts its step
     runs in (decode attention, fused projections); the model's layers are restored afterwards."""
     import torch
@@ -70,7 +70,7 @@ def _decode_step(model, layers: int, rows: int, length: int):
         decoder = TextDecoder(model)
         state = DecodeState(decoder, rows, length, 8, static=True, eos_ids=[], pad_id=0,
                             bias=torch.zeros(decoder.vocab, device=model.lm_head.weight.device),
-                            temperature=0.0, top_p=1.0, forward=forward_static)
+                            temperature=temperature, top_p=top_p, forward=forward_static)
         state.cache.attend = length
         with torch.inference_mode(), decode_attention_for(decoder), fused_projections(decoder.fused, state.fuse):
             torch._dynamo.reset()
@@ -82,30 +82,31 @@ def _decode_step(model, layers: int, rows: int, length: int):
         text.layers = kept
 
 
-def graph_breaks(model, *, rows: int = 4, length: int = 256) -> int:
-    """Graph breaks dynamo finds in the static decode step of ``model`` (traced, not compiled)."""
+def graph_breaks(model, *, rows: int = 4, length: int = 256, temperature: float = 0.0, top_p: float = 1.0) -> int:
+    """Graph breaks dynamo finds in the static decode step of ``model``, token choice included (greedy, or a
+    draw at ``temperature`` with nucleus ``top_p``); traced, not compiled."""
     import torch
 
-    from vlmfast.engines.hf.decode import forward_static
+    from vlmfast.engines.hf.decode import step_static
 
-    with _decode_step(model, len(model.model.language_model.layers), rows, length) as state:
-        return torch._dynamo.explain(forward_static)(state).graph_break_count
+    with _decode_step(model, len(model.model.language_model.layers), rows, length, temperature, top_p) as state:
+        return torch._dynamo.explain(step_static)(state).graph_break_count
 
 
 def step_kernels(model, layers: int, *, rows: int = 4, length: int = 256) -> StepKernels:
-    """Compile the static decode step of ``model``'s first ``layers`` decoder layers (a fresh compile, no
-    cache) and count its graph breaks and kernel calls."""
+    """Compile the static decode step of ``model``'s first ``layers`` decoder layers, token choice included
+    (a fresh compile, no cache), and count its graph breaks and kernel calls."""
     import torch
     from torch._inductor import config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
-    from vlmfast.engines.hf.decode import forward_static
+    from vlmfast.engines.hf.decode import step_static
 
     with _decode_step(model, layers, rows, length) as state:
-        breaks = torch._dynamo.explain(forward_static)(state).graph_break_count
+        breaks = torch._dynamo.explain(step_static)(state).graph_break_count
         torch._dynamo.reset()
         with inductor_config.patch(fx_graph_cache=False):
-            _, code = run_and_get_code(torch.compile(forward_static, dynamic=False), state)
+            _, code = run_and_get_code(torch.compile(step_static, dynamic=False), state)
     generated, library = count_kernels(code)
     return StepKernels(layers, breaks, generated, library)
 
