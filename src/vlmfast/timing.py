@@ -74,18 +74,21 @@ def peak_memory_mib(device) -> tuple[float, str]:
 
 def summarize_timings(timings) -> dict:
     """Phase figures from per-batch timings (anything with ``size``, ``ttft_s``, ``decode_s``, ``steps``,
-    ``vision_s``, ``syncs``): TTFT percentiles per sample (each sample waits for its whole batch), decode
-    time per step after the first token (= per token of one sequence), prefill and vision totals."""
+    ``vision_s``, ``syncs``, optionally ``cache_fill_s``): TTFT percentiles per sample (each sample waits for
+    its whole batch), decode time per step after the first token (= per token of one sequence), prefill,
+    vision and cache-fill totals."""
     ttft_ms = [t.ttft_s * 1000 for t in timings for _ in range(t.size)]
     steps = sum(max(t.steps - 1, 0) for t in timings)
     decode_s = sum(t.decode_s for t in timings)
     vision = [t.vision_s for t in timings if t.vision_s is not None]
+    fills = [t.cache_fill_s for t in timings if getattr(t, "cache_fill_s", None) is not None]
     return {
         "ttft_ms_p50": rounded(percentile(ttft_ms, 50)),
         "ttft_ms_p90": rounded(percentile(ttft_ms, 90)),
         "decode_ms_per_token": rounded(decode_s * 1000 / steps) if steps else None,
         "prefill_s": rounded(sum(t.ttft_s for t in timings), 4),
         "vision_s": rounded(sum(vision), 4) if vision else None,
+        "cache_fill_s": rounded(sum(fills), 4) if fills else None,
         "decode_s": rounded(decode_s, 4),
         "decode_steps": steps,
         "device_syncs": sum(t.syncs for t in timings),

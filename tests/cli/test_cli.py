@@ -39,6 +39,7 @@ def test_infer_json_report_and_jsonl_results(grpo_ckpt, images, tmp_path):
     assert (report["decoder"], report["cuda_graphs"], report["compiled"]) == ("vlmfast", False, False)
     assert report["decode_gb_per_s"] > 0 and report["bandwidth_pct_of_peak"] is None  # no datasheet peak for a CPU
     assert 0 < report["vision_s"] < report["prefill_s"]
+    assert report["cache_fill_s"] > 0  # the prefill caches copied into the decode rows, apart from prefill and decode
     rows = read_jsonl(out)
     assert [row["id"] for row in rows] == [str(d / f"img_{i:03d}.png") for i in range(6)]  # input order
     assert set(rows[0]) == {"id", "images", "prompt", "text", "think", "answer", "finish_reason", "n_prompt_tokens",

@@ -125,6 +125,7 @@ class BatchTiming:
     step_times_s: tuple[float, ...] = ()  # latency of each decode step after the first token, when recorded
     preprocess_exposed_s: float | None = None  # the part the model waited for (the rest overlapped decode)
     vision_s: float | None = None  # the vision tower's share of the prefill
+    cache_fill_s: float | None = None  # the prefill caches copied into decode rows (after the first token)
     syncs: int = 0  # device read-backs during decode
     row_steps: int = 0  # decode rows computed, summed over steps (the first token's step included)
 

@@ -118,7 +118,8 @@ def render_infer(report) -> None:
     table.add_row("load", _fmt(report.load_s, " s") + (f"  (compile + capture {report.compile_s:.1f} s, apart)" if report.compile_s else ""))
     table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')}, "
                   f"{_fmt(report.preprocess_exposed_s, ' s')} of it not overlapped)")
-    table.add_row("prefill", f"{_fmt(report.prefill_s, ' s')} (vision tower {_fmt(report.vision_s, ' s')}) · "
+    fill = f", then cache fill {_fmt(report.cache_fill_s, ' s')}" if report.cache_fill_s is not None else ""
+    table.add_row("prefill", f"{_fmt(report.prefill_s, ' s')} (vision tower {_fmt(report.vision_s, ' s')}{fill}) · "
                   f"TTFT p50 / p90 {_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")
     decode = _fmt(report.decode_ms_per_token, " ms/token")
     if report.decode_gb_per_s is not None:

@@ -27,6 +27,7 @@ class InferReport:
     generate_s: float  # wall time after loading, compile_s excluded: preprocess + prefill + decode + writing
     prefill_s: float | None  # vision tower + prompt + first token, summed over batches
     vision_s: float | None  # the vision tower's part of prefill_s
+    cache_fill_s: float | None  # prefill caches copied into decode rows, after the first token (not in prefill_s)
     decode_s: float | None
     ttft_ms_p50: float | None
     ttft_ms_p90: float | None
@@ -137,6 +138,7 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
         generate_s=round(generate_s, 4),
         prefill_s=phases["prefill_s"] if timings else None,
         vision_s=phases["vision_s"],
+        cache_fill_s=phases["cache_fill_s"],
         decode_s=phases["decode_s"] if timings else None,
         ttft_ms_p50=phases["ttft_ms_p50"],
         ttft_ms_p90=phases["ttft_ms_p90"],

@@ -165,6 +165,7 @@ def test_results_keep_input_order_fields_and_phase_timings(engine, images):
         order.extend(indices)
         assert timing.size == len(results) and timing.ttft_s > 0 and timing.decode_s > 0
         assert 0 < timing.vision_s < timing.ttft_s  # the vision tower is part of prefill
+        assert timing.cache_fill_s > 0  # the prefill caches copied into the decode rows, timed on their own
         assert all(r.model_image_sizes and r.model_image_sizes[0][0] % 28 == 0 for r in results)
     assert sorted(order) == list(range(len(reqs)))
 

@@ -210,17 +210,19 @@ def _admit(engine, state, take: list[Request], held: dict[str, Held], prefetched
     widest = max(g.key_valid.shape[1] for g in prefilled.groups)
     if widest + engine.settings.max_new_tokens > state.max_len:
         state = decode_state(engine, state.batch, widest + engine.settings.max_new_tokens, carry=state)
-    free = state.free_rows()
+    t3, free = now(engine.device), state.free_rows()  # (a bigger state above is the cache's growth, not a fill)
     for g, group in zip(prepared.groups, prefilled.groups):
         owners = [(r.id, k) for r in prepared.requests[g.start:g.end] for k in range(n)]
         state.admit(group, free[:group.rows], owners)
         free = free[group.rows:]
     prepared.groups = []  # the inputs are in the cache now: only counts and sizes stay for the result rows
+    t4 = now(engine.device)
     for r in prepared.requests:
         held[r.id] = Held(r, prepared, n)
     worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
     timing = BatchTiming(size=len(prepared.requests), preprocess_s=t1 - t0 + worker_s, ttft_s=t2 - t1, decode_s=0.0,
-                         steps=0, new_tokens=0, preprocess_exposed_s=t1 - t0 + waited_s, vision_s=prefilled.vision_s)
+                         steps=0, new_tokens=0, preprocess_exposed_s=t1 - t0 + waited_s, vision_s=prefilled.vision_s,
+                         cache_fill_s=t4 - t3)
     return errors, timing, state
 
 

@@ -55,6 +55,7 @@ class Decoded:
     steps: int  # tokens produced by the longest row, the first one (from prefill) included
     syncs: int  # device read-backs during the loop
     row_steps: int = 0  # rows computed, summed over the steps (the denominator of row utilization)
+    fill_s: float = 0.0  # copying the prefill caches into the decode rows, before the first step
 
 
 class DecodeState:

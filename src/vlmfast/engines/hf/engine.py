@@ -128,7 +128,7 @@ class Engine(Preparer, PlainGenerate):
         if not prepared.requests:
             return [errors[r.id] for r in batch], None
         steps_at: list[float] = []
-        vision_s = None
+        vision_s = fill_s = None
         compiled_before = self.policy.compile_s
         if self.decoder_name == "hf":
             tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1)
@@ -139,6 +139,8 @@ class Engine(Preparer, PlainGenerate):
             ttft_s = t2 - t1
             decoded = self.decode(prefilled, steps_at)
             tokens, steps, syncs, row_steps = decoded.tokens, decoded.steps, decoded.syncs, decoded.row_steps
+            fill_s = decoded.fill_s
+            t2 += fill_s  # decoding starts once the caches are in the decode rows
         t3 = now(self.device)
         t2 += self.policy.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
         if self.decoder_name == "vlmfast" and steps > 1:
@@ -155,7 +157,8 @@ class Engine(Preparer, PlainGenerate):
             decode_s=max(t3 - t2, 0.0), steps=steps,
             new_tokens=sum(row.n_new_tokens for r in prepared.requests for row in done[r.id]),
             step_times_s=tuple(b - a for a, b in zip(marks, marks[1:])) if self.record_steps else (),
-            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, syncs=syncs, row_steps=row_steps,
+            preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, cache_fill_s=fill_s, syncs=syncs,
+            row_steps=row_steps,
         )
         return [row for r in batch for row in done[r.id]], timing
 
@@ -263,15 +266,17 @@ class Engine(Preparer, PlainGenerate):
             static = self.cuda_graphs or self.policy.enabled
             state = self._static_state() if static else self._new_state(rows, self.last_shape[1], static=False)
             state.reset()
-            start = 0
+            start, filling = 0, now(self.device)
             for g in prefilled.groups:
                 state.admit(g, list(range(start, start + g.rows)), list(range(start, start + g.rows)))
                 start += g.rows
             prefilled.groups = []  # the prompts' keys now live in the decode state's cache
+            fill_s = now(self.device) - filling
             clock = StepTimes(self.device) if self.record_steps and steps_at is not None else None
             decoded = run_loop(state, stop_on_eos=not s.ignore_eos, sync_every=self.sync_every, on_step=clock)
             if clock is not None:
                 steps_at.extend(clock.times())
+            decoded.fill_s = fill_s
             return decoded
 
     def _new_state(self, rows: int, length: int, *, static: bool, forward=None):
