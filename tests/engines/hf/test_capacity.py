@@ -97,7 +97,7 @@ def test_auto_batch_size_counts_the_prefill_caches():
 
 def test_cuda_batch_size_uses_the_decode_loops_constants():
     from vlmfast.engines.hf.capacity import PROMPT_SLACK_TOKENS, cuda_batch_size
-    from vlmfast.engines.hf.decode import BATCH_BUCKETS, LENGTH_BUCKET
+    from vlmfast.engines.hf.capacity import BATCH_BUCKETS, LENGTH_BUCKET
 
     assert (BATCH_BUCKETS, LENGTH_BUCKET, PROMPT_SLACK_TOKENS) == (BUCKETS, 256, 64)  # the figures below
     # a 1000-token estimate plans 1064 (the template's slack): 2064 positions → 2304, not 2048; 32 rows:

@@ -1,12 +1,28 @@
-"""How much fits on a CUDA device: the auto batch size from what a batch of vlmfast's engine really holds
-(bucketed static caches, resident decode shapes, a prefill group's cache, vision activations). Pure
-arithmetic on config numbers."""
+"""The static decode shapes (batch and cache-length buckets), and how much fits on a CUDA device: the auto
+batch size from what a batch of vlmfast's engine really holds (bucketed static caches, resident decode
+shapes, a prefill group's cache, vision activations). Pure arithmetic on config numbers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from vlmfast.engines.bandwidth import ModelShape
+
+# Static decode shapes (CUDA graphs, torch.compile): a captured batch size serves any number of rows up to
+# it (spare rows are padding, their output ignored), and cache lengths are rounded up to a multiple of
+# LENGTH_BUCKET, so batches share a captured graph.
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+LENGTH_BUCKET = 256
+
+
+def batch_bucket(rows: int) -> int:
+    """The captured batch size that serves ``rows``."""
+    return next((b for b in BATCH_BUCKETS if b >= rows), rows)
+
+
+def length_bucket(length: int) -> int:
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
 
 # Static decode shapes the engine keeps built at once, each holding a KV cache: on CUDA the newest two
 # captured (batch, cache length) shapes, so a run alternating between two shapes does not re-capture.
@@ -96,7 +112,6 @@ def cuda_batch_size(shape: ModelShape, free_bytes: int, prompt_tokens: int, max_
     rounded to the captured length multiple (the prompt estimate plus ``PROMPT_SLACK_TOKENS``), two
     resident decode shapes, and the batch's prefill caches beside them. Returns the batch size and its
     memory by part."""
-    from vlmfast.engines.hf.decode import BATCH_BUCKETS, LENGTH_BUCKET  # torch: only here, where CUDA is in use
 
     prompt_tokens += PROMPT_SLACK_TOKENS
     memory = dict(prompt_tokens=prompt_tokens, length_multiple=LENGTH_BUCKET, resident_shapes=RESIDENT_SHAPES["cuda"],

@@ -181,7 +181,7 @@ def decode_state(engine, width: int, length: int, carry=None):
     or holding the rows of ``carry``, a state the run outgrew (a longer prompt, a compiled step)."""
     import torch
 
-    from vlmfast.engines.hf.decode import batch_bucket, length_bucket
+    from vlmfast.engines.hf.capacity import batch_bucket, length_bucket
 
     engine.last_shape = (batch_bucket(width) if engine.cuda_graphs else width, length_bucket(length))
     with torch.inference_mode():

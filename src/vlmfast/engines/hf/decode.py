@@ -395,16 +395,4 @@ def run_loop(state: DecodeState, *, stop_on_eos: bool, sync_every: int, on_step=
     return Decoded([tokens[i] for i in range(rows)], state.t, syncs, state.row_steps)
 
 
-# -- static shapes: CUDA graphs and torch.compile --------------------------------------------------
-BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-LENGTH_BUCKET = 256  # cache lengths are rounded up to a multiple of this, so batches share a captured graph
 ATTEND_STEP = 256  # a static step attends to the filled keys rounded up to this: a graph per multiple
-
-
-def batch_bucket(rows: int) -> int:
-    """The captured batch size that serves ``rows`` (spare rows are padding, their output ignored)."""
-    return next((b for b in BATCH_BUCKETS if b >= rows), rows)
-
-
-def length_bucket(length: int) -> int:
-    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET

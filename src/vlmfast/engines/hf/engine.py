@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from vlmfast.checkpoints.load import Loaded
 from vlmfast.engines.hf import DECODERS
-from vlmfast.engines.hf.capacity import PREFILL_TOKENS, RESIDENT_SHAPES
+from vlmfast.engines.hf.capacity import PREFILL_TOKENS, RESIDENT_SHAPES, batch_bucket, length_bucket
 from vlmfast.engines.hf.compile_policy import CompilePolicy
 from vlmfast.engines.hf.plain_generate import PlainGenerate
 from vlmfast.errors import UsageError, check_choice
@@ -252,7 +252,7 @@ class Engine(Preparer, PlainGenerate):
         shape (CUDA graphs, ``torch.compile``) when enabled, the exact eager state otherwise."""
         import torch
 
-        from vlmfast.engines.hf.decode import Decoded, batch_bucket, length_bucket, run_loop
+        from vlmfast.engines.hf.decode import Decoded, run_loop
 
         s = self.settings
         if s.max_new_tokens == 1:  # prefill chose the only token: no decode state is built at all
@@ -335,7 +335,6 @@ class Engine(Preparer, PlainGenerate):
     def planned_shapes(self, requests: Sequence[Request], image_sizes: dict, planned: list[list[int]]) -> list[tuple[int, int]]:
         """The static decode shape (batch, cache length) each planned batch will likely take (prompt lengths
         estimated as :meth:`cost` does)."""
-        from vlmfast.engines.hf.decode import batch_bucket, length_bucket
 
         n, new = self.settings.n, self.settings.max_new_tokens
         return [(batch_bucket(len(b) * n) if self.cuda_graphs else len(b) * n,
