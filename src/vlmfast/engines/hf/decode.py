@@ -18,6 +18,7 @@ run are computed: they are packed to the front), or static (fixed shapes for CUD
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +84,6 @@ class DecodeState:
         self.bias, self.temperature, self.top_p = bias, temperature, top_p
         self.cache = decoder.new_cache(batch, max_len)
         self.forward = forward or (forward_static if static else forward_eager)
-        self.fuse = True  # fused projections (a compiled step traces them: one product per group)
         self.eos = torch.tensor(list(eos_ids), **long)
         self.pad = torch.tensor(pad_id, **long)
         self.tokens = torch.full((batch, 1), pad_id, **long)
@@ -233,10 +233,16 @@ class DecodeState:
             running &= ~torch.isin(chosen, self.eos)
         running &= count < self.max_new
 
+    @contextlib.contextmanager
+    def step_context(self):
+        """What every step runs inside, eager, captured or compiled: decode attention, fused projections."""
+        with decode_attention_for(self.decoder), fused_projections(self.decoder.fused):
+            yield
+
     def _body(self) -> None:
         """One step as a CUDA graph holds it: the forward and the choice of the next token (a draw is a
         pure function of device tensors: :mod:`vlmfast.engines.hf.sampling`)."""
-        with decode_attention_for(self.decoder), fused_projections(self.decoder.fused, self.fuse):
+        with self.step_context():
             self.logits = self.forward(self)
         if self.forward in (forward_eager, forward_static):  # a compiled step chose its tokens itself
             self.record(self.logits)
@@ -269,12 +275,8 @@ class DecodeState:
         holders = tuple(self.owner[:rows])
         if self._split_for != holders:
             self._split_for, self._split = holders, split_rows([self.filled[r] + 1 for r in range(rows)])
-        groups = []
-        for a, b in self._split:
-            filled = self.filled[a:b]
-            groups.append((a, b, min(max(filled) + 1, self.cache.attend),
-                           any(self.padded[a:b]) or len(set(filled)) > 1))
-        return groups
+        return [(a, b, min(max(self.filled[a:b]) + 1, self.cache.attend),
+                 any(self.padded[a:b]) or len(set(self.filled[a:b])) > 1) for a, b in self._split]
 
     def _attend(self) -> int:
         """The shortest attended length that holds every key a held row sees this step (its prompt, its

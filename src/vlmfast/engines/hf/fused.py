@@ -186,10 +186,10 @@ def fuse_projections(layers, *, pack: bool = False) -> list[Fused]:
 
 
 @contextlib.contextmanager
-def fused_projections(groups: list[Fused], enabled: bool = True):
+def fused_projections(groups: list[Fused]):
     """Within the block (a decode step), the fused groups compute one product per input (packed weights made
     again first where their source changed)."""
-    if not enabled or not groups:
+    if not groups:
         yield
         return
     for group in groups:

@@ -55,13 +55,12 @@ def count_kernels(code: list[str]) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def _decode_step(model, layers: int, rows: int, length: int, temperature: float = 0.0, top_p: float = 1.0):
-    """A static decode state over ``model``'s first ``layers`` decoder layers, inside the contexts its step
-    runs in (decode attention, fused projections); the model's layers are restored afterwards."""
+    """A static decode state over ``model``'s first ``layers`` decoder layers, inside the context its step
+    runs in (:meth:`DecodeState.step_context`); the model's layers are restored afterwards."""
     import torch
 
     from vlmfast.engines.hf.decode import DecodeState, forward_static
-    from vlmfast.engines.hf.fused import fused_projections
-    from vlmfast.engines.hf.text_decoder import TextDecoder, decode_attention_for
+    from vlmfast.engines.hf.text_decoder import TextDecoder
 
     text = model.model.language_model
     kept = text.layers
@@ -72,7 +71,7 @@ def _decode_step(model, layers: int, rows: int, length: int, temperature: float 
                             bias=torch.zeros(decoder.vocab, device=model.lm_head.weight.device),
                             temperature=temperature, top_p=top_p, forward=forward_static)
         state.cache.attend = length
-        with torch.inference_mode(), decode_attention_for(decoder), fused_projections(decoder.fused, state.fuse):
+        with torch.inference_mode(), state.step_context():
             torch._dynamo.reset()
             try:
                 yield state
