@@ -159,8 +159,8 @@ def test_loop_gives_generate_tokens_batch_1_and_n_rows_ending_apart(key, family_
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
 def test_rows_freed_and_refilled_mid_run_give_each_requests_generate_tokens(key, static, family_loaded, images):
     """Continuous batching in every family (Qwen3.5: linear-attention states copied into freed rows too):
-    three requests through two rows that free at different steps; each answer is plain generate's for
-    that request alone."""
+    three requests × --n 2 through three rows that free at different steps, so the second request's
+    second answer waits, prefilled, for a row; each answer is plain generate's for that request alone."""
     from vlmfast.engines.hf.continuous import stream
     from vlmfast.engines.hf.engine import Engine, GenerationSettings
 
@@ -168,15 +168,16 @@ def test_rows_freed_and_refilled_mid_run_give_each_requests_generate_tokens(key,
     free = [r.token_ids for r in _run(Engine(loaded, GenerationSettings(max_new_tokens=12, ignore_eos=True)), reqs, 3)]
     eos = _eos_ending_rows_apart(free)
     stopping = dataclasses.replace(loaded, eos_token_ids=eos)
-    engine = Engine(stopping, GenerationSettings(max_new_tokens=12), sync_every=1,
+    engine = Engine(stopping, GenerationSettings(max_new_tokens=12, n=2), sync_every=1,
                     **(dict(compile=True, compiler=lambda fn: fn) if static else {}))
-    rows, admissions = {}, 0
-    for out, timing in stream(engine, reqs, 2, 512):
-        rows.update({r.id: r.token_ids for r in out})
-        admissions += bool(timing and timing.size)
-    assert admissions >= 2  # a freed row took the third request
+    rows, admissions = {}, []
+    for out, timing in stream(engine, reqs, 3, 512):
+        rows.update({(r.id, r.sample): r.token_ids for r in out})
+        admissions += [timing.size] if timing and timing.size else []
+    assert admissions[0] == 2 and len(admissions) >= 2  # 2 prefilled into 3 rows; a freed row took the third
     for r in reqs:
-        assert rows[r.id] == generate_tokens(stopping, model_inputs(engine, [r]), 12, eos)[0], r.id
+        expected = generate_tokens(stopping, model_inputs(engine, [r]), 12, eos)[0]
+        assert rows[(r.id, 0)] == rows[(r.id, 1)] == expected, r.id
 
 
 @pytest.mark.parametrize("key", ON_THIS_LINE)

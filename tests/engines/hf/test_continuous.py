@@ -171,10 +171,25 @@ def test_a_prompt_longer_than_planned_moves_the_run_to_a_longer_cache(spread, im
 
 def test_a_gpu_policy_waits_for_a_quarter_of_the_rows():
     gpu, cpu = AdmitPolicy.for_device(True), AdmitPolicy.for_device(False)
-    assert not gpu.due(free=1, width=8, live=7, waiting=5, n=1) and gpu.due(free=2, width=8, live=6, waiting=5, n=1)
-    assert cpu.due(free=1, width=8, live=7, waiting=5, n=1)
-    assert not cpu.due(free=1, width=8, live=7, waiting=5, n=2)  # a request's n answers come in together
-    assert gpu.due(free=1, width=8, live=0, waiting=1, n=1) and not cpu.due(free=8, width=8, live=0, waiting=0, n=1)
+    assert not gpu.due(free=1, width=8, live=7, waiting=5) and gpu.due(free=2, width=8, live=6, waiting=5)
+    assert cpu.due(free=1, width=8, live=7, waiting=5)
+    assert gpu.due(free=1, width=8, live=0, waiting=1) and not cpu.due(free=8, width=8, live=0, waiting=0)
+    assert not cpu.due(free=0, width=8, live=8, waiting=5)
+
+
+def test_answers_that_find_no_free_row_wait_prefilled_and_keep_their_tokens(loaded, images):
+    """--n 3 in 4 rows: a request's answers need not find 3 free rows at once. Those that find none wait,
+    prefilled, for the next rows to free, so no row waits for n to free: every row computes from the
+    first step to the last request, and every answer's tokens are those of the request run alone."""
+    reqs = _requests(images, 4)
+    settings = GenerationSettings(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=5, n=3)
+    engine = Engine(ending_apart(loaded, reqs, 16), settings, sync_every=1)
+    rows, admissions, _, last = run_stream(engine, reqs, 4)
+    alone = {k: v for r in reqs for k, v in run_stream(engine, [r], 3)[0].items()}
+    assert {k: v.token_ids for k, v in rows.items()} == {k: v.token_ids for k, v in alone.items()}
+    assert admissions[0] == 2  # 4 free rows: two requests prefilled, the second's last 2 answers wait
+    assert sum(admissions) == len(reqs)  # each request prefilled once, however its answers were seated
+    assert last.cache_fill_s is not None
 
 
 def test_a_run_that_decides_to_compile_midway_keeps_every_token(spread, images, monkeypatch, tmp_path):

@@ -35,19 +35,21 @@ class AdmitPolicy:
     """When free rows take waiting requests. An admission stalls every live row for the newcomers'
     prefill, so a GPU (whose step costs about the same for 8 rows or 32) waits until ``min_free`` of the
     rows are free and prefills them together; a CPU computes only live rows, so a free row costs nothing
-    but its place in the step and is filled as soon as it frees (measured: benchmarks/bench_lengths.py)."""
+    but its place in the step and is filled as soon as it frees (measured: benchmarks/bench_lengths.py).
+    Either way a request's n answers need not find n free rows at once: those that find none wait,
+    prefilled, for the next rows to free (:class:`Parked`)."""
 
-    min_free: float  # share of the rows that must be free (0: a request's n rows are enough)
+    min_free: float  # share of the rows that must be free (0: one row is enough)
     name: str
 
     @classmethod
     def for_device(cls, on_cuda: bool) -> AdmitPolicy:
         return cls(0.25, "admit once a quarter of the rows are free") if on_cuda else cls(0.0, "admit as soon as a row is free")
 
-    def due(self, free: int, width: int, live: int, waiting: int, n: int) -> bool:
-        if not waiting or free < n:
+    def due(self, free: int, width: int, live: int, waiting: int) -> bool:
+        if not waiting or not free:
             return False
-        return live == 0 or free >= max(n, math.ceil(self.min_free * width))
+        return live == 0 or free >= math.ceil(self.min_free * width)
 
 
 class Ahead:
@@ -90,6 +92,24 @@ class Ahead:
 
 
 @dataclass
+class Parked:
+    """Answers of a prefilled group that found no free row yet: its cache waits for the next rows to free
+    (a request's n answers share one prefill, and a row frees at a time), so no row waits for n to free."""
+
+    group: object  # the Admission
+    pick: list[int]  # its decode rows still without a row
+    owners: list  # their (id, sample)
+
+    def seat(self, state, free: list[int]) -> list[int]:
+        """Admit as many as ``free`` rows take; returns the rows still free."""
+        k = min(len(free), len(self.pick))
+        if k:
+            state.admit(self.group, free[:k], self.owners[:k], self.pick[:k])
+            self.pick, self.owners = self.pick[k:], self.owners[k:]
+        return free[k:]
+
+
+@dataclass
 class Held:
     """A request whose answers are being decoded: what its result rows need, and how many are still out."""
 
@@ -123,11 +143,12 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
 
     s, n = engine.settings, engine.settings.n
     held: dict[str, Held] = {}
+    parked: deque[Parked] = deque()
     clock = StepTimes(engine.device) if engine.record_steps else None
-    decode_s = admitted = syncs = answered = answer_tokens = 0
+    decode_s = admitted = syncs = answered = answer_tokens = seated_s = 0
     t_last = None
     with torch.inference_mode():
-        while waiting or state.live():
+        while waiting or parked or state.live():
             if state.t % engine.sync_every == 0 or not state.live():
                 syncs += 1
                 rows = _finished(engine, state.harvest(), held)
@@ -143,11 +164,20 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                         t_last = now(engine.device)  # the compile is not decoding
                 state.pack()
                 free = state.free_rows()
-                if policy.due(len(free), state.batch, state.live(), len(waiting), n):
+                if parked and free:  # answers prefilled earlier first: their rows cost a copy, no prefill
+                    t0 = now(engine.device)
+                    while parked and free:
+                        free = parked[0].seat(state, free)
+                        if not parked[0].pick:
+                            parked.popleft()
+                    seated_s += now(engine.device) - t0
+                    if t_last is not None:
+                        t_last += now(engine.device) - t0  # (the copy is cache fill, not decoding)
+                if not parked and policy.due(len(free), state.batch, state.live(), len(waiting)):
                     if t_last is not None:
                         decode_s += now(engine.device) - t_last
-                    take = [waiting.popleft() for _ in range(min(len(waiting), len(free) // n))]
-                    errors, timing, state = _admit(engine, state, take, held, ahead.take(take) if ahead else None)
+                    take = [waiting.popleft() for _ in range(min(len(waiting), math.ceil(len(free) / n)))]
+                    errors, timing, state = _admit(engine, state, take, held, parked, ahead.take(take) if ahead else None)
                     if ahead is not None:
                         ahead.refill()
                     admitted += timing.size if timing else 0
@@ -170,7 +200,7 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
     marks = clock.times() if clock is not None else []
     yield [], BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0, decode_s=decode_s, steps=state.t + 1, new_tokens=0,
                           step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
-                          row_steps=state.row_steps + admitted * n)
+                          row_steps=state.row_steps + admitted * n, cache_fill_s=seated_s)
     engine.admissions = (f"continuous batching: {admitted} request(s) admitted into {state.batch} decode rows as "
                          f"rows freed ({policy.name}); {state.t} decode steps")
 
@@ -195,9 +225,10 @@ def decode_state(engine, width: int, length: int, carry=None):
     return state
 
 
-def _admit(engine, state, take: list[Request], held: dict[str, Held], prefetched=None):
-    """Prepare and prefill ``take`` and copy its caches into free rows; returns error rows of requests
-    whose images failed, the admission's timing, and the state (a bigger one when a prompt did not fit)."""
+def _admit(engine, state, take: list[Request], held: dict[str, Held], parked: deque, prefetched=None):
+    """Prepare and prefill ``take`` and copy its caches into free rows (answers that find none are
+    ``parked``); returns error rows of requests whose images failed, the admission's timing, and the state
+    (a bigger one when a prompt did not fit)."""
     n = engine.settings.n
     t0 = now(engine.device)
     prepared = engine.prepare(take, prefetched)
@@ -213,8 +244,10 @@ def _admit(engine, state, take: list[Request], held: dict[str, Held], prefetched
     t3, free = now(engine.device), state.free_rows()  # (a bigger state above is the cache's growth, not a fill)
     for g, group in zip(prepared.groups, prefilled.groups):
         owners = [(r.id, k) for r in prepared.requests[g.start:g.end] for k in range(n)]
-        state.admit(group, free[:group.rows], owners)
-        free = free[group.rows:]
+        waiting = Parked(group, list(range(group.rows)), owners)
+        free = waiting.seat(state, free)
+        if waiting.pick:
+            parked.append(waiting)
     prepared.groups = []  # the inputs are in the cache now: only counts and sizes stay for the result rows
     t4 = now(engine.device)
     for r in prepared.requests:

@@ -125,9 +125,7 @@ class DecodeState:
         for dst, src in zip(self.cache.keys + self.cache.values, other.cache.keys + other.cache.values):
             if dst is not None:
                 dst[:rows, :, :length].copy_(src)
-        for i in self.cache.conv_states:
-            self.cache.conv_states[i][:rows].copy_(other.cache.conv_states[i])
-            self.cache.recurrent_states[i][:rows].copy_(other.cache.recurrent_states[i])
+        self.cache.take_linear_states(other.cache)
         for name in ("tokens", "count", "out", "running", "row_keys"):
             getattr(self, name)[:rows].copy_(getattr(other, name))
         self.next_position[:, :rows].copy_(other.next_position)
@@ -148,22 +146,24 @@ class DecodeState:
     def live(self) -> int:
         return sum(o is not None for o in self.owner)
 
-    def admit(self, group: Admission, rows: list[int], owners: list) -> None:
-        """Give free ``rows`` (one per decode row of ``group``) the group's prompts: caches copied in,
-        first tokens, positions, padding and sampling keys set; ``owners`` tag the rows for :meth:`harvest`."""
+    def admit(self, group: Admission, rows: list[int], owners: list, pick: list[int] | None = None) -> None:
+        """Give free ``rows`` the group's decode rows ``pick`` (all when None): caches copied in, first
+        tokens, positions, padding and sampling keys set; ``owners`` tag the rows for :meth:`harvest`."""
         index = torch.tensor(rows, dtype=torch.long, device=self.count.device)
-        width = self.cache.admit(index, group.cache, group.repeat)
-        valid = group.key_valid.repeat_interleave(group.repeat, 0)
+        chosen = (torch.arange(group.rows) if pick is None else torch.tensor(pick, dtype=torch.long)).to(group.first.device)
+        prompts = chosen // group.repeat
+        width = self.cache.admit(index, group.cache, prompts)
+        valid = group.key_valid[prompts]
         self.key_valid[index] = True
         self.key_valid[index, :width] = valid[:, -width:] if valid.shape[1] >= width else valid
-        self.tokens[index, 0] = group.first
-        self.next_position[:, index] = group.next_position
-        self.count[index] = 1
-        self.out[index] = self.pad
-        self.out[index, 0] = group.first
-        ended = torch.isin(group.first, self.eos) if len(self.eos) else torch.zeros_like(group.first, dtype=torch.bool)
+        first = group.first[chosen]
+        self.tokens[index, 0] = first
+        self.next_position[:, index] = group.next_position[:, chosen]
+        self.count[index], self.out[index] = 1, self.pad
+        self.out[index, 0] = first
+        ended = torch.isin(first, self.eos) if len(self.eos) else torch.zeros_like(first, dtype=torch.bool)
         self.running[index] = ~ended & (self.max_new > 1)
-        self.row_keys[index] = group.keys if group.keys is not None else 0
+        self.row_keys[index] = group.keys[chosen] if group.keys is not None else 0
         padded = (~valid).any(1).tolist()
         for k, r in enumerate(rows):
             self.owner[r], self.padded[r], self.filled[r], self.produced[r], self.width[r] = owners[k], padded[k], width, 1, width

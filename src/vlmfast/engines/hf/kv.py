@@ -38,20 +38,18 @@ class StaticKV(LinearStateCache):
         self.attend = max_len  # columns a step reads: [0, attend)
         self.active = batch  # rows a step computes: [0, active) (the eager loop packs live rows first)
 
-    def admit(self, rows: torch.Tensor, cache, repeat: int = 1) -> int:
-        """Copy one prefill group's HF ``cache`` into decode ``rows`` (each prompt row into ``repeat``
-        consecutive ones), at columns ``[0, width)``; returns the width (the group's prompt length)."""
-        self.admit_linear_states(rows, cache, repeat)
+    def admit(self, rows: torch.Tensor, cache, prompts: torch.Tensor) -> int:
+        """Copy one prefill group's HF ``cache`` into decode ``rows``: row k gets prompt row
+        ``prompts[k]`` (n answers of one prompt: its index n times), at columns ``[0, width)``; returns
+        the width (the group's prompt length)."""
+        self.admit_linear_states(rows, cache, prompts)
         width = 0
         for i, layer in enumerate(cache.layers):
             if self.keys[i] is None:
                 continue
-            keys, values = layer.keys, layer.values
-            if repeat > 1:
-                keys, values = keys.repeat_interleave(repeat, 0), values.repeat_interleave(repeat, 0)
-            width = keys.shape[2]
-            self.keys[i][rows, :, :width] = keys
-            self.values[i][rows, :, :width] = values
+            width = layer.keys.shape[2]
+            self.keys[i][rows, :, :width] = layer.keys[prompts]
+            self.values[i][rows, :, :width] = layer.values[prompts]
         if width == 0:  # a model of linear-attention layers only has no keys to measure: ask the cache
             width = cache.get_seq_length()
         self.write[rows] = width

@@ -56,13 +56,19 @@ class LinearStateCache:
             self.recurrent_states[i] = torch.zeros(batch, m.num_v_heads, m.head_k_dim, m.head_v_dim,
                                                    dtype=torch.float32, device=device)
 
-    def admit_linear_states(self, rows: torch.Tensor, cache, repeat: int = 1) -> None:
-        """Copy one prefill group's states into decode ``rows``, each prompt row's into ``repeat``
-        consecutive rows (n answers from one prefill); the rows' earlier states are overwritten whole."""
+    def admit_linear_states(self, rows: torch.Tensor, cache, prompts: torch.Tensor) -> None:
+        """Copy one prefill group's states into decode ``rows``, row k from prompt row ``prompts[k]``;
+        the rows' earlier states are overwritten whole."""
         for i in self.conv_states:
             layer = cache.layers[i]
-            self.conv_states[i][rows] = layer.conv_states[0].repeat_interleave(repeat, 0)
-            self.recurrent_states[i][rows] = layer.recurrent_states[0].repeat_interleave(repeat, 0)
+            self.conv_states[i][rows] = layer.conv_states[0][prompts]
+            self.recurrent_states[i][rows] = layer.recurrent_states[0][prompts]
+
+    def take_linear_states(self, other: LinearStateCache) -> None:
+        """``other``'s states (a cache of no more rows) into the same rows here."""
+        for i in self.conv_states:
+            self.conv_states[i][:other.batch].copy_(other.conv_states[i])
+            self.recurrent_states[i][:other.batch].copy_(other.recurrent_states[i])
 
     def move_linear_states(self, src: int, dst: int) -> None:
         for i in self.conv_states:
