@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# GPU figures on a CUDA machine, as a list of steps that each take under 8 minutes, so the whole run
-# fits machines lent in 10-minute command slices and without a package index:
+# GPU figures on a CUDA machine, as a list of steps that each take under 8 minutes, without a package index:
 #   bash benchmarks/gpu.sh [CKPT]          run the steps not done yet, as many as fit SLICE_S; rerun until exit 0
 #   DRY_RUN=1 bash benchmarks/gpu.sh       print the plan: each step, its estimate, run or skip (no GPU needed)
 # Exit codes: 0 every step done, table written · 75 steps left: run the same command again · 1 a step
 # failed · 2 the machine lacks CUDA or a Python package (named) that WHEELS could not provide.
+#
+# PLAN=one (the default) is one run of under 10 minutes on the Qwen2.5-VL-3B shape: the checkpoint, the
+# decode step at batch 1 (8 images) and 32 (32 images: TTFT of 32 × 448 px, 32 × 128 tokens/s) with the
+# default path, the compiled step's kernels per layer, the real-length mix (one run per mode) and
+# tests/test_cuda.py — ~8 min by the estimates below. PLAN=full adds the 7B shape, --compile and plain
+# generate at batches 1, 8 and 32, a compiled `infer` twice and the vision tower: several runs.
 #
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
 # GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
@@ -21,8 +26,8 @@
 # time, sustained tokens/s and swap seconds go into the table. At the defaults it needs a machine held
 # for over an hour with 340 GB of disk, not a 10-minute slice: shrink the knobs to fit the machine.
 #
-# Knobs: SIZES="3b 7b", MODES="default compile hf", ONLY=REGEX (run only the steps whose name matches,
-# e.g. ONLY='build|default' to leave the vision step for later), OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
+# Knobs: PLAN=one|full, SIZES="3b 7b" (full), MODES="default compile hf" (full), ONLY=REGEX (run only the
+# steps whose name matches, e.g. ONLY='build|default' to leave the vision step for later), OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
 # steps per invocation, by their estimates), WRITE_RESULTS=1 (0: the table only in OUT_DIR),
 # PYTHON=python3, WHEELS=DIR (missing packages are installed from there with `pip install --no-index
 # --find-links DIR`, qwen-vl-utils without its video dependencies; fill it where an index is reachable,
@@ -30,14 +35,18 @@
 # Before installing, the script says what it will install from where, and refuses a folder whose compiled
 # wheels are for another Python version.
 #
-# How the steps are sized (seconds = token-steps × ms per token + model load; figures measured on an
-# H100 with random weights of the 3B shape, torch 2.11, transformers 5.17, vlmfast 0.1): plain generate
-# takes ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384 token-steps), and vlmfast's eager
-# loop was no faster (39.9 ms) — assume that for CUDA graphs too until measured. 32 images × 128 tokens ×
-# (1 warm-up + 3 timed runs) at batch 1 is 16,384 token-steps: 11–13 min. So batch 1 runs on the first
-# 8 of the 32 images: 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all 32 images: 4 and 1
-# batches of 128 steps per run, ≤ 92 ms per step (349 tokens/s at batch 32). A compile costs 34–42 s per
-# batch shape; loading a 7B checkpoint is allowed 90 s. Each estimate below rounds that up.
+# How the steps are sized. PLAN=one, from the one H200 run of the 3B shape (vlmfast 0.6, torch 2.11,
+# transformers 5.24: 4.82 ms per step at batch 1, 5.84 at 32, a TTFT of 0.42 s for 32 images, 26 s to
+# compile and capture; the checkpoint is made on the GPU in bf16): build ≈ 60 s; batch 1 = 4,096
+# token-steps ≈ 20 s + load + graph capture ≈ 60 s; batch 32 = 4 × (0.42 + 128 × 5.84 ms) ≈ 5 s + load
+# + capture ≈ 60 s; kernels = two compiles ≈ 90 s; the mix = 4 runs of ~2,600 steps ≈ 100 s; the CUDA
+# tests ≈ 120 s. These are not yet measured as a whole: a step over its estimate only moves the rest to
+# the next invocation. PLAN=full keeps the older, generous sizes (torch 2.11, transformers 5.17, vlmfast
+# 0.1 on an H100): plain generate takes ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384
+# token-steps), and vlmfast's eager loop was no faster (39.9 ms) — assumed for CUDA graphs too. So batch
+# 1 runs on the first 8 of the 32 images: 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all
+# 32 images: 4 and 1 batches of 128 steps per run, ≤ 92 ms per step (349 tokens/s at batch 32). A compile
+# costs 34–42 s per batch shape; loading a 7B checkpoint is allowed 90 s. Each estimate below rounds that up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT_DIR:-build/gpu-bench}
@@ -147,26 +156,33 @@ PY
 }
 declare -A size_gb=([3b]=8 [7b]=17)  # a checkpoint's safetensors, rounded up
 
+plan=${PLAN:-one}
+case $plan in one|full) ;; *) die "unknown PLAN '$plan' (one, full)" 2 ;; esac
 if [ $# -ge 1 ]; then
   ckpts=("$1")
+elif [ "$plan" = one ]; then
+  ckpts=("$out/ckpt/qwen2.5-vl-3b-grpo")
 else
   ckpts=()
   for size in ${SIZES:-3b 7b}; do ckpts+=("$out/ckpt/qwen2.5-vl-$size-grpo"); done
 fi
 # the vision tower of the 3B and 7B (the same config), per-window vs merged attention: 2 workloads ×
 # 8 forwards × 2 ways of a 670M-parameter tower on 8k patches, random weights made on the GPU
-step vision 120 "$out/reports/vision.json" "$py" benchmarks/bench_vision.py --preset 3b --device cuda --dtype bfloat16 \
-  --json "$out/reports/vision.json"
+[ "$plan" = full ] && step vision 120 "$out/reports/vision.json" "$py" benchmarks/bench_vision.py --preset 3b \
+  --device cuda --dtype bfloat16 --json "$out/reports/vision.json"
 est() { echo $(( $1 + large * $1 / 6 )); }  # the 7B steps take ~1/6 longer: 48 vs 42 ms per token, a longer load
 for ckpt in "${ckpts[@]}"; do
   name=$(basename "$ckpt")
   large=0; [[ $name == *7b* ]] && large=1
   if [ $# -eq 0 ]; then
     size=${name#qwen2.5-vl-}; size=${size%-grpo}
-    step "$name/build" "$(est 180)" "$ckpt/vlmfast_tiny.json" vlmfast make-checkpoint "$ckpt" --preset "$size" --like grpo
+    step "$name/build" "$(est "$([ "$plan" = one ] && echo 60 || echo 180)")" "$ckpt/vlmfast_tiny.json" \
+      vlmfast make-checkpoint "$ckpt" --preset "$size" --like grpo
   fi
   common=(--ckpt "$ckpt" --max-new-tokens 128 --ignore-eos --no-as-saved --warmup 1 --repeats 3)
-  for mode in ${MODES:-default compile hf}; do
+  modes=${MODES:-default compile hf}
+  [ "$plan" = one ] && modes=default
+  for mode in $modes; do
     # estimates (3B): batch 1 = 4,096 token-steps × 42 ms + 60 s load ≈ 230 s (compiled: 6.4 ms + a 42-s
     # compile ≈ 130 s); batches 8 and 32 = 2,560 steps × ≤ 92 ms + load ≈ 300 s (compiled: 2 compiles +
     # 31 s of runs ≈ 175 s); generate at batch 32 = 512 steps × ~60 ms + 4 prefills + load ≈ 105 s
@@ -177,6 +193,7 @@ for ckpt in "${ckpts[@]}"; do
       *) die "unknown mode '$mode' in MODES (default, compile, hf)" 2 ;;
     esac
     [ "$mode" = hf ] && sizes=32 || sizes=8,32
+    [ "$plan" = one ] && { one=60; many=60; sizes=32; }
     r=$out/reports/$name-$mode
     step "$name/$mode-b1" "$(est $one)" "$r-b1/report.json" vlmfast bench "${common[@]}" "${extra[@]}" \
       --images "$out/images-8" --batch-sizes 1 --report "$r-b1"
@@ -184,12 +201,16 @@ for ckpt in "${ckpts[@]}"; do
       "${extra[@]}" --images "$out/images-32" --batch-sizes "$sizes" --report "$r-b${sizes//,/-}"
   done
   # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
-  step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" "$out/reports/$name-infer"
+  [ "$plan" = full ] && step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" \
+    "$out/reports/$name-infer"
   # answers of real lengths: 8 images × 4 draws × 8 sampled answers up to 512 tokens, static batches then
-  # continuous batching in 32 rows (1 warm-up + 3 runs each ≈ 8 runs × ~4,000 steps × ≤ 5 ms) + a load ≈ 240 s
+  # continuous batching in 32 rows (1 warm-up + 3 runs each ≈ 8 runs × ~4,000 steps × ≤ 5 ms) + a load ≈ 240 s;
+  # PLAN=one: 1 warm-up + 1 run each ≈ 100 s
   preset=${name#qwen2.5-vl-}; preset=${preset%-grpo}; [[ $preset == 3b || $preset == 7b ]] || preset=3b
-  step "$name/lengths" "$(est 240)" "$out/reports/$name-lengths.json" "$py" benchmarks/bench_lengths.py \
-    --preset "$preset" --ckpt "$ckpt" --device cuda --dtype bfloat16 --no-vllm --runs 3 --json "$out/reports/$name-lengths.json"
+  runs=3; [ "$plan" = one ] && runs=1
+  step "$name/lengths" "$(est "$([ "$plan" = one ] && echo 100 || echo 240)")" "$out/reports/$name-lengths.json" \
+    "$py" benchmarks/bench_lengths.py --preset "$preset" --ckpt "$ckpt" --device cuda --dtype bfloat16 --no-vllm \
+    --runs "$runs" --json "$out/reports/$name-lengths.json"
   # the compiled decode step's kernels per layer in Triton: a load + two compiles of a 1- and 2-layer step ≈ 90 s
   step "$name/kernels" "$(est 90)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \
     --ckpt "$ckpt" --families qwen2_5_vl --device cuda --dtype bfloat16 --json "$out/reports/$name-kernels.json"

@@ -17,7 +17,7 @@ SLICE_LIMIT_S = 8 * 60  # every step must leave room in a 10-minute command slic
 
 def gpu_sh(out: Path, *args, **env) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "OUT_DIR": str(out), "WRITE_RESULTS": "0", **env})  # RESULTS.md untouched
+                          env={**os.environ, "OUT_DIR": str(out), "WRITE_RESULTS": "0", "PLAN": "full", **env})  # RESULTS.md untouched
 
 
 def plan(stdout: str) -> list[tuple[str, str, str]]:
@@ -55,6 +55,26 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
     assert not (out / "images-32").exists()  # a dry run makes nothing
     env_dry = gpu_sh(out, DRY_RUN="1", PYTHON="/nonexistent/python")
     assert env_dry.returncode == 0 and plan(env_dry.stdout) == steps
+
+
+def test_the_default_plan_is_one_run_that_fits_a_ten_minute_command(tmp_path):
+    """PLAN=one: the 3B shape only — default decode at batch 1 and 32, the real-length mix, the compiled
+    step's kernels, the CUDA tests — estimated to fit one slice, so one invocation runs all of it."""
+    out = tmp_path / "out"
+    r = gpu_sh(out, "--dry-run", PLAN="one")
+    assert r.returncode == 0, r.stderr
+    steps = plan(r.stdout)
+    assert [name for _, name, _ in steps] == [f"qwen2.5-vl-3b-grpo/{s}" for s in (
+        "build", "default-b1", "default-b32", "lengths", "kernels")] + ["cuda-tests"]
+    assert sum(int(rest.split()[0].lstrip("~")) for _, _, rest in steps) <= 540  # SLICE_S's default
+    runs = {name: rest for _, name, rest in steps}
+    assert f"--images {out}/images-32 --batch-sizes 32 " in runs["qwen2.5-vl-3b-grpo/default-b32"]
+    assert "--runs 1 " in runs["qwen2.5-vl-3b-grpo/lengths"] and "--compile" not in r.stdout
+    default = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in {**os.environ, "OUT_DIR": str(out)}.items() if k != "PLAN"})
+    assert plan(default.stdout) == steps
+    bad = gpu_sh(out, "--dry-run", PLAN="quick")
+    assert bad.returncode == 2 and "unknown PLAN 'quick'" in bad.stderr
 
 
 def test_dry_run_with_a_checkpoint_and_chosen_modes(tmp_path):
