@@ -185,11 +185,13 @@ def test_answers_that_find_no_free_row_wait_prefilled_and_keep_their_tokens(load
     settings = GenerationSettings(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=5, n=3)
     engine = Engine(ending_apart(loaded, reqs, 16), settings, sync_every=1)
     rows, admissions, _, last = run_stream(engine, reqs, 4)
+    said = engine.admissions
     alone = {k: v for r in reqs for k, v in run_stream(engine, [r], 3)[0].items()}
     assert {k: v.token_ids for k, v in rows.items()} == {k: v.token_ids for k, v in alone.items()}
     assert admissions[0] == 2  # 4 free rows: two requests prefilled, the second's last 2 answers wait
     assert sum(admissions) == len(reqs)  # each request prefilled once, however its answers were seated
     assert last.cache_fill_s is not None
+    assert "answer(s) waited, prefilled, for a row" in said and " 0 answer(s) waited" not in said
 
 
 def test_a_run_that_decides_to_compile_midway_keeps_every_token(spread, images, monkeypatch, tmp_path):

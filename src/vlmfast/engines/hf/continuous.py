@@ -145,7 +145,7 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
     held: dict[str, Held] = {}
     parked: deque[Parked] = deque()
     clock = StepTimes(engine.device) if engine.record_steps else None
-    decode_s = admitted = syncs = answered = answer_tokens = seated_s = 0
+    decode_s = admitted = syncs = answered = answer_tokens = seated_s = waited = 0
     t_last = None
     with torch.inference_mode():
         while waiting or parked or state.live():
@@ -167,6 +167,7 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                 if parked and free:  # answers prefilled earlier first: their rows cost a copy, no prefill
                     t0 = now(engine.device)
                     while parked and free:
+                        waited += min(len(free), len(parked[0].pick))
                         free = parked[0].seat(state, free)
                         if not parked[0].pick:
                             parked.popleft()
@@ -202,7 +203,8 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                           step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
                           row_steps=state.row_steps + admitted * n, cache_fill_s=seated_s)
     engine.admissions = (f"continuous batching: {admitted} request(s) admitted into {state.batch} decode rows as "
-                         f"rows freed ({policy.name}); {state.t} decode steps")
+                         f"rows freed ({policy.name}; {waited} answer(s) waited, prefilled, for a row); "
+                         f"{state.t} decode steps")
 
 
 def decode_state(engine, width: int, length: int, carry=None):
