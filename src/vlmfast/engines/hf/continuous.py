@@ -157,7 +157,8 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                 if engine.policy.undecided and state.t >= DECIDE_AFTER and t_last is not None:
                     # what the rest would cost: answers to come × their mean length so far, over the rows
                     mean = answer_tokens / answered if answered else s.max_new_tokens / 2
-                    remaining = int((len(waiting) * n + state.live()) * mean / state.batch)
+                    answers = len(waiting) * n + sum(len(p.pick) for p in parked) + state.live()
+                    remaining = int(answers * mean / state.batch)
                     step_ms = (decode_s + now(engine.device) - t_last) * 1000 / state.t
                     if engine.decide_compile_now(step_ms, remaining):
                         state = decode_state(engine, state.batch, state.max_len, carry=state)
@@ -166,12 +167,8 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                 free = state.free_rows()
                 if parked and free:  # answers prefilled earlier first: their rows cost a copy, no prefill
                     t0 = now(engine.device)
-                    while parked and free:
-                        waited += min(len(free), len(parked[0].pick))
-                        free = parked[0].seat(state, free)
-                        if not parked[0].pick:
-                            parked.popleft()
-                    seated_s += now(engine.device) - t0
+                    free, seated = _seat(state, parked, free)
+                    waited, seated_s = waited + seated, seated_s + now(engine.device) - t0
                     if t_last is not None:
                         t_last += now(engine.device) - t0  # (the copy is cache fill, not decoding)
                 if not parked and policy.due(len(free), state.batch, state.live(), len(waiting)):
@@ -259,6 +256,18 @@ def _admit(engine, state, take: list[Request], held: dict[str, Held], parked: de
                          steps=0, new_tokens=0, preprocess_exposed_s=t1 - t0 + waited_s, vision_s=prefilled.vision_s,
                          cache_fill_s=t4 - t3)
     return errors, timing, state
+
+
+def _seat(state, parked: deque, free: list[int]) -> tuple[list[int], int]:
+    """Free rows to the answers that wait prefilled, first come first seated; returns the rows still free
+    and how many answers took one."""
+    seated = 0
+    while parked and free:
+        seated += min(len(free), len(parked[0].pick))
+        free = parked[0].seat(state, free)
+        if not parked[0].pick:
+            parked.popleft()
+    return free, seated
 
 
 def _finished(engine, answers, held: dict[str, Held]) -> list[SampleResult]:
