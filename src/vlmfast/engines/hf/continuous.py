@@ -243,10 +243,10 @@ def _admit(engine, state, take: list[Request], held: dict[str, Held], parked: de
     t3, free = now(engine.device), state.free_rows()  # (a bigger state above is the cache's growth, not a fill)
     for g, group in zip(prepared.groups, prefilled.groups):
         owners = [(r.id, k) for r in prepared.requests[g.start:g.end] for k in range(n)]
-        waiting = Parked(group, list(range(group.rows)), owners)
-        free = waiting.seat(state, free)
-        if waiting.pick:
-            parked.append(waiting)
+        newcomers = Parked(group, list(range(group.rows)), owners)
+        free = newcomers.seat(state, free)
+        if newcomers.pick:
+            parked.append(newcomers)
     prepared.groups = []  # the inputs are in the cache now: only counts and sizes stay for the result rows
     t4 = now(engine.device)
     for r in prepared.requests:
