@@ -1,10 +1,19 @@
 """``sweep --engine vllm``: one vLLM engine for the run, each next checkpoint's weights reloaded in place,
 checked by a canary against a fresh engine; another shape gets a fresh engine; a reload whose weights
-never reach the engine is caught; a killed sweep resumes. Runs where vLLM imports (.venv-vllm)."""
+never reach the engine is caught; a killed sweep resumes. Runs where vLLM imports (.venv-vllm).
+
+This module starts vLLM a dozen times. Where one engine runs at a time and nothing under test crosses to
+vLLM's worker process, its engine runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): a start
+takes ~16 s on 2 CPU cores instead of ~40 s, when its engine core and worker each start a process that
+imports torch and vLLM again. It runs last among the vLLM tests because such an engine leaves this
+process changed (vLLM binds its threads and replaces ``torch.set_num_threads``), and it holds one engine
+only. The reload and the canary (two engines at once; a reload and weight digests sent to the worker)
+run as users run them, in vLLM's own processes (``vllm_processes``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -18,6 +27,36 @@ from vlmfast.run.sweep import SweepOptions, sweep  # noqa: E402
 
 MAX_NEW = 16
 PROMPT = "Describe the image."
+IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def _executor(processes: bool) -> None:
+    """The next vLLM engine's engine core and worker: in processes of their own, or in this one. vLLM
+    caches its environment once an engine ran in this process: the cache is dropped so it reads this."""
+    import vllm.envs as envs
+
+    os.environ[IN_PROCESS] = "1" if processes else "0"
+    envs.disable_envs_cache()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def in_process():
+    before = os.environ.get(IN_PROCESS)
+    _executor(False)
+    yield
+    _executor(True)
+    if before is None:
+        del os.environ[IN_PROCESS]
+    else:
+        os.environ[IN_PROCESS] = before
+
+
+@pytest.fixture
+def vllm_processes(in_process):
+    """This test's engines in vLLM's own processes, as users run them."""
+    _executor(True)
+    yield
+    _executor(False)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +103,8 @@ def _sweep(run_dir, out_dir, images, **kwargs) -> dict:
     return sweep(SweepOptions(run_dir=str(run_dir), out_dir=str(out_dir), infer=_infer_options(run_dir, images), **kwargs))
 
 
-def test_one_engine_reloads_each_checkpoint_with_the_rows_of_a_fresh_engine(run, images, fresh, tmp_path):
+def test_one_engine_reloads_each_checkpoint_with_the_rows_of_a_fresh_engine(run, images, fresh, tmp_path,
+                                                                            vllm_processes):
     report = _sweep(run, tmp_path, images)
     steps = {c["step"]: c for c in report["checkpoints"]}
     assert sorted(steps) == [100, 200, 300]
@@ -76,7 +116,7 @@ def test_one_engine_reloads_each_checkpoint_with_the_rows_of_a_fresh_engine(run,
 
 
 def test_a_reload_whose_weights_never_reach_the_engine_is_caught_by_the_canary(run, images, fresh, tmp_path,
-                                                                                monkeypatch):
+                                                                                monkeypatch, vllm_processes):
     import vlmfast.engines.vllm.reload as reload
 
     def lost(llm, weights_dir):  # the caches are reset, the weights stay the old ones
@@ -134,7 +174,7 @@ def test_a_killed_vllm_sweep_resumes(run, images, tmp_path):
                 raise KeyboardInterrupt
 
     options = SweepOptions(run_dir=str(run), out_dir=str(tmp_path), infer=_infer_options(run, images, batch_size=2),
-                           steps=(100, 200))
+                           steps=(100, 200), canary=0)  # one engine at a time: the canary has its own test
     from vlmfast.errors import Interrupted
 
     with pytest.raises(Interrupted, match="2 finished row"):
