@@ -111,6 +111,21 @@ def test_majority_vote_ties_and_missing_answers():
     assert majority_correct(_rows("a", [1, 0], ["5", "5"]))
 
 
+def test_the_vote_reads_each_answer_from_the_text_as_its_score_did():
+    """Rows of other tools carry only id, sample and text: their answers vote all the same; a stale
+    ``answer`` field is outvoted by the text it was meant to summarize."""
+    texts = ["<think>a</think><answer>4</answer>", "<think>b</think><answer> 4 </answer>", "<answer>3</answer>"]
+    rows = [{"id": "a", "sample": i, "correct": c, "score": float(c), "text": t}
+            for i, (c, t) in enumerate(zip([True, True, False], texts))]
+    assert majority_correct(rows)
+    assert summarize_samples(rows)["maj_at_k"] == 1.0
+    stale = [{**r, "answer": "3"} for r in rows]
+    assert majority_correct(stale)
+    plain = [{"id": "b", "sample": i, "correct": c, "score": float(c), "text": t}  # a base model, untagged
+             for i, (c, t) in enumerate(zip([False, True, True], ["The answer is 7.", "8", "The answer is 8."]))]
+    assert majority_correct(plain)
+
+
 def test_wilson_interval_known_values():
     assert accuracy_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert accuracy_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)

@@ -1,7 +1,7 @@
 """Metrics over n sampled answers per request: pass@k, maj@k, solve rates, reward spread.
 
 Pure functions on scored result rows (standard library only). A row carries its request ``id``, its
-``sample`` index 0…K−1 and the scoring fields ``score``, ``correct`` and ``answer``; rows without
+``sample`` index 0…K−1, its ``text`` and the scoring fields ``score`` and ``correct``; rows without
 ground truth (``correct`` None) are left out of every figure.
 """
 
@@ -11,7 +11,7 @@ import math
 from collections import defaultdict
 from statistics import NormalDist
 
-from vlmfast.evaluation.scoring import normalize
+from vlmfast.evaluation.scoring import answer_in, normalize
 
 SUMMARY_KEYS = ("samples_per_request", "requests", "mean_at_k", "pass_at_k", "maj_at_k", "solve_rate_histogram",
                 "all_same_rate", "reward_mean", "reward_std")
@@ -58,13 +58,16 @@ def _requests(rows: list[dict]) -> dict[str, list[dict]]:
 def majority_correct(samples: list[dict]) -> bool:
     """Whether the majority answer of one request's samples (in sample order) is correct.
 
-    Answers vote after :func:`vlmfast.evaluation.scoring.normalize`; rows without an answer do not vote, and a
-    request where none has an answer counts as wrong. A tie goes to the answer that appeared first in
+    A row's answer is read from its ``text``, as its score was (:func:`~vlmfast.evaluation.scoring.answer_in`:
+    results from other tools carry no ``answer`` field, or their own); a row without text votes with its
+    ``answer`` field. Answers vote after :func:`~vlmfast.evaluation.scoring.normalize`; rows without an
+    answer do not vote, and a request where none has an answer counts as wrong. A tie goes to the answer that appeared first in
     sample order. The voted answer is correct when most of its samples are (its first sample decides
     a tie): one normalized answer can score differently when the score also weighs the format."""
     votes: dict[str, list[dict]] = {}
     for row in samples:
-        answer = row.get("answer")
+        text = row.get("text")
+        answer = answer_in(text) if isinstance(text, str) else row.get("answer")
         if isinstance(answer, str) and (key := normalize(answer)):
             votes.setdefault(key, []).append(row)
     if not votes:

@@ -75,6 +75,15 @@ def parse_reasoning(text: str) -> tuple[str | None, str | None]:
     return think, answer
 
 
+def answer_in(text: str) -> str | None:
+    """The answer ``text`` gives: its ``<answer>`` part, or, for a text with no think/answer tag at all (a
+    base model answering plainly), the answer it states (:func:`stated_answer`); None when it gives none."""
+    answer = parse_reasoning(text)[1]
+    if answer is None and not _ANY_TAG.search(text):
+        answer = stated_answer(text)
+    return answer
+
+
 def reasoning_ends(text: str) -> tuple[int | None, int | None]:
     """Where the think part and the answer part of ``text`` end, as character offsets past their closing
     tags (an unclosed think runs to the end of the text); None for a part :func:`parse_reasoning` finds absent.
@@ -319,7 +328,7 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
         return {**fields, **score_reference(scorer, row, truth_text(truth))}
     answer = parse_reasoning(text)[1] if isinstance(text, str) else None
     if answer is None and plain_fallback and isinstance(text, str) and not _ANY_TAG.search(text):
-        answer = stated_answer(text)
+        answer = answer_in(text)
         if answer is None and resolve_scorer(truth_text(truth), scorer or "auto") in ("exact", "contains"):
             answer = text  # a text scorer: the whole untagged text is the answer (the length rule guards choices, numbers)
     s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
