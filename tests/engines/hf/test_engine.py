@@ -293,6 +293,22 @@ def test_n_answers_through_plain_generate_too(loaded, images):
     assert all(r.n_new_tokens >= 1 and r.error is None for r in rows)
 
 
+def test_plain_generate_draws_by_the_seed_rule(loaded, images):
+    """``--decoder hf`` samples each answer from its own key (seed, request id, sample), as vlmfast's loop
+    does: the same answers whatever the batch, and the same as the loop's for the same request."""
+    reqs = _requests(images[:3])
+    settings = GenerationSettings(max_new_tokens=10, temperature=1.0, top_p=0.9, n=2, seed=3, ignore_eos=True)
+
+    def answers(decoder, batch_size):
+        engine = Engine(loaded, settings, decoder=decoder)
+        return {(r.id, r.sample): r.token_ids for _, rs, _ in Scheduler(engine).run(reqs, {}, batch_size) for r in rs}
+
+    by_three, by_one = answers("hf", 3), answers("hf", 1)
+    assert by_three == by_one
+    assert len(set(map(tuple, by_three.values()))) > 3  # draws, not copies of one answer
+    assert by_three == answers("vlmfast", 3)
+
+
 def test_a_used_decode_shape_is_kept_over_one_unused_since_longer(loaded, monkeypatch):
     """Eviction is least-recently-used: a hit refreshes a shape, so the shape evicted is the one unused
     the longest, not the one built first."""

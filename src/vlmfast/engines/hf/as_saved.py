@@ -21,12 +21,12 @@ class AsSavedEngine(Engine):
         kwargs.pop("use_cache")
         return kwargs
 
-    def generate(self, inputs, clock=None):
+    def generate(self, inputs, clock=None, keys=None):
         model = self.loaded.model
         forced = model.generation_config
         model.generation_config = self.saved_generation_config
         try:
-            return super().generate(inputs, clock)
+            return super().generate(inputs, clock, keys)
         finally:
             model.generation_config = forced
 

@@ -131,7 +131,8 @@ class Engine(Preparer, PlainGenerate):
         vision_s = fill_s = None
         compiled_before = self.policy.compile_s
         if self.decoder_name == "hf":
-            tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1)
+            tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1,
+                                                                 self._keys(prepared.requests))
             row_steps = len(tokens) * steps  # generate computes every row until the last one ends
         else:
             prefilled = self.prefill(prepared)

@@ -10,10 +10,36 @@ from __future__ import annotations
 from vlmfast.timing import StepClock, now
 
 
+class KeyedDraw:
+    """A logits processor that makes ``generate``'s draws vlmfast's own: each row's token is chosen by
+    :func:`~vlmfast.engines.hf.sampling.select` (temperature, top-p, the race on the row's own noise) from
+    its key — (seed, request id, sample), :func:`~vlmfast.engines.rows.draw_key` — and the step, and
+    returned as the only token left (0 there, -inf elsewhere): generate's own sampling, which draws from
+    torch's global generator and so depends on the batch, has nothing else to pick. An answer is then the
+    same whatever the batch, the order or a resume, and the same as vlmfast's loop draws for it."""
+
+    def __init__(self, keys, prompt_len: int, temperature: float, top_p: float):
+        self.keys, self.prompt_len, self.temperature, self.top_p = keys, prompt_len, temperature, top_p
+        self.hashed = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        from vlmfast.engines.hf.sampling import select, token_hashes
+
+        if self.hashed is None:
+            self.hashed = token_hashes(scores.shape[-1], scores.device)
+        step = input_ids.shape[1] - self.prompt_len  # the answer's token being chosen: 0 is the first
+        chosen = select(scores.float(), 0.0, temperature=self.temperature, top_p=self.top_p, keys=self.keys, step=step,
+                        hashed_tokens=self.hashed)
+        return torch.full_like(scores, float("-inf")).scatter_(1, chosen[:, None], 0.0)
+
+
 class PlainGenerate:
-    def generate(self, inputs, clock=None):
+    def generate(self, inputs, clock=None, keys=None):
         """``model.generate`` with the cache on: vlmfast's settings over the checkpoint's generation
-        config (repetition penalty etc. kept), our stop list, suppressed vision placeholders."""
+        config (repetition penalty etc. kept), our stop list, suppressed vision placeholders. Sampling:
+        ``keys`` (each decode row's, :meth:`_keys`) draw every token (:class:`KeyedDraw`)."""
         import torch
         from transformers import LogitsProcessorList
 
@@ -21,8 +47,11 @@ class PlainGenerate:
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
 
         kwargs = self.generate_kwargs()
-        if clock is not None:
-            kwargs["logits_processor"] = LogitsProcessorList([clock])
+        processors = [] if clock is None else [clock]
+        if keys is not None:
+            processors.append(KeyedDraw(keys, inputs["input_ids"].shape[1], self.settings.temperature, self.settings.top_p))
+        if processors:
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
         model = self.loaded.model
         # the same vision numerics as vlmfast's prefill
         with torch.inference_mode(), use_merged_vision_attention(model), use_linear_patch_embed(model):
@@ -41,11 +70,11 @@ class PlainGenerate:
             kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None, num_return_sequences=s.n)
         return kwargs
 
-    def _generate_hf(self, inputs, steps_at, t1):
+    def _generate_hf(self, inputs, steps_at, t1, keys=None):
         """``generate`` timed from inside: a logits processor reads the clock as each token's logits
         are ready (the only window into generate's loop)."""
         clock = StepClock(self.device, self.record_steps)
-        output = self.generate(inputs, clock)
+        output = self.generate(inputs, clock, keys)
         end = now(self.device)
         prompt_len = inputs["input_ids"].shape[1]
         first = clock.times[0] if clock.times else end
