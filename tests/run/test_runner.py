@@ -82,9 +82,11 @@ def test_a_resume_only_run_reports_no_rate(loaded, grpo_ckpt, images, tmp_path):
     assert again.tokens_per_s is None and again.samples_per_s is None  # not "0.0 tokens/s"
 
 
-def test_n_sampled_answers_resume_by_id_and_sample(loaded, grpo_ckpt, images, tmp_path):
-    """--n 3: three rows per id (sample 0, 1, 2) in input order; a run killed part-way redoes only the
-    requests that lack an answer, and every (id, sample) ends up in the file once; a seed repeats a run."""
+def test_n_sampled_answers_resume_by_id_and_sample(loaded, grpo_ckpt, images, tmp_path, monkeypatch):
+    """--n 3: three rows per id (sample 0, 1, 2) in input order; a run killed part-way decodes only the
+    answers the file lacks, and every (id, sample) ends up in the file once; a seed repeats a run."""
+    from vlmfast.engines.hf.engine import Engine
+
     settings = GenerationSettings(max_new_tokens=6, temperature=1.0, n=3, seed=11, ignore_eos=True)
     paths = [str(p) for p in images[:4]]
 
@@ -101,11 +103,23 @@ def test_n_sampled_answers_resume_by_id_and_sample(loaded, grpo_ckpt, images, tm
     out = tmp_path / "r.jsonl"
     kept = {**rows[3], "text": "an answer written before the kill"}  # marked: a rerun would not write this text
     out.write_text("".join(json.dumps(r) + "\n" for r in [*rows[:3], kept]))  # request 0 whole, request 1 one answer of 3
+    decoded = []
+    result = Engine.result
+    monkeypatch.setattr(Engine, "result", lambda self, request, *a: decoded.append(request.id) or result(self, request, *a))
     resumed = run(out)
     assert resumed.skipped_existing == 1 and resumed.samples == 8  # the answer request 1 has is not given twice
+    assert sorted(decoded) == sorted([paths[1]] * 2 + [p for p in paths[2:] for _ in range(3)])  # nor decoded again
     assert [(r["id"], r["sample"]) for r in read_jsonl(out)] == [(p, k) for p in paths for k in range(3)]
     assert read_jsonl(out)[:4] == [*rows[:3], kept]  # answers already written are kept, not redone
     assert read_jsonl(out)[4:] == rows[4:]  # the seed draws the same answers for the rest
+
+
+def test_a_batch_size_below_n_is_raised_to_n_and_said(loaded, grpo_ckpt, images, tmp_path):
+    settings = GenerationSettings(max_new_tokens=4, temperature=1.0, n=3, seed=1)
+    report = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(p) for p in images[:2]], prompt="Count.",
+                                out=str(tmp_path / "r.jsonl"), batch_size=2, generation=settings), loaded=loaded)
+    assert report.batch_size == 3 and report.samples == 6
+    assert any("batch size 2 is below --n 3: 3 decode rows" in n for n in report.notes), report.notes
 
 
 def test_greedy_n_says_the_answers_are_identical(loaded, grpo_ckpt, images, tmp_path):

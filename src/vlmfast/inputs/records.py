@@ -31,6 +31,10 @@ class Request:
     # Images embedded in a dataset file: per image, where its bytes lie (vlmfast.inputs.embedded.EmbeddedImage),
     # None for a path; ``images`` then holds labels. Bytes are read and decoded when the batch is prepared.
     image_data: tuple | None = field(default=None, compare=False, repr=False)
+    # A resumed request's answers (sample indices) the results file already holds: not decoded again
+    # where answers are decoded one by one (continuous batching); draws are keyed by sample, so the rest
+    # are the answers an uninterrupted run gives.
+    answered: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     def truth_record(self) -> dict:
         """What a reward function or scorer needs of this request's ground truth."""

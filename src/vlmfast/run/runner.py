@@ -169,6 +169,9 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
     if options.generation.n > 1 and options.generation.greedy:
         notes.append(f"--n {options.generation.n} with greedy decoding gives {options.generation.n} identical answers "
                      "per request: add --temperature (e.g. 1.0) to sample")
+    if options.generation.greedy and options.generation.top_p < 1.0:
+        notes.append(f"--top-p {options.generation.top_p:g} applies to sampling: greedy decoding ignores it "
+                     "(add --temperature, e.g. 1.0, to sample)")
     if options.images and options.manifest:
         notes.append(f"--images and --manifest together: the run takes the requests of both "
                      f"({len(collected.order)} in all)")
@@ -196,12 +199,18 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
         if (row.get("sample") is None) == (n == 1):
             answers[str(row["id"])] = answers.get(str(row["id"]), 0) + 1
     done = {rid for rid, count in answers.items() if count >= n}
-    todo = [r for r in collected.requests if r.id not in done]
+    have: dict[str, set] = {}  # id → the samples a request that is not done already has
+    for row in kept:
+        if str(row["id"]) in answers and str(row["id"]) not in done and row.get("error") is None:
+            have.setdefault(str(row["id"]), set()).add(row.get("sample") or 0)
+    todo = [dataclasses.replace(r, answered=frozenset(have[r.id])) if r.id in have else r
+            for r in collected.requests if r.id not in done]
     bad = [b for b in collected.bad if b.id not in done]
     skipped = len(collected.order) - len(todo) - len(bad)
     if skipped:
         notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
-    # a request that has some of its n answers runs again; the answers it has are kept, not given twice
+    # a request that has some of its n answers runs again for the others (static batches decode all n);
+    # the answers it has are kept, not given twice
     answered = frozenset(row_key(row["id"], row.get("sample")) for row in kept if str(row["id"]) in answers
                          and str(row["id"]) not in done and row.get("error") is None)
     return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes, answered)

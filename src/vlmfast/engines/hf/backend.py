@@ -54,7 +54,16 @@ class HfBackend:
 
     def ready(self, requests, image_sizes, requested):
         """``requested``, or the largest batch whose KV cache and activations fit the GPU memory left after
-        loading (a CPU: a measured default)."""
+        loading (a CPU: a measured default); never fewer decode rows than ``--n`` (a request's answers start
+        from one prefill, in one batch), said when raised."""
+        size, note = self._batch_size(requests, image_sizes, requested)
+        n = self.engine.settings.n
+        if size >= n:
+            return size, note
+        raised = f"batch size {size} is below --n {n}: {n} decode rows (a request's {n} answers start from one prefill)"
+        return n, raised if note is None else f"{note}; {raised}"
+
+    def _batch_size(self, requests, image_sizes, requested):
         if requested:
             return requested, None
         if not self.engine.on_cuda:
@@ -82,7 +91,7 @@ class HfBackend:
         ``batch_size`` decode rows, with n answers per request batch_size // n requests each."""
         from vlmfast.engines.hf.scheduler import plan
 
-        self.width = max(batch_size, self.engine.settings.n)
+        self.width = max(batch_size, self.engine.settings.n)  # bench plans its own sizes
         if self.continuous:
             order = [i for batch in plan(self.engine, requests, image_sizes, len(requests) or 1) for i in batch]
             return [order] if order else []

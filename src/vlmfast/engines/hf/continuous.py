@@ -145,7 +145,7 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
     held: dict[str, Held] = {}
     parked: deque[Parked] = deque()
     clock = StepTimes(engine.device) if engine.record_steps else None
-    decode_s = admitted = syncs = answered = answer_tokens = seated_s = waited = 0
+    decode_s = admitted = first_tokens = syncs = answered = answer_tokens = seated_s = waited = 0
     t_last = None
     with torch.inference_mode():
         while waiting or parked or state.live():
@@ -175,10 +175,11 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                     if t_last is not None:
                         decode_s += now(engine.device) - t_last
                     take = [waiting.popleft() for _ in range(min(len(waiting), math.ceil(len(free) / n)))]
-                    errors, timing, state = _admit(engine, state, take, held, parked, ahead.take(take) if ahead else None)
+                    errors, timing, state, answers = _admit(engine, state, take, held, parked,
+                                                            ahead.take(take) if ahead else None)
                     if ahead is not None:
                         ahead.refill()
-                    admitted += timing.size if timing else 0
+                    admitted, first_tokens = admitted + (timing.size if timing else 0), first_tokens + answers
                     yield errors, timing
                     t_last = now(engine.device)
                     continue  # the newcomers' first tokens may already have ended them
@@ -198,7 +199,7 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
     marks = clock.times() if clock is not None else []
     yield [], BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0, decode_s=decode_s, steps=state.t + 1, new_tokens=0,
                           step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
-                          row_steps=state.row_steps + admitted * n, cache_fill_s=seated_s)
+                          row_steps=state.row_steps + first_tokens, cache_fill_s=seated_s)
     engine.admissions = (f"continuous batching: {admitted} request(s) admitted into {state.batch} decode rows as "
                          f"rows freed ({policy.name}; {waited} answer(s) waited, prefilled, for a row); "
                          f"{state.t} decode steps")
@@ -226,36 +227,41 @@ def decode_state(engine, width: int, length: int, carry=None):
 
 def _admit(engine, state, take: list[Request], held: dict[str, Held], parked: deque, prefetched=None):
     """Prepare and prefill ``take`` and copy its caches into free rows (answers that find none are
-    ``parked``); returns error rows of requests whose images failed, the admission's timing, and the state
-    (a bigger one when a prompt did not fit)."""
+    ``parked``); returns error rows of requests whose images failed, the admission's timing, the state
+    (a bigger one when a prompt did not fit) and how many answers it admitted (a resumed request's answers
+    already written are not: :attr:`Request.answered`)."""
     n = engine.settings.n
     t0 = now(engine.device)
     prepared = engine.prepare(take, prefetched)
     t1 = now(engine.device)
     errors = [error_row(r.id, r, prepared.failed[r.id]) for r in take if r.id in prepared.failed]
     if not prepared.requests:
-        return errors, None, state
+        return errors, None, state, 0
     prefilled = engine.prefill(prepared)
     t2 = now(engine.device)
     widest = max(g.key_valid.shape[1] for g in prefilled.groups)
     if widest + engine.settings.max_new_tokens > state.max_len:
         state = decode_state(engine, state.batch, widest + engine.settings.max_new_tokens, carry=state)
     t3, free = now(engine.device), state.free_rows()  # (a bigger state above is the cache's growth, not a fill)
+    answers = 0
     for g, group in zip(prepared.groups, prefilled.groups):
-        owners = [(r.id, k) for r in prepared.requests[g.start:g.end] for k in range(n)]
-        newcomers = Parked(group, list(range(group.rows)), owners)
+        # a resumed request's answers already written are not decoded again
+        wanted = [(j * n + k, (r.id, k)) for j, r in enumerate(prepared.requests[g.start:g.end]) for k in range(n)
+                  if k not in r.answered]
+        newcomers = Parked(group, [row for row, _ in wanted], [owner for _, owner in wanted])
+        answers += len(wanted)
         free = newcomers.seat(state, free)
         if newcomers.pick:
             parked.append(newcomers)
     prepared.groups = []  # the inputs are in the cache now: only counts and sizes stay for the result rows
     t4 = now(engine.device)
     for r in prepared.requests:
-        held[r.id] = Held(r, prepared, n)
+        held[r.id] = Held(r, prepared, sum(k not in r.answered for k in range(n)))
     worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
     timing = BatchTiming(size=len(prepared.requests), preprocess_s=t1 - t0 + worker_s, ttft_s=t2 - t1, decode_s=0.0,
                          steps=0, new_tokens=0, preprocess_exposed_s=t1 - t0 + waited_s, vision_s=prefilled.vision_s,
                          cache_fill_s=t4 - t3)
-    return errors, timing, state
+    return errors, timing, state, answers
 
 
 def _seat(state, parked: deque, free: list[int]) -> tuple[list[int], int]:
