@@ -165,6 +165,16 @@ def test_n_answer_rows_are_kept_by_id_and_sample_with_their_n_answer_figures(tmp
     assert [(r["id"], r["sample"], r["correct"]) for r in read_jsonl(out)] == [
         ("a", 0, True), ("a", 1, False), ("b", 0, False), ("b", 1, False)]
     assert summary["samples"] is not None and summary["samples"]["pass_at_k"]["2"] == 0.5
+    assert summary["samples"]["maj_at_k"] == 0.5  # votes read from the text (a: 1 and 9 tie, 1 first and right)
+    said = cli("score", tmp_path / "results.jsonl", "--manifest", manifest)
+    assert said.returncode == 0 and "n answers: pass@k · maj@k · all same: 50.0% · 50.0% · 50.0% (k=2)" in said.stderr
+
+
+def test_reward_options_without_a_reward_are_refused(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "1"})
+    results = _results(tmp_path, [{"id": "a", "text": "<answer>1</answer>"}])
+    said = cli("score", results, "--manifest", manifest, "--reward-weights", "1,2")
+    assert said.returncode == 2 and "--reward-weights without --reward" in said.stderr
 
 
 def test_a_torn_last_line_is_passed_over_with_a_note(tmp_path):

@@ -230,7 +230,9 @@ def test_sampled_answers_all_identical_are_said(tmp_path):
 
 
 @pytest.mark.parametrize("change, named", [({"ckpt": "other"}, "ckpt: "), ({"template": "r1"}, 'template: "plain" then, "r1" now'),
-                                           ({"temperature": 0.7}, '"temperature": 0.7'), ({"max_new_tokens": 9}, '"max_new_tokens": 9')])
+                                           ({"temperature": 0.7}, "generation.temperature: 0.0 then, 0.7 now"),
+                                           ({"max_new_tokens": 9}, "generation.max_new_tokens: "),
+                                           ({"n": 2}, "generation.n: 1 then, 2 now")])
 def test_a_resume_with_other_settings_is_an_error_naming_them(small, tmp_path, change, named):
     """Rows made one way are never completed another way into one file: the settings are recorded beside
     --out (as a sweep records each step's), a rerun that differs stops before anything runs; --overwrite redoes."""
@@ -239,7 +241,7 @@ def test_a_resume_with_other_settings_is_an_error_naming_them(small, tmp_path, c
     out = tmp_path / "r.jsonl"
     infer(_options(small[:2], out), backend=FakeBackend())
     assert json.loads((tmp_path / "r.run.json").read_text())["settings"]["template"] == "plain"
-    gen = {k: change[k] for k in ("temperature", "max_new_tokens") if k in change}
+    gen = {k: change[k] for k in ("temperature", "max_new_tokens", "n") if k in change}
     kw = {k: v for k, v in change.items() if k not in gen and k != "ckpt"}
     options = InferOptions(ckpt=change.get("ckpt", "fake"), images=small, prompt="Which?", out=str(out),
                            generation=GenerationSettings(**gen), **kw)
@@ -249,7 +251,8 @@ def test_a_resume_with_other_settings_is_an_error_naming_them(small, tmp_path, c
     assert named in exc.value.message and "--overwrite" in exc.value.hint and backend.batches_run == 0
     assert len(read_jsonl(out)) == 2
     report = infer(dataclasses.replace(options, overwrite=True), backend=FakeBackend())
-    assert report.samples == 4 and report.skipped_existing == 0
+    answers = 4 * options.generation.n
+    assert report.samples == answers and report.skipped_existing == 0
     again = infer(options, backend=FakeBackend())  # now recorded with these settings: resumes
     assert again.samples == 0 and again.skipped_existing == 4
 

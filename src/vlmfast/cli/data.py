@@ -34,7 +34,7 @@ def score(
     def run():
         from vlmfast.report.terminal import print_json, render_scores
         from vlmfast.run.rescore import rescore_file
-        from vlmfast.evaluation.rewards import load_rewards
+        from vlmfast.evaluation.rewards import check_reward_options, load_rewards
         from vlmfast.evaluation.scoring import SCORERS
 
         from vlmfast.files import check_output_file
@@ -42,6 +42,7 @@ def score(
 
         if out is not None:
             check_output_file("--out", out)
+        check_reward_options(reward, weights=reward_weights, kwargs=reward_kwargs, threshold=reward_threshold)
         scoring = load_rewards(reward, weights=reward_weights, kwargs=reward_kwargs,
                                threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,

@@ -230,6 +230,19 @@ def _item(row: dict, truth, record: Mapping | None, data_source: str | None) -> 
 
 
 # -- loading -------------------------------------------------------------------------------------
+def check_reward_options(reward, *, weights=None, kwargs=None, threshold: float = 1.0) -> None:
+    """A UsageError when options that shape reward functions come without any (``--reward``): they would be
+    ignored, and the scores would not be what the command line says."""
+    if reward:
+        return
+    given = [flag for flag, unset in (("--reward-weights", weights is None), ("--reward-kwargs", kwargs is None),
+                                      ("--reward-threshold", threshold == 1.0)) if not unset]
+    if given:
+        raise UsageError(f"{', '.join(given)} without --reward: {'they apply' if len(given) > 1 else 'it applies'} "
+                         "to reward functions", hint="add --reward FILE.py:FUNCTION, or drop "
+                         + ("them" if len(given) > 1 else given[0]))
+
+
 def load_rewards(specs, *, weights=None, kwargs=None, threshold: float = 1.0) -> RewardSet:
     """The reward functions ``specs`` names (one ``FILE.py:FUNCTION`` or a list), weighted by ``weights``
     (a list of numbers or ``"1,0.5"``; default 1 each) and with ``kwargs`` (a dict or its JSON text) bound

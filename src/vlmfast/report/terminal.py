@@ -94,7 +94,7 @@ def render_infer(report) -> None:
     failed = (report.scores or {}).get("reward_errors") or 0
     table.add_row("samples", f"{report.samples} run, {plural(report.errors, 'error')}"
                   + (f", [red]{plural(failed, 'reward error')}[/red] (unscored: see reward_error)" if failed else "")
-                  + f", {report.skipped_existing} already done")
+                  + f", {plural(report.skipped_existing, 'id')} already done")
     table.add_row("finish", f"eos {report.finish['eos']} · length {report.finish['length']} · no <answer> {report.no_answer}")
     scores = report.scores or {}
     if scores.get("scored"):
@@ -289,6 +289,8 @@ def render_scores(source: str, summary: dict) -> None:
                  f"mean think {_fmt(summary.get('mean_think_chars'), ' chars', 0)} · "
                  f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
                  f"{plural(summary.get('rows_without_truth', 0), 'row')} without ground truth")
+    if (summary.get("samples") or {}).get("pass_at_k"):
+        stderr.print("n answers: pass@k · maj@k · all same: " + _samples_cell(summary["samples"]))
     if summary.get("reward_errors"):
         stderr.print(f"[red]{plural(summary['reward_errors'], 'row')} whose reward function raised[/red]: unscored, left out of "
                      "the accuracy (see each row's reward_error; add --out to keep them)")

@@ -66,7 +66,8 @@ class InferOptions:
                                    "(decompression bombs).", panel=INPUT)
     # "auto" (None once checked): from free GPU memory; a measured default on a CPU
     batch_size: int | str | None = option(
-        "auto", help="Samples per batch, or auto (CUDA: from free memory; CPU: 32). Batches are formed by cost.",
+        "auto", help="Decode rows: answers decoded at once (at least --n), or auto (CUDA: from free memory; CPU: 32). "
+        "--batching static: batches formed by cost, of this many answers.",
         panel=GEN, type=str)
     max_batch_tokens: int | None = option(
         None, help="Padded prompt tokens through the model at once (prefill: rows × widest prompt; default CPU 2048, "
@@ -160,6 +161,11 @@ class InferOptions:
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise UsageError(f"--min-pixels {self.min_pixels} > --max-pixels {self.max_pixels}: need min <= max",
                              hint="lower --min-pixels or raise --max-pixels")
+        if not self.match_training:  # (--match-training may take the reward from the trainer's config)
+            from vlmfast.evaluation.rewards import check_reward_options
+
+            check_reward_options(self.reward, weights=self.reward_weights, kwargs=self.reward_kwargs,
+                                 threshold=self.reward_threshold)
         object.__setattr__(self, "batch_size", _batch_size(self.batch_size))
         if self.overwrite and self.retry_errors:
             raise UsageError("--overwrite redoes every id; --retry-errors resumes and redoes only error rows",

@@ -94,8 +94,8 @@ def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
     except (OSError, ValueError):
         return None
     then = earlier.get("settings", {}) if isinstance(earlier, dict) else {}
-    differs = [f"{key}: {_show(then.get(key))} then, {_show(value)} now" for key, value in settings.items()
-               if key not in SAME_BY_CONTENT and key in then and _norm(then[key]) != _norm(value)]
+    differs = [line for key, value in settings.items() if key not in SAME_BY_CONTENT and key in then
+               for line in _differences(key, _norm(then[key]), _norm(value))]
     if differs:
         raise UsageError(f"{what}: " + "; ".join(differs), hint=hint)
     from vlmfast.timing import versions
@@ -148,6 +148,15 @@ def forget_if_changed(results: Path, weights_id: dict | None) -> str | None:
 
 def _norm(value):
     return json.loads(json.dumps(value, default=str))
+
+
+def _differences(name: str, then, now) -> list[str]:
+    """Each setting that differs, as "name: then-value then, now-value now"; settings that are groups
+    (``generation``) are compared member by member, so the line names what changed (``generation.n``)."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        return [line for key in dict.fromkeys([*then, *now])
+                for line in _differences(f"{name}.{key}", then.get(key), now.get(key))]
+    return [] if then == now else [f"{name}: {_show(then)} then, {_show(now)} now"]
 
 
 def _show(value) -> str:
