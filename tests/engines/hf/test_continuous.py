@@ -213,6 +213,20 @@ def test_a_run_that_decides_to_compile_midway_keeps_every_token(spread, images, 
     assert {k: v.token_ids for k, v in rows.items()} == {k: v.token_ids for k, v in eager.items()}
 
 
+def test_the_steps_to_go_count_what_live_answers_still_need():
+    """The compile decision's estimate: answers that ended early are the short ones, so their mean alone
+    said "1 decode step to go" with 14 answers still running; a live answer that ran k tokens runs k more
+    (up to the limit)."""
+    from types import SimpleNamespace
+
+    from vlmfast.engines.hf.continuous import steps_to_go
+
+    state = SimpleNamespace(batch=32, produced=[32] * 14 + [3] * 18, owner=["a"] * 14 + [None] * 18)
+    assert steps_to_go(state, answers=14, mean=3.0, max_new=200) == 32
+    assert steps_to_go(state, answers=14, mean=3.0, max_new=40) == 8  # the limit is near
+    assert steps_to_go(state, answers=600, mean=100.0, max_new=200) == 1875  # many answers to come decide
+
+
 def test_images_decoded_ahead_by_a_worker_give_the_same_answers(spread, images):
     """--overlap (on by default on CUDA): a worker decodes the next requests' images while rows decode."""
     reqs = _requests(images)

@@ -155,10 +155,9 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                 answered, answer_tokens = answered + len(rows), answer_tokens + sum(r.n_new_tokens for r in rows)
                 yield rows, None
                 if engine.policy.undecided and state.t >= DECIDE_AFTER and t_last is not None:
-                    # what the rest would cost: answers to come × their mean length so far, over the rows
                     mean = answer_tokens / answered if answered else s.max_new_tokens / 2
                     answers = len(waiting) * n + sum(len(p.pick) for p in parked) + state.live()
-                    remaining = int(answers * mean / state.batch)
+                    remaining = steps_to_go(state, answers, mean, s.max_new_tokens)
                     step_ms = (decode_s + now(engine.device) - t_last) * 1000 / state.t
                     if engine.decide_compile_now(step_ms, remaining):
                         state = decode_state(engine, state.batch, state.max_len, carry=state)
@@ -203,6 +202,15 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
     engine.admissions = (f"continuous batching: {admitted} request(s) admitted into {state.batch} decode rows as "
                          f"rows freed ({policy.name}; {waited} answer(s) waited, prefilled, for a row); "
                          f"{state.t} decode steps")
+
+
+def steps_to_go(state, answers: int, mean: float, max_new: int) -> int:
+    """What the rest of a run would cost in steps: ``answers`` still to decode (waiting, parked, live) ×
+    ``mean`` (the length of the answers that ended so far) over the rows, and no less than the live answers
+    still need — one that ran k tokens is taken to run k more: the answers that end first are the short
+    ones, so their mean alone says "a step or two to go" while rows still run."""
+    live = [min(k, max_new - k) for k, owner in zip(state.produced, state.owner) if owner is not None]
+    return max(int(answers * mean / state.batch), max(live, default=0))
 
 
 def decode_state(engine, width: int, length: int, carry=None):
