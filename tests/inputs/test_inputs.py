@@ -122,7 +122,7 @@ def test_every_problem_of_a_manifest_in_one_error(images, tmp_path):
         raise_for_problems(collect(manifest=str(m)))
     text = err.value.message
     assert "3 bad input(s)" in text and "a: duplicate id (2 records)" in text
-    assert f"{m}:3: invalid JSON" in text and "gone.png: file not found" in text
+    assert f"{m}:3: invalid JSON" in text and f"gone.png: file not found ({m}:4, id c)" in text
 
 
 def test_image_limits_name_the_pixel_count_and_warn_nothing(tmp_path):

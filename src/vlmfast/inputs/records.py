@@ -35,6 +35,7 @@ class Request:
     # where answers are decoded one by one (continuous batching); draws are keyed by sample, so the rest
     # are the answers an uninterrupted run gives.
     answered: frozenset = field(default=frozenset(), compare=False, repr=False)
+    source: str | None = field(default=None, compare=False, repr=False)  # a manifest's file:line, named in its problems
 
     def truth_record(self) -> dict:
         """What a reward function or scorer needs of this request's ground truth."""

@@ -199,7 +199,7 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     source = record.get("data_source")
     return Request(id=str(rid), images=tuple(images), prompt=prompt, system=system, truth=truth_text(truth),
                    scorer=scorer, data_source=str(source) if source is not None else None, manifest_truth=truth,
-                   record=record)
+                   record=record, source=where)
 
 
 def collect(
@@ -256,7 +256,9 @@ def collect(
         for e in entries if isinstance(e, BadInput)]
     for r in requests:
         r = dataclasses.replace(r, prompt=render(r.prompt))
-        mine = tuple(Problem(p, image_problems[p]) for p in r.images if p in image_problems)
+        # a manifest's image is named with the line that asks for it (the request's id, where it has one)
+        said = f" ({r.source}{'' if r.id == r.source else f', id {r.id}'})" if r.source else ""
+        mine = tuple(Problem(p, image_problems[p] + said) for p in r.images if p in image_problems)
         if mine:
             bad.append(BadInput(id=r.id, problems=mine, request=r))
         else:
