@@ -274,3 +274,19 @@ def test_requests_admitted_into_freed_rows_between_replays_draw_the_eager_tokens
     graphs = Engine(on_gpu, settings)
     assert answers(graphs) == eager and len(eager) == 3
     assert graphs._static and all(state.graph is not None for state in graphs._static.values())
+
+
+@needs_qwen_vl_utils
+def test_graphs_capture_a_stop_set_of_hundreds_of_ids(on_gpu, images):
+    """The real-length benchmark stops a 151k vocabulary at one id in 256 (~600 stops): ``torch.isin`` on
+    such a set syncs, which broke the capture. Unused extra stops change no token, eager or replayed."""
+    import dataclasses
+
+    settings = GenerationSettings(max_new_tokens=20)
+    few, _ = _run(Engine(on_gpu, settings, cuda_graphs=False), images)
+    produced = {t for row in few.values() for t in row}
+    unused = [t for t in range(on_gpu.model.config.get_text_config().vocab_size) if t not in produced][:600]
+    many = dataclasses.replace(on_gpu, eos_token_ids=[*on_gpu.eos_token_ids, *unused])
+    graphs = Engine(many, settings)
+    replayed, _ = _run(graphs, images)
+    assert replayed == few and all(state.graph is not None for state in graphs._static.values())

@@ -58,14 +58,14 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
 
 
 def test_the_default_plan_is_one_run_that_fits_a_ten_minute_command(tmp_path):
-    """PLAN=one: the 3B shape only — default decode at batch 1 and 32, the real-length mix, the compiled
-    step's kernels, the CUDA tests — estimated to fit one slice, so one invocation runs all of it."""
+    """PLAN=one: the CUDA tests first, then the 3B shape only — default decode at batch 1 and 32, the
+    real-length mix, the compiled step's kernels — estimated to fit one slice, so one invocation runs all of it."""
     out = tmp_path / "out"
     r = gpu_sh(out, "--dry-run", PLAN="one")
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
-    assert [name for _, name, _ in steps] == [f"qwen2.5-vl-3b-grpo/{s}" for s in (
-        "build", "default-b1", "default-b32", "lengths", "kernels")] + ["cuda-tests"]
+    assert [name for _, name, _ in steps] == ["cuda-tests"] + [f"qwen2.5-vl-3b-grpo/{s}" for s in (
+        "build", "default-b1", "default-b32", "lengths", "kernels")]
     assert sum(int(rest.split()[0].lstrip("~")) for _, _, rest in steps) <= 540  # SLICE_S's default
     runs = {name: rest for _, name, rest in steps}
     assert f"--images {out}/images-32 --batch-sizes 32 " in runs["qwen2.5-vl-3b-grpo/default-b32"]
@@ -181,10 +181,20 @@ def test_slices_run_steps_until_every_report_is_there(tmp_path):
 def test_a_failed_step_stops_the_slice_and_keeps_the_table(tmp_path):
     out, fake = tmp_path / "out", _fake_python(tmp_path)
     r = gpu_sh(out, PYTHON=fake, SIZES="3b", MODES="default hf", FAIL_MODE="--decoder hf")
-    assert r.returncode == 1 and "step qwen2.5-vl-3b-grpo/hf-b1 failed" in r.stderr
+    assert r.returncode == 1 and "step(s) qwen2.5-vl-3b-grpo/hf-b1 failed" in r.stderr
     assert "bench failed on purpose" in r.stderr  # the step's log, shown
     assert "| default | 32 | 32 |" in (out / "table.md").read_text()  # the steps before it count
     assert not (out / "reports/qwen2.5-vl-3b-grpo-hf-b1/report.json").exists()
+    assert not (out / "reports/qwen2.5-vl-3b-grpo-hf-b32/report.json").exists()  # the slice stopped there
+
+
+def test_keep_going_runs_the_steps_after_a_failed_one(tmp_path):
+    """KEEP_GOING=1, for a lease of one call: the failed step is named, the later steps still run."""
+    out, fake = tmp_path / "out", _fake_python(tmp_path)
+    r = gpu_sh(out, PYTHON=fake, SIZES="3b", MODES="default hf", FAIL_MODE="--decoder hf", KEEP_GOING="1")
+    assert r.returncode == 1 and "step(s) qwen2.5-vl-3b-grpo/hf-b1 qwen2.5-vl-3b-grpo/hf-b32 failed" in r.stderr
+    assert "hf-b1 failed; KEEP_GOING=1: on to the next step" in r.stderr
+    assert (out / "reports/qwen2.5-vl-3b-grpo-kernels.json").exists() and (out / "reports/cuda-tests.txt").exists()
 
 
 def _bench_report(ckpt: str, samples: int, batches: list[int], *, decoder="vlmfast", compile=False, tps=100.0) -> dict:

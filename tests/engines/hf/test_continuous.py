@@ -235,3 +235,21 @@ def test_images_decoded_ahead_by_a_worker_give_the_same_answers(spread, images):
     length = max(engine.cost(r) for r in reqs) + 64 + 24
     ahead = {(r.id, r.sample): r.token_ids for out, _ in stream(engine, reqs, 2, length, overlap=True) for r in out}
     assert ahead == {k: v.token_ids for k, v in plain.items()}
+
+
+def test_hundreds_of_stop_tokens_end_answers_where_a_few_do(spread, images):
+    """A stop set of hundreds of ids (the real-length benchmark makes one on a 151k vocabulary) is compared
+    in one broadcast, the way a CUDA graph can capture: the ids no answer produces change no token, in the
+    eager loop and in the static step alike."""
+    reqs = _requests(images)
+    settings = GenerationSettings(max_new_tokens=24)
+    few, _, _, _ = run_stream(Engine(spread, settings), reqs, 2)
+    produced = {t for r in few.values() for t in r.token_ids}
+    unused = [t for t in range(spread.model.config.get_text_config().vocab_size) if t not in produced][:400]
+    many = dataclasses.replace(spread, eos_token_ids=[*spread.eos_token_ids, *unused])
+    assert len(many.eos_token_ids) > 300
+    eager, _, _, _ = run_stream(Engine(many, settings, sync_every=1), reqs, 2)
+    static, _, _, _ = run_stream(Engine(many, settings, compile=True, compiler=lambda fn: fn, sync_every=3), reqs, 2)
+    expected = {k: v.token_ids for k, v in few.items()}
+    assert {k: v.token_ids for k, v in eager.items()} == expected == {k: v.token_ids for k, v in static.items()}
+    assert any(len(t) < settings.max_new_tokens for t in expected.values())  # the real stops still end answers

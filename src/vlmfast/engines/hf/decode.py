@@ -161,8 +161,7 @@ class DecodeState:
         self.next_position[:, index] = group.next_position[:, chosen]
         self.count[index], self.out[index] = 1, self.pad
         self.out[index, 0] = first
-        ended = torch.isin(first, self.eos) if len(self.eos) else torch.zeros_like(first, dtype=torch.bool)
-        self.running[index] = ~ended & (self.max_new > 1)
+        self.running[index] = ~is_stop(first, self.eos) & (self.max_new > 1)
         self.row_keys[index] = group.keys[chosen] if group.keys is not None else 0
         padded = (~valid).any(1).tolist()
         for k, r in enumerate(rows):
@@ -229,8 +228,7 @@ class DecodeState:
         ran = running.long()
         self.cache.write[:rows] += ran
         count += ran
-        if len(self.eos):
-            running &= ~torch.isin(chosen, self.eos)
+        running &= ~is_stop(chosen, self.eos)
         running &= count < self.max_new
 
     @contextlib.contextmanager
@@ -373,6 +371,11 @@ def step_static(state: DecodeState):
     logits = forward_static(state)
     state.record(logits)
     return logits
+
+
+def is_stop(tokens: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+    """Which tokens stop: one compare, which a CUDA graph captures (``torch.isin`` syncs on a large set)."""
+    return (tokens[..., None] == stops).any(-1)
 
 
 def run_loop(state: DecodeState, *, stop_on_eos: bool, sync_every: int, on_step=None) -> Decoded:
