@@ -117,13 +117,15 @@ def main() -> None:
                                          args.runs)
             finally:
                 vllm.close()
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
     lines = [
         f"### Answers of real lengths — transformers {transformers.__version__}, torch {torch.__version__}"
         + (f", vLLM {vllm_version}" if vllm_version else ""),
         "",
         f"{args.preset} GRPO-like checkpoint on {engine.device}, {args.images} images × {args.draws} draws (ids) × --n {args.n} sampled answers "
         f"({len(requests) * args.n} answers, temperature 1.0, seed 0), "
-        f"--max-new-tokens {args.new_tokens}, {args.rows} decode rows, float32, {torch.get_num_threads()} threads"
+        f"--max-new-tokens {args.new_tokens}, {args.rows} decode rows, {dtype}"
+        + (f", {torch.get_num_threads()} threads" if engine.device == "cpu" else "")
         + (f"; vLLM eager, started once before its clock ({startup:.1f} s)" if vllm_version else "")
         + f". Each engine alone, 1 warm-up + median of {args.runs} runs (s: "
         + "; ".join(f"{n} " + ", ".join(f"{t:.2f}" for t in ts) for n, ts in times.items()) + ").",
@@ -131,7 +133,7 @@ def main() -> None:
         "| mode | answers | length p10 / p50 / p90 / max | at the limit | useful tokens/s | decode row utilization |",
         "|---|---|---|---|---|---|",
     ]
-    rate = {}
+    rate, figures = {}, {}
     for name, (rows, timings) in last.items():
         lengths = sorted(r.n_new_tokens for r in rows if r.error is None)
         useful = sum(lengths)
@@ -144,6 +146,13 @@ def main() -> None:
         lines.append(f"| {name} | {len(lengths)} | {pct(0.1)} / {pct(0.5)} / {pct(0.9)} / {lengths[-1]} | "
                      f"{sum(n >= args.new_tokens for n in lengths)} | {rate[name]:,.0f} | "
                      + (f"{useful / row_steps:.0%} ({useful:,} of {row_steps:,} row-steps) |" if row_steps else "– |"))
+        # where the last run's time went: prefills (stalling every row), cache copies, decode steps
+        admissions = [t for t in timings if getattr(t, "size", 0)]
+        figures[name] = {"answer_tokens": useful, "row_steps": row_steps, "at_limit": sum(n >= args.new_tokens for n in lengths),
+                         "length_p10_p50_p90_max": [pct(0.1), pct(0.5), pct(0.9), lengths[-1]],
+                         "prefills": len(admissions), "prefill_s": sum(t.ttft_s for t in admissions),
+                         "cache_fill_s": sum(getattr(t, "cache_fill_s", 0.0) for t in timings),
+                         "decode_s": sum(t.decode_s for t in timings), "decode_steps": sum(t.steps for t in timings)}
     ratios = [f"{a} ÷ {b}: **{rate[a] / rate[b]:.2f}×**" for a, b in ((f"{label}continuous", f"{label}static batches"),
                                                                         (f"{label}continuous", "vLLM-CPU")) if a in rate and b in rate]
     lines += ["", "Useful tokens/s, " + "; ".join(ratios) + ".", ""] if ratios else [""]
@@ -152,8 +161,9 @@ def main() -> None:
     if args.json:
         import json
 
-        Path(args.json).write_text(json.dumps({"preset": args.preset, "device": engine.device, "useful_tokens_per_s": rate,
-                                               "seconds": times}, indent=1))
+        Path(args.json).write_text(json.dumps({"preset": args.preset, "device": engine.device, "dtype": dtype,
+                                               "useful_tokens_per_s": rate, "seconds": times, "modes": figures,
+                                               "admissions": getattr(engine, "admissions", None)}, indent=1))
     if args.write:
         record(text, args.key)
 

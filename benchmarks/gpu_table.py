@@ -109,12 +109,17 @@ def length_lines(mixes: dict[str, dict]) -> list[str]:
     """gpu.sh's real-length steps (benchmarks/bench_lengths.py --json): static batches vs continuous batching."""
     lines = ["", "Answers of real lengths (8 images × 4 draws × 8 sampled answers up to 512 tokens, 32 decode rows; "
              "benchmarks/bench_lengths.py):", "",
-             "| checkpoint | static batches tokens/s | continuous tokens/s | continuous ÷ static |", "|---|---|---|---|"]
+             "| checkpoint | static batches tokens/s | continuous tokens/s | continuous ÷ static | row utilization "
+             "(static / continuous) | continuous: prefills, their s, decode steps |", "|---|---|---|---|---|---|"]
     for name, mix in sorted(mixes.items()):
-        rate = mix["useful_tokens_per_s"]
+        rate, modes = mix["useful_tokens_per_s"], mix.get("modes", {})  # (reports before 0.11 have no "modes")
         static, continuous = rate.get("static batches"), rate.get("continuous")
         ratio = f"{continuous / static:.2f}×" if static and continuous else "–"
-        lines.append(f"| {name} | {static or 0:,.0f} | {continuous or 0:,.0f} | {ratio} |")
+        use = " / ".join(f"{m['answer_tokens'] / m['row_steps']:.0%}" if m.get("row_steps") else "–"
+                         for m in (modes.get("static batches", {}), modes.get("continuous", {})))
+        c = modes.get("continuous")
+        where = f"{c['prefills']}, {c['prefill_s']:.2f} s, {c['decode_steps']:,}" if c else "–"
+        lines.append(f"| {name} | {static or 0:,.0f} | {continuous or 0:,.0f} | {ratio} | {use} | {where} |")
     return lines
 
 

@@ -123,7 +123,10 @@ elif args[0].endswith("bench_vision.py"):
     json.dump(_vision_report(), open(args[args.index("--json") + 1], "w"))
 elif args[0].endswith("bench_lengths.py"):
     json.dump({{"preset": args[args.index("--preset") + 1], "device": "cuda",
-               "useful_tokens_per_s": {{"static batches": 2000.0, "continuous": 3600.0}}}},
+               "useful_tokens_per_s": {{"static batches": 2000.0, "continuous": 3600.0}},
+               "modes": {{"static batches": {{"answer_tokens": 50000, "row_steps": 100000}},
+                         "continuous": {{"answer_tokens": 50000, "row_steps": 62500, "prefills": 32, "prefill_s": 2.5,
+                                        "decode_steps": 2000}}}}}},
               open(args[args.index("--json") + 1], "w"))
 elif args[0].endswith("bench_kernels.py"):
     json.dump({{"device": "cuda", "families": {{"qwen2_5_vl": {{"graph_breaks": 0, "generated_per_layer": 6.0,
@@ -172,7 +175,8 @@ def test_slices_run_steps_until_every_report_is_there(tmp_path):
     table = (out / "table.md").read_text()
     assert "### Fake GPU (CUDA 0.0)" in table
     assert [line.split(" | ")[1:4] for line in table.splitlines() if line.startswith("| qwen")] == [
-        ["hf", "1", "8"], ["hf", "32", "32"], ["40.0", "40.0", "miss"], ["2,000", "3,600", "1.80× |"], ["0", "6", "5"]]
+        ["hf", "1", "8"], ["hf", "32", "32"], ["40.0", "40.0", "miss"], ["2,000", "3,600", "1.80×"], ["0", "6", "5"]]
+    assert "| 1.80× | 50% / 80% | 32, 2.50 s, 2,000 |" in table  # row utilization; the continuous run's prefills
     assert "tests/test_cuda.py on this machine: 12 passed in 80.00s" in table
     again = gpu_sh(out, **knobs)
     assert again.returncode == 0 and {action for action, _, _ in plan(again.stdout)} == {"skip"}  # nothing redone
