@@ -169,12 +169,29 @@ def test_a_prompt_longer_than_planned_moves_the_run_to_a_longer_cache(spread, im
     assert {k: v.token_ids for k, v in short.items()} == {k: v.token_ids for k, v in planned.items()}
 
 
-def test_a_gpu_policy_waits_for_a_quarter_of_the_rows():
+def test_a_gpu_policy_prefills_a_set_of_rows_ahead_and_a_cpu_one_what_is_free():
     gpu, cpu = AdmitPolicy.for_device(True), AdmitPolicy.for_device(False)
-    assert not gpu.due(free=1, width=8, live=7, waiting=5) and gpu.due(free=2, width=8, live=6, waiting=5)
-    assert cpu.due(free=1, width=8, live=7, waiting=5)
-    assert gpu.due(free=1, width=8, live=0, waiting=1) and not cpu.due(free=8, width=8, live=0, waiting=0)
-    assert not cpu.due(free=0, width=8, live=8, waiting=5)
+    assert gpu.due(free=1, width=8, live=7, waiting=5) and cpu.due(free=1, width=8, live=7, waiting=5)
+    assert not gpu.due(free=0, width=8, live=8, waiting=5) and not cpu.due(free=8, width=8, live=0, waiting=0)
+    assert gpu.requests(free=1, width=8, n=2, waiting=9) == 4  # a set of rows' answers: 1 seated, 7 wait prefilled
+    assert gpu.requests(free=1, width=8, n=3, waiting=9) == 3 and gpu.requests(free=1, width=8, n=2, waiting=2) == 2
+    assert cpu.requests(free=1, width=8, n=2, waiting=9) == 1 and cpu.requests(free=5, width=8, n=2, waiting=9) == 3
+    quarter = AdmitPolicy(0.25, 0.0, "once a quarter of the rows are free")
+    assert not quarter.due(free=1, width=8, live=7, waiting=5) and quarter.due(free=2, width=8, live=6, waiting=5)
+    assert quarter.due(free=1, width=8, live=0, waiting=1)
+
+
+def test_answers_prefilled_ahead_take_rows_as_they_free_with_the_tokens_of_each_alone(spread, images):
+    """The GPU's policy (run here on the CPU's eager loop): one prefill makes answers for every row, those
+    without a row wait prefilled and take rows as they free; fewer prefills than admitting per free row,
+    the same tokens."""
+    reqs = _requests(images)
+    engine = Engine(spread, GenerationSettings(max_new_tokens=24), sync_every=1)
+    per_row, per_row_admissions, _, _ = run_stream(engine, reqs, 2, policy=AdmitPolicy.for_device(False))
+    ahead, admissions, _, _ = run_stream(engine, reqs, 2, policy=AdmitPolicy.for_device(True))
+    assert {k: v.token_ids for k, v in ahead.items()} == {k: v.token_ids for k, v in per_row.items()}
+    assert admissions == [2, 2, 2] and len(per_row_admissions) > 3  # each prefill: a set of 2 rows' answers
+    assert "answer(s) waited, prefilled, for a row" in engine.admissions and " 0 answer(s) waited" not in engine.admissions
 
 
 def test_answers_that_find_no_free_row_wait_prefilled_and_keep_their_tokens(loaded, images):
