@@ -26,6 +26,7 @@ it is made again when its source changed in place (a checkpoint swap), which its
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -73,7 +74,23 @@ def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
     if needed > PACKED_SHARE * available:
         return False, (f"CPU decode products unpacked: packed copies of the weights would take {needed / 2**30:.1f} GiB, "
                        f"more than {PACKED_SHARE:.0%} of the {available / 2**30:.1f} GiB available")
-    return True, f"CPU decode products on oneDNN-packed weights ({needed / 2**30:.2f} GiB of copies)"
+    varies = "" if row_invariant() else ("; on this torch a product's row depends on how many rows share it, so batch 1 "
+                                         "and batch N may choose other tokens where two logits nearly tie (torch 2.14 "
+                                         "packs row-invariantly)")
+    return True, f"CPU decode products on oneDNN-packed weights ({needed / 2**30:.2f} GiB of copies){varies}"
+
+
+@functools.cache
+def row_invariant() -> bool:
+    """Whether a packed product's row is the same bits whatever rows share the product: what makes batch 1
+    and batch N decode the same tokens on a CPU. Measured on x86: torch 2.14.1's oneDNN yes, 2.11.0's no
+    (nor its plain ``linear``, so packing costs nothing there)."""
+    with torch.inference_mode(False):
+        g = torch.Generator().manual_seed(0)
+        weight, x = torch.randn(256, 256, generator=g), torch.randn(32, 256, generator=g)
+        packed = Packed(weight)
+        alone = packed(x[:1], None)
+        return all(torch.equal(packed(x[:rows], None)[:1], alone) for rows in (2, 13, 32))
 
 
 def available_memory() -> int:
