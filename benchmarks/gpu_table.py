@@ -118,7 +118,7 @@ def length_lines(mixes: dict[str, dict]) -> list[str]:
         use = " / ".join(f"{m['answer_tokens'] / m['row_steps']:.0%}" if m.get("row_steps") else "–"
                          for m in (modes.get("static batches", {}), modes.get("continuous", {})))
         c = modes.get("continuous")
-        where = f"{c['prefills']}, {c['prefill_s']:.2f} s, {c['decode_steps']:,}" if c else "–"
+        where = f"{c['prefills']}, {c['prefill_s']:.2f} s, {c['decode_steps']:,}" if c and "prefills" in c else "–"
         lines.append(f"| {name} | {static or 0:,.0f} | {continuous or 0:,.0f} | {ratio} | {use} | {where} |")
     return lines
 
