@@ -53,7 +53,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     base_cfg = read_json_object(base_dir / "config.json") if base_dir else None
     found += _cache(d, config, generation)
     found += _eos(d, config, generation, base_dir, base_cfg)
-    found += _files(d, base_dir)
+    found += _files(d, base_dir) + _saved_by_v5(d)
     found += _family(d, config)
     found += _classes(d)
     found += _weights(target, base_dir, float32_min_bytes)
@@ -124,6 +124,28 @@ def _files(d: Path, base_dir: Path | None) -> list[Finding]:
                            "no chat template: tools other than vlmfast (which falls back to ChatML) cannot build prompts",
                            f"{fix} (copies it from the base model)"))
     return out
+
+
+def _saved_by_v5(d: Path) -> list[Finding]:
+    """Where transformers 4.x is installed: settings saved in transformers 5's form, which vlmfast reads
+    through a rewritten temporary copy and other 4.x tools cannot load (fix writes the form both read),
+    and weights 4.x cannot read at all."""
+    from vlmfast.checkpoints.portable import unreadable_by_v4, v4_cannot_read
+
+    here = _installed_transformers()
+    if here is None or here >= (5,):
+        return []
+    version = ".".join(map(str, here))
+    weights = v4_cannot_read(d)
+    if weights:
+        return [Finding("error", "saved-by-transformers-5", "*.safetensors", f"transformers {version} cannot load it "
+                        f"({weights})", "run it where transformers 5 is installed: pip install 'transformers>=5'")]
+    lines = unreadable_by_v4(d)
+    if not lines:
+        return []
+    return [Finding("warning", "saved-by-transformers-5", ", ".join(dict.fromkeys(line.split(":")[0] for line in lines)),
+                    f"saved in transformers 5's form, which transformers {version} cannot load (vlmfast reads it through "
+                    "a rewritten temporary copy; other tools stop)", f"{_fix_cmd(d)} (writes the form 4.x and 5.x both read)")]
 
 
 def _processor_settings(d: Path) -> dict[str, tuple[str, object]]:

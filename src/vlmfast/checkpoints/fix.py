@@ -131,7 +131,38 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     if edit:
         plan.edits.append(edit)
     plan.edits += _generation_edits(d, config, base, plan.copies)
+    plan.edits = _with_v4_form(d, plan.edits)
     return plan
+
+
+def _with_v4_form(d: Path, edits: list[FileEdit]) -> list[FileEdit]:
+    """Where transformers 4.x is installed: ``edits`` plus what a checkpoint saved by transformers 5 needs
+    for 4.x to read it (:mod:`vlmfast.checkpoints.portable`): tokenizer_config.json's special-token list
+    under the name both lines read; config.json's rotary settings also as 4.x names them (one edit with the
+    cache's, if any). 5.x reads either form: there a fix leaves them as they are."""
+    from vlmfast.checkpoints.portable import transformers_major
+
+    return _v4_form(d, edits) if transformers_major() < 5 else edits
+
+
+def _v4_form(d: Path, edits: list[FileEdit]) -> list[FileEdit]:
+    from vlmfast.checkpoints.portable import config_form, tokenizer_form
+
+    out = list(edits)
+    path = d / "tokenizer_config.json"
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        tokenizer, changes = tokenizer_form(_read(path))
+        if changes:
+            out.append(FileEdit(path, text, dump_like(text, tokenizer), tuple(changes)))
+    path = d / "config.json"
+    earlier = next((e for e in edits if e.path == path), None)
+    text = path.read_text(encoding="utf-8")
+    config, changes = config_form(json.loads(earlier.new) if earlier else _read(path))
+    if changes:
+        out = [e for e in out if e is not earlier]
+        out.append(FileEdit(path, text, dump_like(text, config), (*(earlier.changes if earlier else ()), *changes)))
+    return out
 
 
 def _read(path: Path) -> dict:

@@ -8,6 +8,7 @@ job and reading its files :mod:`vlmfast.checkpoints.readers`'; this module is th
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from vlmfast.checkpoints.readers import (CHAT_TEMPLATE, cache_off_locations, rea
 from vlmfast.errors import CheckpointError, UsageError, check_choice
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
+from vlmfast.checkpoints.portable import readable_here
 
 DTYPE_ALIASES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -181,25 +183,28 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
     notes = [n for n in (found.note,) if n and n != "hub id"] + list(runtime.notes)
     if trust_remote_code:
         notes.append("trust_remote_code is on: the checkpoint's own Python code runs")
-    processor, said = load_processor(source, trust_remote_code=trust_remote_code,
-                                     hint="copy preprocessor_config.json, tokenizer and chat template files from the base "
-                                          "model into the checkpoint (vlmfast fix CKPT --processor-from BASE does it)")
-    notes += said
+    # a checkpoint saved by transformers 5, on 4.x: read through a rewritten temporary copy (portable.py)
+    with readable_here(found.path) if found.is_local else contextlib.nullcontext((source, [])) as (here, said):
+        notes += said
+        processor, said = load_processor(str(here), trust_remote_code=trust_remote_code,
+                                         hint="copy preprocessor_config.json, tokenizer and chat template files from the "
+                                              "base model into the checkpoint (vlmfast fix CKPT --processor-from BASE does it)")
+        notes += said
+        try:
+            model = AutoModelForImageTextToText.from_pretrained(
+                str(here),
+                dtype=getattr(torch, runtime.dtype),
+                attn_implementation=runtime.attn,
+                device_map={"": runtime.device} if runtime.device != "cpu" else None,
+                trust_remote_code=trust_remote_code,
+                use_safetensors=None if allow_pickle else True,
+            )
+        except Exception as exc:
+            raise CheckpointError(
+                f"{source}: cannot load the model ({type(exc).__name__}: {exc})",
+                hint="check that the weights are complete and match config.json",
+            ) from exc
     tokenizer = processor.tokenizer
-    try:
-        model = AutoModelForImageTextToText.from_pretrained(
-            source,
-            dtype=getattr(torch, runtime.dtype),
-            attn_implementation=runtime.attn,
-            device_map={"": runtime.device} if runtime.device != "cpu" else None,
-            trust_remote_code=trust_remote_code,
-            use_safetensors=None if allow_pickle else True,
-        )
-    except Exception as exc:
-        raise CheckpointError(
-            f"{source}: cannot load the model ({type(exc).__name__}: {exc})",
-            hint="check that the weights are complete and match config.json",
-        ) from exc
     model.eval()
     vocab = getattr(model.config.get_text_config(), "vocab_size", None)
     if vocab and len(tokenizer) < vocab // 2:

@@ -34,7 +34,7 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     with stderr.status("building the demo checkpoint (random weights, saved cache-off like a GRPO run)…"):
         import transformers
 
-        # one directory per transformers major: checkpoints saved by 5.x do not load in 4.57
+        # one directory per transformers major: each line decodes its own save (4.57 reads 5.x's through a rewrite)
         ckpt = build_checkpoint(workdir / f"grpo-demo-tf{transformers.__version__.split('.')[0]}", preset="demo", like="grpo")
         images = make_images(workdir / "images", n=8, sizes=DEMO_IMAGE_SIZES)
     out = workdir / "results.jsonl"
