@@ -184,6 +184,16 @@ def _truncated(ctx):
     return d, {}
 
 
+def _saved_by_v5(ctx):
+    """tokenizer_config.json and config.json as transformers 5 writes them, diagnosed as on 4.57 (where it fires)."""
+    from test_portable import as_saved_by_v5
+
+    from vlmfast.checkpoints import doctor
+
+    ctx.monkeypatch.setattr(doctor, "_installed_transformers", lambda: (4, 57))
+    return as_saved_by_v5(ctx.base, ctx.tmp / "v5"), {}
+
+
 def _train_eval(ctx):
     d = _copy(ctx.base, ctx.tmp / "run" / "checkpoint-1")
     (d / "args.json").write_text(json.dumps({"rlhf_type": "grpo", "temperature": 0.9}))  # ms-swift's key
@@ -222,12 +232,13 @@ CASES = {
     "resolved": (lambda ctx: (ctx.layouts["vlmr1"].root, {}), None),
     "processor-family-mismatch": (_other_family_processor, None),  # file names differ by version: checked below
     "untested-family": (_untested_family, [("info", "config.json: model_type")]),
+    "saved-by-transformers-5": (_saved_by_v5, [("warning", "tokenizer_config.json, config.json")]),
 }
 
 
 class _Ctx:
-    def __init__(self, base, grpo, layouts, tmp):
-        self.base, self.grpo, self.layouts, self.tmp = base, grpo, layouts, tmp
+    def __init__(self, base, grpo, layouts, tmp, monkeypatch=None):
+        self.base, self.grpo, self.layouts, self.tmp, self.monkeypatch = base, grpo, layouts, tmp, monkeypatch
 
 
 def test_every_code_has_a_case():
@@ -235,10 +246,10 @@ def test_every_code_has_a_case():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_finding_fires_on_its_fixture(case, base_ckpt, grpo_ckpt, layouts, tmp_path):
+def test_finding_fires_on_its_fixture(case, base_ckpt, grpo_ckpt, layouts, tmp_path, monkeypatch):
     make, expected = CASES[case]
     code = case.removesuffix("-vs-base")
-    ckpt, kwargs = make(_Ctx(base_ckpt, grpo_ckpt, layouts, tmp_path))
+    ckpt, kwargs = make(_Ctx(base_ckpt, grpo_ckpt, layouts, tmp_path, monkeypatch))
     found = [f for f in diagnose(ckpt, **kwargs) if f.code == code]
     assert found, f"{code} did not fire"
     if expected is not None:

@@ -15,6 +15,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
     "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
     "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
+    "saved-by-transformers-5",
 )
 
 @dataclass(frozen=True)
