@@ -74,3 +74,18 @@ def test_a_rewarded_sweep_has_a_reward_column_with_sub_score_means_and_says_what
     text = out.getvalue()
     assert "reward" in text.splitlines()[1] and "0.50 (format 0.00 · accuracy 0.55)" in text
     assert "the reward's accuracy sub-score reaches --reward-threshold" in text
+
+
+def test_the_engine_line_counts_only_the_switches_of_this_run(monkeypatch):
+    """A checkpoint read back keeps the figures of the run that evaluated it; the engine line speaks of this run."""
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=100, highlight=False, soft_wrap=True))
+    first, *rest = REPORT["checkpoints"]
+    terminal.render_sweep({**REPORT, "checkpoints": [{**first, "read_back": True}, *rest]})
+    assert "engine: swapped in place 2× (median 1.30 s)" in out.getvalue().splitlines()
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=100, highlight=False, soft_wrap=True))
+    terminal.render_sweep({**REPORT, "checkpoints": [{**c, "read_back": True} for c in REPORT["checkpoints"]]})
+    lines = out.getvalue().splitlines()
+    assert "engine: not started (every checkpoint's rows were already in the output directory)" in lines
+    assert not any(line.startswith("engine: loaded") for line in lines)

@@ -87,6 +87,7 @@ def test_a_killed_sweep_resumes_without_redoing_a_row(run, tmp_path):
     by_step = {c["step"]: c for c in again["checkpoints"]}
     # finished: read back, nothing loaded; its figures are those measured when it ran
     assert by_step[100]["rows"] == 4 and by_step[100]["load_s"] == first["checkpoints"][0]["load_s"] > 0
+    assert by_step[100]["read_back"] and not by_step[200].get("read_back")  # the engine line counts step 200 only
     assert [r["id"] for r in read_jsonl(out / "step-200.jsonl")] == ["q0", "q1", "q2", "q3"]  # every row once
     assert _tokens(read_jsonl(out / "step-200.jsonl")) == _tokens(rows_200) and first["best"]["step"] == 200
     assert len(read_jsonl(out / "step-300.jsonl")) == 4

@@ -170,9 +170,12 @@ def render_sweep(report: dict) -> None:
     """``vlmfast sweep``: one line per checkpoint (with its difference from base, its health and its flags), the
     engine's switches, the best one, the flags' messages, the gate, on stderr."""
     stderr.print(sweep_table(report))
-    switched = _switches(report["checkpoints"])
+    # the engine's switches of this run: a checkpoint read back keeps the figures of the run that evaluated it
+    switched = _switches([c for c in report["checkpoints"] if not c.get("read_back")])
     if switched:
         stderr.print(f"engine: {switched}")
+    elif report["checkpoints"] and all(c.get("read_back") for c in report["checkpoints"]):
+        stderr.print("engine: not started (every checkpoint's rows were already in the output directory)")
     best, failed = report["best"], sum(c.get("reward_errors") or 0 for c in report["checkpoints"])
     where = ("base" if best.get("label") == "base" else f"step {best['step']}") if best else ""
     held = ""

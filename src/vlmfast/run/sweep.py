@@ -283,7 +283,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     from vlmfast.run.sweep_record import MEASURED, measured, record
 
     if report.samples == 0 and (kept := measured(out)):  # read back, nothing measured: the figures of when it ran
-        figures = {**{k: v for k, v in figures.items() if k not in MEASURED}, **kept}
+        figures = {**{k: v for k, v in figures.items() if k not in MEASURED}, **kept, "read_back": True}
     else:
         record(out, settings, figures)
     return figures
