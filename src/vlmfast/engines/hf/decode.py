@@ -11,9 +11,8 @@ by :meth:`DecodeState.harvest` when the answer ended, so a row that ended can ta
 while the others go on (:mod:`vlmfast.engines.hf.continuous`); a whole batch admitted at once and
 stepped to its end is :func:`run_loop`.
 
-One state, two ways to run its step: eager, exactly as ``generate`` attends (only the rows that still
-run are computed: they are packed to the front), or static (fixed shapes for CUDA graphs and
-``torch.compile``: every row, every index a device tensor).
+One state, two ways to run its step: eager, exactly as ``generate`` attends (only the rows that still run
+are computed, packed to the front), or static (CUDA graphs, ``torch.compile``: every row, device indices).
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ import torch
 from vlmfast.engines.hf.fused import fused_projections
 from vlmfast.engines.hf.kv import StaticKV  # noqa: F401 - the decode cache, importable from here
 from vlmfast.engines.hf.sampling import select, token_hashes
-from vlmfast.engines.hf.text_decoder import (  # noqa: F401 - importable from here
-    DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention, decode_attention_for, rope_positions, split_rows,
-    suppress_bias,
-)
+from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention,  # noqa: F401
+                                              decode_attention_for, rope_positions, split_rows, suppress_bias)
 
 
 @dataclass
