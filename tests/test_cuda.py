@@ -290,3 +290,25 @@ def test_graphs_capture_a_stop_set_of_hundreds_of_ids(on_gpu, images):
     graphs = Engine(many, settings)
     replayed, _ = _run(graphs, images)
     assert replayed == few and all(state.graph is not None for state in graphs._static.values())
+
+
+@needs_qwen_vl_utils
+def test_answers_prefilled_ahead_take_rows_between_replays_with_the_eager_tokens(on_gpu, images):
+    """The GPU's admission policy under CUDA graphs: a prefill makes a set of rows' answers (2 requests × --n 3
+    for 4 rows), the 2 that find no row wait prefilled and take rows as they free, between replayed steps."""
+    from vlmfast.engines.hf.continuous import AdmitPolicy, stream
+
+    settings = GenerationSettings(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=5, n=3)
+    reqs = [Request(str(p), (str(p),), "Count the shapes.") for p in images[:3]]
+
+    def answers(engine):
+        length = max(engine.cost(r) for r in reqs) + 64 + settings.max_new_tokens
+        out = stream(engine, reqs, 4, length, AdmitPolicy.for_device(True))
+        return {(r.id, r.sample): r.token_ids for rows, _ in out for r in rows}, engine.admissions
+
+    eager, _ = answers(Engine(on_gpu, settings, cuda_graphs=False))
+    graphs = Engine(on_gpu, settings)
+    replayed, said = answers(graphs)
+    assert replayed == eager and len(eager) == 9
+    assert "answer(s) waited, prefilled, for a row" in said and " 0 answer(s) waited" not in said
+    assert graphs._static and all(state.graph is not None for state in graphs._static.values())
