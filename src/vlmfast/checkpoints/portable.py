@@ -12,7 +12,8 @@ trainers and evaluation environments pin) reads otherwise:
   beside ``rope_parameters``, which stays, so 5.x reads what it wrote.
 
 Tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints saved by 5.24 and rewritten so decode the same
-tokens under 4.57.6 as the originals under 5.24 (tests/checkpoints/test_portable.py). ``vlmfast fix``
+tokens under 4.57.6 as the originals under 5.24 (checked by hand with ``infer``; tests/checkpoints/
+test_portable.py holds Qwen2.5-VL to it on both lines). ``vlmfast fix``
 writes the form both lines read; on 4.x the loader reads a checkpoint saved by 5.x through
 :func:`readable_here` (the checkpoint is untouched). No rewrite helps a Qwen3-VL-MoE saved by 5.x: its
 experts' weights are stored in another layout (4.57 reads ``[experts, 32, 64]`` where 5.x wrote
