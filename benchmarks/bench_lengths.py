@@ -45,8 +45,10 @@ def main() -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--json", help="also write the figures as JSON here")
     parser.add_argument("--modes", default="static,continuous",
-                        help="which of vlmfast's modes run: static, continuous (static alone runs on vlmfast 0.6 too, "
-                        "whose static batches computed every row until the longest answer ended: PYTHONPATH=OLD/src)")
+                        help="which of vlmfast's modes run: static, continuous (the device's admission policy), "
+                        "quarter (continuous, admitting once a quarter of the rows are free: 0.10's policy on every "
+                        "device). Static alone runs on vlmfast 0.6 too, whose static batches computed every row "
+                        "until the longest answer ended: PYTHONPATH=OLD/src")
     parser.add_argument("--compile", action="store_true", help="compile the decode step (static shapes)")
     parser.add_argument("--label", default="", help="a prefix for the modes' names in the table (e.g. 0.6)")
     parser.add_argument("--write", action="store_true")
@@ -60,6 +62,7 @@ def main() -> None:
     from vlmfast.checkpoints.load import load
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
     from vlmfast.cli.demo import DEMO_IMAGE_SIZES
+    from vlmfast.engines.hf.continuous import AdmitPolicy
     from vlmfast.engines.hf.engine import Engine, GenerationSettings
     from vlmfast.engines.hf.scheduler import Scheduler
     from vlmfast.inputs.requests import collect
@@ -94,9 +97,12 @@ def main() -> None:
         return time.perf_counter() - start
 
     label = f"{args.label} " if args.label else ""
+    quarter = AdmitPolicy(0.25, 0.0, "once a quarter of the rows are free, prefill what they take")  # 0.10's
     modes = {
         "static": (f"{label}static batches", lambda: scheduler.run(requests, {}, args.rows // args.n)),
         "continuous": (f"{label}continuous", lambda: scheduler.continuous(requests, {}, order, args.rows)),
+        "quarter": (f"{label}continuous, admitting at a quarter free",
+                    lambda: scheduler.continuous(requests, {}, order, args.rows, quarter)),
     }
     scenarios = {name: (lambda name=name, items=items: run(name, items))
                  for mode, (name, items) in modes.items() if mode in args.modes.split(",")}
@@ -154,6 +160,7 @@ def main() -> None:
                          "cache_fill_s": sum(getattr(t, "cache_fill_s", 0.0) for t in timings),
                          "decode_s": sum(t.decode_s for t in timings), "decode_steps": sum(t.steps for t in timings)}
     ratios = [f"{a} ÷ {b}: **{rate[a] / rate[b]:.2f}×**" for a, b in ((f"{label}continuous", f"{label}static batches"),
+                                                                        (f"{label}continuous, admitting at a quarter free", f"{label}static batches"),
                                                                         (f"{label}continuous", "vLLM-CPU")) if a in rate and b in rate]
     lines += ["", "Useful tokens/s, " + "; ".join(ratios) + ".", ""] if ratios else [""]
     text = "\n".join(lines)

@@ -106,20 +106,36 @@ def run_lines(runs: list[tuple[dict, dict]]) -> list[str]:
 
 
 def length_lines(mixes: dict[str, dict]) -> list[str]:
-    """gpu.sh's real-length steps (benchmarks/bench_lengths.py --json): static batches vs continuous batching."""
+    """gpu.sh's real-length steps (benchmarks/bench_lengths.py --json): static batches vs continuous batching
+    (with the device's admission policy, and with 0.10's where the step ran it), a row per mode."""
     lines = ["", "Answers of real lengths (8 images × 4 draws × 8 sampled answers up to 512 tokens, 32 decode rows; "
              "benchmarks/bench_lengths.py):", "",
-             "| checkpoint | static batches tokens/s | continuous tokens/s | continuous ÷ static | row utilization "
-             "(static / continuous) | continuous: prefills, their s, decode steps |", "|---|---|---|---|---|---|"]
+             "| checkpoint | mode | useful tokens/s | ÷ static batches | decode row utilization | prefills, their s, "
+             "decode steps |", "|---|---|---|---|---|---|"]
     for name, mix in sorted(mixes.items()):
         rate, modes = mix["useful_tokens_per_s"], mix.get("modes", {})  # (reports before 0.11 have no "modes")
-        static, continuous = rate.get("static batches"), rate.get("continuous")
-        ratio = f"{continuous / static:.2f}×" if static and continuous else "–"
-        use = " / ".join(f"{m['answer_tokens'] / m['row_steps']:.0%}" if m.get("row_steps") else "–"
-                         for m in (modes.get("static batches", {}), modes.get("continuous", {})))
-        c = modes.get("continuous")
-        where = f"{c['prefills']}, {c['prefill_s']:.2f} s, {c['decode_steps']:,}" if c and "prefills" in c else "–"
-        lines.append(f"| {name} | {static or 0:,.0f} | {continuous or 0:,.0f} | {ratio} | {use} | {where} |")
+        static = rate.get("static batches")
+        for mode, tokens_per_s in rate.items():
+            m = modes.get(mode, {})
+            ratio = f"{tokens_per_s / static:.2f}×" if static and mode != "static batches" else "–"
+            use = f"{m['answer_tokens'] / m['row_steps']:.0%}" if m.get("row_steps") else "–"
+            where = f"{m['prefills']}, {m['prefill_s']:.2f} s, {m['decode_steps']:,}" if "prefills" in m else "–"
+            lines.append(f"| {name} | {mode} | {tokens_per_s:,.0f} | {ratio} | {use} | {where} |")
+    return lines
+
+
+def prefill_lines(prefills: dict[str, dict]) -> list[str]:
+    """gpu.sh's prefill profiles (benchmarks/profile_prefill.py --json): the time to the first token, part by
+    part, its kernels' device time against its wall time, and the kernels that cost most."""
+    lines = ["", "Where the time to the first token goes (benchmarks/profile_prefill.py: one prefill, median of 5; "
+             "kernel time from one more under the profiler):", "",
+             "| checkpoint | images (groups) | prefill ms | vision tower | rotary index | language model | "
+             "kernels: count, ms | top kernels (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for name, p in sorted(prefills.items()):
+        top = "; ".join(f"{k['name'][:40]} {k['ms']:.1f}" for k in p["top_kernels"][:3])
+        lines.append(f"| {name} | {p['images']} ({'+'.join(map(str, p['prefill_groups']))}) | {p['wall_ms']:.1f} | "
+                     f"{p['vision_ms']:.1f} | {p['rope_index_ms']:.1f} | {p['language_ms']:.1f} | "
+                     f"{p['kernels']:,}, {p['kernel_ms']:.1f} | {top} |")
     return lines
 
 
@@ -137,7 +153,7 @@ def kernel_lines(kernels: dict[str, dict]) -> list[str]:
 
 def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None,
           runs: list[tuple[dict, dict]] = (), mixes: dict[str, dict] | None = None, kernels: dict[str, dict] | None = None,
-          tests: str | None = None) -> str:
+          tests: str | None = None, prefills: dict[str, dict] | None = None) -> str:
     everything = benches + [r for pair in infers.values() for r in pair]
     stacks = sorted({f"transformers {v['transformers']}, torch {v['torch']}" for r in everything if (v := r.get("versions"))})
     gpu = f"{device['gpu']} (CUDA {device['cuda']})" if device else "GPU"
@@ -166,11 +182,13 @@ def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dic
         lines += run_lines(runs)
     if mixes:
         lines += length_lines(mixes)
+    if prefills:
+        lines += prefill_lines(prefills)
     if kernels:
         lines += kernel_lines(kernels)
     if tests:
         lines += ["", f"tests/test_cuda.py on this machine: {tests}"]
-    if not benches and not infers and not vision and not runs and not mixes and not kernels and not tests:
+    if not (benches or infers or vision or runs or mixes or kernels or tests or prefills):
         lines.append("No finished report yet.")
     return "\n".join(lines) + "\n"
 
@@ -188,10 +206,12 @@ def main() -> None:
              if (m := _read(p)) is not None}
     kernels = {p.name.removesuffix("-kernels.json"): k for p in sorted(args.out_dir.glob("reports/*-kernels.json"))
                if (k := _read(p)) is not None}
+    prefills = {p.name.removesuffix("-prefill.json"): f for p in sorted(args.out_dir.glob("reports/*-prefill.json"))
+                if (f := _read(p)) is not None}
     tests_file = args.out_dir / "reports" / "cuda-tests.txt"
     tests = tests_file.read_text().strip().splitlines()[-1] if tests_file.exists() and tests_file.read_text().strip() else None
     text = table(benches, infers, _read(device_file) if device_file.exists() else None,
-                 _read(vision_file) if vision_file.exists() else None, runs, mixes, kernels, tests)
+                 _read(vision_file) if vision_file.exists() else None, runs, mixes, kernels, tests, prefills)
     print(text)
     (args.out_dir / "table.md").write_text(text, encoding="utf-8")
     if args.write:

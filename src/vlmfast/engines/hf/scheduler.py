@@ -64,11 +64,13 @@ class Scheduler:
                     pending = pool.submit(self._prefetch, [requests[i] for i in planned[k + 1]])
                 yield list(self._resilient(requests, indices, ready))
 
-    def continuous(self, requests: Sequence[Request], image_sizes: dict, order: list[int], width: int) -> Iterator[Batch]:
+    def continuous(self, requests: Sequence[Request], image_sizes: dict, order: list[int], width: int,
+                   policy=None) -> Iterator[Batch]:
         """The requests at ``order`` (indices, most expensive first) through ``width`` decode rows, each
         answer yielded as it ends: (input indices, rows, None), with the admissions' and the decode loop's
         timings as items of their own. After a CUDA out-of-memory error the answers not yet given run in
-        halved static batches (an answer already given is not given again)."""
+        halved static batches (an answer already given is not given again). ``policy``: when to admit (an
+        :class:`~vlmfast.engines.hf.continuous.AdmitPolicy`; the device's own by default)."""
         import torch
 
         from vlmfast.engines.hf.capacity import PROMPT_SLACK_TOKENS
@@ -83,7 +85,7 @@ class Scheduler:
         given: set[tuple[str, int | None]] = set()
         failed = None
         try:
-            for rows, timing in stream(engine, todo, width, length, overlap=self.overlap):
+            for rows, timing in stream(engine, todo, width, length, policy, overlap=self.overlap):
                 given.update((r.id, r.sample) for r in rows)
                 if rows or timing is not None:
                     yield [index[r.id] for r in rows], rows, timing
