@@ -179,6 +179,29 @@ def test_the_patch_embedding_product_on_the_gpu_in_bf16(on_gpu_bf16):
     torch.testing.assert_close(product.float(), conv.float(), rtol=2e-2, atol=2e-2)  # bf16: 8 bits of mantissa
 
 
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
+def test_the_padded_vision_mlp_on_the_gpu(dtype):
+    """Qwen2.5-VL's vision MLP padded to aligned rows (what prefill uses on CUDA) against the MLP as saved,
+    on the GPU's kernels; outside the block the layers (views of the padded matrices) compute as before."""
+    from vlmfast.engines.hf.vision_mlp import aligned_vision_mlps, use_aligned_vision_mlp
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLMLP
+    from transformers import Qwen2_5_VLConfig
+
+    config = Qwen2_5_VLConfig(vision_config=dict(hidden_size=128, intermediate_size=342)).vision_config
+    torch.manual_seed(0)
+    mlp = Qwen2_5_VLMLP(config, bias=True).to("cuda", getattr(torch, dtype)).eval()
+    x = torch.randn(4096, 128, device="cuda", dtype=mlp.gate_proj.weight.dtype)
+    with torch.inference_mode():
+        reference = mlp(x)
+        with use_aligned_vision_mlp(mlp) as count:
+            got = mlp(x)
+        after = mlp(x)
+    assert count == 1 and aligned_vision_mlps(mlp)[0].down.shape == (128, 384)
+    tight = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)  # bf16: 8 bits
+    torch.testing.assert_close(got.float(), reference.float(), **tight)
+    torch.testing.assert_close(after.float(), reference.float(), **tight)
+
+
 @needs_qwen_vl_utils
 def test_peak_memory_and_clocks_are_cuda_figures(grpo_ckpt, images, tmp_path):
     from vlmfast.run.runner import InferOptions, infer

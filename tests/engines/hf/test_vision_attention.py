@@ -128,6 +128,19 @@ def test_segment_attention_merges_within_the_budgets(monkeypatch):
     torch.testing.assert_close(split, reference, rtol=0, atol=0)
 
 
+def test_segments_of_one_length_are_a_view_without_a_mask(monkeypatch):
+    """Images of one size: every window (and image) the same length, so the packed tensors are the batch
+    already — one call, no padding, no mask (SDPA may take its flash kernel), each segment's exact sums."""
+    args, reference = _packed([16, 16, 16, 16])
+    seen = []
+    original = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: seen.append((a[0].shape, k.get("attn_mask"))) or original(*a, **k))
+    got = segment_attention(*args)
+    assert seen == [((4, 3, 16, 8), None)]
+    torch.testing.assert_close(got, reference, rtol=0, atol=0)
+
+
 def test_segment_attention_runs_lopsided_segments_one_by_one(monkeypatch):
     args, reference = _packed([12, 1, 2, 3])  # padded 576 scores for 158 exact ones: 3.6× > MAX_PADDING_WASTE
     calls = _sdpa_calls(monkeypatch)

@@ -229,12 +229,13 @@ class Engine(Preparer, PlainGenerate):
         from vlmfast.engines.hf.sampling import select
         from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
+        from vlmfast.engines.hf.vision_mlp import use_aligned_vision_mlp
 
         model = self.loaded.model
         n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
         groups = []
         with (torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model),
-              use_linear_patch_embed(model)):
+              use_linear_patch_embed(model), use_aligned_vision_mlp(model, self.on_cuda)):
             for g in prepared.groups:
                 inputs = self.on_device(g.inputs)
                 pos = rope_positions(model, inputs)

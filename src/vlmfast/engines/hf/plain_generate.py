@@ -45,6 +45,7 @@ class PlainGenerate:
 
         from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
+        from vlmfast.engines.hf.vision_mlp import use_aligned_vision_mlp
 
         kwargs = self.generate_kwargs()
         processors = [] if clock is None else [clock]
@@ -54,7 +55,8 @@ class PlainGenerate:
             kwargs["logits_processor"] = LogitsProcessorList(processors)
         model = self.loaded.model
         # the same vision numerics as vlmfast's prefill
-        with torch.inference_mode(), use_merged_vision_attention(model), use_linear_patch_embed(model):
+        with (torch.inference_mode(), use_merged_vision_attention(model), use_linear_patch_embed(model),
+              use_aligned_vision_mlp(model, self.on_cuda)):
             return self.loaded.model.generate(**inputs, **kwargs)
 
     def generate_kwargs(self) -> dict:

@@ -15,7 +15,10 @@ a single (total × total) mask would cost memory and compute quadratic in the to
 (8 images of 224–640 px: ~8k patches, 65M mask entries and scores per head per layer) where the
 windows need ~0.5M. Where padding would cost too much — more than :data:`MAX_PADDING_WASTE` times the
 exact scores (a full-attention layer over images of very different sizes), or more than
-:data:`MAX_MERGED_SCORES` in all — it falls back to one call per segment, as transformers does.
+:data:`MAX_MERGED_SCORES` in all — it falls back to one call per segment, as transformers does. Where
+every segment has the same length (images of one size: every window full, every image as long) the
+packed tensors are that batch already: a view, no gather, no mask, so SDPA may take its fastest kernel
+(on an H200, 32 images of 448 px spent 24 ms of a 289-ms tower gathering into the padded batch).
 """
 
 from __future__ import annotations
@@ -118,6 +121,11 @@ def segment_attention(query, key, value, cu_seqlens, scaling=None, max_scores: i
     plan = _plan(cu_seqlens, query.shape[2])
     if plan.count == 1:
         out = sdpa(query, key, value, scale=scaling)
+    elif plan.uniform:  # segments of one length (images of one size): a view of the packed tensors, no mask
+        heads, tokens, dim = query.shape[1:]
+        split = lambda t: t[0].unflatten(1, (plan.count, plan.longest)).transpose(0, 1)  # noqa: E731
+        out = sdpa(split(query), split(key), split(value), scale=scaling)  # (segments, heads, longest, dim)
+        return out.permute(0, 2, 1, 3).reshape(1, tokens, heads, dim)
     elif plan.padded_scores <= min(MAX_MERGED_SCORES if max_scores is None else max_scores,
                                    MAX_PADDING_WASTE * plan.exact_scores):
         out = sdpa(plan.pad(query), plan.pad(key), plan.pad(value), attn_mask=plan.key_valid, scale=scaling)
@@ -138,6 +146,7 @@ class _Segments:
         starts, lengths = cu_seqlens[:-1].long(), cu_seqlens.diff().long()
         self.lengths = lengths.tolist()  # the one host read-back per cu_seqlens tensor
         self.count, self.longest = len(self.lengths), max(self.lengths)
+        self.uniform = min(self.lengths) == self.longest
         self.padded_scores, self.exact_scores = self.count * self.longest**2, sum(n * n for n in self.lengths)
         self.segment = torch.repeat_interleave(torch.arange(self.count, device=device), lengths, output_size=tokens)
         self.offset = torch.arange(tokens, device=device) - starts[self.segment]
