@@ -67,6 +67,8 @@ def rows(benches: list[dict]) -> list[list[str]]:
             if s["name"] != "ckpt":
                 continue
             cells = ["–" if s.get(k) is None else f"{s[k]:.{d}f}" for k, d in FIGURES]
+            vision, language = s.get("ttft_vision_ms_p50"), s.get("ttft_language_ms_p50")  # (reports since 0.12)
+            cells.append("–" if vision is None or language is None else f"{vision:.1f} / {language:.1f}")
             order = MODES.index(mode) if mode in MODES else len(MODES)
             found.append(((name, order, s["batch_size"]), [name, mode, str(s["batch_size"]), str(samples), *cells]))
     return [cells for _, cells in sorted(found)]
@@ -165,8 +167,9 @@ def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dic
             "timed runs per row; medians. Batch 1 runs the first 8 images (its steps must fit a 10-minute slice), "
             "larger batches all 32. Written by benchmarks/gpu.sh.",
             "",
-            "| checkpoint | mode | batch | samples | tokens/s | TTFT p50 ms | decode ms/step | decode GB/s | % of peak |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| checkpoint | mode | batch | samples | tokens/s | TTFT p50 ms | decode ms/step | decode GB/s | % of peak | "
+            "TTFT: vision / language model ms |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += ["| " + " | ".join(cells) + " |" for cells in rows(benches)]
     if infers:

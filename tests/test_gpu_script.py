@@ -224,7 +224,9 @@ def _bench_report(ckpt: str, samples: int, batches: list[int], *, decoder="vlmfa
         "cache": {}, "base_cache": None,
         "scenarios": [{**scenario, "name": "ckpt", "batch_size": b, "tokens_per_s": tps * b, "ttft_ms_p50": 50.0 + b,
                        "decode_ms_per_token": 10.0 + b / 100, "decode_gb_per_s": 600.0,
-                       "bandwidth_pct_of_peak": 17.9 if decoder == "vlmfast" else None} for b in batches],
+                       "bandwidth_pct_of_peak": 17.9 if decoder == "vlmfast" else None,
+                       "ttft_vision_ms_p50": 30.0 if decoder == "vlmfast" else None,
+                       "ttft_language_ms_p50": 20.0 + b if decoder == "vlmfast" else None} for b in batches],
         "ratios": {}, "accuracy": {}, "fidelity": {}, "first_difference": {}, "notes": [],
         "versions": {"vlmfast": "0.2.0", "torch": "2.11.0+cu130", "transformers": "5.23.0", "python": "3.11.9"},
     }
@@ -271,11 +273,11 @@ def test_table_is_rebuilt_from_every_report_in_the_directory(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0] == "### NVIDIA H100 80GB HBM3 (CUDA 13.0) — transformers 5.23.0, torch 2.11.0+cu130"
     assert [line for line in lines if line.startswith("| qwen")] == [
-        "| qwen2.5-vl-3b-grpo | default | 1 | 8 | 120.5 | 51.0 | 10.01 | 600 | 17.9 |",
-        "| qwen2.5-vl-3b-grpo | default | 8 | 32 | 800.0 | 58.0 | 10.08 | 600 | 17.9 |",
-        "| qwen2.5-vl-3b-grpo | default | 32 | 32 | 3200.0 | 82.0 | 10.32 | 600 | 17.9 |",
-        "| qwen2.5-vl-3b-grpo | hf | 1 | 8 | 23.8 | 51.0 | 10.01 | 600 | – |",
-        "| qwen2.5-vl-7b-grpo | compile | 1 | 8 | 110.0 | 51.0 | 10.01 | 600 | 17.9 |",
+        "| qwen2.5-vl-3b-grpo | default | 1 | 8 | 120.5 | 51.0 | 10.01 | 600 | 17.9 | 30.0 / 21.0 |",
+        "| qwen2.5-vl-3b-grpo | default | 8 | 32 | 800.0 | 58.0 | 10.08 | 600 | 17.9 | 30.0 / 28.0 |",
+        "| qwen2.5-vl-3b-grpo | default | 32 | 32 | 3200.0 | 82.0 | 10.32 | 600 | 17.9 | 30.0 / 52.0 |",
+        "| qwen2.5-vl-3b-grpo | hf | 1 | 8 | 23.8 | 51.0 | 10.01 | 600 | – | – |",
+        "| qwen2.5-vl-7b-grpo | compile | 1 | 8 | 110.0 | 51.0 | 10.01 | 600 | 17.9 | 30.0 / 21.0 |",
         "| qwen2.5-vl-3b-grpo | 41.2 | 7.9 | hit | 1650.4 |",  # the 7B infer has no second run yet
     ]
     assert [line for line in lines if line.startswith(("| mixed", "| same"))] == [

@@ -38,6 +38,22 @@ def test_scenario_summary_on_recorded_times():
     assert (s["wall_s_min"], s["wall_s_max"], s["wall_cv_pct"]) == (1.0, 4.0, 65.5)
 
 
+def test_time_to_the_first_token_split_into_its_parts():
+    """Per batch: the vision tower, the rest of the prefill, the cache copy into decode rows (medians, ms)."""
+    def timing(ttft, vision, fill):
+        return BatchTiming(size=4, preprocess_s=0.0, ttft_s=ttft, decode_s=0.1, steps=8, new_tokens=8,
+                           vision_s=vision, cache_fill_s=fill)
+    runs = [RunStats(wall_s=1.0, timings=[timing(0.300, 0.180, 0.002), timing(0.320, 0.200, 0.004)], results=[]),
+            RunStats(wall_s=1.0, timings=[timing(0.400, 0.250, 0.003), BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0,
+                                                                                   decode_s=1.0, steps=9, new_tokens=0)],
+                     results=[])]
+    s = scenario_summary(CKPT, 4, runs)
+    assert (s["ttft_vision_ms_p50"], s["ttft_language_ms_p50"], s["cache_fill_ms_p50"]) == (200.0, 120.0, 3.0)
+    assert s["ttft_vision_ms_p50"] + s["ttft_language_ms_p50"] == 320.0  # the median batch's TTFT
+    hf = scenario_summary(CKPT, 2, [_run(1.0, 10.0, [[1.0]])])  # plain generate says nothing of its parts
+    assert hf["ttft_vision_ms_p50"] is hf["ttft_language_ms_p50"] is hf["cache_fill_ms_p50"] is None
+
+
 class FakeTokenizer:
     """Pieces by id; 9 is EOS (special). ``encode`` splits into characters: re-encoding a text on its
     own can give more tokens than the model generated, which is how mean think tokens (86) once

@@ -15,7 +15,10 @@ from vlmfast.report.terminal import _fmt, render_note, stderr
 BENCH_COLUMNS = (
     ("tokens/s", "tokens_per_s", 1), ("samples/s", "samples_per_s", 3), ("wall s (median run)", "wall_s_median", 3),
     ("wall s min", "wall_s_min", 3), ("wall s max", "wall_s_max", 3), ("run-to-run CV %", "wall_cv_pct", 1),
-    ("TTFT p50 ms", "ttft_ms_p50", 1), ("TTFT p90 ms", "ttft_ms_p90", 1), ("decode ms/token", "decode_ms_per_token", 2),
+    ("TTFT p50 ms", "ttft_ms_p50", 1), ("TTFT p90 ms", "ttft_ms_p90", 1),
+    ("  of which vision tower ms (p50 per batch)", "ttft_vision_ms_p50", 1),
+    ("  of which language model ms (p50 per batch)", "ttft_language_ms_p50", 1),
+    ("cache fill ms (p50 per batch)", "cache_fill_ms_p50", 1), ("decode ms/token", "decode_ms_per_token", 2),
     ("mean new tokens", "mean_new_tokens", 1), ("mean think tokens", "mean_think_tokens", 1),
     ("mean answer tokens", "mean_answer_tokens", 1),
     ("decode GB/s", "decode_gb_per_s", 1), ("% of peak bandwidth", "bandwidth_pct_of_peak", 1),

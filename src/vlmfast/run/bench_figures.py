@@ -78,10 +78,24 @@ def scenario_summary(name: str, batch_size: int, runs: list[RunStats], tokenizer
         "mean_answer_tokens": rounded(sum(answers) / n) if answers else None,
         "no_answer_rate": rounded(sum(r.answer is None for r in last) / n, 4),
         "truncation_rate": rounded(sum(r.finish_reason == "length" for r in last) / n, 4),
+        **ttft_parts(t for r in runs for t in r.timings),
         "peak_mem_mib": rounded(peak[0], 1) if peak else None,
         "peak_mem_kind": peak[1] if peak else None,
         "step_ms": step_series(runs),
     }
+
+
+def ttft_parts(timings) -> dict:
+    """Where a batch's time to the first token goes, medians over batches (ms): the vision tower, the rest
+    of the prefill (the prompt through the language model, the first token), and the copy of the prompts'
+    caches into the decode rows that follows it (None where a batch did not say: ``--decoder hf``)."""
+    batches = [t for t in timings if t.size]
+    vision = [t.vision_s * 1000 for t in batches if t.vision_s is not None]
+    fill = [t.cache_fill_s * 1000 for t in batches if getattr(t, "cache_fill_s", None) is not None]
+    median = lambda xs: rounded(statistics.median(xs)) if xs else None  # noqa: E731
+    return {"ttft_vision_ms_p50": median(vision),
+            "ttft_language_ms_p50": median([(t.ttft_s - t.vision_s) * 1000 for t in batches if t.vision_s is not None]),
+            "cache_fill_ms_p50": median(fill)}
 
 
 def span_tokens(token_ids: list[int], tokenizer) -> tuple[int | None, int | None]:
