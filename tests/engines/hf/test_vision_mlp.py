@@ -71,6 +71,21 @@ def test_a_swapped_checkpoint_lands_in_the_padded_matrices():
     torch.testing.assert_close(got, _forward(other), **TIGHT)
 
 
+def test_parameters_replaced_after_padding_are_padded_again():
+    """A ``.to()`` (or any new parameter) leaves the padded matrices behind: the next block pads anew."""
+    tower = _tower(36)
+    with use_aligned_vision_mlp(tower):
+        _forward(tower)
+    first = aligned_vision_mlps(tower)[0]
+    tower.to(torch.float64)  # new tensors: the views are gone
+    reference = _forward(tower)
+    with use_aligned_vision_mlp(tower) as count:
+        got = _forward(tower)
+    again = aligned_vision_mlps(tower)[0]
+    assert count == 2 and again is not first and again.gate_up.dtype == torch.float64
+    torch.testing.assert_close(got, reference, rtol=1e-12, atol=1e-12)
+
+
 def test_aligned_or_disabled_mlps_are_left_alone():
     tower = _tower(ALIGN)
     with use_aligned_vision_mlp(tower) as count:

@@ -48,6 +48,11 @@ class Aligned:
             down.weight = torch.nn.Parameter(self.down[:, :units], requires_grad=False)
         self.mlp = mlp
 
+    def holds(self, mlp) -> bool:
+        """Whether ``mlp``'s parameters are still the views of these matrices."""
+        return (mlp.gate_proj.weight.data_ptr(), mlp.up_proj.weight.data_ptr(), mlp.down_proj.weight.data_ptr()) == (
+            self.gate_up.data_ptr(), self.gate_up[self.padded:].data_ptr(), self.down.data_ptr())
+
     def forward(self, hidden_state: torch.Tensor) -> torch.Tensor:
         both = functional.linear(hidden_state, self.gate_up, self.gate_up_bias)
         gate, up = both[..., :self.padded], both[..., self.padded:]
@@ -62,7 +67,7 @@ def aligned_vision_mlps(model) -> list[Aligned]:
         if type(module).__name__ not in MLP_CLASSES:
             continue
         aligned = vars(module).get("_vlmfast_aligned")
-        if aligned is None:
+        if aligned is None or not aligned.holds(module):  # new, or its parameters replaced since (``.to()``)
             linears = (module.gate_proj, module.up_proj, module.down_proj)
             if (not all(type(m) is torch.nn.Linear for m in linears) or module.gate_proj.out_features % ALIGN == 0
                     or (module.gate_proj.bias is None) != (module.up_proj.bias is None)):
