@@ -95,3 +95,7 @@ def test_aligned_or_disabled_mlps_are_left_alone():
     with use_aligned_vision_mlp(odd, enabled=False) as count:  # the engine's choice on a CPU
         _forward(odd)
     assert count == 0 and not hasattr(odd.blocks[0].mlp, "_vlmfast_aligned")
+    offloaded = _tower(36).to("meta")  # accelerate's offload keeps weights on the meta device between calls
+    with use_aligned_vision_mlp(offloaded) as count:
+        pass
+    assert count == 0

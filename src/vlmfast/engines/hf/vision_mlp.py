@@ -70,8 +70,9 @@ def aligned_vision_mlps(model) -> list[Aligned]:
         if aligned is None or not aligned.holds(module):  # new, or its parameters replaced since (``.to()``)
             linears = (module.gate_proj, module.up_proj, module.down_proj)
             if (not all(type(m) is torch.nn.Linear for m in linears) or module.gate_proj.out_features % ALIGN == 0
-                    or (module.gate_proj.bias is None) != (module.up_proj.bias is None)):
-                continue  # LoRA-wrapped, aligned already, or biased unlike what Aligned makes
+                    or (module.gate_proj.bias is None) != (module.up_proj.bias is None)
+                    or any(m.weight.device.type == "meta" for m in linears)):
+                continue  # LoRA-wrapped, aligned already, biased unlike what Aligned makes, or offloaded by accelerate
             aligned = Aligned(module)
             object.__setattr__(module, "_vlmfast_aligned", aligned)  # not a submodule: no new state-dict keys
         found.append(aligned)
