@@ -37,6 +37,21 @@ def check_output_file(option: str, path) -> None:
     _check_writable_place(option, path, path.parent)
 
 
+def refuse_inputs_as_out(option: str, out: Path, inputs: list[Path], ckpt_dir: Path | None = None) -> None:
+    """A UsageError when ``out`` is one of ``inputs`` or a file inside ``ckpt_dir``: results written there
+    would replace what the run reads."""
+    from vlmfast.errors import UsageError
+
+    target = Path(out).resolve()
+    for path in inputs:
+        if Path(path).resolve() == target:
+            raise UsageError(f"{option} {out} is one of this run's inputs ({path}): the results would replace it",
+                             hint=f"give {option} a file of its own, e.g. {option} results.jsonl")
+    if ckpt_dir is not None and target.is_relative_to(Path(ckpt_dir).resolve()) and target.exists():
+        raise UsageError(f"{option} {out} is a file of the checkpoint {ckpt_dir}: the results would replace it",
+                         hint=f"give {option} a file outside the checkpoint, e.g. {option} results.jsonl")
+
+
 def check_output_dir(option: str, path) -> None:
     """A UsageError (raised before any work) when ``path`` cannot be a directory files are written into:
     it is a file, or nothing can be created in it (or in the nearest folder above it that exists)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import edit_json
+from conftest import cli, edit_json
 from vlmfast.checkpoints.doctor import diagnose
 from vlmfast.errors import CheckpointError
 from vlmfast.checkpoints.fix import FixError, apply_fix, dump_like, merge_lora, plan_fix
@@ -120,6 +120,17 @@ def test_dry_run_on_a_run_dir_names_the_checkpoint_it_changes_and_the_ones_it_le
     assert result.diff.startswith(f"# checkpoint: {run / 'checkpoint-200'}\n")
     assert "# not changed, also cache-off: checkpoint-100 (run vlmfast fix on each)" in result.diff
     assert "# not changed" not in apply_fix(plan_fix(run / "checkpoint-200"), dry_run=True).diff  # named directly
+
+
+def test_fix_on_a_run_dir_says_which_checkpoint_it_changed_and_which_it_left(grpo_ckpt, tmp_path):
+    run = tmp_path / "run"
+    for n in (100, 200):
+        shutil.copytree(grpo_ckpt, run / f"checkpoint-{n}")
+    r = cli("fix", run)
+    assert r.returncode == 0, r.stderr
+    assert f"checkpoint: {run / 'checkpoint-200'}" in r.stderr and "fixed: config.json" in r.stderr
+    assert "not changed, also cache-off: checkpoint-100" in r.stderr
+    assert json.loads((run / "checkpoint-100" / "config.json").read_text())["use_cache"] is False  # as it said
 
 
 def test_edits_keep_formatting_and_key_order():

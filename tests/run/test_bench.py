@@ -7,7 +7,7 @@ from conftest import vlmfast
 from vlmfast.run.bench import BenchOptions
 from vlmfast.run.bench_figures import (
     AS_SAVED, BASE, CKPT, NOISY_CV_PCT, SCHEMA, RunStats, agreement, fidelity_pairs, gate, noise_notes, ratio,
-    scenario_summary, span_tokens, speed_ratios, step_series,
+    scenario_summary, span_tokens, speed_ratios, step_series, warmup_notes,
 )
 from vlmfast.engines.hf.engine import BatchTiming, SampleResult
 from vlmfast.errors import UsageError
@@ -52,6 +52,12 @@ def test_time_to_the_first_token_split_into_its_parts():
     assert s["ttft_vision_ms_p50"] + s["ttft_language_ms_p50"] == 320.0  # the median batch's TTFT
     hf = scenario_summary(CKPT, 2, [_run(1.0, 10.0, [[1.0]])])  # plain generate says nothing of its parts
     assert hf["ttft_vision_ms_p50"] is hf["ttft_language_ms_p50"] is hf["cache_fill_ms_p50"] is None
+
+
+def test_compared_scenarios_without_a_warm_up_are_said_to_lean():
+    two = [{"name": CKPT}, {"name": BASE}]
+    assert warmup_notes(1, two) == [] and warmup_notes(0, two[:1]) == []  # a warm-up, or nothing compared
+    assert "--warmup 0" in warmup_notes(0, two)[0] and "--warmup 1" in warmup_notes(0, two)[0]
 
 
 class FakeTokenizer:

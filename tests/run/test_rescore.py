@@ -240,3 +240,15 @@ def test_a_manifest_without_truth_it_recognises_exits_2_naming_the_fields(tmp_pa
     r = cli("score", results, "--manifest", manifest)
     assert r.returncode == 2 and "no ground truth in any of the 1 matched record(s)" in r.stderr
     assert '"solution", "answer"' in r.stderr and '"gt"' in r.stderr and 'as "solution"' in r.stderr
+
+
+def test_score_refuses_to_write_over_its_manifest_and_may_rescore_in_place(tmp_path):
+    manifest = _manifest(tmp_path, {"a": "1", "b": "2"})
+    results = _results(tmp_path, [{"id": "a", "text": "<answer>1</answer>"}, {"id": "b", "text": "<answer>3</answer>"}])
+    truth = Path(manifest).read_text()
+    r = cli("score", results, "--manifest", manifest, "--out", manifest)
+    assert r.returncode == 2 and "is one of this run's inputs" in r.stderr and "hint:" in r.stderr
+    assert Path(manifest).read_text() == truth  # the ground truth untouched
+    r = cli("score", results, "--manifest", manifest, "--out", results)  # rescoring the results in place
+    assert r.returncode == 0, r.stderr
+    assert [row["correct"] for row in map(json.loads, Path(results).read_text().splitlines())] == [True, False]

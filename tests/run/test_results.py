@@ -4,7 +4,7 @@ import pytest
 
 from conftest import read_jsonl
 from vlmfast.errors import InputError
-from vlmfast.run.results import ResultsWriter, finalize, part_path, prepare_out, read_existing
+from vlmfast.run.results import ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing
 
 
 def _row(i):
@@ -26,11 +26,15 @@ def test_writes_batches_then_finalizes_in_input_order(tmp_path):
     assert [r["id"] for r in read_jsonl(out)] == ["id0", "id1", "id2"]
 
 
-def test_overwrite_removes_results_and_leftover_parts(tmp_path):
+def test_overwrite_takes_no_rows_and_removes_the_old_ones_only_when_told(tmp_path):
+    """--overwrite: no rows are taken, but the old file and leftover parts stay until the run is ready to
+    write (clear_out), so a run that fails before that loses nothing."""
     out = tmp_path / "r.jsonl"
     _write(out, [_row(0)])
     _write(part_path(out, 1), [_row(1)])
     assert prepare_out(out, overwrite=True) == ({}, [])
+    assert read_jsonl(out) == [_row(0)] and part_path(out, 1).exists()
+    clear_out(out)
     assert not out.exists() and not part_path(out, 1).exists()
 
 

@@ -269,3 +269,45 @@ def test_a_sweep_step_cut_short_by_a_kill_resumes_on_the_record_infer_wrote(smal
     assert check(out_dir, settings_of(options), overwrite=False) == []
     with pytest.raises(UsageError, match="template"):
         check(out_dir, settings_of(dataclasses.replace(options, template="r1")), overwrite=False)
+
+
+def test_overwrite_keeps_the_old_rows_when_the_run_fails_before_it_can_write(small, tmp_path):
+    """--overwrite replaces --out once the model is ready to run: a checkpoint that fails to load (here its
+    weights file is cut short) leaves the earlier results as they were."""
+    from vlmfast.errors import CheckpointError
+
+    out = tmp_path / "r.jsonl"
+    infer(_options(small, out), backend=FakeBackend(answers={small[0]: "old"}))
+    before = out.read_bytes()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (ckpt / "model.safetensors").write_bytes(b"")  # a save cut short
+    with pytest.raises(CheckpointError, match="the weights are incomplete"):
+        infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(out), overwrite=True))
+    assert out.read_bytes() == before  # not a row lost
+    infer(_options(small, out, overwrite=True), backend=FakeBackend())
+    assert [r["answer"] for r in read_jsonl(out)] == ["A"] * 4  # a run that starts replaces them
+
+
+def test_out_naming_an_input_is_refused_before_anything_is_written(small, tmp_path):
+    """--out that is the manifest, an image or a file of the checkpoint would replace what the run reads."""
+    manifest = tmp_path / "val.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": p, "prompt": "Which?"}) + "\n"
+                                for i, p in enumerate(small)))
+    text = manifest.read_text()
+    with pytest.raises(UsageError, match="one of this run's inputs") as exc:
+        infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(manifest), overwrite=True), backend=FakeBackend())
+    assert "--out results.jsonl" in exc.value.hint and manifest.read_text() == text
+    image = small[0]
+    with pytest.raises(UsageError, match="one of this run's inputs"):
+        infer(_options(small, image, overwrite=True), backend=FakeBackend())
+    assert Image.open(image).size == (56, 56)
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UsageError, match="is a file of the checkpoint"):
+        infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(ckpt / "config.json"), overwrite=True))
+    assert json.loads((ckpt / "config.json").read_text()) == {"model_type": "qwen2_5_vl"}

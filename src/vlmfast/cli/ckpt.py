@@ -69,10 +69,14 @@ def fix(
             typer.echo(result.diff, nl=False)
             render_note("dry run: nothing was written")
             return
+        stderr.print(f"checkpoint: {plan.target}", markup=False)
         for change in plan.changes():
             stderr.print(f"fixed: {change}", markup=False)
         for backup in result.backups:
             stderr.print(f"backup: {backup}", markup=False)
+        if plan.others:  # a run dir resolves to its highest checkpoint: the others are said, not silently left
+            render_note(f"not changed, also cache-off: {', '.join(p.name for p in plan.others)} (vlmfast fix "
+                        f"{plan.others[0]} and so on; `infer` and `sweep` force the cache on without a fix)")
 
     guarded(run)
 

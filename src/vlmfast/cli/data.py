@@ -26,7 +26,7 @@ def score(
     reward_kwargs: RewardKwargs = None,
     reward_threshold: RewardThreshold = 1.0,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="--reward: a row whose reward function raises gets reward_error instead of stopping the command.")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL; replaced if it exists; the results file itself rescores it in place).")] = None,
     json_out: Json = False,
 ):
     """Score an existing results file against a manifest's ground truth — no model, no GPU."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from vlmfast.run.bench_figures import (
     AS_SAVED, BASE, CKPT, SCHEMA, RunStats, agreement, apply_gates, fidelity_pairs, first_difference,
-    noise_notes, scenario_name, scenario_summary, speed_ratios,
+    noise_notes, scenario_name, scenario_summary, speed_ratios, warmup_notes,
 )
 from vlmfast.engines.bandwidth import run_bandwidth
 from vlmfast.engines.contract import Backend
@@ -269,7 +269,7 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
         "accuracy": accuracy,
         "fidelity": fidelity,
         "first_difference": {k: v for k, v in differences.items() if v is not None},
-        "notes": notes + noise_notes(scenarios),
+        "notes": notes + noise_notes(scenarios) + warmup_notes(options.warmup, scenarios),
         "versions": versions_,
     }
 

@@ -146,6 +146,16 @@ def noise_notes(scenarios: list[dict]) -> list[str]:
             for s in scenarios if s.get("wall_cv_pct") is not None and s["wall_cv_pct"] > NOISY_CV_PCT]
 
 
+def warmup_notes(warmup: int, scenarios: list[dict]) -> list[str]:
+    """Without a warm-up, a scenario's first timed run carries one-off costs (the allocator, kernel and
+    algorithm choice, lazy imports), the first scenario's most: said when scenarios are compared."""
+    if warmup or len(scenarios) < 2:
+        return []
+    return ["--warmup 0: each scenario's first timed run carries one-off costs (memory, kernel choice), the first "
+            "scenario's most, so the ratios between scenarios lean against it; use --warmup 1 (the default) for "
+            "figures to compare or gate on"]
+
+
 def agreement(a: list[SampleResult], b: list[SampleResult]) -> float | None:
     """Share of answers (matched by id, and sample with --n) whose generated token ids are identical."""
     other = {r.key: r.token_ids for r in b}

@@ -117,6 +117,10 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     ground truth, columns and data source; ``skip_bad`` records its failures in the rows. ``keys``: a parquet or
     Arrow manifest's columns (:class:`~vlmfast.inputs.datasets.DatasetKeys`), the run's own."""
     results = Path(results)
+    if out is not None:
+        from vlmfast.files import refuse_inputs_as_out
+
+        refuse_inputs_as_out("--out", Path(out), [Path(manifest)])  # the ground truth (the results may be rescored in place)
     if not results.is_file():
         raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
                          'with "id" and "text" per row')

@@ -69,13 +69,12 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
 
 
 def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[str]]:
-    """Main process, before a run: start afresh (``overwrite``), or repair ``out`` and fold in part files
-    a killed multi-process run left behind. Returns the rows ``out`` now holds (read once) and what was
-    done, to be said aloud."""
+    """Main process, before a run: start afresh (``overwrite``: no rows taken; the old file stays until
+    :func:`clear_out`, once the model is ready to run, so a run that fails before it loses nothing), or
+    repair ``out`` and fold in part files a killed multi-process run left behind. Returns the rows ``out``
+    now holds (read once) and what was done, to be said aloud."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if overwrite:
-        for p in [out, *_parts(out)]:
-            p.unlink(missing_ok=True)
         return {}, []
     rows, note = read_existing(out)
     merged, part_notes = merge_parts(out, rows)
@@ -83,6 +82,12 @@ def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[st
     if merged:
         notes.append(f"{out}: recovered {merged} row(s) from an interrupted multi-process run")
     return rows, notes
+
+
+def clear_out(out: Path) -> None:
+    """Remove ``out`` and its part files: an ``--overwrite`` run about to write its first rows."""
+    for p in [out, *_parts(out)]:
+        p.unlink(missing_ok=True)
 
 
 def merge_parts(out: Path, rows: dict[str, dict]) -> tuple[int, list[str]]:

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Protocol
 
 from vlmfast.errors import EXIT_FAILURE, Interrupted, UsageError, VlmfastError
+from vlmfast.files import refuse_inputs_as_out
 from vlmfast.inputs.datasets import DatasetKeys
 from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, collect, raise_for_problems
 from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from vlmfast.run.parallel import Distributed
 from vlmfast.evaluation.rewards import load_rewards
-from vlmfast.run.results import ResultsWriter, finalize, part_path, prepare_out, read_existing
+from vlmfast.run.results import ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
 from vlmfast.timing import peak_memory_mib, reset_peak_memory
@@ -78,7 +79,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
     settings = _settings(options, found)
-    work = collect_work(options, dist, settings)
+    work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None)
     if weights is not None and weights.allowed:
         lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
         work = dataclasses.replace(work, notes=[f"tensors missing as --allow-missing allows ({lost}): the model runs "
@@ -101,10 +102,13 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
         batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
+        if options.overwrite and dist.is_main:  # inputs checked, the model ready: only now the old rows go
+            clear_out(Path(options.out))
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
             from vlmfast.run.sweep_record import record
 
             record(Path(options.out), settings, {})  # what made the rows to come: a resume is checked against it
+        dist.barrier()  # no process writes a row before the old ones are gone
         work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
         compiled_before = backend.facts().compile_s  # an engine kept across runs (a sweep's) compiled before
         mine = run_batches(backend, options, work, batch_size, dist, progress, reward)
@@ -153,16 +157,21 @@ def _settings(options: InferOptions, found) -> dict | None:
     return {"ckpt": ckpt, **{k: v for k, v in settings_of(options, digest=False).items() if k not in inputs}}
 
 
-def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None) -> Work:
+def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None
+                 ) -> Work:
     """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
     earlier run already finished: those are skipped (error rows redone with ``retry_errors``). ``settings``:
-    the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep."""
+    the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep.
+    ``--out`` naming an input (the manifest, the prompt file, an image, a file of ``ckpt_dir``) is an error."""
     collected = collect(
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
         keys=DatasetKeys(options.prompt_key, options.answer_key, options.image_key), format_prompt=options.format_prompt,
     )
     raise_for_problems(collected, skip_bad=options.skip_bad)
+    if options.out is not None:
+        inputs = [options.manifest, options.prompt_file, *(p for r in collected.requests for p in r.images)]
+        refuse_inputs_as_out("--out", Path(options.out), [Path(p) for p in inputs if p], ckpt_dir)
     if dist.world > 1 and options.out is None:
         raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
     notes = list(collected.warnings)
@@ -190,7 +199,7 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
             existing, said = prepare_out(out, overwrite=options.overwrite)
             notes += said
         dist.barrier()  # every process reads the same, repaired file
-        if not dist.is_main:
+        if not dist.is_main and not options.overwrite:
             existing, _ = read_existing(out, repair=False)
     n = options.generation.n
     kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
