@@ -250,6 +250,11 @@ def test_a_rerun_keeps_measured_figures_and_refuses_other_settings(run, tmp_path
     assert "--overwrite" in err.value.hint
     fresh = sweep(dataclasses.replace(other, overwrite=True))
     assert all(r["n_new_tokens"] <= 16 for r in read_jsonl(out / "step-100.jsonl"))
+    aside = next(out.glob("replaced-*"))  # the earlier rows moved aside, not deleted
+    assert sorted(p.name for p in aside.iterdir()) == ["step-100.jsonl", "step-100.run.json", "step-200.jsonl",
+                                                        "step-200.run.json"]
+    assert all(r["n_new_tokens"] <= 6 for r in read_jsonl(aside / "step-100.jsonl"))
+    assert any(str(aside) in n for n in fresh["notes"])
     assert json.loads((out / "step-100.run.json").read_text())["settings"]["template"] == "r1"
     assert [c["step"] for c in fresh["checkpoints"]] == [100, 200]
 

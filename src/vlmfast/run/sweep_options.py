@@ -45,8 +45,9 @@ class SweepOptions:
                          "neighbours until both are evaluated.", panel=INPUT)
     every: int | None = option(None, help="--search coarse: evaluate every k-th checkpoint first (default: about 8 of "
                                "them).", panel=INPUT)
-    overwrite: bool = option(False, help="Start afresh: remove an earlier sweep's rows and records from OUT_DIR (a "
-                             "rerun resumes otherwise; with other settings it stops and says what differs).",
+    overwrite: bool = option(False, help="Start afresh: move an earlier sweep's rows and records out of the way, "
+                             "into OUT_DIR/replaced-<time> (a rerun resumes otherwise; with other settings it stops and "
+                             "says what differs).",
                              panel=OUTPUT)
     tensorboard: str | None = option(
         None, help="A TensorBoard log dir (the trainer's works): each checkpoint's figures as scalars at its step under "

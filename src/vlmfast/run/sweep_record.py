@@ -67,14 +67,26 @@ def sidecar(results: Path) -> Path:
 
 
 def check(out_dir: Path, settings: dict, overwrite: bool) -> list[str]:
-    """Before a sweep: with ``overwrite``, remove every step's rows and record; else a UsageError when an
-    earlier run's recorded settings differ from ``settings``. Returns notes (other versions)."""
+    """Before a sweep: with ``overwrite``, move every step's rows and record out of the way, into a
+    ``replaced-<time>`` folder of ``out_dir`` (a sweep that then fails at its first checkpoint has lost
+    nothing; the note says where they went); else a UsageError when an earlier run's recorded settings
+    differ from ``settings``. Returns notes (where the rows went; other versions)."""
     out_dir = Path(out_dir)
     records = sorted(out_dir.glob("*.run.json")) if out_dir.is_dir() else []
     if overwrite:
-        for path in [*records, *(out_dir.glob("step-*.jsonl") if out_dir.is_dir() else []), out_dir / "base.jsonl"]:
-            path.unlink(missing_ok=True)
-        return []
+        import time
+
+        old = [p for p in [*records, *(sorted(out_dir.glob("step-*.jsonl")) if out_dir.is_dir() else []),
+                           out_dir / "base.jsonl"] if p.is_file()]
+        if not old:
+            return []
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = next(d for k in range(1, 1000) if not (d := out_dir / (f"replaced-{stamp}" + (f"-{k}" if k > 1 else ""))).exists())
+        aside.mkdir()
+        for path in old:
+            path.rename(aside / path.name)
+        return [f"--overwrite: the earlier sweep's {len(old)} results and record file(s) were moved to {aside} "
+                "(delete it once this sweep's figures are what you want)"]
     notes = []
     for path in records:
         said = compare(path, settings, f"{out_dir} holds rows made with other settings ({path.name})",
