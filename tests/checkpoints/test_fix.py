@@ -133,6 +133,23 @@ def test_fix_on_a_run_dir_says_which_checkpoint_it_changed_and_which_it_left(grp
     assert json.loads((run / "checkpoint-100" / "config.json").read_text())["use_cache"] is False  # as it said
 
 
+def test_fix_says_what_it_could_not_fix(grpo_ckpt, tmp_path):
+    """No chat template and no --processor-from to copy one from: the cache is fixed and the template is
+    named as left, with doctor's remedy, rather than an exit 0 that looks like everything was done."""
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (d / name).unlink(missing_ok=True)
+    for name in ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json"):
+        if (d / name).exists():
+            edit_json(d / name, lambda c: c.pop("chat_template", None))
+    r = cli("fix", d)
+    assert r.returncode == 0 and "fixed: config.json" in r.stderr
+    assert "not fixed: chat-template-missing" in r.stderr and "--processor-from" in r.stderr
+    again = cli("fix", d)
+    assert "nothing to fix" in again.stderr and "not fixed: chat-template-missing" in again.stderr
+    assert "cache-off" not in again.stderr
+
+
 def test_edits_keep_formatting_and_key_order():
     original = '{\n    "b": 1,\n    "use_cache": false,\n    "a": {\n        "x": "\\u00e9"\n    }\n}'
     data = json.loads(original)

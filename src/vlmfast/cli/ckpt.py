@@ -63,6 +63,7 @@ def fix(
         plan = plan_fix(ckpt, processor_from=processor_from)
         if plan.empty:
             render_note(f"{ckpt}: nothing to fix")
+            _say_what_is_left(plan.target, processor_from)
             return
         result = apply_fix(plan, dry_run=dry_run)
         if dry_run:
@@ -77,8 +78,20 @@ def fix(
         if plan.others:  # a run dir resolves to its highest checkpoint: the others are said, not silently left
             render_note(f"not changed, also cache-off: {', '.join(p.name for p in plan.others)} (vlmfast fix "
                         f"{plan.others[0]} and so on; `infer` and `sweep` force the cache on without a fix)")
+        _say_what_is_left(plan.target, processor_from)
 
     guarded(run)
+
+
+def _say_what_is_left(target, processor_from) -> None:
+    """After a fix: what doctor still finds (errors and warnings), each with its remedy, so a fix that could not
+    do everything does not look as if it had."""
+    from vlmfast.checkpoints.doctor import diagnose
+    from vlmfast.report.terminal import render_note
+
+    left = [f for f in diagnose(target, processor_from) if f.severity in ("error", "warning")]
+    for f in left:
+        render_note(f"not fixed: {f.code} ({f.location}): {f.message}" + (f"; {f.fix}" if f.fix else ""))
 
 
 @command("make-checkpoint", cls=Command)
