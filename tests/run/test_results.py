@@ -90,3 +90,35 @@ def test_stdout_rows_come_out_in_input_order(capsys):
     w.write([_row(0)], [0])
     w.write([_row(1)], [1])
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == ["id0", "id1", "id2"]
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_after_the_write_in_progress(tmp_path):
+    """What Slurm, `timeout` and `kill` send: a write in progress completes, then the command ends as on
+    Ctrl-C (KeyboardInterrupt → the runner says what is on disk and how to resume; exit 130)."""
+    import os
+    import signal
+
+    import typer
+
+    from vlmfast.cli.common import guarded
+    from vlmfast.errors import EXIT_INTERRUPTED
+    from vlmfast.run.results import sigint_deferred
+
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-write: held back until the rows are on disk
+            ResultsWriter(out).write([_row(0)], [0])
+    assert read_jsonl(out) == [_row(0)]
+
+    def terminated():
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):  # the handler runs between bytecodes: it cannot get past this loop
+            pass
+        raise AssertionError("SIGTERM did not interrupt the command")
+
+    with pytest.raises(typer.Exit) as exc:
+        guarded(terminated)
+    assert exc.value.exit_code == EXIT_INTERRUPTED
+    assert signal.getsignal(signal.SIGTERM) == before  # restored after the command

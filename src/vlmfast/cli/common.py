@@ -4,6 +4,8 @@ rendering."""
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Annotated
 
 import typer
@@ -97,7 +99,8 @@ def guarded(fn):
     from vlmfast.report.terminal import render_error, stderr
 
     try:
-        return fn()
+        with terminate_as_interrupt():
+            return fn()
     except VlmfastError as exc:
         if is_main_process():  # every process of a parallel run hits the same input error: say it once
             render_error(exc)
@@ -105,6 +108,27 @@ def guarded(fn):
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted[/yellow] before any result was written; rerun the same command.")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (what Slurm, ``timeout`` and ``kill`` send) ends a command as Ctrl-C does: the write in
+    progress finishes, the run says what is on disk and how to resume, exit 130 — not a silent death."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def explicit_params(ctx) -> frozenset[str]:

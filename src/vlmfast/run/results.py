@@ -115,16 +115,18 @@ def _append(path: Path, rows: list[dict]) -> None:
 
 @contextlib.contextmanager
 def sigint_deferred():
-    """Ctrl-C during a write lands after it: the batch is on disk whole, then KeyboardInterrupt."""
+    """Ctrl-C (or SIGTERM) during a write lands after it: the batch is on disk whole, then KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if received:
             raise KeyboardInterrupt
 
