@@ -89,3 +89,14 @@ def test_the_engine_line_counts_only_the_switches_of_this_run(monkeypatch):
     lines = out.getvalue().splitlines()
     assert "engine: not started (every checkpoint's rows were already in the output directory)" in lines
     assert not any(line.startswith("engine: loaded") for line in lines)
+
+
+def test_a_sweep_where_every_checkpoint_scores_the_same_names_no_best(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=100, highlight=False, soft_wrap=True))
+    tied = [{**c, "accuracy": 0.0} for c in REPORT["checkpoints"]]
+    terminal.render_sweep({**REPORT, "checkpoints": tied, "flags": [], "best": {**REPORT["best"], "step": 0,
+                                                                              "label": "base", "accuracy": 0.0}})
+    lines = out.getvalue().splitlines()
+    assert "best: a tie — every checkpoint scored 0.0%; none is better than another" in lines
+    assert not any(line.startswith("best: base") for line in lines)

@@ -183,9 +183,13 @@ def render_sweep(report: dict) -> None:
         others = [str(s) if s else "base" for s in best.get("indistinguishable", []) if s != best["step"]]
         held = (f", P(best) {best['p_best']:.0%} over {best['requests']} requests; ≈ not distinguishable from it "
                 f"(paired test, Holm-corrected, alpha {best['alpha']}): {', '.join(others) or 'no other step'}")
-    stderr.print(f"best: {where} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}{held}" if best
-                 else f"best: none ({failed} reward call(s) failed: see reward_error in the step files)" if failed
-                 else "best: none (no row had ground truth to score)")
+    scored = [c["accuracy"] for c in report["checkpoints"] if c.get("accuracy") is not None]
+    if best and len(scored) > 1 and len(set(scored)) == 1:  # nothing to choose: not a "best" at all
+        stderr.print(f"best: a tie — every checkpoint scored {_pct(best['accuracy'])}; none is better than another")
+    else:
+        stderr.print(f"best: {where} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}{held}" if best
+                     else f"best: none ({failed} reward call(s) failed: see reward_error in the step files)" if failed
+                     else "best: none (no row had ground truth to score)")
     for f in report.get("flags", []):
         stderr.print(f"[yellow]flag {f['code']}:[/yellow] {escape(f['message'])}")
     if report["gate"] and report["gate"]["failed"]:
