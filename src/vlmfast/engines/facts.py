@@ -41,4 +41,4 @@ class EngineFacts:
         return cls(engine=options.engine, checkpoint=found.source if found is not None else options.ckpt, load_s=0.0,
                    cache=cache, device="none", dtype="none", attn="none", decoder=options.decoder if options.engine == "hf"
                    else options.engine, cuda_graphs=False, compiled=False, max_pixels=options.max_pixels, max_pixels_capped=False,
-                   notes=["nothing to run: every id is already in the results file (the model was not loaded)"])
+                   notes=[])  # the runner says it: "nothing to do: … (the model was not loaded)"

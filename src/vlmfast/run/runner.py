@@ -87,10 +87,11 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     if reward is not None and not options.skip_bad:  # --skip-bad records reward failures per row instead
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
+        work = dataclasses.replace(work, notes=[n for n in work.notes if not n.startswith("resuming: ")])  # said below
         report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
                            rows=list(work.existing.values()), batch_size=options.batch_size or 0)
-        report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out} "
-                               "(--overwrite runs them again)")
+        report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out}, the model was not "
+                               "loaded (--overwrite runs them again)")
         report.parity = parity
         report.fingerprint = weights_id
         return report
