@@ -96,6 +96,18 @@ def test_duplicate_ids_and_missing_prompt_and_nothing_found(images, tmp_path):
         collect(manifest=str(m))
 
 
+def test_the_hint_offers_skip_bad_only_where_it_helps(images, tmp_path):
+    with pytest.raises(InputError) as dup:  # duplicates only: --skip-bad cannot stand for two records
+        raise_for_problems(collect(images=[str(images[0]), str(images[0])], prompt="p"))
+    assert "--skip-bad" not in dup.value.hint and 'give each record its own "id"' in dup.value.hint
+    with pytest.raises(InputError) as empty:  # nothing else to run
+        raise_for_problems(collect(images=[str(tmp_path)], prompt="p"))
+    assert "--skip-bad" not in empty.value.hint and "no other input to run" in empty.value.hint
+    with pytest.raises(InputError) as some:  # a good image beside the bad one: --skip-bad runs it
+        raise_for_problems(collect(images=[str(images[0]), str(tmp_path / "gone.png")], prompt="p"))
+    assert "--skip-bad" in some.value.hint
+
+
 def test_unknown_manifest_fields_warn(images, tmp_path):
     m = tmp_path / "m.jsonl"
     m.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "p", "label": 3}) + "\n")

@@ -274,8 +274,11 @@ def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
     problems = list(dict.fromkeys([*collected.fatal, *(p for b in collected.bad for p in b.problems)]))  # once each
     listing = "\n".join(f"  - {p}" for p in problems[:50])
     more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
-    hint = "fix or remove them, or pass --skip-bad to record an error row for each and run the rest"
+    # --skip-bad is offered only where it helps: other inputs to run, and problems it turns into rows
+    hint = ("fix or remove them, or pass --skip-bad to record an error row for each and run the rest" if collected.requests
+            else "fix them: there is no other input to run")
     if collected.fatal:
-        hint = "ids must be unique (they key the results file and resume); " + ("fix the rest too, or keep --skip-bad "
-                                                                               "for them" if skip_bad else hint)
+        unique = "ids must be unique (they key the results file and resume)"
+        hint = (f"{unique}: give each record its own \"id\"" if not collected.bad
+                else f"{unique}; fix the rest too, or keep --skip-bad for them" if skip_bad else f"{unique}; {hint}")
     raise InputError(f"{len(problems)} bad input(s); nothing was run:\n{listing}{more}", hint=hint, problems=problems)
