@@ -302,6 +302,21 @@ def test_a_checkpoint_that_lost_its_head_is_not_evaluated_and_the_sweep_goes_on(
     assert not (tmp_path / "out" / "step-200.jsonl").exists() and report["exit_code"] == 0
 
 
+def test_a_checkpoint_without_weights_is_listed_as_not_evaluated(run, tmp_path):
+    """A save cut short (config.json written, no weights yet): skipped with a note, and in report.json's
+    not_evaluated with the others the sweep could not take."""
+    from vlmfast.run.sweep import sweep
+
+    cut = tmp_path / "run"
+    shutil.copytree(run["run"], cut)
+    (cut / "checkpoint-400").mkdir()
+    shutil.copy(cut / "checkpoint-300" / "config.json", cut / "checkpoint-400" / "config.json")
+    report = sweep(_options(dict(run, run=cut), tmp_path / "out"))
+    assert [c["step"] for c in report["checkpoints"]] == [100, 200, 300]
+    assert [(r["step"], r["path"]) for r in report["not_evaluated"]] == [(400, str(cut / "checkpoint-400"))]
+    assert report["not_evaluated"][0]["reason"]
+
+
 def test_the_best_step_holds_up_in_the_report_the_table_and_the_page(run, tmp_path):
     from vlmfast.report.terminal import sweep_table
     from vlmfast.run.sweep import sweep, write_sweep_dir

@@ -191,7 +191,11 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     report = _report(options, figures, notes, tables)
     from vlmfast.timing import versions
 
-    report.update(settings=settings, versions=versions(), not_evaluated=refused)
+    # every checkpoint directory not evaluated: those the listing skipped (no weights yet, a save cut short)
+    # and those refused for lost tensors
+    skipped = [{"step": s.step, "path": str(s.path), "reason": s.reason, "hint": s.hint} for s in listing.skipped
+               if not s.pending and s.step is not None]
+    report.update(settings=settings, versions=versions(), not_evaluated=skipped + refused)
     if searched is not None:
         report["search"] = searched
         if searched["skipped"]:
