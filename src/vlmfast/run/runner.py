@@ -87,7 +87,6 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     if reward is not None and not options.skip_bad:  # --skip-bad records reward failures per row instead
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
-        work = dataclasses.replace(work, notes=[n for n in work.notes if not n.startswith("resuming: ")])  # said below
         report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
                            rows=list(work.existing.values()), batch_size=options.batch_size or 0)
         report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out}, the model was not "
@@ -217,7 +216,7 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
             for r in collected.requests if r.id not in done]
     bad = [b for b in collected.bad if b.id not in done]
     skipped = len(collected.order) - len(todo) - len(bad)
-    if skipped:
+    if skipped and (todo or bad):  # with nothing left, the run says "nothing to do" instead
         notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
     # a request that has some of its n answers runs again for the others (static batches decode all n);
     # the answers it has are kept, not given twice
