@@ -130,14 +130,15 @@ def prefill_lines(prefills: dict[str, dict]) -> list[str]:
     """gpu.sh's prefill profiles (benchmarks/profile_prefill.py --json): the time to the first token, part by
     part, its kernels' device time against its wall time, and the kernels that cost most."""
     lines = ["", "Where the time to the first token goes (benchmarks/profile_prefill.py: one prefill, median of 5; "
-             "kernel time from one more under the profiler):", "",
-             "| checkpoint | images (groups) | prefill ms | vision tower | rotary index | language model | "
-             "kernels: count, ms | top kernels (ms) |", "|---|---|---|---|---|---|---|---|"]
+             "kernel time from one more under the profiler; the rotary index is made with the inputs, off the prefill):", "",
+             "| checkpoint | vision blocks | images (groups) | prefill ms | vision tower | language model | "
+             "rotary index (with the inputs) | kernels: count, ms | top kernels (ms) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, p in sorted(prefills.items()):
         top = "; ".join(f"{k['name'][:40]} {k['ms']:.1f}" for k in p["top_kernels"][:3])
-        lines.append(f"| {name} | {p['images']} ({'+'.join(map(str, p['prefill_groups']))}) | {p['wall_ms']:.1f} | "
-                     f"{p['vision_ms']:.1f} | {p['rope_index_ms']:.1f} | {p['language_ms']:.1f} | "
-                     f"{p['kernels']:,}, {p['kernel_ms']:.1f} | {top} |")
+        blocks = f"compiled ({p['compile_s']:.0f} s to compile)" if p.get("compiled_vision") else "eager"
+        lines.append(f"| {name.removesuffix('-compiled')} | {blocks} | {p['images']} "
+                     f"({'+'.join(map(str, p['prefill_groups']))}) | {p['wall_ms']:.1f} | {p['vision_ms']:.1f} | "
+                     f"{p['language_ms']:.1f} | {p['rope_index_ms']:.1f} | {p['kernels']:,}, {p['kernel_ms']:.1f} | {top} |")
     return lines
 
 

@@ -108,6 +108,7 @@ def test_compiled_graphs_give_the_same_tokens(on_gpu, images, tmp_path, monkeypa
     got, _ = _run(compiled, images[:2], batch_size=2)
     # a compile that failed falls back to the uncompiled step and says why in the notes: show that cause
     assert compiled.policy.enabled, f"torch.compile fell back: {compiled.notes + compiled.policy.notes}"
+    assert compiled.compile_vision, compiled.policy.notes  # the vision blocks compiled too, and gave these tokens
     events = compiled.policy.cache.events
     assert events and all(e["cache"] in ("miss", "hit", "partial") for e in events), (events, compiled.notes)
     assert got == eager
@@ -200,6 +201,48 @@ def test_the_padded_vision_mlp_on_the_gpu(dtype):
     tight = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)  # bf16: 8 bits
     torch.testing.assert_close(got.float(), reference.float(), **tight)
     torch.testing.assert_close(after.float(), reference.float(), **tight)
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
+def test_compiled_vision_blocks_on_the_gpu(dtype):
+    """The vision blocks compiled (Triton's fused norms, rotary positions and casts; what prefill runs on CUDA
+    with a compiled decode step) against the eager tower, padded MLP and merged attention in both, over
+    two prefill groups of other patch counts: two graphs, no graph break."""
+    from torch._dynamo.utils import counters
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Tower
+
+    from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
+    from vlmfast.engines.hf.vision_compile import use_compiled_vision_blocks
+    from vlmfast.engines.hf.vision_mlp import use_aligned_vision_mlp
+
+    config = Qwen2_5_VLConfig(vision_config=dict(depth=4, hidden_size=128, intermediate_size=342, num_heads=2,
+                                                 out_hidden_size=64, fullatt_block_indexes=[3])).vision_config
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tower = Tower._from_config(config).to("cuda", getattr(torch, dtype)).eval()
+    torch._dynamo.reset()
+    counters.clear()
+
+    def forward(grid):
+        grid = torch.tensor(grid, device="cuda")
+        torch.manual_seed(1)
+        pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, device="cuda", dtype=tower.dtype)
+        out = tower(pixels, grid_thw=grid)
+        out = getattr(out, "pooler_output", out)
+        return out[0] if isinstance(out, tuple) else out
+
+    grids = ([[1, 32, 32]] * 4, [[1, 16, 16], [1, 32, 24]])
+    with torch.inference_mode(), use_merged_vision_attention(tower), use_aligned_vision_mlp(tower):
+        reference = [forward(g) for g in grids]
+        with use_compiled_vision_blocks(tower) as count:
+            got = [forward(g) for g in grids]
+    assert count == 4
+    tight = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=3e-2, atol=3e-2)  # bf16: 8 bits
+    for a, b in zip(got, reference):
+        torch.testing.assert_close(a.float(), b.float(), **tight)
+    assert counters["stats"]["unique_graphs"] <= 3 and not counters["graph_break"], (dict(counters["stats"]),
+                                                                                     dict(counters["graph_break"]))
 
 
 @needs_qwen_vl_utils

@@ -257,7 +257,8 @@ def _admit(engine, state, take: list[Request], held: dict[str, Held], parked: de
     if not prepared.requests:
         return errors, None, state, 0
     prefilled = engine.prefill(prepared)
-    t2 = now(engine.device)
+    t2 = now(engine.device) - prefilled.compile_s  # compiling vision blocks is not the time to a first token
+    engine.policy.compile_s += prefilled.compile_s
     widest = max(g.key_valid.shape[1] for g in prefilled.groups)
     if widest + engine.settings.max_new_tokens > state.max_len:
         state = decode_state(engine, state.batch, widest + engine.settings.max_new_tokens, carry=state)

@@ -40,6 +40,7 @@ class PrefillGroup:
     start: int
     end: int
     inputs: object
+    positions: object = None  # the prompts' rotary positions (3, rows, length), made with the inputs
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Prefilled:
 
     groups: list
     vision_s: float | None = None  # the vision tower's share of the prefill
+    compile_s: float = 0.0  # prefill time spent compiling the vision blocks (kept out of the TTFT)
 
     @property
     def rows(self) -> int:
@@ -116,6 +118,9 @@ class Engine(Preparer, PlainGenerate):
         self._static: dict[tuple[int, int], object] = {}  # (batch, cache length) → a static DecodeState
         self.last_shape: tuple[int, int] | None = None  # the static shape the last batch had (or would have)
         self.admissions: str | None = None  # what the last continuous run did, said in the report
+        # on CUDA the vision blocks compile with the decode step (off after a failed compile); a CPU's prefill
+        # is bound by its products, not by passes over memory
+        self.compile_vision = self.on_cuda
 
     # -- the whole path of one batch -------------------------------------------------------------
     def generate_batch(self, batch: Sequence[Request], prefetched: Prefetched | None = None
@@ -137,7 +142,9 @@ class Engine(Preparer, PlainGenerate):
         else:
             prefilled = self.prefill(prepared)
             t2, vision_s = now(self.device), prefilled.vision_s
-            ttft_s = t2 - t1
+            ttft_s = t2 - t1 - prefilled.compile_s
+            self.policy.compile_s += prefilled.compile_s
+            compiled_before += prefilled.compile_s  # the decode clock loses only the decode step's compile (below)
             decoded = self.decode(prefilled, steps_at)
             tokens, steps, syncs, row_steps = decoded.tokens, decoded.steps, decoded.syncs, decoded.row_steps
             fill_s = decoded.fill_s
@@ -171,7 +178,10 @@ class Engine(Preparer, PlainGenerate):
             return prefetched.prepared
         images, failed = (prefetched.images, prefetched.failed) if prefetched else self.load_images(batch)
         ok = [r for r in batch if r.id not in failed]
-        groups = [PrefillGroup(a, b, self.build_inputs(ok[a:b], images)) for a, b in self.prefill_groups(ok)]
+        groups = []
+        for a, b in self.prefill_groups(ok):
+            inputs = self.build_inputs(ok[a:b], images)
+            groups.append(PrefillGroup(a, b, inputs, self.positions(inputs)))
         counts = {}
         image_id = self.loaded.model.config.image_token_id
         for g in groups:
@@ -209,6 +219,21 @@ class Engine(Preparer, PlainGenerate):
                 inputs[key] = value.pin_memory()
         return inputs
 
+    def positions(self, inputs):
+        """For vlmfast's decoder, the prompts' rotary positions (3, rows, length) from the model's
+        ``get_rope_index``, on the CPU's tensors: host work (Python over every row and image: 17 ms of a
+        32-image prefill on an H200 when done on the GPU's tensors) that a prefetch worker does while the
+        device runs the previous batch. None for ``--decoder hf`` (generate makes its own)."""
+        import torch
+
+        from vlmfast.engines.hf.decode import rope_positions
+
+        if self.decoder_name == "hf":
+            return None
+        with torch.inference_mode():
+            positions = rope_positions(self.loaded.model, inputs)
+        return positions.pin_memory() if self.on_cuda else positions
+
     def on_device(self, inputs):
         """A prefill group's tensors on the model's device (main thread only), pixels in the model's dtype."""
         model = self.loaded.model
@@ -233,20 +258,49 @@ class Engine(Preparer, PlainGenerate):
 
         model = self.loaded.model
         n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
-        groups = []
+        groups, compile_s = [], 0.0
         with (torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model),
               use_linear_patch_embed(model), use_aligned_vision_mlp(model, self.on_cuda)):
             for g in prepared.groups:
                 inputs = self.on_device(g.inputs)
-                pos = rope_positions(model, inputs)
-                out = model(**inputs, position_ids=pos, use_cache=True, logits_to_keep=1)
+                pos = rope_positions(model, inputs) if g.positions is None else g.positions.to(model.device, non_blocking=True)
+                out, compiling_s = self._prefill_forward(model, inputs, pos)
+                compile_s += compiling_s
                 keys = self._keys(prepared.requests[g.start:g.end])
                 first = select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
                                temperature=self.settings.temperature, top_p=self.settings.top_p, keys=keys)
                 # transformers 5.24 names the output's cache `cache` (past_key_values is a warning alias)
                 groups.append(Admission(first, pos[:, :, -1:].repeat_interleave(n, 1) + 1, inputs["attention_mask"].bool(),
                                         out["cache"] if "cache" in out else out.past_key_values, keys, n))
-        return Prefilled(groups, vision.seconds)
+        return Prefilled(groups, vision.seconds, compile_s)
+
+    def _prefill_forward(self, model, inputs, positions):
+        """One prefill group through the model, and the seconds of it that compiled vision blocks. The vision
+        blocks run compiled where the decode step does (:mod:`vlmfast.engines.hf.vision_compile`); a compile
+        that fails leaves them eager for the rest of the run, said in the notes."""
+        from vlmfast.engines.hf.vision_compile import compiled_graphs, is_compile_error, use_compiled_vision_blocks
+
+        forward = lambda: model(**inputs, position_ids=positions, use_cache=True, logits_to_keep=1)  # noqa: E731
+        if not (self.policy.enabled and self.compile_vision):
+            return forward(), 0.0
+        graphs, start = compiled_graphs(), now(self.device)
+        try:
+            with use_compiled_vision_blocks(model):
+                out = forward()
+        except Exception as exc:
+            if not is_compile_error(exc):
+                raise
+            self.compile_vision = False
+            self.policy.notes.append(f"vision blocks uncompiled: torch.compile failed ({type(exc).__name__}: "
+                                     f"{str(exc).splitlines()[0][:200]})")
+            return forward(), now(self.device) - start
+        if compiled_graphs() == graphs:
+            return out, 0.0
+        # that forward compiled a graph (the first, or for a new kind of layer or size): its time was compiling,
+        # and the group runs again for the prefill's own time
+        compiling_s = now(self.device) - start
+        with use_compiled_vision_blocks(model):
+            return forward(), compiling_s
 
     # -- phase 3: decode -------------------------------------------------------------------------
     def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):

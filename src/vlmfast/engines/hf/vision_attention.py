@@ -55,8 +55,11 @@ VISION_ATTENTION_CLASSES = frozenset({
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeVisionAttention",
 })
 
-_active: dict[int, object] = {}  # id → module whose attention runs merged (while a context is open)
+# id → config of the vision attention modules that run merged (while a context is open). Keyed by config,
+# not module: the blocks of a tower share one config, so a compiled block's guard on it holds for all.
+_active: dict[int, object] = {}
 _replaced = None  # the registry's function for VARLEN_NAME before the override
+_attention_op = None  # vlmfast::segment_attention, registered on first use
 _plans: dict[int, tuple[object, object]] = {}  # id(cu_seqlens) → (that tensor, its _Segments)
 
 
@@ -82,7 +85,8 @@ def use_merged_vision_attention(model):
         return
     _replaced = ALL_ATTENTION_FUNCTIONS[VARLEN_NAME]
     had_local = VARLEN_NAME in ALL_ATTENTION_FUNCTIONS._local_mapping
-    _active.update({id(m): m for m in modules})
+    _active.update({id(c): c for c in configs})
+    _register_attention_op()  # outside any compiled region
     ALL_ATTENTION_FUNCTIONS[VARLEN_NAME] = merged_attention
     for config in configs:
         config._attn_implementation = VARLEN_NAME
@@ -104,10 +108,31 @@ def merged_attention(module, query, key, value, attention_mask=None, scaling=Non
                      cu_seq_lens_q=None, **kwargs):
     """Attention of a packed sequence (``query`` etc. (1, heads, tokens, head dim)) within each segment
     of ``cu_seq_lens_q``, as an attention function of transformers': (1, tokens, heads, head dim)."""
-    if id(module) not in _active or cu_seq_lens_q is None:
+    if id(module.config) not in _active or cu_seq_lens_q is None:
         return _replaced(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                          cu_seq_lens_q=cu_seq_lens_q, **kwargs)
-    return segment_attention(query, key, value, cu_seq_lens_q, scaling), None
+    return _attention_op(query, key, value, cu_seq_lens_q, scaling), None
+
+
+def _register_attention_op() -> None:
+    """:func:`segment_attention` as one opaque operator (``vlmfast::segment_attention``), so a compiled vision
+    block traces around it in one graph: it reads the segment lengths on the host, which dynamo would
+    otherwise break the graph for. The output is contiguous, as the fake one that shapes the graph says."""
+    global _attention_op
+    if _attention_op is not None:
+        return
+    import torch
+
+    @torch.library.custom_op("vlmfast::segment_attention", mutates_args=(), schema=(
+        "(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens, float? scaling) -> Tensor"))
+    def op(query, key, value, cu_seqlens, scaling):
+        return segment_attention(query, key, value, cu_seqlens, scaling).contiguous()
+
+    @op.register_fake
+    def _(query, key, value, cu_seqlens, scaling):
+        return query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+
+    _attention_op = op
 
 
 def segment_attention(query, key, value, cu_seqlens, scaling=None, max_scores: int | None = None):

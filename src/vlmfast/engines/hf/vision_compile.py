@@ -1,0 +1,79 @@
+"""The vision tower's blocks compiled: norms, rotary positions, casts and residual adds fused.
+
+A vision block's products are few and large; what else it does is a chain of elementwise passes over
+every patch of every image. Qwen2.5-VL's rotary positions alone take q and k to float32, multiply,
+rotate, add and cast back in separate kernels (~50 bytes moved per element where one fused kernel
+moves 4), and each RMSNorm is five more passes. On an H200, 32 images of 448 px (32,768 patches) spent
+~100 ms of a 179-ms tower in such kernels, against ~41 TFLOP of products.
+
+:func:`use_compiled_vision_blocks` runs every vision block of the model through one ``torch.compile`` of
+the block class's forward: dynamo lifts each block's parameters as inputs, so all blocks share the
+compiled code, and inductor fuses the passes between the products. The attention in between stays
+eager: :func:`~vlmfast.engines.hf.vision_attention.merged_attention` reads the segment lengths on the
+host, so it is a graph break (a block is two graphs: before and after the attention). Prefill groups
+differ in patch count: dynamo compiles the first count as it is and the second as a dynamic size,
+which then serves every later group. Compiled sums may round differently from eager ones (a fused
+multiply-add, another reduction order): the engine compiles the tower on CUDA devices where it compiles
+the decode step, and a compile that fails leaves the tower eager for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+# The vision block classes whose forward compiles as one function for every block (read in the sources of
+# transformers 4.57 and 5.24): hidden states in, hidden states out, the attention through the registry.
+BLOCK_CLASSES = frozenset({"Qwen2_5_VLVisionBlock", "Qwen2VLVisionBlock", "Qwen3VLVisionBlock",
+                           "Qwen3VLMoeVisionBlock", "Qwen3_5VisionBlock", "Qwen3_5MoeVisionBlock"})
+
+
+def vision_blocks(model) -> list:
+    """The vision blocks of ``model`` (a whole VLM or a bare tower) that :func:`use_compiled_vision_blocks` compiles."""
+    return [m for m in model.modules() if type(m).__name__ in BLOCK_CLASSES]
+
+
+@functools.cache
+def compiled_forward(block_class):
+    """One compiled forward per block class (made on first use, kept for the process: a later prefill and a
+    swapped checkpoint reuse it)."""
+    import torch
+
+    return torch.compile(block_class.forward, fullgraph=False)
+
+
+def compiled_graphs() -> int:
+    """How many graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """Whether ``exc`` came from dynamo or inductor (as opposed to the model's own errors or the device's)."""
+    return any(c.__module__.startswith(("torch._dynamo", "torch._inductor")) for c in type(exc).__mro__)
+
+
+def _run(forward, block, hidden_states, *args, **kwargs):
+    """One block through its compiled forward, the patch count (and with it the segment count) a dynamic
+    size from the first call on: one graph serves every prefill group and both kinds of layer (windows,
+    whole images), instead of one compile per count."""
+    import torch
+
+    for tensor in (hidden_states, kwargs.get("cu_seqlens"), *(kwargs.get("position_embeddings") or ())):
+        if isinstance(tensor, torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    return forward(block, hidden_states, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def use_compiled_vision_blocks(model, enabled: bool = True):
+    """Within the block, every vision block of ``model`` runs compiled; yields how many."""
+    blocks = vision_blocks(model) if enabled else []
+    for block in blocks:
+        block.forward = functools.partial(_run, compiled_forward(type(block)), block)
+    try:
+        yield len(blocks)
+    finally:
+        for block in blocks:
+            del block.forward
