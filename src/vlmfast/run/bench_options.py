@@ -40,8 +40,9 @@ class BenchOptions:
     repeats: int = option(3, help="Timed runs per scenario (medians reported).", panel=GEN)
     decoder: str = like(InferOptions, "decoder")
     cuda_graphs: bool | None = like(InferOptions, "cuda_graphs")
-    # ckpt and base: torch.compile the decode step (the warm-up runs compile)
-    compile: bool = option(False, help="ckpt and base: torch.compile the decode step (compiled in the warm-up runs).",
+    # ckpt and base: torch.compile the decode step and, on CUDA, the vision blocks (the warm-up runs compile)
+    compile: bool = option(False, help="ckpt and base: torch.compile the decode step and, on CUDA, the vision blocks "
+                           "(compiled in the warm-up runs).",
                            panel=FAST, flag="--compile/--no-compile")
     engines: tuple[str, ...] | str = option(
         "hf", help="Engines for ckpt, comma-separated: hf, vllm (hf,vllm: side by side, with token agreement).",

@@ -85,8 +85,8 @@ class InferOptions:
                            "in one process.", panel=FAST)
     cuda_graphs: bool | None = option(None, help="Replay the decode step from CUDA graphs (default: on CUDA).",
                                       panel=FAST)
-    compile: bool | None = option(None, help="torch.compile the decode step (default: decided after the first batch "
-                                  "by what it would save; cached per machine).", panel=FAST)
+    compile: bool | None = option(None, help="torch.compile the decode step, and on CUDA the vision blocks (default: "
+                                  "decided after the first batch by what it would save; cached per machine).", panel=FAST)
     overlap: bool | None = option(None, help="Prepare the next batch while this one generates (default: on CUDA; on a "
                                   "CPU it competes for the cores).", panel=FAST)
     threads: int | None = option(None, help="Torch's CPU threads (default: this process's share of the cores it may "

@@ -36,6 +36,20 @@ def test_compiling_pays_only_for_enough_steps():
     assert not decide(measured, device="cuda", step_ms=10.0, remaining_steps=300).compile  # 1.5 s <= 2 s
 
 
+def test_on_cuda_the_vision_tower_still_to_run_counts_for_compiling():
+    """Short answers over many images: the decode steps alone do not repay a compile, the vision blocks'
+    saving with them does (CUDA compiles both); a CPU keeps its tower eager and counts none of it."""
+    measured = {"compile_s_warm": 2.0, "eager_step_ms": 10.0, "compiled_step_ms": 5.0}
+    steps_only = decide(measured, device="cuda", step_ms=10.0, remaining_steps=300)  # 1.5 s <= 2 s
+    with_tower = decide(measured, device="cuda", step_ms=10.0, remaining_steps=300, vision_s=30.0)
+    assert not steps_only.compile and with_tower.compile  # 1.5 + 30 × 50% = 16.5 s > 2 + 10 s
+    assert "+ 30.0 s of vision tower × 50% (estimate) = 16.5 s > 12.0 s" in with_tower.reason
+    assert "the vision blocks 10 s" in with_tower.reason
+    assert not decide(measured, device="cuda", step_ms=10.0, remaining_steps=300, vision_s=15.0).compile  # 9 <= 12
+    on_cpu = decide(measured, device="cpu", step_ms=10.0, remaining_steps=300, vision_s=30.0)
+    assert not on_cpu.compile and "vision" not in on_cpu.reason
+
+
 def test_a_second_run_compiles_from_the_cache_and_tokens_do_not_change(grpo_ckpt, images, tmp_path):
     env = {"VLMFAST_CACHE": str(tmp_path / "cache")}
     common = ["infer", "--ckpt", grpo_ckpt, "--images", images[0], images[1], "--prompt", "Count.", "--max-new-tokens", 6,

@@ -368,13 +368,15 @@ class Engine(Preparer, PlainGenerate):
     def decide_compile(self, first: BatchTiming, later: list[tuple[int, int]]) -> None:
         """After the first batch, when nobody said ``--compile`` / ``--no-compile``: compile the decode step
         for the rest of the run if what it would save outweighs what it costs — one compile per decode
-        shape of the ``later`` batches (:meth:`planned_shapes`); the policy decides."""
+        shape of the ``later`` batches (:meth:`planned_shapes`), and on CUDA the vision blocks, whose saving
+        is counted on the first batch's vision seconds for each batch to come; the policy decides."""
         if not self.policy.undecided or not later or first.steps < 2 or first.decode_s <= 0 or self.last_shape is None:
             return
         step_ms = first.decode_s * 1000 / (first.steps - 1)
         shapes = list(dict.fromkeys(later))
+        vision_s = (first.vision_s or 0.0) * len(later) if self.compile_vision else 0.0
         if self.policy.decide([self.shape_key(s) for s in shapes], step_ms=step_ms,
-                              remaining_steps=len(later) * first.steps):
+                              remaining_steps=len(later) * first.steps, vision_s=vision_s):
             self.forget_shapes()  # later batches build compiled decode steps
 
     def decide_compile_now(self, step_ms: float, remaining_steps: int) -> bool:

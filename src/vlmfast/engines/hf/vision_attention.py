@@ -19,6 +19,9 @@ exact scores (a full-attention layer over images of very different sizes), or mo
 every segment has the same length (images of one size: every window full, every image as long) the
 packed tensors are that batch already: a view, no gather, no mask, so SDPA may take its fastest kernel
 (on an H200, 32 images of 448 px spent 24 ms of a 289-ms tower gathering into the padded batch).
+The registry's function reaches :func:`segment_attention` through one operator,
+``vlmfast::segment_attention``: a compiled vision block (:mod:`vlmfast.engines.hf.vision_compile`) keeps
+it inside its graph, where the segment lengths it reads on the host would otherwise break the graph.
 """
 
 from __future__ import annotations
