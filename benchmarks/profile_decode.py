@@ -4,9 +4,10 @@ the step's wall time (a gap is host or launch time), and the kernels that cost m
 The checkpoint is loaded as `infer` loads it (bfloat16, sdpa unless flash-attn is there), one batch of
 --batch images runs through the engine (capturing its CUDA graphs), then the same decode state steps
 --steps more times twice under the profiler: replaying the captured graphs, and running the same static
-step uncaptured (each kernel launched from Python). Needs a CUDA device.
+step uncaptured (each kernel launched from Python); with --compile, the compiled step (as `--compile`
+runs it). Needs a CUDA device.
 Run:
-  python benchmarks/profile_decode.py CKPT IMAGES_DIR [--batch 1] [--json out.json]
+  python benchmarks/profile_decode.py CKPT IMAGES_DIR [--batch 1] [--compile] [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("images")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--compile", action="store_true", help="the compiled decode step")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -67,7 +69,7 @@ def main() -> None:
 
     runtime = detect_runtime()
     loaded = load(args.ckpt, device="cuda", dtype=runtime.dtype, attn=runtime.attn)
-    engine = Engine(loaded, GenerationSettings(max_new_tokens=128, ignore_eos=True))
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=128, ignore_eos=True), compile=args.compile)
     images = sorted(pathlib.Path(args.images).glob("*.png"))[:args.batch]
     reqs = [Request(str(p), (str(p),), "Describe this image.") for p in images]
     with torch.inference_mode():
@@ -80,7 +82,7 @@ def main() -> None:
             launched = _profile(state, args.steps)
         finally:
             state.graphs = graphs
-    result = {"gpu": torch.cuda.get_device_name(0), "batch": args.batch, "attn": runtime.attn,
+    result = {"gpu": torch.cuda.get_device_name(0), "batch": args.batch, "attn": runtime.attn, "compiled": engine.policy.enabled,
               "text_weight_gb": round(text_bytes / 1e9, 3), "graphs": replayed, "uncaptured": launched}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
