@@ -173,6 +173,23 @@ def test_generation_config_is_created_when_eos_needs_it(base_ckpt, tmp_path):
     assert [c.dst.name for c in plan.copies] == ["generation_config.json"] and not plan.edits
 
 
+def test_a_lost_generation_config_is_said_and_the_base_s_copied_though_eos_stops(base_ckpt, tmp_path):
+    """A merge that kept config.json's EOS list but lost generation_config.json: nothing stops wrong, but plain
+    generate runs without the base's settings. doctor says so (info); fix with the base copies its file."""
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    (d / "generation_config.json").unlink()
+    edit_json(d / "config.json", lambda c: c.update(eos_token_id=json.loads(
+        (base_ckpt / "generation_config.json").read_text())["eos_token_id"]))
+    (found,) = [f for f in diagnose(d) if f.code == "generation-config-missing"]
+    assert found.severity == "info" and "--processor-from BASE" in found.fix
+    assert not [f for f in diagnose(d) if f.code.startswith("eos")]
+    assert not plan_fix(d).copies  # without a base there is nothing to copy, and nothing to edit
+    plan = plan_fix(d, processor_from=base_ckpt)
+    assert [c.dst.name for c in plan.copies] == ["generation_config.json"] and not plan.edits
+    apply_fix(plan)
+    assert not [f for f in diagnose(d) if f.code == "generation-config-missing"]
+
+
 def test_read_only_dir_is_refused_before_writing(grpo_ckpt, tmp_path, monkeypatch):
     d = shutil.copytree(grpo_ckpt, tmp_path / "c")
     before = _digests(d)

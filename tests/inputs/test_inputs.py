@@ -103,6 +103,9 @@ def test_the_hint_offers_skip_bad_only_where_it_helps(images, tmp_path):
     with pytest.raises(InputError) as empty:  # nothing else to run
         raise_for_problems(collect(images=[str(tmp_path)], prompt="p"))
     assert "--skip-bad" not in empty.value.hint and "no other input to run" in empty.value.hint
+    with pytest.raises(InputError) as only_bad:  # --skip-bad with nothing else to run: no model loads for error rows alone
+        raise_for_problems(collect(images=[str(tmp_path)], prompt="p"), skip_bad=True)
+    assert "no other input to run" in only_bad.value.hint and "no model was loaded" in only_bad.value.hint
     with pytest.raises(InputError) as some:  # a good image beside the bad one: --skip-bad runs it
         raise_for_problems(collect(images=[str(images[0]), str(tmp_path / "gone.png")], prompt="p"))
     assert "--skip-bad" in some.value.hint

@@ -311,3 +311,21 @@ def test_out_naming_an_input_is_refused_before_anything_is_written(small, tmp_pa
     with pytest.raises(UsageError, match="is a file of the checkpoint"):
         infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(ckpt / "config.json"), overwrite=True))
     assert json.loads((ckpt / "config.json").read_text()) == {"model_type": "qwen2_5_vl"}
+
+
+def test_the_rate_counts_from_the_mark_not_from_the_load(monkeypatch, capsys):
+    """A benchmark marks where its timed runs begin: the tokens/s shown leave out the load and warm-up."""
+    import time
+
+    from vlmfast.report.terminal import ProgressBar
+
+    clock = iter([0.0, 100.0, 101.0, 102.0])  # start, mark (after 100 s of load and warm-up), two runs
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    bar = ProgressBar(enabled=True)
+    bar.live = False
+    bar.start(2)
+    bar.mark()
+    bar.advance(1, 50)
+    bar.advance(1, 50)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress:")]
+    assert lines == ["progress: 1/2 answers, 50.0 tokens/s", "progress: 2/2 answers, 50.0 tokens/s"]

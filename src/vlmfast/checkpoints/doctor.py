@@ -53,6 +53,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     base_cfg = read_json_object(base_dir / "config.json") if base_dir else None
     found += _cache(d, config, generation)
     found += _eos(d, config, generation, base_dir, base_cfg)
+    found += _generation_missing(d, config, generation, base_dir)
     found += _files(d, base_dir) + _saved_by_v5(d)
     found += _family(d, config)
     found += _classes(d)
@@ -105,6 +106,19 @@ def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
         return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",
                         f"{fix} (takes the base's list)")]
     return []
+
+
+def _generation_missing(d: Path, config: dict, generation: dict | None, base_dir: Path | None) -> list[Finding]:
+    """No generation_config.json (merged and converted checkpoints lose it): plain ``generate`` then stops on
+    config.json's EOS alone and runs with transformers' defaults instead of the base's sampling settings.
+    When config.json's EOS lacks the chat stop, the eos check says so as an error; this says the rest."""
+    if generation is not None:
+        return []
+    eos, _ = saved_eos(config, None)
+    return [Finding("info", "generation-config-missing", "generation_config.json",
+                    f"no generation_config.json: plain generate stops on config.json's EOS {eos} and uses transformers' "
+                    "defaults, not the base's sampling settings (vlmfast uses its own settings and EOS list)",
+                    f"{_fix_cmd(d, base_dir or Path('BASE'))} (copies the base's)")]
 
 
 def _files(d: Path, base_dir: Path | None) -> list[Finding]:

@@ -217,10 +217,11 @@ def _generation_edits(d: Path, config: dict, base: Path | None, copies: list[Fil
         target = family_eos(d, config, eos, im_end) if im_end is not None and im_end not in eos else eos
     wanted = target if set(target) != set(eos) else None  # order does not matter to stopping: no churn
     if gen is None:
-        if wanted is None:
-            return []
-        if base is not None and (base / "generation_config.json").is_file() and wanted == base_eos:
+        # lost in a merge: the base's file (its EOS list and sampling settings) where it says what is wanted
+        if base is not None and (base / "generation_config.json").is_file() and set(wanted or eos) == set(base_eos or eos):
             copies.append(FileCopy(base / "generation_config.json", path))
+            return []
+        if wanted is None:
             return []
         gen = {k: config[k] for k in ("bos_token_id", "pad_token_id") if config.get(k) is not None}
     changes = []

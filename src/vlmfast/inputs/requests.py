@@ -268,15 +268,17 @@ def collect(
 
 def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
     """Any bad input fails the whole run before anything is loaded or written, every problem listed in
-    one error; with ``skip_bad`` only fatal problems (duplicate ids) do, with the others listed too."""
-    if not collected.fatal and (skip_bad or not collected.bad):
+    one error; with ``skip_bad`` only fatal problems (duplicate ids) do, with the others listed too — and bad
+    inputs with none to run beside them (no model is loaded to write error rows alone)."""
+    if not collected.fatal and (not collected.bad or (skip_bad and collected.requests)):
         return
     problems = list(dict.fromkeys([*collected.fatal, *(p for b in collected.bad for p in b.problems)]))  # once each
     listing = "\n".join(f"  - {p}" for p in problems[:50])
     more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
     # --skip-bad is offered only where it helps: other inputs to run, and problems it turns into rows
     hint = ("fix or remove them, or pass --skip-bad to record an error row for each and run the rest" if collected.requests
-            else "fix them: there is no other input to run")
+            else "fix them: there is no other input to run" + (" (--skip-bad keeps error rows beside inputs that run; "
+                                                               "no model was loaded)" if skip_bad else ""))
     if collected.fatal:
         unique = "ids must be unique (they key the results file and resume)"
         hint = (f"{unique}: give each record its own \"id\"" if not collected.bad

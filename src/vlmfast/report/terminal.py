@@ -365,6 +365,13 @@ class ProgressBar:
             title = f"{self._title}: " if self._title else ""
             print(f"progress: {title}{self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
 
+    def mark(self) -> None:
+        """The rate counts from now (a benchmark's timed runs begin: its model load and warm-up runs are not
+        what the rate measures); the count goes on."""
+        import time
+
+        self._recent = [(time.perf_counter(), self._recent[-1][1] if self._recent else 0)]
+
     def note(self, text: str) -> None:
         """A line above the live bar (or a plain line): a sweep names each checkpoint as it starts."""
         (self._progress.console if self._progress is not None else stderr).print(f"[yellow]note:[/yellow] {escape(text)}")

@@ -60,6 +60,9 @@ class _Noop:
     def start(self, total):
         pass
 
+    def mark(self):
+        pass
+
     def advance(self, samples, tokens):
         pass
 
@@ -99,6 +102,7 @@ class _Bench:
         device = loaded.runtime.device if loaded is not None else "cpu"
         reset_peak_memory(device)
         runs = []
+        self.progress.mark()  # the rate shown is the timed runs', not the load's and warm-up's
         for _ in range(o.repeats):
             runs.append(run_workload(backend, self.requests, self.sizes, batch_size))
             self.progress.advance(1, runs[-1].new_tokens)
