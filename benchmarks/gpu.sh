@@ -10,8 +10,9 @@
 # PLAN=one (the default) is one run of under 10 minutes on the Qwen2.5-VL-3B shape: the checkpoint, the
 # decode step at batch 1 (8 images) and 32 (32 images: TTFT of 32 × 448 px, 32 × 128 tokens/s) with the
 # default path, the compiled step's kernels per layer, the real-length mix (one run per mode), where the
-# time to the first token goes (benchmarks/profile_prefill.py, eager and with the vision blocks compiled)
-# and tests/test_cuda.py — ~9 min by the estimates below. PLAN=full adds the 7B shape, --compile and plain
+# time to the first token goes (benchmarks/profile_prefill.py, eager and with the vision blocks compiled),
+# the decode attention's candidates (benchmarks/bench_decode_attention.py) and tests/test_cuda.py — ~9
+# min by the estimates below. PLAN=full adds the 7B shape, --compile and plain
 # generate at batches 1, 8 and 32, a compiled `infer` twice and the vision tower: several runs.
 #
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
@@ -41,12 +42,12 @@
 #
 # How the steps are sized. PLAN=one, from the one H200 run of the 3B shape (vlmfast 0.6, torch 2.11,
 # transformers 5.24: 4.82 ms per step at batch 1, 5.84 at 32, a TTFT of 0.42 s for 32 images, 26 s to
-# compile and capture; the checkpoint is made on the GPU in bf16): build ≈ 45 s; batch 1 = 4,096
+# compile and capture; the checkpoint is made on the GPU in bf16): build ≈ 30 s; batch 1 = 4,096
 # token-steps ≈ 20 s + load + graph capture ≈ 50 s; batch 32 = 4 × (0.42 + 128 × 5.84 ms) ≈ 5 s + load
 # + capture ≈ 50 s; kernels = two compiles ≈ 60 s; the mix = 6 runs of ~2,600 steps ≈ 140 s; the
-# prefill profile ≈ 40 s, compiled ≈ 80 s; the CUDA tests ≈ 70 s (47 s on an H200 in 0.12, whose whole
-# plan took 374 s against 530 s of these estimates then): a step over its estimate only moves the rest
-# to the next invocation. PLAN=full keeps the older, generous sizes (torch 2.11, transformers 5.17, vlmfast
+# prefill profile ≈ 30 s, compiled ≈ 45 s; the decode attention's candidates ≈ 40 s; the CUDA tests ≈
+# 70 s (57 s on an H200 in 0.13; 0.12's whole plan took 374 s against 530 s of its estimates): a step
+# over its estimate only moves the rest to the next invocation. PLAN=full keeps the older, generous sizes (torch 2.11, transformers 5.17, vlmfast
 # 0.1 on an H100): plain generate takes ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384
 # token-steps), and vlmfast's eager loop was no faster (39.9 ms) — assumed for CUDA graphs too. So batch
 # 1 runs on the first 8 of the 32 images: 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all
@@ -184,7 +185,7 @@ for ckpt in "${ckpts[@]}"; do
   large=0; [[ $name == *7b* ]] && large=1
   if [ $# -eq 0 ]; then
     size=${name#qwen2.5-vl-}; size=${size%-grpo}
-    step "$name/build" "$(est "$([ "$plan" = one ] && echo 45 || echo 180)")" "$ckpt/vlmfast_tiny.json" \
+    step "$name/build" "$(est "$([ "$plan" = one ] && echo 30 || echo 180)")" "$ckpt/vlmfast_tiny.json" \
       vlmfast make-checkpoint "$ckpt" --preset "$size" --like grpo
   fi
   common=(--ckpt "$ckpt" --max-new-tokens 128 --ignore-eos --no-as-saved --warmup 1 --repeats 3)
@@ -222,13 +223,17 @@ for ckpt in "${ckpts[@]}"; do
     "$py" benchmarks/bench_lengths.py --preset "$preset" --ckpt "$ckpt" --device cuda --dtype bfloat16 --no-vllm \
     --runs "$runs" --modes static,continuous,quarter --json "$out/reports/$name-lengths.json"
   # where the time to the first token goes: one prefill of 32 × 448 px, part by part and under the profiler:
-  # a load + 8 prefills ≈ 40 s; then with the vision blocks compiled (as --compile runs them): + a compile
-  # of two block graphs ≈ 80 s
-  step "$name/prefill" "$(est 40)" "$out/reports/$name-prefill.json" "$py" benchmarks/profile_prefill.py "$ckpt" \
+  # a load + 8 prefills ≈ 30 s (21 s on an H200 in 0.13); then with the vision blocks compiled (as
+  # --compile runs them): + a compile of two block graphs ≈ 45 s (29 s)
+  step "$name/prefill" "$(est 30)" "$out/reports/$name-prefill.json" "$py" benchmarks/profile_prefill.py "$ckpt" \
     "$out/images-32" --batch 32 --json "$out/reports/$name-prefill.json"
-  step "$name/prefill-compiled" "$(est 80)" "$out/reports/$name-compiled-prefill.json" "$py" \
+  step "$name/prefill-compiled" "$(est 45)" "$out/reports/$name-compiled-prefill.json" "$py" \
     benchmarks/profile_prefill.py "$ckpt" "$out/images-32" --batch 32 --compile \
     --json "$out/reports/$name-compiled-prefill.json"
+  # the decode step's attention alone, the current call against the candidates (memory-efficient SDPA,
+  # FlexAttention's decoding kernel), compiled and replayed from CUDA graphs: 12 compiles + runs ≈ 40 s
+  step "$name/decode-attention" "$(est 40)" "$out/reports/$name-decode-attention.json" "$py" \
+    benchmarks/bench_decode_attention.py --device cuda --json "$out/reports/$name-decode-attention.json"
   # the compiled decode step's kernels per layer in Triton: a load + two compiles of a 1- and 2-layer step ≈ 60 s
   step "$name/kernels" "$(est 60)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \
     --ckpt "$ckpt" --families qwen2_5_vl --device cuda --dtype bfloat16 --json "$out/reports/$name-kernels.json"

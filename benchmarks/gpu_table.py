@@ -142,6 +142,22 @@ def prefill_lines(prefills: dict[str, dict]) -> list[str]:
     return lines
 
 
+def attention_lines(attentions: dict[str, dict]) -> list[str]:
+    """gpu.sh's decode attention candidates (benchmarks/bench_decode_attention.py --json): µs per call, each way."""
+    lines = ["", "The decode step's attention alone (benchmarks/bench_decode_attention.py: compiled, replayed from a CUDA "
+             "graph; µs per call, median; 16 query and 2 key/value heads of 128):", ""]
+    for name, report in sorted(attentions.items()):
+        ways = list(dict.fromkeys(r["way"] for r in report["results"]))
+        lines += [f"| {name}: batch | keys | " + " | ".join(ways) + " |", "|---|---|" + "---|" * len(ways)]
+        cells: dict[tuple[int, int], dict[str, str]] = {}
+        for r in report["results"]:
+            cells.setdefault((r["batch"], r["keys"]), {})[r["way"]] = (f"{r['us_p50']:.1f}" if "us_p50" in r
+                                                                       else f"failed ({r['error'][:60]})")
+        lines += [f"| {batch} | {keys} | " + " | ".join(by.get(w, "–") for w in ways) + " |"
+                  for (batch, keys), by in sorted(cells.items())]
+    return lines
+
+
 def kernel_lines(kernels: dict[str, dict]) -> list[str]:
     """gpu.sh's kernel counts (benchmarks/bench_kernels.py --json): the compiled decode step per layer."""
     lines = ["", "The compiled decode step (benchmarks/bench_kernels.py: inductor's Triton code, what one decoder "
@@ -156,7 +172,8 @@ def kernel_lines(kernels: dict[str, dict]) -> list[str]:
 
 def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dict | None, vision: dict | None = None,
           runs: list[tuple[dict, dict]] = (), mixes: dict[str, dict] | None = None, kernels: dict[str, dict] | None = None,
-          tests: str | None = None, prefills: dict[str, dict] | None = None) -> str:
+          tests: str | None = None, prefills: dict[str, dict] | None = None,
+          attentions: dict[str, dict] | None = None) -> str:
     everything = benches + [r for pair in infers.values() for r in pair]
     stacks = sorted({f"transformers {v['transformers']}, torch {v['torch']}" for r in everything if (v := r.get("versions"))})
     gpu = f"{device['gpu']} (CUDA {device['cuda']})" if device else "GPU"
@@ -188,11 +205,13 @@ def table(benches: list[dict], infers: dict[str, tuple[dict, dict]], device: dic
         lines += length_lines(mixes)
     if prefills:
         lines += prefill_lines(prefills)
+    if attentions:
+        lines += attention_lines(attentions)
     if kernels:
         lines += kernel_lines(kernels)
     if tests:
         lines += ["", f"tests/test_cuda.py on this machine: {tests}"]
-    if not (benches or infers or vision or runs or mixes or kernels or tests or prefills):
+    if not (benches or infers or vision or runs or mixes or kernels or tests or prefills or attentions):
         lines.append("No finished report yet.")
     return "\n".join(lines) + "\n"
 
@@ -212,10 +231,12 @@ def main() -> None:
                if (k := _read(p)) is not None}
     prefills = {p.name.removesuffix("-prefill.json"): f for p in sorted(args.out_dir.glob("reports/*-prefill.json"))
                 if (f := _read(p)) is not None}
+    attentions = {p.name.removesuffix("-decode-attention.json"): a
+                  for p in sorted(args.out_dir.glob("reports/*-decode-attention.json")) if (a := _read(p)) is not None}
     tests_file = args.out_dir / "reports" / "cuda-tests.txt"
     tests = tests_file.read_text().strip().splitlines()[-1] if tests_file.exists() and tests_file.read_text().strip() else None
     text = table(benches, infers, _read(device_file) if device_file.exists() else None,
-                 _read(vision_file) if vision_file.exists() else None, runs, mixes, kernels, tests, prefills)
+                 _read(vision_file) if vision_file.exists() else None, runs, mixes, kernels, tests, prefills, attentions)
     print(text)
     (args.out_dir / "table.md").write_text(text, encoding="utf-8")
     if args.write:

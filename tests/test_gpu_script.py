@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
 TABLE = ROOT / "benchmarks" / "gpu_table.py"
 STEPS = ["build", "default-b1", "default-b8-32", "compile-b1", "compile-b8-32", "hf-b1", "hf-b32", "infer", "lengths", "prefill", "prefill-compiled",
-         "kernels"]
+         "decode-attention", "kernels"]
 SLICE_LIMIT_S = 8 * 60  # every step must leave room in a 10-minute command slice
 
 
@@ -65,7 +65,7 @@ def test_the_default_plan_is_one_run_that_fits_a_ten_minute_command(tmp_path):
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
     assert [name for _, name, _ in steps] == ["cuda-tests"] + [f"qwen2.5-vl-3b-grpo/{s}" for s in (
-        "build", "default-b1", "default-b32", "lengths", "prefill", "prefill-compiled", "kernels")]
+        "build", "default-b1", "default-b32", "lengths", "prefill", "prefill-compiled", "decode-attention", "kernels")]
     assert sum(int(rest.split()[0].lstrip("~")) for _, _, rest in steps) <= 540  # SLICE_S's default
     runs = {name: rest for _, name, rest in steps}
     assert f"--images {out}/images-32 --batch-sizes 32 " in runs["qwen2.5-vl-3b-grpo/default-b32"]
@@ -87,8 +87,8 @@ def test_dry_run_with_a_checkpoint_and_chosen_modes(tmp_path):
     assert [(a, n) for a, n, _ in plan(r.stdout)] == [
         ("run", "vision"), ("run", "my-ckpt/compile-b1"), ("run", "my-ckpt/compile-b8-32"), ("run", "my-ckpt/infer"),
         ("run", "my-ckpt/lengths"), ("run", "my-ckpt/prefill"), ("run", "my-ckpt/prefill-compiled"),
-        ("run", "my-ckpt/kernels"), ("run", "cuda-tests")]
-    assert "--preset 3b --ckpt /models/my-ckpt --device cuda" in plan(r.stdout)[-5][2]
+        ("run", "my-ckpt/decode-attention"), ("run", "my-ckpt/kernels"), ("run", "cuda-tests")]
+    assert "--preset 3b --ckpt /models/my-ckpt --device cuda" in plan(r.stdout)[-6][2]
     assert "--ckpt /models/my-ckpt" in plan(r.stdout)[1][2]
     bad = gpu_sh(tmp_path / "out", "--dry-run", MODES="fast")
     assert bad.returncode == 2 and "unknown mode 'fast'" in bad.stderr
@@ -139,6 +139,11 @@ elif args[0].endswith("profile_prefill.py"):
                "vision_ms": 150.0 if compiled else 250.0, "rope_index_ms": 10.0, "language_ms": 140.0,
                "compiled_vision": compiled, "compile_s": 41.7 if compiled else 0.0, "kernels": 9000, "kernel_ms": 300.0,
                "top_kernels": [{{"name": "gemm", "calls": 500, "ms": 200.0}}]}}, open(args[args.index("--json") + 1], "w"))
+elif args[0].endswith("bench_decode_attention.py"):
+    json.dump({{"device": "cuda", "results": [{{"batch": 1, "keys": 512, "way": "vlmfast", "us_p50": 13.8}},
+                                             {{"batch": 1, "keys": 512, "way": "flex", "us_p50": 5.2}},
+                                             {{"batch": 1, "keys": 512, "way": "sdpa-efficient", "error": "RuntimeError: no kernel"}}]}},
+              open(args[args.index("--json") + 1], "w"))
 elif args[0].endswith("bench_kernels.py"):
     json.dump({{"device": "cuda", "families": {{"qwen2_5_vl": {{"graph_breaks": 0, "generated_per_layer": 6.0,
                                                              "library_per_layer": 5.0}}}}}},
@@ -180,19 +185,20 @@ def _fake_python(tmp_path: Path) -> Path:
 def test_slices_run_steps_until_every_report_is_there(tmp_path):
     out, fake = tmp_path / "out", _fake_python(tmp_path)
     knobs = dict(PYTHON=fake, SIZES="3b", MODES="hf", SLICE_S="0")  # a slice of 0 s: one step per invocation
-    codes = [gpu_sh(out, **knobs).returncode for _ in range(10)]
-    # vision, build, hf-b1, hf-b32, infer, lengths, prefill, prefill-compiled, kernels, cuda-tests
-    assert codes == [75, 75, 75, 75, 75, 75, 75, 75, 75, 0]
+    codes = [gpu_sh(out, **knobs).returncode for _ in range(11)]
+    # vision, build, hf-b1, hf-b32, infer, lengths, prefill, prefill-compiled, decode-attention, kernels, cuda-tests
+    assert codes == [75] * 10 + [0]
     assert (out / "reports/qwen2.5-vl-3b-grpo-infer/second.json").exists() and (out / "images-8/img_007.png").exists()
     table = (out / "table.md").read_text()
     assert "### Fake GPU (CUDA 0.0)" in table
     assert [line.split(" | ")[1:4] for line in table.splitlines() if line.startswith("| qwen")] == [
         ["hf", "1", "8"], ["hf", "32", "32"], ["40.0", "40.0", "miss"], ["static batches", "2,000", "–"],
         ["continuous", "3,600", "1.80×"], ["eager", "32 (16+16)", "400.0"],
-        ["compiled (42 s to compile)", "32 (16+16)", "300.0"], ["0", "6", "5"]]
+        ["compiled (42 s to compile)", "32 (16+16)", "300.0"], ["keys", "vlmfast", "flex"], ["0", "6", "5"]]
     assert "| static batches | 2,000 | – | 50% | – |" in table  # each mode's row utilization
     assert "| continuous | 3,600 | 1.80× | 80% | 32, 2.50 s, 2,000 |" in table  # and the continuous run's prefills
     assert "| qwen2.5-vl-3b-grpo | eager | 32 (16+16) | 400.0 | 250.0 | 140.0 | 10.0 | 9,000, 300.0 | gemm 200.0 |" in table
+    assert "| 1 | 512 | 13.8 | 5.2 | failed (RuntimeError: no kernel) |" in table  # the attention candidates
     assert "tests/test_cuda.py on this machine: 12 passed in 80.00s" in table
     again = gpu_sh(out, **knobs)
     assert again.returncode == 0 and {action for action, _, _ in plan(again.stdout)} == {"skip"}  # nothing redone

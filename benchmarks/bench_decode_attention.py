@@ -1,0 +1,133 @@
+"""The decode step's attention alone, by the ways a GPU could run it, side by side: what the compiled step
+calls now against the candidates, on the 3B shape's heads (16 query heads, 2 key/value heads, 128 dims).
+
+On an H200 the compiled decode step spent 0.50 ms of its 3.4 ms at batch 1 in cuDNN's attention (13.8 µs per
+layer for one new token: a prefill kernel with 64 × 128 tiles; benchmarks/RESULTS.md). Each way here takes
+the same inputs — a new token per row against a static cache whose rows are filled to different lengths,
+left padding masked — and is timed as the compiled step runs it: compiled, replayed from a CUDA graph.
+
+  python benchmarks/bench_decode_attention.py [--device cuda] [--batches 1,32] [--keys 512,1024] [--json FILE]
+
+Ways: ``vlmfast`` (engines/hf/text_decoder.decode_attention: SDPA with a boolean key mask, the backend
+SDPA picks), ``sdpa-efficient`` (the same call held to the memory-efficient kernel), ``flex`` (torch's
+FlexAttention, its decoding kernel for short queries, the mask as a score modification). Each way's output
+is checked against the first's. On a CPU it runs as a check of the script (no graphs; its figures are not the point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+
+Q_HEADS, KV_HEADS, DIM = 16, 2, 128  # Qwen2.5-VL-3B's language model
+
+
+def ways(device: str):
+    """name → attention(query, key, value, valid) with query (B, 16, 1, 128), key/value (B, 2, S, 128), valid (B, S) bool."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from vlmfast.engines.hf.text_decoder import decode_attention
+
+    def vlmfast(q, k, v, valid):
+        return decode_attention(None, q, k, v, valid[:, None, None, :], scaling=DIM ** -0.5)[0]
+
+    def efficient(q, k, v, valid):
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            return vlmfast(q, k, v, valid)
+
+    def flex(q, k, v, valid):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def masked(score, b, h, q_idx, kv_idx):
+            return torch.where(valid[b, kv_idx], score, -float("inf"))
+
+        out = flex_attention(q, k, v, score_mod=masked, scale=DIM ** -0.5, enable_gqa=True)
+        return out.transpose(1, 2).contiguous()
+
+    found = {"vlmfast": vlmfast, "sdpa-efficient": efficient, "flex": flex}
+    if not device.startswith("cuda"):
+        found.pop("sdpa-efficient")  # a CUDA kernel
+    return found
+
+
+def measure(fn, inputs, device: str, iters: int, runs: int) -> list[float]:
+    """µs per call: compiled; on CUDA replayed from a graph of ``iters`` calls; ``runs`` timings."""
+    import torch
+
+    from vlmfast.timing import now
+
+    compiled = torch.compile(fn, dynamic=False)
+    for _ in range(3):
+        compiled(*inputs)  # compile, warm
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                compiled(*inputs)
+        step = graph.replay
+    else:
+        def step():
+            for _ in range(iters):
+                compiled(*inputs)
+    step()
+    times = []
+    for _ in range(runs):
+        start = now(device)
+        step()
+        times.append((now(device) - start) / iters * 1e6)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--keys", default="512,1024")
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    import torch
+
+    on_cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    results = []
+    with torch.inference_mode():
+        for batch in (int(b) for b in args.batches.split(",")):
+            for keys in (int(s) for s in args.keys.split(",")):
+                g = torch.Generator(device=args.device).manual_seed(0)
+                q = torch.randn(batch, Q_HEADS, 1, DIM, device=args.device, dtype=dtype, generator=g)
+                k, v = (torch.randn(batch, KV_HEADS, keys, DIM, device=args.device, dtype=dtype, generator=g) for _ in range(2))
+                # rows filled to different lengths, each left-padded by a few keys: what a batch's cache holds
+                filled = torch.linspace(keys // 4, keys, batch, device=args.device).long()
+                pad = torch.arange(batch, device=args.device) % 7
+                index = torch.arange(keys, device=args.device)
+                valid = (index >= pad[:, None]) & (index < filled[:, None])
+                inputs = (q, k, v, valid)
+                reference = None
+                for name, fn in ways(args.device).items():
+                    try:
+                        out = torch.compile(fn, dynamic=False)(*inputs)
+                        if reference is None:
+                            reference = out
+                        error = (out.float() - reference.float()).abs().max().item()
+                        times = measure(fn, inputs, args.device, args.iters if on_cuda else 5, args.runs if on_cuda else 2)
+                        row = {"batch": batch, "keys": keys, "way": name, "us_p50": round(statistics.median(times), 2),
+                               "us_runs": [round(t, 2) for t in times], "max_abs_diff": error}
+                    except Exception as exc:  # a way this torch cannot run: said, the others go on
+                        row = {"batch": batch, "keys": keys, "way": name, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
+    report = {"device": torch.cuda.get_device_name(0) if on_cuda else "cpu", "torch": torch.__version__,
+              "dtype": str(dtype).removeprefix("torch."), "results": results}
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
