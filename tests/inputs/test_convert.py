@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cli
 from vlmfast.inputs.convert import convert_file, read_truths, write_manifest
 from vlmfast.errors import InputError, UsageError
 from vlmfast.inputs.requests import Request, read_manifest
@@ -24,8 +25,7 @@ def test_vlmr1_rec_example():
         "image": "/data/coco/train2014/COCO_train2014_000000581857.jpg",
         "prompt": "Please provide the bounding box coordinate of the region this sentence describes: "
                   "the lady with the blue shirt.",
-        "solution": [103, 299, 359, 633],
-        "scorer": "bbox",
+        "solution": [103, 299, 359, 633],  # no scorer written: auto reads a box as one, --scorer may choose another
     }
     assert len({r["id"] for r in rows}) == 4  # two expressions share one image, ids still differ
     assert rows[3]["solution"] == [4.2, 41.7, 230.5, 471.0]
@@ -51,7 +51,7 @@ def test_vlmr1_jsonl_conversations_and_math(tmp_path):
     assert rows[1]["id"] == "00001_before" and rows[1]["solution"] == "No Defect" and "scorer" not in rows[1]
     assert (rows[2]["solution"], rows[2]["scorer"]) == ("B", "choice")
     assert (rows[3]["prompt"], rows[3]["solution"]) == ("How far?", "12.5")
-    assert (rows[4]["solution"], rows[4]["scorer"]) == ([1, 2, 30, 40], "bbox")
+    assert rows[4]["solution"] == [1, 2, 30, 40] and "scorer" not in rows[4]
 
 
 def test_swift_example():
@@ -62,7 +62,7 @@ def test_swift_example():
     assert rows[0]["solution"] == "3"  # "<answer> 3 </answer>" stripped
     assert rows[1]["solution"] == "B" and "system" not in rows[1]
     assert rows[2]["solution"] == "yes"  # the assistant reply stands in for a missing solution
-    assert (rows[3]["solution"], rows[3]["scorer"]) == ([10, 12, 70, 90], "bbox")
+    assert (rows[3]["solution"], rows[3]["scorer"]) == ([10, 12, 70, 90], "bbox")  # the record's own
     assert all("<image>" not in r["prompt"] for r in rows)
 
 
@@ -149,9 +149,9 @@ def test_written_manifest_runs_and_scores(tmp_path):
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
     items, _ = read_manifest(str(out), None)  # the run reads it like any manifest
     assert all(isinstance(r, Request) for r in items) and [r.id for r in items] == [r["id"] for r in rows]
-    assert items[0].truth == [103, 299, 359, 633] and items[0].scorer == "bbox"
+    assert items[0].truth == [103, 299, 359, 633] and items[0].scorer is None
     truths = read_truths(str(out))
-    assert truths[rows[0]["id"]] == ([103, 299, 359, 633], "bbox")
+    assert truths[rows[0]["id"]] == ([103, 299, 359, 633], None)
     # Qwen2.5-VL answers in the resized image (here half size): mapped back, the box matches.
     results = [{"id": rows[0]["id"], "error": None, "text": "<think>t</think><answer>[{\"bbox_2d\": [51, 150, 180, 316]}]</answer>",
                 "answer": '[{"bbox_2d": [51, 150, 180, 316]}]', "image_sizes": [[640, 640]], "model_image_sizes": [[320, 320]]}]
@@ -166,8 +166,8 @@ def test_read_truths_of_the_scored_example():
         "count-1": ("3", None), "mcq-1": ("C", "choice"), "ground-1": ([8, 10, 60, 96], "bbox"),
         "caption-1": ("yes", None), "free-1": ("gradient", "contains"),
     }
-    swift = read_truths(str(CONFIGS / "swift.example.jsonl"))  # id-less records: the run's image-path ids
-    assert swift[str(CONFIGS / "images" / "img_002.png")] == ("yes", None)
+    swift = read_truths(str(CONFIGS / "swift.example.jsonl"))  # id-less records: the image path as written
+    assert swift["images/img_002.png"] == ("yes", None)
     assert swift["swift-grounding-1"] == ([10, 12, 70, 90], "bbox")
 
 
@@ -177,3 +177,34 @@ def test_read_truths_reports_bad_lines(tmp_path):
     with pytest.raises(InputError) as exc:
         read_truths(str(src))
     assert [p.split(":")[1] for p in exc.value.problems] == ["2", "3"]
+
+
+def test_convert_refuses_its_source_and_rebases_relative_images(tmp_path):
+    """--out naming the dataset would replace it with its manifest; a manifest written elsewhere names the
+    same image files as the dataset did (relative paths are read against a manifest's own folder)."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(CONFIGS, data)
+    source = data / "swift.example.jsonl"
+    before = source.read_bytes()
+    same = cli("convert", source, "--out", source)
+    assert same.returncode == 2 and "is one of this run's inputs" in same.stderr and source.read_bytes() == before
+    elsewhere = tmp_path / "out" / "m.jsonl"
+    assert cli("convert", source, "--out", elsewhere).returncode == 0
+    rows = [json.loads(line) for line in elsewhere.read_text().splitlines()]
+    assert rows[0]["image"] == "../data/images/img_000.png"
+    items, _ = read_manifest(str(elsewhere), None)
+    assert Path(items[0].images[0]).resolve() == (data / "images" / "img_000.png").resolve()
+    beside = data / "m.jsonl"  # in the source's folder: paths as written
+    assert cli("convert", source, "--out", beside).returncode == 0
+    assert json.loads(beside.read_text().splitlines()[0])["image"] == "images/img_000.png"
+
+
+def test_a_manifest_s_ids_do_not_depend_on_how_its_path_is_spelled(tmp_path, monkeypatch):
+    """Records without an id take their first image as written: the same id from /abs/m.jsonl and from
+    m.jsonl, so a resume or a score run from another directory finds the rows."""
+    monkeypatch.chdir(CONFIGS)
+    relative = [r.id for r in read_manifest("swift.example.jsonl", None)[0]]
+    absolute = [r.id for r in read_manifest(str(CONFIGS / "swift.example.jsonl"), None)[0]]
+    assert relative == absolute and relative[0] == "images/img_000.png"

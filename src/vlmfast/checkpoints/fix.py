@@ -321,7 +321,7 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
         raise FixError(f"{adapter_dir}: not a LoRA adapter dir (no adapter_config.json)", hint="point at the adapter dir")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FixError(f"{out}: exists and is not empty", hint="choose a new output directory")
-    found = require(locate(resolve_base(adapter_dir, base), hub=True), "model", "hub")
+    found = require(locate(resolve_base(adapter_dir, base, option="--processor-from"), hub=True), "model", "hub")
     base_dir = found.path
 
     def base_file(name: str) -> Path | None:

@@ -19,25 +19,27 @@ from vlmfast.checkpoints.locate import HUB_ID
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
 
-def adapter_base(path) -> str:
-    """The base model the adapter was trained on, as adapter_config.json names it."""
+def adapter_base(path, option: str = "--base") -> str:
+    """The base model the adapter was trained on, as adapter_config.json names it (``option``: the command's
+    option that names a base, for the hint)."""
     base = adapter_base_or_none(path)
     if base is None:
         raise CheckpointError(
             f"{path}: {ADAPTER_CONFIG} does not name its base model (base_model_name_or_path)",
-            hint="pass the base model explicitly (--base BASE)",
+            hint=f"pass the base model explicitly ({option} BASE)",
         )
     return base
 
 
-def resolve_base(adapter_dir, base: str | None = None) -> str:
+def resolve_base(adapter_dir, base: str | None = None, option: str = "--base") -> str:
     """``base`` when given, else the adapter's named base; CheckpointError when the named base is a
-    local path that is not here (trainers record the path they loaded it from)."""
-    spec = base or adapter_base(adapter_dir)
+    local path that is not here (trainers record the path they loaded it from). ``option``: the command's
+    option that names a base (``infer --base``, ``fix --processor-from``), for the hint."""
+    spec = base or adapter_base(adapter_dir, option)
     if base is None and not Path(spec).expanduser().exists() and not HUB_ID.match(spec):
         raise CheckpointError(
             f"{adapter_dir}: its base {spec!r} (from {ADAPTER_CONFIG}) does not exist here",
-            hint="pass the base model explicitly (--base BASE): a local copy or a hub id",
+            hint=f"pass the base model explicitly ({option} BASE): a local copy or a hub id",
         )
     return spec
 

@@ -60,18 +60,20 @@ def convert(
     source: Annotated[Path, typer.Argument(help="A VLM-R1 REC/test JSON(L) or an ms-swift dataset JSONL.", show_default=False)],
     out: Annotated[Path, typer.Option(help="Manifest to write (JSONL).")],
     format_: Annotated[str, typer.Option("--format", help="auto | vlmr1 | swift")] = "auto",
-    image_root: Annotated[Optional[str], typer.Option(help="Directory the records' relative image paths are under.")] = None,
+    image_root: Annotated[Optional[str], typer.Option(help="Directory the records' relative image paths are under (default: the source file's directory).")] = None,
 ):
-    """Turn a GRPO dataset file into a vlmfast manifest with ground truth (for infer, bench and score)."""
+    """Turn a GRPO dataset file into a vlmfast manifest with ground truth (for infer, bench and score). Relative
+    image paths are written relative to the manifest's own directory, so it runs from anywhere."""
 
     def run():
-        from vlmfast.inputs.convert import FORMATS, convert_file, write_manifest
-        from vlmfast.files import check_output_file
+        from vlmfast.inputs.convert import FORMATS, convert_file, rebase_images, write_manifest
+        from vlmfast.files import check_output_file, refuse_inputs_as_out
         from vlmfast.report.terminal import stderr
 
         check_output_file("--out", out)
+        refuse_inputs_as_out("--out", out, [source])  # the dataset itself, replaced by its manifest
         rows = convert_file(str(source), choice("--format", format_, FORMATS), image_root=image_root)
-        path = write_manifest(rows, str(out))
+        path = write_manifest(rebase_images(rows, str(source) if image_root is None else ".", str(out)), str(out))
         stderr.print(f"wrote {len(rows)} record(s) to {path}", markup=False)
         typer.echo(str(path))
 

@@ -55,6 +55,7 @@ def summarize(rows: list[dict]) -> dict:
         "bbox_unmapped": sum(1 for r in scored if r.get("bbox_unmapped")),
         # rows whose reward function raised (--skip-bad): unscored, so left out of the accuracy above
         "reward_errors": sum(1 for r in ok if r.get("reward_error") is not None),
+        "error_rows": len(rows) - len(ok),  # the run failed on their input (--skip-bad): no answer, no score
     }
     from vlmfast.evaluation.health import health
 

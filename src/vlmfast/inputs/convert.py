@@ -16,7 +16,7 @@ from pathlib import Path
 from vlmfast.errors import InputError, UsageError
 from vlmfast.inputs.datasets import VLMR1_SCORERS
 from vlmfast.inputs.requests import Request, parse_messages, read_manifest
-from vlmfast.evaluation.scoring import SCORERS, parse_box, truth_text
+from vlmfast.evaluation.scoring import SCORERS, truth_text
 
 FORMATS = ("vlmr1", "swift", "auto")
 _URL_PREFIXES = ("http://", "https://", "data:")
@@ -184,9 +184,7 @@ def _with_truth(row: dict, truth, scorer: str | None) -> dict:
         _check_box(truth)
     if truth is None:
         return row
-    row["solution"] = truth
-    if scorer is None and isinstance(truth, (list, dict)) and parse_box(truth) is not None:
-        scorer = "bbox"
+    row["solution"] = truth  # a box needs no scorer written: auto picks bbox by its shape, and --scorer still applies
     if scorer is not None and scorer != "auto":
         row["scorer"] = scorer
     return row
@@ -198,6 +196,31 @@ def _check_box(values: list) -> None:
     x1, y1, x2, y2 = values
     if x2 <= x1 or y2 <= y1:
         raise ValueError(f"solution box {values} is empty or reversed; expected [x1, y1, x2, y2] with x2 > x1, y2 > y1")
+
+
+def rebase_images(rows: list[dict], source: str, out_path: str) -> list[dict]:
+    """Rows whose relative image paths name the same files from ``out_path``'s folder: a manifest's relative
+    paths are read against its own folder, and the source's were against the source's folder (where the file
+    is there; else, as a run reads them, against the working directory)."""
+    here, there = Path(source).parent, Path(out_path).parent
+    if here.resolve() == there.resolve():
+        return rows
+
+    def moved(path: str) -> str:
+        if os.path.isabs(path) or path.startswith(_URL_PREFIXES):
+            return path
+        found = here / path if (here / path).exists() or not os.path.exists(path) else Path(path)
+        return os.path.relpath(os.path.abspath(found), os.path.abspath(there))
+
+    out = []
+    for row in rows:
+        row = dict(row)
+        if "image" in row:
+            row["image"] = moved(row["image"])
+        else:
+            row["images"] = [moved(p) for p in row["images"]]
+        out.append(row)
+    return out
 
 
 def write_manifest(rows: list[dict], out_path: str) -> Path:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
-from vlmfast.evaluation.scoring import SCORERS, parse_box, truth_text
+from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
                                      image_label, record_batches)
 from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_bytes, check_images, parse_messages,
@@ -320,9 +320,7 @@ def vlmr1_view(row: dict, index: int) -> dict:
     first = paths[0] if paths and isinstance(paths[0], str) else "none"
     view["id"] = row["id"] if "id" in row else f"{index:05d}_{Path(first).stem}"
     scorer = row.get("scorer") or VLMR1_SCORERS.get(row["accu_reward_method"])
-    truth = truth_text(row.get("solution"))
-    if scorer is None and isinstance(truth, (list, dict)) and parse_box(truth) is not None:
-        scorer = "bbox"  # a REC box, as convert marks it
+    # a REC box gets no scorer of its own (auto reads a box as one, and --scorer vlm-r1-rec may choose VLM-R1's rules)
     if scorer is not None:
         view["scorer"] = scorer
     for key in ("system", "data_source", "extra_info"):

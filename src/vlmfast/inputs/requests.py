@@ -192,8 +192,10 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     scorer = record.get("scorer")
     if scorer is not None and scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r}: use one of {', '.join(SCORERS)}")
-    images = [resolve_relative(i, base) for i in images]
+    # without an id, the first image as the record writes it: the same id however the manifest's path is spelled
+    # (a resume from another directory, a score run elsewhere)
     rid = record.get("id", images[0])
+    images = [resolve_relative(i, base) for i in images]
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise ValueError('"id" must be a string or an integer')
     source = record.get("data_source")

@@ -145,7 +145,14 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
         notes.append(f"{len(missing)} of {len(truths)} manifest id(s) have no row in {results} ({shown}): the figures "
                      "are over the rows there are")
+    failed = [r for r in scored if r.get("error") is not None and truths.get(str(r["id"]), (None, None))[0] is not None]
     summary = summarize(scored)
+    if failed:  # no answer to score: said, with the accuracy that counts them as wrong beside the one that leaves them out
+        right = sum(1 for r in scored if r.get("error") is None and r.get("score") is not None and r.get("correct"))
+        counted = (summary["scored"] or 0) + len(failed)
+        notes.append(f"{len(failed)} error row(s) with ground truth (the run failed on their input, e.g. {failed[0]['id']}: "
+                     f"{str(failed[0]['error'])[:80]}): left out of the accuracy; counted as wrong it is "
+                     f"{right / counted:.1%} ({right} of {counted})")
     summary.update(results=str(results), manifest=manifest, rows=len(scored), manifest_ids_without_rows=len(missing),
                    rows_without_truth=sum(1 for r in scored if truths.get(str(r["id"]), (None, None))[0] is None),
                    rows_not_in_manifest=len(unknown),
