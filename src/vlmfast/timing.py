@@ -146,6 +146,15 @@ class StepTimes:
 
 class _Marks:
     seconds: float | None = None
+    marks: list | None = None  # the device-synchronized times before and after each call, while the block is open
+
+    def count(self) -> int:
+        return len(self.marks or ())
+
+    def drop_since(self, count: int) -> None:
+        """Forget the calls marked after the first ``count`` marks (a call that does not count: one that compiled)."""
+        if self.marks is not None:
+            del self.marks[count:]
 
 
 @contextlib.contextmanager
@@ -158,6 +167,7 @@ def vision_clock(model, device):
         yield result
         return
     marks: list[float] = []
+    result.marks = marks  # a caller may drop the marks of a call that does not count (one that compiled)
 
     def mark(*_):
         marks.append(now(device))

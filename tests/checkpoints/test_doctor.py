@@ -346,3 +346,27 @@ def test_truncated_weights_are_a_finding_and_a_run_falls_back_to_its_highest_com
     found = locate(run)
     assert found.path == run / "checkpoint-100" and "checkpoint-300 (weights incomplete" in found.note
     assert "weights-incomplete" not in {f.code for f in diagnose(run)}
+
+
+def test_incomplete_weights_name_the_file_and_every_lost_group(base_ckpt, tmp_path):
+    """A shard the index names and the disk lacks, a file cut short: doctor and the loader name the file; and the
+    --allow-missing hint lists every group of lost tensors, so one rerun is enough."""
+    from vlmfast.checkpoints.readers import incomplete_weights, require_loadable
+    from vlmfast.checkpoints.weights import WeightsCheck, Group, fix_hint
+
+    d = _copy(base_ckpt, tmp_path / "s")
+    index = {"metadata": {}, "weight_map": {"a.weight": "model.safetensors", "b.weight": "model-00002-of-00002.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert incomplete_weights(d) == ["model-00002-of-00002.safetensors: missing (named by model.safetensors.index.json)"]
+    (f,) = [f for f in diagnose(d) if f.code == "weights-incomplete"]
+    assert "model-00002-of-00002.safetensors: missing" in f.message
+    weights = d / "model.safetensors"
+    size = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: size // 2])
+    with pytest.raises(CheckpointError) as err:
+        require_loadable(d)
+    assert f"model.safetensors: {size // 2:,} of the {size:,} bytes its header says" in str(err.value)
+    lost = tuple(Group(f"model.layers.{i}", 9) for i in range(7))
+    hint = fix_hint(WeightsCheck(expected=100, saved=37, tied_head=True, missing=lost, allowed=(), unexpected=(),
+                                 mismatched=(), head_lost=False))
+    assert all(f"--allow-missing model.layers.{i}" in hint for i in range(7))

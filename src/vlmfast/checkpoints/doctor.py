@@ -16,7 +16,7 @@ from pathlib import Path
 from vlmfast.checkpoints.readers import (
     NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting,
-    weights_complete,
+    incomplete_weights, weights_complete,
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
 from vlmfast.checkpoints.findings import (  # noqa: F401 - importable from here
@@ -283,9 +283,11 @@ def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> 
         out.append(Finding("error", "weights-missing", str(d), "config.json but no weights (*.safetensors / *.bin)",
                            "the save is incomplete: save again, or point at a checkpoint-N that holds weights"))
     elif not weights_complete(d):
+        problems = incomplete_weights(d)
         out.append(Finding("error", "weights-incomplete", str(d),
-                           "the weights are incomplete: a safetensors file is shorter than its header says, or a shard "
-                           "the index names is missing", "the save was cut short or is still being written: save again, "
+                           f"the weights are incomplete: {'; '.join(problems[:4])}"
+                           + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""),
+                           "the save was cut short or is still being written: save again, "
                            "or point at the run directory (its highest complete checkpoint is used)"))
     pickles = [p.name for p in sorted(d.glob("*.bin")) if p.name not in NOT_WEIGHTS]
     if pickles and not any(d.glob("*.safetensors")):

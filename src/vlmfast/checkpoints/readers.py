@@ -269,9 +269,10 @@ def require_loadable(d: Path) -> None:
     the CheckpointError naming what is wrong: checked from the files alone, in well under a second, before
     torch is imported (loading would fail on them only after that, with the error of whatever read them first)."""
     read_configs(d)
-    if not _model_weights_complete(Path(d)):
-        raise CheckpointError(f"{d}: the weights are incomplete: a safetensors file is shorter than its header says, "
-                              "or a shard the index names is missing",
+    problems = incomplete_weights(Path(d))
+    if problems:
+        raise CheckpointError(f"{d}: the weights are incomplete: {'; '.join(problems[:4])}"
+                              + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""),
                               hint="the save was cut short or is still being written: save again, or point at the "
                                    "run directory (its highest complete checkpoint is used); vlmfast doctor shows more")
 
@@ -280,23 +281,46 @@ _SHARD = re.compile(r"-\d+-of-\d+\.safetensors$")
 
 
 def _model_weights_complete(d: Path) -> bool:
+    return not incomplete_weights(d)
+
+
+def incomplete_weights(d: Path) -> list[str]:
+    """What keeps a model dir's weights from being whole, one line per file (empty when they are): a shard
+    the index names that is not there, a file shorter than its header says, shards without their index."""
+    d = Path(d)
     indexes = sorted(d.glob("*.safetensors.index.json")) + sorted(d.glob("*.bin.index.json"))
+    said = []
     for index in indexes:
         weight_map = maybe_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            return False
-        if not all(isinstance(name, str) and _file_complete(d / name) for name in set(weight_map.values())):
-            return False
+            said.append(f"{index.name}: no weight_map")
+            continue
+        for name in sorted({n for n in weight_map.values() if isinstance(n, str)}):
+            if not (d / name).exists():
+                said.append(f"{name}: missing (named by {index.name})")
     files = [p for pattern in ("*.safetensors", "*.bin") for p in d.glob(pattern)
              if not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS]
     if any(_SHARD.search(p.name) for p in files) and not any(i.name.endswith(".safetensors.index.json") for i in indexes):
-        return False  # save_pretrained writes the index after the last shard
-    return bool(files or indexes) and all(_file_complete(p) for p in files)
+        said.append("model.safetensors.index.json: missing (save_pretrained writes it after the last shard)")
+    said += [f"{p.name}: {why}" for p in sorted(files) if (why := _file_problem(p))]
+    if not (files or indexes):
+        said.append("no weight files")
+    return said
 
 
 def _file_complete(p: Path) -> bool:
+    return _file_problem(p) is None
+
+
+def _file_problem(p: Path) -> str | None:
+    """Why a weight file is not whole (None when it is): absent, empty, shorter than its header says."""
     try:
         size = p.stat().st_size
-        return size >= safetensors_length(p) if p.suffix == ".safetensors" else size > 0
-    except (OSError, ValueError, KeyError, TypeError, IndexError):  # absent, or a header still being written
-        return False
+        if p.suffix != ".safetensors":
+            return None if size > 0 else "empty"
+        want = safetensors_length(p)
+        return None if size >= want else f"{size:,} of the {want:,} bytes its header says"
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # a header still being written
+        return "its header cannot be read (cut short, or still being written)"

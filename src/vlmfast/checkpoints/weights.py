@@ -337,7 +337,10 @@ def fix_hint(check: WeightsCheck) -> str:
     """What to do about weights that are not whole."""
     if check.mismatched and not check.missing:
         return "the save does not match its config.json: save again, or take the config.json the weights were saved with"
-    prefixes = " ".join(f"--allow-missing {g.prefix}" for g in check.missing[:3])
+    # every group, so one rerun suffices (a dozen at most in the hint; the error's list has them all)
+    shown = check.missing[:12]
+    prefixes = " ".join(f"--allow-missing {g.prefix}" for g in shown) + (
+        f" (and one for each of the {len(check.missing) - 12} more groups above)" if len(check.missing) > 12 else "")
     head = ("tie_word_embeddings is false, so the LM head must be saved; " if check.head_lost else "")
     return (f"{head}the save lost these tensors: save again from the trainer's state (or copy frozen ones, e.g. the "
             f"vision tower, from the base model); if they are meant to be missing, {prefixes} runs it with them "

@@ -45,6 +45,34 @@ def test_compiled_blocks_give_the_eager_tower_in_one_graph_per_kind_of_layer():
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+def test_a_model_loaded_later_reuses_the_compiled_graphs():
+    """A sweep loads model after model: the compiled blocks guard on what the code reads, not on which tower."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    for seed in range(3):
+        tower = _tower(36, seed=seed)
+        with use_merged_vision_attention(tower):
+            reference = _tower_forward(tower, GRIDS[0])
+            with use_compiled_vision_blocks(tower):
+                got = _tower_forward(tower, GRIDS[0])
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] in (1, 2) and graphs == graphs[:1] * 3, graphs  # (4.57 makes one graph of both kinds of layer)
+
+
+def test_blocks_with_a_forward_of_their_own_are_left_alone():
+    """accelerate's hooks replace a module's forward (offload, device maps): such a block stays as it is."""
+    tower = _tower(36)
+    hooked = tower.blocks[0]
+    own = hooked.forward = lambda *args, **kwargs: type(hooked).forward(hooked, *args, **kwargs)
+    with use_compiled_vision_blocks(tower) as count:
+        assert vars(hooked)["forward"] is own
+    assert count == 1 and vars(hooked)["forward"] is own
+
+
 def test_the_engine_compiles_the_vision_blocks_with_the_decode_step(loaded, images):
     from vlmfast.engines.hf.engine import Engine, GenerationSettings
     from vlmfast.inputs.requests import Request
@@ -65,6 +93,13 @@ def test_the_engine_compiles_the_vision_blocks_with_the_decode_step(loaded, imag
     rows, timing = engine.generate_batch(requests)
     assert [r.token_ids for r in rows] == want and timing.ttft_s > 0
     assert engine.compile_vision and not engine.policy.notes
+    # a batch that compiles: its time to the first token and its vision tower's share leave the compile out
+    torch._dynamo.reset()
+    fresh = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)
+    fresh.compile_vision = True
+    rows, timing = fresh.generate_batch(requests)
+    assert [r.token_ids for r in rows] == want and fresh.policy.compile_s > 0
+    assert 0 < timing.vision_s < timing.ttft_s < fresh.policy.compile_s
 
 
 def test_a_failed_vision_compile_leaves_the_blocks_eager(loaded, images, monkeypatch):

@@ -259,12 +259,12 @@ class Engine(Preparer, PlainGenerate):
         model = self.loaded.model
         n = self.settings.n  # each prompt's n answers draw their first tokens apart, from the same logits
         groups, compile_s = [], 0.0
-        with (torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model),
+        with (torch.inference_mode(), vision_clock(model, self.device) as vision, use_merged_vision_attention(model) as merged,
               use_linear_patch_embed(model), use_aligned_vision_mlp(model, self.on_cuda)):
             for g in prepared.groups:
                 inputs = self.on_device(g.inputs)
                 pos = rope_positions(model, inputs) if g.positions is None else g.positions.to(model.device, non_blocking=True)
-                out, compiling_s = self._prefill_forward(model, inputs, pos)
+                out, compiling_s = self._prefill_forward(model, inputs, pos, vision, compile_vision=merged)
                 compile_s += compiling_s
                 keys = self._keys(prepared.requests[g.start:g.end])
                 first = select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
@@ -274,31 +274,37 @@ class Engine(Preparer, PlainGenerate):
                                         out["cache"] if "cache" in out else out.past_key_values, keys, n))
         return Prefilled(groups, vision.seconds, compile_s)
 
-    def _prefill_forward(self, model, inputs, positions):
+    def _prefill_forward(self, model, inputs, positions, vision, compile_vision: bool = True):
         """One prefill group through the model, and the seconds of it that compiled vision blocks. The vision
-        blocks run compiled where the decode step does (:mod:`vlmfast.engines.hf.vision_compile`); a compile
-        that fails leaves them eager for the rest of the run, said in the notes."""
+        blocks run compiled where the decode step does and the vision attention runs merged
+        (:mod:`vlmfast.engines.hf.vision_compile`); a compile that fails leaves them eager for the rest of the
+        run, said in the notes. A forward that compiled, or failed to, counts as compiling: its time, and its
+        marks on the ``vision`` clock, are not the prefill's."""
         from vlmfast.engines.hf.vision_compile import compiled_graphs, is_compile_error, use_compiled_vision_blocks
 
         forward = lambda: model(**inputs, position_ids=positions, use_cache=True, logits_to_keep=1)  # noqa: E731
-        if not (self.policy.enabled and self.compile_vision):
+        if not (self.policy.enabled and self.compile_vision and compile_vision):
             return forward(), 0.0
-        graphs, start = compiled_graphs(), now(self.device)
+        graphs, start, marked = compiled_graphs(), now(self.device), vision.count()
         try:
             with use_compiled_vision_blocks(model):
                 out = forward()
         except Exception as exc:
             if not is_compile_error(exc):
                 raise
+            failed_s = now(self.device) - start
+            vision.drop_since(marked)
             self.compile_vision = False
             self.policy.notes.append(f"vision blocks uncompiled: torch.compile failed ({type(exc).__name__}: "
                                      f"{str(exc).splitlines()[0][:200]})")
-            return forward(), now(self.device) - start
+            return forward(), failed_s
         if compiled_graphs() == graphs:
             return out, 0.0
         # that forward compiled a graph (the first, or for a new kind of layer or size): its time was compiling,
-        # and the group runs again for the prefill's own time
+        # and the group runs again (its first output and caches let go first) for the prefill's own time
         compiling_s = now(self.device) - start
+        del out
+        vision.drop_since(marked)
         with use_compiled_vision_blocks(model):
             return forward(), compiling_s
 

@@ -58,9 +58,11 @@ VISION_ATTENTION_CLASSES = frozenset({
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeVisionAttention",
 })
 
-# id → config of the vision attention modules that run merged (while a context is open). Keyed by config,
-# not module: the blocks of a tower share one config, so a compiled block's guard on it holds for all.
+# The configs of the vision attention modules that run merged (while a context is open). Each carries the
+# flag MERGED_FLAG too, which merged_attention reads: a compiled vision block guards on the flag's value, not
+# on which config (or module) it is, so every block of every model loaded later reuses the same graph.
 _active: dict[int, object] = {}
+MERGED_FLAG = "_vlmfast_merged_attention"
 _replaced = None  # the registry's function for VARLEN_NAME before the override
 _attention_op = None  # vlmfast::segment_attention, registered on first use
 _plans: dict[int, tuple[object, object]] = {}  # id(cu_seqlens) → (that tensor, its _Segments)
@@ -93,11 +95,13 @@ def use_merged_vision_attention(model):
     ALL_ATTENTION_FUNCTIONS[VARLEN_NAME] = merged_attention
     for config in configs:
         config._attn_implementation = VARLEN_NAME
+        setattr(config, MERGED_FLAG, True)
     try:
         yield True
     finally:
         for config in configs:
             config._attn_implementation = "sdpa"
+            delattr(config, MERGED_FLAG)
         if had_local:
             ALL_ATTENTION_FUNCTIONS[VARLEN_NAME] = _replaced
         else:
@@ -111,7 +115,7 @@ def merged_attention(module, query, key, value, attention_mask=None, scaling=Non
                      cu_seq_lens_q=None, **kwargs):
     """Attention of a packed sequence (``query`` etc. (1, heads, tokens, head dim)) within each segment
     of ``cu_seq_lens_q``, as an attention function of transformers': (1, tokens, heads, head dim)."""
-    if id(module.config) not in _active or cu_seq_lens_q is None:
+    if not getattr(module.config, MERGED_FLAG, False) or cu_seq_lens_q is None:
         return _replaced(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                          cu_seq_lens_q=cu_seq_lens_q, **kwargs)
     return _attention_op(query, key, value, cu_seq_lens_q, scaling), None

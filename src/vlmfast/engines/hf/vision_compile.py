@@ -7,14 +7,16 @@ moves 4), and each RMSNorm is five more passes. On an H200, 32 images of 448 px 
 ~100 ms of a 179-ms tower in such kernels, against ~41 TFLOP of products.
 
 :func:`use_compiled_vision_blocks` runs every vision block of the model through one ``torch.compile`` of
-the block class's forward: dynamo lifts each block's parameters as inputs, so all blocks share the
-compiled code, and inductor fuses the passes between the products. The attention in between stays
-eager: :func:`~vlmfast.engines.hf.vision_attention.merged_attention` reads the segment lengths on the
-host, so it is a graph break (a block is two graphs: before and after the attention). Prefill groups
-differ in patch count: dynamo compiles the first count as it is and the second as a dynamic size,
-which then serves every later group. Compiled sums may round differently from eager ones (a fused
+the block class's forward: dynamo lifts each block's parameters as inputs, so all blocks (and the blocks
+of a model loaded later) share the compiled code, and inductor fuses the passes between the products.
+The merged attention (:func:`~vlmfast.engines.hf.vision_attention.merged_attention`) is one opaque
+operator inside the graph, so a block is one graph; the patch count is a dynamic size from the first
+call, and the longest segment, an integer the block's code branches on, makes windowed and
+full-attention layers two graphs. Compiled sums may round differently from eager ones (a fused
 multiply-add, another reduction order): the engine compiles the tower on CUDA devices where it compiles
-the decode step, and a compile that fails leaves the tower eager for the rest of the run.
+the decode step and the attention runs merged, and a compile that fails leaves the tower eager for the
+rest of the run. Blocks that already carry a forward of their own (accelerate's hooks: offload, device
+maps) are left as they are.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ BLOCK_CLASSES = frozenset({"Qwen2_5_VLVisionBlock", "Qwen2VLVisionBlock", "Qwen3
 
 
 def vision_blocks(model) -> list:
-    """The vision blocks of ``model`` (a whole VLM or a bare tower) that :func:`use_compiled_vision_blocks` compiles."""
-    return [m for m in model.modules() if type(m).__name__ in BLOCK_CLASSES]
+    """The vision blocks of ``model`` (a whole VLM or a bare tower) that :func:`use_compiled_vision_blocks` compiles:
+    not those whose forward something else replaced (an accelerate hook) or whose weights are elsewhere (meta)."""
+    return [m for m in model.modules() if type(m).__name__ in BLOCK_CLASSES and "forward" not in vars(m)
+            and not hasattr(m, "_hf_hook") and not any(p.device.type == "meta" for p in m.parameters())]
 
 
 @functools.cache
@@ -56,8 +60,8 @@ def is_compile_error(exc: BaseException) -> bool:
 
 def _run(forward, block, hidden_states, *args, **kwargs):
     """One block through its compiled forward, the patch count (and with it the segment count) a dynamic
-    size from the first call on: one graph serves every prefill group and both kinds of layer (windows,
-    whole images), instead of one compile per count."""
+    size from the first call on: a graph per kind of layer (windows, whole images) serves every prefill
+    group, instead of one compile per count."""
     import torch
 
     for tensor in (hidden_states, kwargs.get("cu_seqlens"), *(kwargs.get("position_embeddings") or ())):
