@@ -146,8 +146,21 @@ def test_fix_says_what_it_could_not_fix(grpo_ckpt, tmp_path):
     assert r.returncode == 0 and "fixed: config.json" in r.stderr
     assert "not fixed: chat-template-missing" in r.stderr and "--processor-from" in r.stderr
     again = cli("fix", d)
-    assert "nothing to fix" in again.stderr and "not fixed: chat-template-missing" in again.stderr
-    assert "cache-off" not in again.stderr
+    assert "nothing fix can change on its own" in again.stderr and "not fixed: chat-template-missing" in again.stderr
+    assert "cache-off" not in again.stderr and again.returncode == 0  # a warning left: the checkpoint runs
+
+
+def test_fix_exits_1_while_an_error_it_cannot_repair_remains(grpo_ckpt, tmp_path):
+    """No processor config and no base to copy one from: nothing fix can do alone, and a `fix && infer`
+    script must stop there rather than fail later on the load."""
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        (d / name).unlink(missing_ok=True)
+    first = cli("fix", d)  # the cache is fixed; the processor is not
+    assert first.returncode == 1 and "fixed: config.json" in first.stderr and "not fixed: processor-missing" in first.stderr
+    again = cli("fix", d)
+    assert again.returncode == 1 and "nothing fix can change on its own" in again.stderr
+    assert "1 error(s) remain that fix cannot repair" in again.stderr
 
 
 def test_edits_keep_formatting_and_key_order():

@@ -40,7 +40,8 @@ def doctor(
     guarded(run)
 
 
-@command(cls=Command, epilog="Exit codes: 0 fixed, or nothing to fix · 2 bad path, read-only dir or hub id (nothing written).")
+@command(cls=Command, epilog="Exit codes: 0 fixed, or nothing to fix · 1 errors remain that fix cannot repair (each named, "
+                              "with its remedy) · 2 bad path, read-only dir or hub id (nothing written).")
 def fix(
     ckpt: Annotated[str, typer.Argument(help="Checkpoint dir to repair in place (backups: *.orig).", show_default=False)],
     processor_from: Annotated[Optional[str], typer.Option(help="Base model dir to copy missing processor, tokenizer and chat-template files (and the EOS list) from.")] = None,
@@ -62,8 +63,9 @@ def fix(
             return
         plan = plan_fix(ckpt, processor_from=processor_from)
         if plan.empty:
-            render_note(f"{ckpt}: nothing to fix")
-            _say_what_is_left(plan.target, processor_from)
+            left = _what_is_left(plan.target, processor_from)
+            render_note(f"{ckpt}: nothing to fix" if not left else f"{ckpt}: nothing fix can change on its own")
+            _say_left(left)
             return
         result = apply_fix(plan, dry_run=dry_run)
         if dry_run:
@@ -78,20 +80,29 @@ def fix(
         if plan.others:  # a run dir resolves to its highest checkpoint: the others are said, not silently left
             render_note(f"not changed, also cache-off: {', '.join(p.name for p in plan.others)} (vlmfast fix "
                         f"{plan.others[0]} and so on; `infer` and `sweep` force the cache on without a fix)")
-        _say_what_is_left(plan.target, processor_from)
+        _say_left(_what_is_left(plan.target, processor_from))
 
     guarded(run)
 
 
-def _say_what_is_left(target, processor_from) -> None:
-    """After a fix: what doctor still finds (errors and warnings), each with its remedy, so a fix that could not
-    do everything does not look as if it had."""
+def _what_is_left(target, processor_from) -> list:
+    """What doctor still finds after a fix (errors and warnings)."""
     from vlmfast.checkpoints.doctor import diagnose
+
+    return [f for f in diagnose(target, processor_from) if f.severity in ("error", "warning")]
+
+
+def _say_left(left: list) -> None:
+    """Each finding a fix left, with its remedy, so a fix that could not do everything does not look as if it
+    had; errors among them end the command with exit code 1 (a `fix && infer` script stops here)."""
     from vlmfast.report.terminal import render_note
 
-    left = [f for f in diagnose(target, processor_from) if f.severity in ("error", "warning")]
     for f in left:
         render_note(f"not fixed: {f.code} ({f.location}): {f.message}" + (f"; {f.fix}" if f.fix else ""))
+    errors = sum(f.severity == "error" for f in left)
+    if errors:
+        render_note(f"{errors} error(s) remain that fix cannot repair on its own: see their remedies above")
+        raise typer.Exit(1)
 
 
 @command("make-checkpoint", cls=Command)
