@@ -17,7 +17,7 @@ from vlmfast.run.bench_options import BenchOptions
 @takes(BenchOptions)
 def bench(
     parsed,
-    report_dir: Annotated[Optional[Path], typer.Option("--report", help="Write report.md, report.json and plot.png here.", rich_help_panel=OUTPUT)] = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report", help="Write report.md, report.json, report.html and plot.png here.", rich_help_panel=OUTPUT)] = None,
     json_out: Json = False,
 ):
     """The same workload on the checkpoint (vlmfast), as saved (plain generate) and on its base, side by side."""

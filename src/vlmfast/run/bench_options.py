@@ -29,7 +29,8 @@ class BenchOptions:
     manifest: str | None = like(InferOptions, "manifest")
     synthetic: int | None = option(None, help="Generate N synthetic images as the workload.", panel=INPUT)
     synthetic_size: int = option(224, help="Side of synthetic images in pixels.", panel=INPUT)
-    prompt: str | None = like(InferOptions, "prompt")
+    prompt: str | None = like(InferOptions, "prompt", help='Prompt for every image (default here: "Describe this image."; '
+                              "a manifest's records keep their own).")
     template: str = like(InferOptions, "template")
     max_pixels: int | None = like(InferOptions, "max_pixels")
     min_pixels: int | None = like(InferOptions, "min_pixels")
