@@ -96,7 +96,8 @@ def test_summarize_samples_reward_spread_and_all_same():
 def test_summarize_samples_empty():
     s = summarize_samples([{"id": "a", "sample": 0, "correct": None, "score": None}])
     assert s == {"samples_per_request": None, "requests": 0, "mean_at_k": None, "pass_at_k": {}, "maj_at_k": None,
-                 "solve_rate_histogram": [], "all_same_rate": None, "reward_mean": None, "reward_std": None}
+                 "solve_rate_histogram": [], "all_same_rate": None, "reward_mean": None, "reward_std": None,
+                 "requests_with_more_samples": None}
     assert summarize_samples([]) == s
 
 

@@ -208,3 +208,27 @@ def test_a_manifest_s_ids_do_not_depend_on_how_its_path_is_spelled(tmp_path, mon
     relative = [r.id for r in read_manifest("swift.example.jsonl", None)[0]]
     absolute = [r.id for r in read_manifest(str(CONFIGS / "swift.example.jsonl"), None)[0]]
     assert relative == absolute and relative[0] == "images/img_000.png"
+
+
+def test_problems_in_file_order_and_records_of_a_one_line_array_by_number(tmp_path):
+    """Invalid JSON and bad records are listed in the file's order, whichever check found them; records of an
+    array written on one line are told apart by their number in it."""
+    lines = tmp_path / "m.jsonl"
+    lines.write_text("\n".join([json.dumps({"image": "a.jpg", "problem": "p"}), json.dumps({"image": "b.jpg"}),
+                                "{not json", json.dumps({"problem": "no image"})]) + "\n")
+    with pytest.raises(InputError) as exc:
+        convert_file(str(lines))
+    assert [p.split(":")[1] for p in exc.value.problems] == ["2", "3", "4"]
+    one_line = tmp_path / "a.json"
+    one_line.write_text(json.dumps([{"image": "a.jpg", "problem": "p"}, {"image": "b.jpg"}, {"problem": "q"}]))
+    with pytest.raises(InputError) as exc:
+        convert_file(str(one_line))
+    assert [p.split(": ", 1)[0] for p in exc.value.problems] == [f"{one_line}:1 (record 2)", f"{one_line}:1 (record 3)"]
+
+
+def test_convert_says_how_many_records_have_no_ground_truth(tmp_path):
+    src = tmp_path / "s.jsonl"
+    src.write_text(json.dumps({"image": "a.jpg", "problem": "p", "solution": "1"}) + "\n"
+                   + json.dumps({"image": "b.jpg", "problem": "q"}) + "\n")
+    r = cli("convert", src, "--out", tmp_path / "m.jsonl")
+    assert r.returncode == 0 and "1 of them without ground truth" in r.stderr

@@ -77,7 +77,7 @@ def test_convert_through_the_cli(tmp_path):
     r = cli("convert", CONFIGS / "vlmr1_rec.example.json", "--out", out, "--image-root", "/data/coco")
     assert r.returncode == 0, r.stderr
     rows = read_jsonl(out)
-    assert rows and all(row["scorer"] == "bbox" and row["image"].startswith("/data/coco/") for row in rows)
+    assert rows and all("scorer" not in row and row["image"].startswith("/data/coco/") for row in rows)  # auto: a box
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [], "images": ["a.png"]}\n')
     r = cli("convert", bad, "--out", tmp_path / "x.jsonl", "--format", "swift")
@@ -252,3 +252,20 @@ def test_score_refuses_to_write_over_its_manifest_and_may_rescore_in_place(tmp_p
     r = cli("score", results, "--manifest", manifest, "--out", results)  # rescoring the results in place
     assert r.returncode == 0, r.stderr
     assert [row["correct"] for row in map(json.loads, Path(results).read_text().splitlines())] == [True, False]
+
+
+def test_error_rows_and_uneven_answer_counts_are_said(tmp_path):
+    """An error row (the run failed on its input) has no answer to score: it is counted, and the accuracy that
+    counts it as wrong is given beside the one that leaves it out. Requests with uneven answer counts (a run
+    cut short mid-request) are said with the k pass@k goes to."""
+    manifest = _manifest(tmp_path, {"a": "1", "b": "2", "c": "3"})
+    rows = [{"id": "a", "text": "<answer>1</answer>"}, {"id": "b", "text": None, "error": "image unreadable"},
+            {"id": "c", "text": "<answer>3</answer>"}]
+    summary = rescore_file(_results(tmp_path, rows), str(manifest))
+    assert (summary["accuracy"], summary["error_rows"]) == (1.0, 1)
+    assert any("1 error row(s) with ground truth" in n and "counted as wrong it is 66.7% (2 of 3)" in n for n in summary["notes"])
+    uneven = [{"id": "a", "sample": 0, "text": "<answer>1</answer>"}, {"id": "a", "sample": 1, "text": "<answer>1</answer>"},
+              {"id": "b", "sample": 0, "text": "<answer>2</answer>"}]
+    summary = rescore_file(_results(tmp_path, uneven), str(manifest))
+    assert summary["samples"]["samples_per_request"] == 1 and summary["samples"]["requests_with_more_samples"] == 1
+    assert any("uneven answer counts: 1 of 2 have more than the fewest (1)" in n for n in summary["notes"])

@@ -75,6 +75,10 @@ def convert(
         rows = convert_file(str(source), choice("--format", format_, FORMATS), image_root=image_root)
         path = write_manifest(rebase_images(rows, str(source) if image_root is None else ".", str(out)), str(out))
         stderr.print(f"wrote {len(rows)} record(s) to {path}", markup=False)
+        unscored = sum("solution" not in r for r in rows)
+        if unscored:
+            stderr.print(f"note: {unscored} of them without ground truth (no solution or answer): they run, unscored",
+                         markup=False)
         typer.echo(str(path))
 
     guarded(run)

@@ -14,7 +14,7 @@ from statistics import NormalDist
 from vlmfast.evaluation.scoring import answer_in, normalize
 
 SUMMARY_KEYS = ("samples_per_request", "requests", "mean_at_k", "pass_at_k", "maj_at_k", "solve_rate_histogram",
-                "all_same_rate", "reward_mean", "reward_std")
+                "all_same_rate", "reward_mean", "reward_std", "requests_with_more_samples")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -103,6 +103,7 @@ def summarize_samples(rows: list[dict]) -> dict:
     return {
         "samples_per_request": k_max,
         "requests": len(groups),
+        "requests_with_more_samples": sum(1 for n in counts if n > k_max),  # uneven: a run cut short mid-request
         "mean_at_k": sum(correct) / sum(counts),
         "pass_at_k": {str(k): _mean(pass_at_k(n, c, k) for n, c in zip(counts, correct)) for k in ks_for(k_max)},
         "maj_at_k": _mean(float(majority_correct(s)) for s in groups.values()),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
@@ -35,7 +36,7 @@ def convert_file(path: str, fmt: str = "auto", *, image_root: str | None = None)
         raise InputError(f"cannot read {path}: {exc}", hint="give a readable UTF-8 JSON or JSONL file") from exc
     records, problems = read_records(text, str(path))
     rows, bad = convert_records(records, fmt, image_root=image_root)
-    problems += bad
+    problems = sorted(problems + bad, key=lambda p: _line_of(p, str(path)))  # in file order, whatever found them
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems[:50])
         more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
@@ -44,6 +45,12 @@ def convert_file(path: str, fmt: str = "auto", *, image_root: str | None = None)
     if not rows:
         raise InputError(f"{path} holds no records", hint="give a JSON array of objects or one JSON object per line")
     return rows
+
+
+def _line_of(problem: str, name: str) -> int:
+    """The line number of a ``name:line…: what`` problem (0 when it names none)."""
+    digits = problem[len(name) + 1:].split(":", 1)[0].split(" ", 1)[0]
+    return int(digits) if digits.isdigit() else 0
 
 
 def read_records(text: str, name: str) -> tuple[list[tuple[str, object]], list[str]]:
@@ -73,7 +80,7 @@ def _array_records(text: str, name: str) -> list[tuple[str, object]]:
     while pos < len(text) and text[pos] != "]":
         line, counted = line + text.count("\n", counted, pos), pos
         record, pos = decoder.raw_decode(text, pos)
-        records.append((f"{name}:{line}", record))
+        records.append((line, record))
         pos = _skip_space(text, pos)
         if pos < len(text) and text[pos] == ",":
             pos = _skip_space(text, pos + 1)
@@ -83,7 +90,10 @@ def _array_records(text: str, name: str) -> list[tuple[str, object]]:
         raise json.JSONDecodeError("unterminated array", text, len(text))
     if text[pos + 1:].strip():
         raise json.JSONDecodeError("extra data after the array", text, pos + 1)
-    return records
+    # records that share a line (an array written on one) are told apart by their number in the array
+    per_line = Counter(line for line, _ in records)
+    return [(f"{name}:{line}" + (f" (record {k + 1})" if per_line[line] > 1 else ""), record)
+            for k, (line, record) in enumerate(records)]
 
 
 def _skip_space(text: str, pos: int) -> int:

@@ -153,6 +153,11 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         notes.append(f"{len(failed)} error row(s) with ground truth (the run failed on their input, e.g. {failed[0]['id']}: "
                      f"{str(failed[0]['error'])[:80]}): left out of the accuracy; counted as wrong it is "
                      f"{right / counted:.1%} ({right} of {counted})")
+    samples = summary.get("samples") or {}
+    if samples.get("requests_with_more_samples"):
+        notes.append(f"requests have uneven answer counts: {samples['requests_with_more_samples']} of "
+                     f"{samples['requests']} have more than the fewest ({samples['samples_per_request']}); pass@k goes to "
+                     f"k={samples['samples_per_request']} (a run cut short mid-request? resume it to even them)")
     summary.update(results=str(results), manifest=manifest, rows=len(scored), manifest_ids_without_rows=len(missing),
                    rows_without_truth=sum(1 for r in scored if truths.get(str(r["id"]), (None, None))[0] is None),
                    rows_not_in_manifest=len(unknown),
