@@ -269,3 +269,11 @@ def test_error_rows_and_uneven_answer_counts_are_said(tmp_path):
     summary = rescore_file(_results(tmp_path, uneven), str(manifest))
     assert summary["samples"]["samples_per_request"] == 1 and summary["samples"]["requests_with_more_samples"] == 1
     assert any("uneven answer counts: 1 of 2 have more than the fewest (1)" in n for n in summary["notes"])
+
+
+def test_a_report_json_given_as_results_is_named_as_such(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"results": [{"id": "a", "text": "1"}], "tokens_per_s": 12.0}, indent=1))
+    with pytest.raises(InputError, match="one JSON document over .* lines \\(a report\\?\\), not a results JSONL") as err:
+        read_result_rows(report)
+    assert "--out file of vlmfast infer" in err.value.hint

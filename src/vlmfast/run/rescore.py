@@ -56,6 +56,10 @@ def read_result_rows(path: Path) -> tuple[list[dict], list[str]]:
         if key in rows:
             repeated[key[0] if key[1] is None else f"{key[0]}#{key[1]}"] += 1
         rows[key] = row
+    if problems and len(problems) > 1 and _one_json_document(data):  # e.g. a report.json: its lines are not rows
+        raise InputError(f"{path}: one JSON document over {len(lines)} lines (a report?), not a results JSONL",
+                         hint="give the --out file of vlmfast infer (one JSON object per line with \"id\" and \"text\"); "
+                              "the report's rows are there")
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems[:MAX_LISTED])
         more = f"\n  … and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
@@ -68,6 +72,14 @@ def read_result_rows(path: Path) -> tuple[list[dict], list[str]]:
         notes.append(f"{path}: {sum(repeated.values())} row(s) repeat an earlier id and sample ({shown}); the last row "
                      f"of each is scored, {len(rows)} rows in all")
     return list(rows.values()), notes
+
+
+def _one_json_document(data: bytes) -> bool:
+    """Whether the whole file is one JSON object or array (pretty-printed over several lines)."""
+    try:
+        return isinstance(json.loads(data), (dict, list))
+    except ValueError:
+        return False
 
 
 def _row_problem(row) -> str | None:
