@@ -329,3 +329,24 @@ def test_the_rate_counts_from_the_mark_not_from_the_load(monkeypatch, capsys):
     bar.advance(1, 50)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress:")]
     assert lines == ["progress: 1/2 answers, 50.0 tokens/s", "progress: 2/2 answers, 50.0 tokens/s"]
+
+
+def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_ids(tmp_path):
+    """0.12 named a manifest record without an id by its image path resolved against the manifest's folder;
+    today by the path as written. A results file of 0.12 resumes: its rows take today's ids, their requests
+    do not run again, and no request has two rows."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    paths = _images(folder, [(56, 56), (84, 84), (112, 56)])
+    manifest = folder / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"image": f"im{i}.png", "prompt": "Which?"}) + "\n" for i in range(3)))
+    out = tmp_path / "r.jsonl"
+    old = [{"id": str(folder / f"im{i}.png"), "images": [paths[i]], "prompt": "Which?", "text": "<answer>B</answer>",
+            "think": None, "answer": "B", "finish_reason": "stop", "n_prompt_tokens": 9, "n_image_tokens": 4,
+            "n_new_tokens": 3, "error": None} for i in range(2)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in old))
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out)), backend=FakeBackend(tokens=5))
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == ["im0.png", "im1.png", "im2.png"]
+    assert [r["answer"] for r in rows] == ["B", "B", "A"]  # the first two kept, only the third ran
+    assert any(n.startswith("2 row(s) an earlier vlmfast wrote under their image's resolved path") for n in report.notes)

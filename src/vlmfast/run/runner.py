@@ -201,6 +201,7 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
         dist.barrier()  # every process reads the same, repaired file
         if not dist.is_main and not options.overwrite:
             existing, _ = read_existing(out, repair=False)
+        existing = _renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [])
     n = options.generation.n
     kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
     answers = {}  # id → how many of its n answers the file holds (a request is done with all n)
@@ -223,6 +224,27 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
     answered = frozenset(row_key(row["id"], row.get("sample")) for row in kept if str(row["id"]) in answers
                          and str(row["id"]) not in done and row.get("error") is None)
     return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes, answered)
+
+
+def _renamed_legacy_ids(existing: dict[str, dict], requests: list[Request], notes: list[str]) -> dict[str, dict]:
+    """Rows that vlmfast 0.12 and earlier wrote for manifest records without an id carry the image path as
+    resolved against the manifest's folder; today such a record's id is the path as the record writes it.
+    Those rows take today's id, so a resume neither runs their requests again nor keeps them twice."""
+    ids = {r.id for r in requests}
+    legacy = {r.images[0]: r.id for r in requests if r.images and r.images[0] != r.id and r.images[0] not in ids
+              and Path(r.images[0]).as_posix().endswith("/" + Path(r.id).as_posix().lstrip("./"))}
+    if not legacy or not any(str(row["id"]) in legacy for row in existing.values()):
+        return existing
+    renamed, moved = {}, 0
+    for key, row in existing.items():
+        new = legacy.get(str(row["id"]))
+        if new is not None:
+            row, moved = {**row, "id": new}, moved + 1
+            key = row_key(new, row.get("sample"))
+        renamed.setdefault(key, row)  # a row already under today's id is kept
+    notes.append(f"{moved} row(s) an earlier vlmfast wrote under their image's resolved path now carry the record's "
+                 "id (the image path as the manifest writes it)")
+    return renamed
 
 
 def drop_too_long(backend, work: Work, skip_bad: bool) -> Work:
