@@ -16,7 +16,7 @@ from pathlib import Path
 from vlmfast.checkpoints.readers import (
     NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting,
-    incomplete_weights, weights_complete,
+    incomplete_said,
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
 from vlmfast.checkpoints.findings import (  # noqa: F401 - importable from here
@@ -109,16 +109,12 @@ def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
 
 
 def _generation_missing(d: Path, config: dict, generation: dict | None, base_dir: Path | None) -> list[Finding]:
-    """No generation_config.json (merged and converted checkpoints lose it): plain ``generate`` then stops on
-    config.json's EOS alone and runs with transformers' defaults instead of the base's sampling settings.
-    When config.json's EOS lacks the chat stop, the eos check says so as an error; this says the rest."""
-    if generation is not None:
-        return []
-    eos, _ = saved_eos(config, None)
-    return [Finding("info", "generation-config-missing", "generation_config.json",
-                    f"no generation_config.json: plain generate stops on config.json's EOS {eos} and uses transformers' "
-                    "defaults, not the base's sampling settings (vlmfast uses its own settings and EOS list)",
-                    f"{_fix_cmd(d, base_dir or Path('BASE'))} (copies the base's)")]
+    """No generation_config.json (merges lose it): generate runs without the base's settings (a lost chat stop: _eos)."""
+    return [] if generation is not None else [Finding(
+        "info", "generation-config-missing", "generation_config.json", f"no generation_config.json: plain generate "
+        f"stops on config.json's EOS {saved_eos(config, None)[0]} and uses transformers' defaults, not the base's "
+        "sampling settings (vlmfast uses its own settings and EOS list)", f"{_fix_cmd(d, base_dir or Path('BASE'))} "
+        "(copies the base's)")]
 
 
 def _files(d: Path, base_dir: Path | None) -> list[Finding]:
@@ -282,11 +278,8 @@ def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> 
     elif target.kind == "incomplete":
         out.append(Finding("error", "weights-missing", str(d), "config.json but no weights (*.safetensors / *.bin)",
                            "the save is incomplete: save again, or point at a checkpoint-N that holds weights"))
-    elif not weights_complete(d):
-        problems = incomplete_weights(d)
-        out.append(Finding("error", "weights-incomplete", str(d),
-                           f"the weights are incomplete: {'; '.join(problems[:4])}"
-                           + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""),
+    elif (incomplete := incomplete_said(d)) is not None:
+        out.append(Finding("error", "weights-incomplete", str(d), incomplete,
                            "the save was cut short or is still being written: save again, "
                            "or point at the run directory (its highest complete checkpoint is used)"))
     pickles = [p.name for p in sorted(d.glob("*.bin")) if p.name not in NOT_WEIGHTS]

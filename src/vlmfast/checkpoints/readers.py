@@ -269,10 +269,9 @@ def require_loadable(d: Path) -> None:
     the CheckpointError naming what is wrong: checked from the files alone, in well under a second, before
     torch is imported (loading would fail on them only after that, with the error of whatever read them first)."""
     read_configs(d)
-    problems = incomplete_weights(Path(d))
-    if problems:
-        raise CheckpointError(f"{d}: the weights are incomplete: {'; '.join(problems[:4])}"
-                              + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""),
+    said = incomplete_said(Path(d))
+    if said is not None:
+        raise CheckpointError(f"{d}: {said}",
                               hint="the save was cut short or is still being written: save again, or point at the "
                                    "run directory (its highest complete checkpoint is used); vlmfast doctor shows more")
 
@@ -306,6 +305,13 @@ def incomplete_weights(d: Path) -> list[str]:
     if not (files or indexes):
         said.append("no weight files")
     return said
+
+
+def incomplete_said(d: Path) -> str | None:
+    """"the weights are incomplete: …" naming the files (:func:`incomplete_weights`), or None when they are whole."""
+    problems = incomplete_weights(d)
+    more = f"; and {len(problems) - 4} more" if len(problems) > 4 else ""
+    return f"the weights are incomplete: {'; '.join(problems[:4])}{more}" if problems else None
 
 
 def _file_complete(p: Path) -> bool:

@@ -366,10 +366,8 @@ class ProgressBar:
             print(f"progress: {title}{self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
 
     def mark(self) -> None:
-        """The rate counts from now (a benchmark's timed runs begin: its model load and warm-up runs are not
-        what the rate measures); the count goes on."""
+        """The rate counts from now (a benchmark's timed runs begin, after its load and warm-up); the count goes on."""
         import time
-
         self._recent = [(time.perf_counter(), self._recent[-1][1] if self._recent else 0)]
 
     def note(self, text: str) -> None:

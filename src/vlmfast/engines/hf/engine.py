@@ -20,14 +20,15 @@ from dataclasses import dataclass
 
 from vlmfast.checkpoints.load import Loaded
 from vlmfast.engines.hf import DECODERS
-from vlmfast.engines.hf.capacity import PREFILL_TOKENS, RESIDENT_SHAPES, batch_bucket, length_bucket
+from vlmfast.engines.hf.capacity import PREFILL_TOKENS, batch_bucket, length_bucket
 from vlmfast.engines.hf.compile_policy import CompilePolicy
 from vlmfast.engines.hf.plain_generate import PlainGenerate
+from vlmfast.engines.hf.shapes import DecodeShapes
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row, run_seed
-from vlmfast.timing import StepTimes, free_device_cache, now, vision_clock
+from vlmfast.timing import StepTimes, now, vision_clock
 
 CUDA_SYNC_EVERY = 8  # CUDA: one EOS read-back per 8 steps keeps the host ahead of the GPU; a CPU reads back for free
 
@@ -81,7 +82,7 @@ class Prefilled:
         return sum(g.rows for g in self.groups)
 
 
-class Engine(Preparer, PlainGenerate):
+class Engine(Preparer, PlainGenerate, DecodeShapes):
     """Runs one batch of requests through a :class:`~vlmfast.checkpoints.load.Loaded` model. Pixel limits,
     the chat template, image decoding, costs and the context check are :class:`~vlmfast.engines.prepare.Preparer`'s."""
 
@@ -277,36 +278,19 @@ class Engine(Preparer, PlainGenerate):
     def _prefill_forward(self, model, inputs, positions, vision, compile_vision: bool = True):
         """One prefill group through the model, and the seconds of it that compiled vision blocks. The vision
         blocks run compiled where the decode step does and the vision attention runs merged
-        (:mod:`vlmfast.engines.hf.vision_compile`); a compile that fails leaves them eager for the rest of the
-        run, said in the notes. A forward that compiled, or failed to, counts as compiling: its time, and its
-        marks on the ``vision`` clock, are not the prefill's."""
-        from vlmfast.engines.hf.vision_compile import compiled_graphs, is_compile_error, use_compiled_vision_blocks
+        (:func:`~vlmfast.engines.hf.vision_compile.run_compiled`); a compile that fails leaves them eager for
+        the rest of the run, said in the notes."""
+        from vlmfast.engines.hf.vision_compile import run_compiled
 
         forward = lambda: model(**inputs, position_ids=positions, use_cache=True, logits_to_keep=1)  # noqa: E731
         if not (self.policy.enabled and self.compile_vision and compile_vision):
             return forward(), 0.0
-        graphs, start, marked = compiled_graphs(), now(self.device), vision.count()
-        try:
-            with use_compiled_vision_blocks(model):
-                out = forward()
-        except Exception as exc:
-            if not is_compile_error(exc):
-                raise
-            failed_s = now(self.device) - start
-            vision.drop_since(marked)
+        out, compile_s, failed = run_compiled(model, forward, vision, self.device)
+        if failed is not None:
             self.compile_vision = False
-            self.policy.notes.append(f"vision blocks uncompiled: torch.compile failed ({type(exc).__name__}: "
-                                     f"{str(exc).splitlines()[0][:200]})")
-            return forward(), failed_s
-        if compiled_graphs() == graphs:
-            return out, 0.0
-        # that forward compiled a graph (the first, or for a new kind of layer or size): its time was compiling,
-        # and the group runs again (its first output and caches let go first) for the prefill's own time
-        compiling_s = now(self.device) - start
-        del out
-        vision.drop_since(marked)
-        with use_compiled_vision_blocks(model):
-            return forward(), compiling_s
+            self.policy.notes.append(f"vision blocks uncompiled: torch.compile failed ({failed})")
+            return forward(), compile_s
+        return out, compile_s
 
     # -- phase 3: decode -------------------------------------------------------------------------
     def decode(self, prefilled: Prefilled, steps_at: list[float] | None = None):
@@ -348,77 +332,6 @@ class Engine(Preparer, PlainGenerate):
         return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
                            pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
                            top_p=s.top_p, forward=forward, attend_buckets=forward is forward_static)
-
-    def _static_state(self):
-        """The static state of this batch's shape, built (captured / compiled) on first use, its time in
-        ``compile_s``. At most RESIDENT_SHAPES stay built; the least recently used is released, its memory
-        freed now (a run alternating between two shapes keeps both, whatever a third one did)."""
-        shape = self.last_shape
-        if shape in self._static:
-            self._static[shape] = self._static.pop(shape)  # most recently used: last in line for eviction
-            return self._static[shape]
-        while len(self._static) >= RESIDENT_SHAPES["cuda" if self.on_cuda else "cpu"]:
-            self._static.pop(next(iter(self._static))).release()
-            free_device_cache()
-        self._static[shape] = self.policy.timed(lambda: self._build_static(shape))
-        return self._static[shape]
-
-    def _build_static(self, shape: tuple[int, int]):
-        state = self._new_state(shape[0], shape[1], static=True, forward=self.policy.forward())
-        # capturing runs the step (and compiles it); a compiled step on a CPU compiles at its first call
-        if self.policy.build(self.shape_key(shape), state.capture if self.cuda_graphs else state.warm_up):
-            return state
-        state.release()
-        return self._build_static(shape)  # the compile failed: the policy is off now, build uncompiled
-
-    def decide_compile(self, first: BatchTiming, later: list[tuple[int, int]]) -> None:
-        """After the first batch, when nobody said ``--compile`` / ``--no-compile``: compile the decode step
-        for the rest of the run if what it would save outweighs what it costs — one compile per decode
-        shape of the ``later`` batches (:meth:`planned_shapes`), and on CUDA the vision blocks, whose saving
-        is counted on the first batch's vision seconds for each batch to come; the policy decides."""
-        if not self.policy.undecided or not later or first.steps < 2 or first.decode_s <= 0 or self.last_shape is None:
-            return
-        step_ms = first.decode_s * 1000 / (first.steps - 1)
-        shapes = list(dict.fromkeys(later))
-        vision_s = (first.vision_s or 0.0) * len(later) if self.compile_vision else 0.0
-        if self.policy.decide([self.shape_key(s) for s in shapes], step_ms=step_ms,
-                              remaining_steps=len(later) * first.steps, vision_s=vision_s):
-            self.forget_shapes()  # later batches build compiled decode steps
-
-    def decide_compile_now(self, step_ms: float, remaining_steps: int) -> bool:
-        """Mid-way through a continuous run, when nobody said ``--compile`` / ``--no-compile``: whether the
-        steps still to come repay compiling this run's decode shape. When they do, the shapes built so far
-        are let go (the caller's state moves into a compiled one with :meth:`continuous_state`)."""
-        if not self.policy.undecided or self.last_shape is None:
-            return False
-        if not self.policy.decide([self.shape_key(self.last_shape)], step_ms=step_ms, remaining_steps=remaining_steps):
-            return False
-        self._static.clear()  # not released: the running state's rows move out of it first
-        return True
-
-    def planned_shapes(self, requests: Sequence[Request], image_sizes: dict, planned: list[list[int]]) -> list[tuple[int, int]]:
-        """The static decode shape (batch, cache length) each planned batch will likely take (prompt lengths
-        estimated as :meth:`cost` does)."""
-
-        n, new = self.settings.n, self.settings.max_new_tokens
-        return [(batch_bucket(len(b) * n) if self.cuda_graphs else len(b) * n,
-                 length_bucket(max(self.cost(requests[i], image_sizes) for i in b) + new)) for b in planned if b]
-
-    def forget_shapes(self) -> None:
-        """Release every built decode shape (later batches build them again)."""
-        for state in self._static.values():
-            state.release()
-        self._static.clear()
-        free_device_cache()
-
-    def shape_key(self, shape: tuple[int, int]) -> str | None:
-        """The compile-cache key of a decode shape (batch, cache length) on this model and device."""
-        if self.policy.cache is None:
-            return None
-        import torch
-
-        name = torch.cuda.get_device_name(torch.device(self.device)) if self.on_cuda else "cpu"
-        return self.policy.cache.key(self.loaded.model, self.loaded.runtime.dtype, shape[0], shape[1], name)
 
     # -- phase 4: results ------------------------------------------------------------------------
     def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None) -> SampleResult:

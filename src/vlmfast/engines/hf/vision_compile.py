@@ -81,3 +81,29 @@ def use_compiled_vision_blocks(model, enabled: bool = True):
     finally:
         for block in blocks:
             del block.forward
+
+
+def run_compiled(model, forward, vision, device: str) -> tuple[object, float, str | None]:
+    """``forward()`` (one prefill group) with the vision blocks of ``model`` compiled: its output, the seconds
+    that went to compiling, and None — or, when the compile fails, (None, the seconds it took, what failed).
+    A forward that compiled a graph (the first, or for a new kind of layer or size) counts as compiling: its
+    time and its marks on the ``vision`` clock are not the prefill's, and the group runs again (its first
+    output and caches let go first)."""
+    from vlmfast.timing import now
+
+    graphs, start, marked = compiled_graphs(), now(device), vision.count()
+    try:
+        with use_compiled_vision_blocks(model):
+            out = forward()
+    except Exception as exc:
+        if not is_compile_error(exc):
+            raise
+        vision.drop_since(marked)
+        return None, now(device) - start, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    if compiled_graphs() == graphs:
+        return out, 0.0, None
+    compiling_s = now(device) - start
+    del out
+    vision.drop_since(marked)
+    with use_compiled_vision_blocks(model):
+        return forward(), compiling_s, None
