@@ -3,17 +3,20 @@ the step's wall time (a gap is host or launch time), and the kernels that cost m
 
 The checkpoint is loaded as `infer` loads it (bfloat16, sdpa unless flash-attn is there), one batch of
 --batch images runs through the engine (capturing its CUDA graphs), then the same decode state steps
---steps more times twice under the profiler: replaying the captured graphs, and running the same static
-step uncaptured (each kernel launched from Python); with --compile, the compiled step (as `--compile`
-runs it). Needs a CUDA device.
+--steps more times under the profiler replaying the captured graphs (--uncaptured: also running the same
+static step kernel by kernel from Python); with --compile, the compiled step (as `--compile` runs it). With
+--attention sdpa,products each static-step attention is profiled in turn on the one loaded model. Needs a
+CUDA device.
 Run:
-  python benchmarks/profile_decode.py CKPT IMAGES_DIR [--batch 1] [--compile] [--json out.json]
+  python benchmarks/profile_decode.py CKPT IMAGES_DIR [--batch 1] [--compile] [--attention sdpa,products]
+      [--uncaptured] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 
@@ -57,6 +60,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--compile", action="store_true", help="the compiled decode step")
+    parser.add_argument("--attention", default="sdpa",
+                        help="the static step's attention, one or more (sdpa, products): each profiled in turn")
+    parser.add_argument("--uncaptured", action="store_true", help="also the step launched kernel by kernel")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -69,30 +75,34 @@ def main() -> None:
 
     runtime = detect_runtime()
     loaded = load(args.ckpt, device="cuda", dtype=runtime.dtype, attn=runtime.attn)
-    engine = Engine(loaded, GenerationSettings(max_new_tokens=128, ignore_eos=True), compile=args.compile)
     images = sorted(pathlib.Path(args.images).glob("*.png"))[:args.batch]
     reqs = [Request(str(p), (str(p),), "Describe this image.") for p in images]
-    with torch.inference_mode():
-        list(Scheduler(engine).run(reqs, {}, args.batch))
-        state = next(iter(engine._static.values()))
-        text_bytes = sum(p.numel() * p.element_size() for n, p in loaded.model.named_parameters() if "visual" not in n)
-        replayed = _profile(state, args.steps)
-        graphs, state.graphs = state.graphs, {}
-        try:
-            launched = _profile(state, args.steps)
-        finally:
-            state.graphs = graphs
-    result = {"gpu": torch.cuda.get_device_name(0), "batch": args.batch, "attn": runtime.attn, "compiled": engine.policy.enabled,
-              "text_weight_gb": round(text_bytes / 1e9, 3), "graphs": replayed, "uncaptured": launched}
+    text_bytes = sum(p.numel() * p.element_size() for n, p in loaded.model.named_parameters() if "visual" not in n)
+    result = {"gpu": torch.cuda.get_device_name(0), "batch": args.batch, "attn": runtime.attn,
+              "text_weight_gb": round(text_bytes / 1e9, 3)}
+    for attention in args.attention.split(","):  # one load, a step per attention: an A/B in one process
+        os.environ["VLMFAST_DECODE_ATTENTION"] = attention
+        engine = Engine(loaded, GenerationSettings(max_new_tokens=128, ignore_eos=True), compile=args.compile)
+        with torch.inference_mode():
+            list(Scheduler(engine).run(reqs, {}, args.batch))
+            state = next(iter(engine._static.values()))
+            ways = {"graphs": _profile(state, args.steps)}
+            if args.uncaptured:
+                graphs, state.graphs = state.graphs, {}
+                try:
+                    ways["uncaptured"] = _profile(state, args.steps)
+                finally:
+                    state.graphs = graphs
+        engine.forget_shapes()
+        prefix = "" if attention == "sdpa" else f"{attention}-"
+        result.update({f"{prefix}{way}": r for way, r in ways.items()}, compiled=engine.policy.enabled)
+        for way, r in ways.items():
+            print(f"{attention} {way}: {r['wall_ms_per_step']} ms/step wall, {r['kernel_ms_per_step']} ms of kernels, "
+                  f"{r['kernels_per_step']} kernels/step ({result['text_weight_gb']} GB of text weights)")
+            for k in r["top"]:
+                print(f"  {k['ms_per_step']:8.4f} ms  {k['per_step']:5.1f}x  {k['median_us']:7.1f} us  {k['kernel']}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
-    for way in ("graphs", "uncaptured"):
-        r = result[way]
-        print(f"{way}: {r['wall_ms_per_step']} ms/step wall, {r['kernel_ms_per_step']} ms of kernels, "
-              f"{r['kernels_per_step']} kernels/step ({result['text_weight_gb']} GB of text weights)")
-        for k in r["top"]:
-            print(f"  {k['ms_per_step']:8.4f} ms  {k['per_step']:5.1f}x  {k['median_us']:7.1f} us  {k['kernel']}")
-
 
 if __name__ == "__main__":
     main()

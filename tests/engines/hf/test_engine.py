@@ -356,3 +356,63 @@ def test_a_static_step_attends_to_the_filled_keys_only_and_tokens_do_not_change(
     assert warm_up == state.max_len  # building the shape runs one step over the whole cache
     assert len(set(attended)) >= 3 and attended == sorted(attended)  # grows with the answer, never shrinks
     assert max(attended) < state.max_len and all(a % 16 == 0 for a in attended)
+
+
+def test_products_decode_attention_is_sdpa_for_grouped_heads_and_a_mask():
+    """The two-product attention a static step may take computes what SDPA computes (float32), with query
+    heads grouped over fewer key/value heads and each row's padding and unwritten keys masked."""
+    import torch
+
+    from vlmfast.engines.hf.text_decoder import decode_attention, products_decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 8, 1, 16, generator=g)
+    k, v = torch.randn(3, 2, 40, 16, generator=g), torch.randn(3, 2, 40, 16, generator=g)
+    index = torch.arange(40)
+    seen = (index >= torch.tensor([0, 3, 5])[:, None]) & (index <= torch.tensor([39, 20, 9])[:, None])
+    mask = torch.zeros(seen.shape).masked_fill_(~seen, torch.finfo(torch.float32).min)[:, None, None, :]
+    want, _ = decode_attention(None, q, k, v, mask, scaling=0.25)
+    got, _ = products_decode_attention(None, q, k, v, mask, scaling=0.25)
+    assert got.shape == want.shape == (3, 1, 8, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    k[1, :, 21:] = 1e3  # keys a row must not see change nothing
+    torch.testing.assert_close(products_decode_attention(None, q, k, v, mask, scaling=0.25)[0][1], want[1])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_static_steps_attending_by_two_products_give_the_eager_tokens(loaded, images, monkeypatch, compiled):
+    """``VLMFAST_DECODE_ATTENTION=products`` moves static steps (CUDA graphs' path; compiled for real here on
+    the CPU) to the two-product attention: rows of different prompt lengths keep the eager loop's tokens;
+    eager steps keep SDPA."""
+    import torch
+
+    from vlmfast.engines.hf.text_decoder import DECODE_ATTENTION, PRODUCTS_DECODE_ATTENTION
+
+    reqs = _requests(images[:3])
+    reqs[1] = dataclasses.replace(reqs[1], prompt=PROMPT + " Then name every colour you see, one by one.")
+    settings = GenerationSettings(max_new_tokens=12, ignore_eos=True)
+    monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "products")
+    plain = Engine(loaded, settings)
+    eager = _run(plain, reqs, 3)
+    torch._dynamo.reset()
+    static = Engine(loaded, settings, compile=True, **({} if compiled else {"compiler": lambda fn: fn}))
+    got = _run(static, reqs, 3)
+    torch._dynamo.reset()
+    assert static.policy.enabled, static.notes + static.policy.notes
+    assert [s.attention for s in static._static.values()] == [PRODUCTS_DECODE_ATTENTION]
+    assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in eager.items()}
+    monkeypatch.delenv("VLMFAST_DECODE_ATTENTION")
+    assert Engine(loaded, settings, compile=True)._new_state(1, 64, static=True).attention == DECODE_ATTENTION
+
+
+def test_the_static_attention_is_the_products_where_compiled_on_cuda_and_sdpa_elsewhere(monkeypatch):
+    from vlmfast.engines.hf.text_decoder import DECODE_ATTENTION, PRODUCTS_DECODE_ATTENTION, static_attention
+
+    monkeypatch.delenv("VLMFAST_DECODE_ATTENTION", raising=False)
+    assert static_attention("cuda:0", compiled=True) == PRODUCTS_DECODE_ATTENTION
+    assert static_attention("cuda", compiled=False) == static_attention("cpu", compiled=True) == DECODE_ATTENTION
+    monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "sdpa")
+    assert static_attention("cuda", compiled=True) == DECODE_ATTENTION
+    monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="VLMFAST_DECODE_ATTENTION='flash': use one of sdpa, products"):
+        static_attention("cpu", compiled=False)

@@ -26,7 +26,8 @@ from vlmfast.engines.hf.fused import fused_projections
 from vlmfast.engines.hf.kv import StaticKV  # noqa: F401 - the decode cache, importable from here
 from vlmfast.engines.hf.sampling import select, token_hashes
 from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention,  # noqa: F401
-                                              decode_attention_for, rope_positions, split_rows, suppress_bias)
+                                              decode_attention_for, rope_positions, split_rows, static_attention,
+                                              suppress_bias)
 
 
 @dataclass
@@ -81,6 +82,8 @@ class DecodeState:
         self.bias, self.temperature, self.top_p = bias, temperature, top_p
         self.cache = decoder.new_cache(batch, max_len)
         self.forward = forward or (forward_static if static else forward_eager)
+        compiled = static and self.forward not in (forward_static, step_static)
+        self.attention = static_attention(device, compiled) if static else DECODE_ATTENTION
         self.eos = torch.tensor(list(eos_ids), **long)
         self.pad = torch.tensor(pad_id, **long)
         self.tokens = torch.full((batch, 1), pad_id, **long)
@@ -231,7 +234,7 @@ class DecodeState:
     @contextlib.contextmanager
     def step_context(self):
         """What every step runs inside, eager, captured or compiled: decode attention, fused projections."""
-        with decode_attention_for(self.decoder), fused_projections(self.decoder.fused):
+        with decode_attention_for(self.decoder, self.attention), fused_projections(self.decoder.fused):
             yield
 
     def _body(self) -> None:
