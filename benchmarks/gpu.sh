@@ -7,13 +7,13 @@
 #
 # A lease of one call: KEEP_GOING=1 SLICE_S=560 timeout 540 bash benchmarks/gpu.sh (the CUDA tests run first).
 #
-# PLAN=one (the default) is one run of under 10 minutes on the Qwen2.5-VL-3B shape: the checkpoint, the
-# decode step at batch 1 (8 images) and 32 (32 images: TTFT of 32 × 448 px, 32 × 128 tokens/s) with the
-# default path, the compiled step's kernels per layer, the real-length mix (one run per mode), where the
-# time to the first token goes (benchmarks/profile_prefill.py, eager and with the vision blocks compiled),
-# the decode attention's candidates (benchmarks/bench_decode_attention.py) and tests/test_cuda.py — ~9
-# min by the estimates below. PLAN=full adds the 7B shape, --compile and plain
-# generate at batches 1, 8 and 32, a compiled `infer` twice and the vision tower: several runs.
+# PLAN=one (the default) is one run of under 10 minutes on the Qwen2.5-VL-3B shape: tests/test_cuda.py,
+# the checkpoint, the decode step at batch 1 (8 images) and 32 (32 images: TTFT of 32 × 448 px, 32 × 128
+# tokens/s) with the default path, batch 1 compiled, the real-length mix (one run per mode), the prefill
+# with the vision blocks compiled (benchmarks/profile_prefill.py) and the decode attention's candidates
+# (benchmarks/bench_decode_attention.py) — ~9 min by the estimates below. PLAN=full adds the 7B shape,
+# --compile and plain generate at batches 1, 8 and 32, a compiled `infer` twice, the vision tower, the
+# eager prefill's profile and the compiled step's kernels per layer: several runs.
 #
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
 # GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
@@ -173,8 +173,8 @@ else
   for size in ${SIZES:-3b 7b}; do ckpts+=("$out/ckpt/qwen2.5-vl-$size-grpo"); done
 fi
 # PLAN=one: the CUDA-only tests first (tiny checkpoints: CUDA graphs, compiled steps, bf16, continuous
-# admission between replays; 51 s on an H200) ≈ 90 s, so a slice cut short still says whether the tokens hold
-[ "$plan" = one ] && step cuda-tests 70 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
+# admission between replays; 51 s on an H200 in 0.12, 89 s on an H100 in 0.14 before two compiled tests were added) ≈ 120 s, so a slice cut short still says whether the tokens hold
+[ "$plan" = one ] && step cuda-tests 120 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
 # the vision tower of the 3B and 7B (the same config), per-window vs merged attention: 2 workloads ×
 # 8 forwards × 2 ways of a 670M-parameter tower on 8k patches, random weights made on the GPU
 [ "$plan" = full ] && step vision 120 "$out/reports/vision.json" "$py" benchmarks/bench_vision.py --preset 3b \
@@ -209,33 +209,38 @@ for ckpt in "${ckpts[@]}"; do
     step "$name/$mode-b${sizes//,/-}" "$(est $many)" "$r-b${sizes//,/-}/report.json" vlmfast bench "${common[@]}" \
       "${extra[@]}" --images "$out/images-32" --batch-sizes "$sizes" --report "$r-b${sizes//,/-}"
   done
+  # PLAN=one: the compiled batch-1 step as `--compile` runs it (its attention by two matrix products on CUDA):
+  # a load + a compile of the step and the vision blocks (cold) + 4 × 1,024 steps ≈ 100 s
+  [ "$plan" = one ] && step "$name/compile-b1" "$(est 100)" "$out/reports/$name-compile-b1/report.json" vlmfast bench \
+    "${common[@]}" --compile --images "$out/images-8" --batch-sizes 1 --report "$out/reports/$name-compile-b1"
   # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
   [ "$plan" = full ] && step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" \
     "$out/reports/$name-infer"
   # answers of real lengths: 8 images × 4 draws × 8 sampled answers up to 512 tokens, static batches then
   # continuous batching in 32 rows (1 warm-up + 3 runs each ≈ 8 runs × ~4,000 steps × ≤ 5 ms) + a load ≈ 240 s;
-  # PLAN=one: 1 warm-up + 1 run each ≈ 100 s
-  # PLAN=one: 1 warm-up + 1 run each, and continuous batching also with 0.10's admission (at a quarter of the
-  # rows free) beside the device's own ≈ 150 s
+  # PLAN=full also runs continuous batching with 0.10's admission (at a quarter of the rows free) beside the
+  # device's own; PLAN=one: 1 warm-up + 1 run of each of the two ≈ 100 s
   preset=${name#qwen2.5-vl-}; preset=${preset%-grpo}; [[ $preset == 3b || $preset == 7b ]] || preset=3b
-  runs=3; [ "$plan" = one ] && runs=1
-  step "$name/lengths" "$(est "$([ "$plan" = one ] && echo 140 || echo 240)")" "$out/reports/$name-lengths.json" \
+  runs=3; mix=static,continuous,quarter; [ "$plan" = one ] && { runs=1; mix=static,continuous; }
+  step "$name/lengths" "$(est "$([ "$plan" = one ] && echo 100 || echo 240)")" "$out/reports/$name-lengths.json" \
     "$py" benchmarks/bench_lengths.py --preset "$preset" --ckpt "$ckpt" --device cuda --dtype bfloat16 --no-vllm \
-    --runs "$runs" --modes static,continuous,quarter --json "$out/reports/$name-lengths.json"
-  # where the time to the first token goes: one prefill of 32 × 448 px, part by part and under the profiler:
-  # a load + 8 prefills ≈ 30 s (21 s on an H200 in 0.13); then with the vision blocks compiled (as
-  # --compile runs them): + a compile of two block graphs ≈ 45 s (29 s)
-  step "$name/prefill" "$(est 30)" "$out/reports/$name-prefill.json" "$py" benchmarks/profile_prefill.py "$ckpt" \
-    "$out/images-32" --batch 32 --json "$out/reports/$name-prefill.json"
+    --runs "$runs" --modes "$mix" --json "$out/reports/$name-lengths.json"
+  # where the time to the first token goes: one prefill of 32 × 448 px, part by part and under the profiler
+  # (PLAN=full; `bench` splits the TTFT into vision and language model in every plan): a load + 8 prefills
+  # ≈ 30 s (21 s on an H200 in 0.13); then with the vision blocks compiled (as --compile runs them): + a
+  # compile of two block graphs ≈ 45 s (29 s)
+  [ "$plan" = full ] && step "$name/prefill" "$(est 30)" "$out/reports/$name-prefill.json" "$py" \
+    benchmarks/profile_prefill.py "$ckpt" "$out/images-32" --batch 32 --json "$out/reports/$name-prefill.json"
   step "$name/prefill-compiled" "$(est 45)" "$out/reports/$name-compiled-prefill.json" "$py" \
     benchmarks/profile_prefill.py "$ckpt" "$out/images-32" --batch 32 --compile \
     --json "$out/reports/$name-compiled-prefill.json"
-  # the decode step's attention alone, the current call against the candidates (memory-efficient SDPA,
-  # FlexAttention's decoding kernel), compiled and replayed from CUDA graphs: 12 compiles + runs ≈ 40 s
+  # the decode step's attention alone, SDPA against two matrix products, compiled and uncompiled, replayed
+  # from CUDA graphs: 8 compiles + 16 timings ≈ 40 s (31 s on an H100 in 0.14)
   step "$name/decode-attention" "$(est 40)" "$out/reports/$name-decode-attention.json" "$py" \
     benchmarks/bench_decode_attention.py --device cuda --json "$out/reports/$name-decode-attention.json"
-  # the compiled decode step's kernels per layer in Triton: a load + two compiles of a 1- and 2-layer step ≈ 60 s
-  step "$name/kernels" "$(est 60)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \
+  # the compiled decode step's kernels per layer in Triton (PLAN=full; 10 generated per layer on an H200 in
+  # 0.13): a load + two compiles of a 1- and 2-layer step ≈ 60 s
+  [ "$plan" = full ] && step "$name/kernels" "$(est 60)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \
     --ckpt "$ckpt" --families qwen2_5_vl --device cuda --dtype bfloat16 --json "$out/reports/$name-kernels.json"
 done
 # the CUDA-only tests (tiny checkpoints: CUDA graphs, compiled steps, bf16, prefetch) ≈ 120 s

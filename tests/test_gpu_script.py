@@ -58,22 +58,24 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
 
 
 def test_the_default_plan_is_one_run_that_fits_a_ten_minute_command(tmp_path):
-    """PLAN=one: the CUDA tests first, then the 3B shape only — default decode at batch 1 and 32, the
-    real-length mix, the compiled step's kernels — estimated to fit one slice, so one invocation runs all of it."""
+    """PLAN=one: the CUDA tests first, then the 3B shape only — default decode at batch 1 and 32, batch 1
+    compiled, the real-length mix, the compiled prefill, the decode attention's candidates — estimated to
+    fit one slice, so one invocation runs all of it."""
     out = tmp_path / "out"
     r = gpu_sh(out, "--dry-run", PLAN="one")
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
     assert [name for _, name, _ in steps] == ["cuda-tests"] + [f"qwen2.5-vl-3b-grpo/{s}" for s in (
-        "build", "default-b1", "default-b32", "lengths", "prefill", "prefill-compiled", "decode-attention", "kernels")]
+        "build", "default-b1", "default-b32", "compile-b1", "lengths", "prefill-compiled", "decode-attention")]
     assert sum(int(rest.split()[0].lstrip("~")) for _, _, rest in steps) <= 540  # SLICE_S's default
     runs = {name: rest for _, name, rest in steps}
     assert f"--images {out}/images-32 --batch-sizes 32 " in runs["qwen2.5-vl-3b-grpo/default-b32"]
-    assert "--runs 1 --modes static,continuous,quarter " in runs["qwen2.5-vl-3b-grpo/lengths"]
-    assert f"{out}/images-32 --batch 32 --json" in runs["qwen2.5-vl-3b-grpo/prefill"]
+    assert "--runs 1 --modes static,continuous " in runs["qwen2.5-vl-3b-grpo/lengths"]
     assert f"--batch 32 --compile --json {out}/reports/qwen2.5-vl-3b-grpo-compiled-prefill.json" in runs[
         "qwen2.5-vl-3b-grpo/prefill-compiled"]
-    assert [name for name, rest in runs.items() if "--compile" in rest] == ["qwen2.5-vl-3b-grpo/prefill-compiled"]
+    assert [name for name, rest in runs.items() if "--compile" in rest] == [
+        "qwen2.5-vl-3b-grpo/compile-b1", "qwen2.5-vl-3b-grpo/prefill-compiled"]
+    assert f"--compile --images {out}/images-8 --batch-sizes 1 " in runs["qwen2.5-vl-3b-grpo/compile-b1"]
     default = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
                              env={k: v for k, v in {**os.environ, "OUT_DIR": str(out)}.items() if k != "PLAN"})
     assert plan(default.stdout) == steps

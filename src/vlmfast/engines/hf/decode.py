@@ -12,7 +12,8 @@ while the others go on (:mod:`vlmfast.engines.hf.continuous`); a whole batch adm
 stepped to its end is :func:`run_loop`.
 
 One state, two ways to run its step: eager, exactly as ``generate`` attends (only the rows that still run
-are computed, packed to the front), or static (CUDA graphs, ``torch.compile``: every row, device indices).
+are computed, packed to the front), or static (CUDA graphs, ``torch.compile``: every row, device indices;
+compiled on CUDA, attention by two matrix products: :func:`~vlmfast.engines.hf.text_decoder.static_attention`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from vlmfast.engines.hf.fused import fused_projections
 from vlmfast.engines.hf.kv import StaticKV  # noqa: F401 - the decode cache, importable from here
 from vlmfast.engines.hf.sampling import select, token_hashes
 from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention,  # noqa: F401
-                                              decode_attention_for, rope_positions, split_rows, static_attention,
-                                              suppress_bias)
+                                              decode_attention_for, rope_positions, split_rows, static_attention, suppress_bias)
 
 
 @dataclass
@@ -82,8 +82,7 @@ class DecodeState:
         self.bias, self.temperature, self.top_p = bias, temperature, top_p
         self.cache = decoder.new_cache(batch, max_len)
         self.forward = forward or (forward_static if static else forward_eager)
-        compiled = static and self.forward not in (forward_static, step_static)
-        self.attention = static_attention(device, compiled) if static else DECODE_ATTENTION
+        self.attention = static_attention(device, self.forward not in (forward_static, step_static)) if static else DECODE_ATTENTION
         self.eos = torch.tensor(list(eos_ids), **long)
         self.pad = torch.tensor(pad_id, **long)
         self.tokens = torch.full((batch, 1), pad_id, **long)
@@ -355,10 +354,8 @@ def forward_static(state: DecodeState):
     """The next-token logits over the cache's first ``attend`` keys: keys a row has not written, and its
     prompt padding, are masked by an additive mask in the model's dtype, made once per step (a boolean
     mask would be converted in every layer)."""
-    cache = state.cache
-    attend = cache.attend
-    seen = state.key_valid[:, :attend] & (state.keys[:attend] <= cache.write[:, None])
-    dtype = cache.dtype
+    cache, dtype = state.cache, state.cache.dtype
+    seen = state.key_valid[:, :cache.attend] & (state.keys[:cache.attend] <= cache.write[:, None])
     mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
     positions = state.next_position + (state.count - 1)[None, :, None]
     return state.decoder(state.tokens, positions, mask[:, None, None, :], cache)
@@ -368,8 +365,7 @@ def step_static(state: DecodeState):
     """:func:`forward_static` and the choice of each row's next token, one function: what ``torch.compile``
     compiles, so that selection (temperature, top-p, the hashed noise of a draw) joins the step's graph
     instead of running as a dozen small kernels after it."""
-    logits = forward_static(state)
-    state.record(logits)
+    state.record(logits := forward_static(state))
     return logits
 
 
