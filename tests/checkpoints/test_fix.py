@@ -186,6 +186,22 @@ def test_generation_config_is_created_when_eos_needs_it(base_ckpt, tmp_path):
     assert [c.dst.name for c in plan.copies] == ["generation_config.json"] and not plan.edits
 
 
+def test_eos_ids_outside_the_vocabulary_are_dropped_when_the_list_is_completed(base_ckpt, tmp_path):
+    """A list copied from a model with another vocabulary (the released Qwen ids on a small test vocabulary):
+    doctor and fix propose this tokenizer's stops and drop the ids no step can emit."""
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    own = json.loads((base_ckpt / "generation_config.json").read_text())["eos_token_id"]
+    vocab = json.loads((d / "config.json").read_text())
+    vocab = vocab.get("vocab_size") or vocab["text_config"]["vocab_size"]
+    assert max(own) < vocab < 151643
+    edit_json(d / "generation_config.json", lambda g: g.update(eos_token_id=[151643, 151645]))
+    eos = [f for f in diagnose(d) if f.code == "eos-missing-im-end"]
+    assert len(eos) == 1 and f"(sets it to {own})" in eos[0].fix
+    apply_fix(plan_fix(d))
+    assert json.loads((d / "generation_config.json").read_text())["eos_token_id"] == own
+    assert not [f for f in diagnose(d) if f.code.startswith("eos")]
+
+
 def test_a_lost_generation_config_is_said_and_the_base_s_copied_though_eos_stops(base_ckpt, tmp_path):
     """A merge that kept config.json's EOS list but lost generation_config.json: nothing stops wrong, but plain
     generate runs without the base's settings. doctor says so (info); fix with the base copies its file."""

@@ -242,6 +242,17 @@ def test_a_manifest_without_truth_it_recognises_exits_2_naming_the_fields(tmp_pa
     assert '"solution", "answer"' in r.stderr and '"gt"' in r.stderr and 'as "solution"' in r.stderr
 
 
+def test_a_results_file_given_as_the_manifest_is_named_as_such(tmp_path, images):
+    """Rows of an infer run carry images and a prompt, so they read as requests, and their "answer" is the
+    model's (null here): the message says the file is results, not where the ground truth is."""
+    row = {"id": "r0", "images": [str(images[0])], "prompt": "Count.", "text": "ip cat", "answer": None,
+           "finish_reason": "length", "n_new_tokens": 4}
+    results = _results(tmp_path, [row])
+    r = cli("score", results, "--manifest", results)
+    assert r.returncode == 2 and "no ground truth in any of the 1 matched record(s)" in r.stderr
+    assert f"{results} is a vlmfast results file" in r.stderr and "not a manifest" in r.stderr
+
+
 def test_score_refuses_to_write_over_its_manifest_and_may_rescore_in_place(tmp_path):
     manifest = _manifest(tmp_path, {"a": "1", "b": "2"})
     results = _results(tmp_path, [{"id": "a", "text": "<answer>1</answer>"}, {"id": "b", "text": "<answer>3</answer>"}])

@@ -195,11 +195,13 @@ def chat_stop(d: Path, config: dict, base: Path | None = None) -> tuple[str, int
 def family_eos(d: Path, config: dict, eos: list[int], stop_id: int) -> list[int]:
     """``eos`` completed to the EOS list the family's base model ships (``<|im_end|>``, ``<|endoftext|>``
     for the Qwen families, ids by this tokenizer), then what ``eos`` has beyond it; for a model type the
-    table does not know, the chat stop first, then ``eos``."""
+    table does not know, the chat stop first, then ``eos``. Ids of ``eos`` outside the model's vocabulary
+    (a list copied from another model) are dropped: no step can emit them."""
     family = family_of(config)
+    vocab = text_setting(config, "vocab_size")
+    eos = [i for i in eos if not isinstance(vocab, int) or 0 <= i < vocab]
     if family is None:
         return [stop_id] + [i for i in eos if i != stop_id]
-    vocab = text_setting(config, "vocab_size")
 
     def resolved(token: str) -> int | None:
         found = stop_id if token == family.chat_stop else token_id(d, token)

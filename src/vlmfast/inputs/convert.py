@@ -279,6 +279,9 @@ def truth_fields(manifest: str, keys=None) -> tuple[str, str, str]:
 
     elif set(first) & (R1V_KEYS - {"ground_truth"}):
         hint = 'R1-V lines carry their truth as "ground_truth": add it to each line'
+    elif {"text", "finish_reason", "n_new_tokens"} <= set(first):  # a vlmfast results file, not a manifest
+        hint = (f"{manifest} is a vlmfast results file (its rows have \"text\", \"finish_reason\"), not a manifest: give "
+                "--manifest the file of requests with their ground truth that the run was made from")
     return looked, ", ".join(f'"{k}"' for k in first) or "no fields", hint
 
 
