@@ -401,6 +401,10 @@ def test_static_steps_attending_by_two_products_give_the_eager_tokens(loaded, im
     assert static.policy.enabled, static.notes + static.policy.notes
     assert [s.attention for s in static._static.values()] == [PRODUCTS_DECODE_ATTENTION]
     assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in eager.items()}
+    assert [n for n in static.decode_notes() if n.startswith("decode attention")] == [
+        "decode attention: two matrix products around a float32 softmax in the static decode steps "
+        "(VLMFAST_DECODE_ATTENTION=sdpa compares SDPA)"]
+    assert not [n for n in plain.decode_notes() if n.startswith("decode attention")]
     monkeypatch.delenv("VLMFAST_DECODE_ATTENTION")
     assert Engine(loaded, settings, compile=True)._new_state(1, 64, static=True).attention == DECODE_ATTENTION
 

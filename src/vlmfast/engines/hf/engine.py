@@ -343,10 +343,17 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
 
     # -- pieces ----------------------------------------------------------------------------------
     def decode_notes(self) -> list[str]:
-        """What the decode loop decided on its own: packed CPU products (only the uncompiled step uses them)."""
+        """What the decode loop decided on its own: packed CPU products (only the uncompiled step uses them),
+        static steps attending by two matrix products."""
+        from vlmfast.engines.hf.text_decoder import PRODUCTS_DECODE_ATTENTION
+
         text = self._text
         used = self.decoder_name == "vlmfast" and not self.policy.enabled
-        return [text.pack_note] if text is not None and text.pack_note and used else []
+        notes = [text.pack_note] if text is not None and text.pack_note and used else []
+        if any(state.attention == PRODUCTS_DECODE_ATTENTION for state in self._static.values()):
+            notes.append("decode attention: two matrix products around a float32 softmax in the static decode steps "
+                         "(VLMFAST_DECODE_ATTENTION=sdpa compares SDPA)")
+        return notes
 
     def _eos(self) -> list[int]:
         return [] if self.settings.ignore_eos else list(self.loaded.eos_token_ids)
