@@ -144,14 +144,16 @@ def prefill_lines(prefills: dict[str, dict]) -> list[str]:
 
 def attention_lines(attentions: dict[str, dict]) -> list[str]:
     """gpu.sh's decode attention candidates (benchmarks/bench_decode_attention.py --json): µs per call, each way."""
-    lines = ["", "The decode step's attention alone (benchmarks/bench_decode_attention.py: compiled, replayed from a CUDA "
-             "graph; µs per call, median; 16 query and 2 key/value heads of 128):", ""]
+    lines = ["", "The decode step's attention alone (benchmarks/bench_decode_attention.py: each way compiled or uncompiled "
+             "as its column says, replayed from a CUDA graph; µs per call, median; 16 query and 2 key/value heads "
+             "of 128; Δ: the largest difference of a way's output from the first way's):", ""]
     for name, report in sorted(attentions.items()):
         ways = list(dict.fromkeys(r["way"] for r in report["results"]))
         lines += [f"| {name}: batch | keys | " + " | ".join(ways) + " |", "|---|---|" + "---|" * len(ways)]
         cells: dict[tuple[int, int], dict[str, str]] = {}
         for r in report["results"]:
-            cells.setdefault((r["batch"], r["keys"]), {})[r["way"]] = (f"{r['us_p50']:.1f}" if "us_p50" in r
+            diff = f" (Δ {r['max_abs_diff']:.0e})" if r.get("max_abs_diff") else ""  # against the first way's output
+            cells.setdefault((r["batch"], r["keys"]), {})[r["way"]] = (f"{r['us_p50']:.1f}{diff}" if "us_p50" in r
                                                                        else f"failed ({r['error'][:60]})")
         lines += [f"| {batch} | {keys} | " + " | ".join(by.get(w, "–") for w in ways) + " |"
                   for (batch, keys), by in sorted(cells.items())]

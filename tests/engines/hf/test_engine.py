@@ -358,32 +358,50 @@ def test_a_static_step_attends_to_the_filled_keys_only_and_tokens_do_not_change(
     assert max(attended) < state.max_len and all(a % 16 == 0 for a in attended)
 
 
-def test_products_decode_attention_is_sdpa_for_grouped_heads_and_a_mask():
-    """The two-product attention a static step may take computes what SDPA computes (float32), with query
-    heads grouped over fewer key/value heads and each row's padding and unwritten keys masked."""
+def _attention_reference(q, k, v, mask, scaling):
+    """Attention in float64 with every key/value head repeated for its query heads (as transformers'
+    ``repeat_kv``): no head grouping shared with the code under test."""
+    import torch
+
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(groups, dim=1) for t in (k, v))
+    scores = q.double() @ k.transpose(-1, -2) * scaling + mask.double()
+    return (torch.softmax(scores, -1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_products_decode_attention_against_an_independent_reference(q_len):
+    """The two-product attention a static step may take (float32 here) equals attention with repeated key/value
+    heads, for query heads grouped over fewer key/value heads and each row's padding and unwritten keys
+    masked (for one new token and for several); so does SDPA's (decode_attention); a masked key changes nothing."""
     import torch
 
     from vlmfast.engines.hf.text_decoder import decode_attention, products_decode_attention
 
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(3, 8, 1, 16, generator=g)
+    q = torch.randn(3, 8, q_len, 16, generator=g)
     k, v = torch.randn(3, 2, 40, 16, generator=g), torch.randn(3, 2, 40, 16, generator=g)
     index = torch.arange(40)
     seen = (index >= torch.tensor([0, 3, 5])[:, None]) & (index <= torch.tensor([39, 20, 9])[:, None])
     mask = torch.zeros(seen.shape).masked_fill_(~seen, torch.finfo(torch.float32).min)[:, None, None, :]
-    want, _ = decode_attention(None, q, k, v, mask, scaling=0.25)
+    want = _attention_reference(q, k, v, mask, 0.25).float()
     got, _ = products_decode_attention(None, q, k, v, mask, scaling=0.25)
-    assert got.shape == want.shape == (3, 1, 8, 16)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    k[1, :, 21:] = 1e3  # keys a row must not see change nothing
-    torch.testing.assert_close(products_decode_attention(None, q, k, v, mask, scaling=0.25)[0][1], want[1])
+    assert got.shape == want.shape == (3, q_len, 8, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if q_len == 1:  # SDPA's path packs the grouped heads for one new token only
+        torch.testing.assert_close(decode_attention(None, q, k, v, mask, scaling=0.25)[0], want, rtol=1e-5, atol=1e-5)
+    k[1, :, 21:] = 1e3  # keys row 1 must not see change nothing
+    torch.testing.assert_close(products_decode_attention(None, q, k, v, mask, scaling=0.25)[0][1], want[1],
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(products_decode_attention(None, q, k, v, mask)[0],  # scale 1/sqrt(head dim) by default
+                               _attention_reference(q, k, v, mask, 16 ** -0.5).float(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_static_steps_attending_by_two_products_give_the_eager_tokens(loaded, images, monkeypatch, compiled):
-    """``VLMFAST_DECODE_ATTENTION=products`` moves static steps (CUDA graphs' path; compiled for real here on
-    the CPU) to the two-product attention: rows of different prompt lengths keep the eager loop's tokens;
-    eager steps keep SDPA."""
+    """``VLMFAST_DECODE_ATTENTION=products`` moves static steps (CUDA graphs' path; with ``compiled``, compiled
+    for real here on the CPU) to the two-product attention: rows of different prompt lengths keep the eager
+    loop's tokens, eager steps keep SDPA, and the run says which attention its static steps used."""
     import torch
 
     from vlmfast.engines.hf.text_decoder import DECODE_ATTENTION, PRODUCTS_DECODE_ATTENTION
@@ -394,6 +412,7 @@ def test_static_steps_attending_by_two_products_give_the_eager_tokens(loaded, im
     monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "products")
     plain = Engine(loaded, settings)
     eager = _run(plain, reqs, 3)
+    assert plain._new_state(3, 64, static=False).attention == DECODE_ATTENTION
     torch._dynamo.reset()
     static = Engine(loaded, settings, compile=True, **({} if compiled else {"compiler": lambda fn: fn}))
     got = _run(static, reqs, 3)
@@ -405,18 +424,18 @@ def test_static_steps_attending_by_two_products_give_the_eager_tokens(loaded, im
         "decode attention: two matrix products around a float32 softmax in the static decode steps "
         "(VLMFAST_DECODE_ATTENTION=sdpa compares SDPA)"]
     assert not [n for n in plain.decode_notes() if n.startswith("decode attention")]
-    monkeypatch.delenv("VLMFAST_DECODE_ATTENTION")
-    assert Engine(loaded, settings, compile=True)._new_state(1, 64, static=True).attention == DECODE_ATTENTION
 
 
-def test_the_static_attention_is_the_products_where_compiled_on_cuda_and_sdpa_elsewhere(monkeypatch):
+def test_static_steps_attend_with_sdpa_unless_told_and_a_misspelt_choice_stops_the_engine(loaded, monkeypatch):
     from vlmfast.engines.hf.text_decoder import DECODE_ATTENTION, PRODUCTS_DECODE_ATTENTION, static_attention
+    from vlmfast.errors import UsageError
 
     monkeypatch.delenv("VLMFAST_DECODE_ATTENTION", raising=False)
-    assert static_attention("cuda:0", compiled=True) == PRODUCTS_DECODE_ATTENTION
-    assert static_attention("cuda", compiled=False) == static_attention("cpu", compiled=True) == DECODE_ATTENTION
-    monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "sdpa")
-    assert static_attention("cuda", compiled=True) == DECODE_ATTENTION
+    assert static_attention() == DECODE_ATTENTION
+    assert Engine(loaded, GenerationSettings(), compile=True)._new_state(1, 64, static=True).attention == DECODE_ATTENTION
+    monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", " Products ")
+    assert static_attention() == PRODUCTS_DECODE_ATTENTION
     monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "flash")
-    with pytest.raises(ValueError, match="VLMFAST_DECODE_ATTENTION='flash': use one of sdpa, products"):
-        static_attention("cpu", compiled=False)
+    with pytest.raises(UsageError, match="VLMFAST_DECODE_ATTENTION='flash' is not a decode attention") as caught:
+        Engine(loaded, GenerationSettings())
+    assert caught.value.hint == "use one of sdpa, products, or unset it (sdpa)"

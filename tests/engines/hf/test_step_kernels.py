@@ -29,13 +29,15 @@ def test_the_compiled_decode_step_has_no_graph_break(key, family_ckpts):
         assert graph_breaks(model, temperature=0.7, top_p=0.9) == 0
 
 
-def test_a_decoder_layer_adds_at_most_eight_generated_kernels_and_one_product_per_projection_group(family_ckpts):
+def test_a_decoder_layer_adds_at_most_eight_generated_kernels_and_one_product_per_projection_group(family_ckpts,
+                                                                                                    monkeypatch):
     """Counted in inductor's code for the step (CPU here: the proxy of a GPU's kernels): norms fused with
     the residual adds, rotary positions with the cache writes and attention's mask; Q/K/V one product,
     gate/up one product, then attention, the output projection and down: five library calls."""
     from vlmfast.checkpoints.load import load
     from vlmfast.engines.hf.step_kernels import per_layer
 
+    monkeypatch.delenv("VLMFAST_DECODE_ATTENTION", raising=False)  # the default attention: SDPA, one library call
     counted = per_layer(load(str(family_ckpts("qwen2_5_vl")), device="cpu").model, "qwen2_5_vl")
     assert counted.graph_breaks == 0
     assert counted.generated <= 8 and counted.library == 5, counted.line()

@@ -12,8 +12,7 @@ while the others go on (:mod:`vlmfast.engines.hf.continuous`); a whole batch adm
 stepped to its end is :func:`run_loop`.
 
 One state, two ways to run its step: eager, exactly as ``generate`` attends (only the rows that still run
-are computed, packed to the front), or static (CUDA graphs, ``torch.compile``: every row, device indices;
-compiled on CUDA, attention by two matrix products: :func:`~vlmfast.engines.hf.text_decoder.static_attention`).
+are computed, packed to the front), or static (CUDA graphs, ``torch.compile``: every row, device indices).
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ class DecodeState:
         self.bias, self.temperature, self.top_p = bias, temperature, top_p
         self.cache = decoder.new_cache(batch, max_len)
         self.forward = forward or (forward_static if static else forward_eager)
-        self.attention = static_attention(device, self.forward not in (forward_static, step_static)) if static else DECODE_ATTENTION
+        self.attention = static_attention() if static else DECODE_ATTENTION
         self.eos = torch.tensor(list(eos_ids), **long)
         self.pad = torch.tensor(pad_id, **long)
         self.tokens = torch.full((batch, 1), pad_id, **long)

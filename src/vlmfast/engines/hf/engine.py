@@ -106,6 +106,10 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         self.cuda_graphs = (self.on_cuda and decoder == "vlmfast") if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and not self.on_cuda:
             raise UsageError("--cuda-graphs needs a CUDA device", hint="drop --cuda-graphs on a CPU")
+        if decoder == "vlmfast":
+            from vlmfast.engines.hf.text_decoder import static_attention
+
+            static_attention()  # a misspelt VLMFAST_DECODE_ATTENTION stops here, not at the first static step
         self.policy = CompilePolicy(compile if decoder == "vlmfast" else False, device=self.device,
                                     cache=compile_cache, compiler=compiler)
         self.sync_every = sync_every or (CUDA_SYNC_EVERY if self.on_cuda else 1)

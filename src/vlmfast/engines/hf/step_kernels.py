@@ -60,7 +60,7 @@ def _decode_step(model, layers: int, rows: int, length: int, temperature: float 
     import torch
 
     from vlmfast.engines.hf.decode import DecodeState, forward_static
-    from vlmfast.engines.hf.text_decoder import TextDecoder, static_attention
+    from vlmfast.engines.hf.text_decoder import TextDecoder
 
     text = model.model.language_model
     kept = text.layers
@@ -71,7 +71,6 @@ def _decode_step(model, layers: int, rows: int, length: int, temperature: float 
                             bias=torch.zeros(decoder.vocab, device=model.lm_head.weight.device),
                             temperature=temperature, top_p=top_p, forward=forward_static)
         state.cache.attend = length
-        state.attention = static_attention(state.bias.device, compiled=True)  # as the engine's compiled step attends
         with torch.inference_mode(), state.step_context():
             torch._dynamo.reset()
             try:

@@ -16,6 +16,7 @@ from transformers import AttentionInterface
 from vlmfast.engines.hf.fused import Fused, decode_weights, fuse_projections, packing_plan
 from vlmfast.engines.hf.kv import StaticKV
 from vlmfast.engines.hf.linear_states import check_cache_api, linear_modules
+from vlmfast.errors import UsageError
 
 
 class TextDecoder:
@@ -54,7 +55,8 @@ class TextDecoder:
 
     def __call__(self, tokens, positions, mask, cache: StaticKV):
         """Logits (batch, vocab, float32) of the next token after ``tokens`` (batch, 1) at ``positions``
-        (3, batch, 1); ``mask`` (batch, 1, 1, keys) bool or None (no padding: every key is seen)."""
+        (3, batch, 1); ``mask``: an additive mask (batch, 1, 1, keys), :class:`RowGroups` (eager steps), or
+        None (no padding: every key is seen)."""
         hidden = self.embed(tokens)
         rotary = self.rotary(hidden, positions)
         for i, layer in enumerate(self.layers):
@@ -132,19 +134,27 @@ def decode_attention(module, query, key, value, attention_mask, dropout: float =
 
 def products_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                               **kwargs):
-    """Decode attention as two batched matrix products around a float32 softmax — the arithmetic of
-    transformers' eager attention (scores in the model's dtype), with the query heads that share a key/value
-    head packed as :func:`decode_attention` packs them. For static steps (a mask tensor or None): a matrix
-    library splits a product over the keys across the whole GPU, where SDPA's kernels give each row and
-    key/value head one thread block for all its keys. Returns (batch, new tokens, heads, head dim)."""
+    """Decode attention as two batched matrix products around a float32 softmax, the query heads that share a
+    key/value head packed as :func:`decode_attention` packs them; for static steps (an additive mask tensor
+    or None). A matrix library splits each product over the keys across the whole GPU, where SDPA's kernels
+    give each row and key/value head one thread block for all its keys. On CUDA in 16-bit the scores come out
+    of the first product in float32 (``bmm``'s ``out_dtype``), as SDPA keeps them: rounded to the model's
+    dtype, as transformers' eager attention leaves them, their error grows with their size (measured on
+    random inputs: 2–14× SDPA's in bf16). Returns (batch, new tokens, heads, head dim)."""
     batch, heads, q_len, dim = query.shape
-    kv = key.shape[1]
-    query = query.reshape(batch, kv, heads // kv * q_len, dim)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    kv, keys = key.shape[1], key.shape[2]
+    scaling = dim ** -0.5 if scaling is None else scaling
+    query = query.reshape(batch * kv, heads // kv * q_len, dim)
+    key, value = key.reshape(batch * kv, keys, dim), value.reshape(batch * kv, keys, dim)
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+        scores = torch.bmm(query, key.transpose(1, 2), out_dtype=torch.float32)
+    else:
+        scores = torch.bmm(query, key.transpose(1, 2)).float()
+    scores = scores.view(batch, kv, -1, keys) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs, value)
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch * kv, -1, keys)
+    out = torch.bmm(probs, value)
     return out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 
@@ -154,20 +164,19 @@ AttentionInterface.register(PRODUCTS_DECODE_ATTENTION, products_decode_attention
 STATIC_ATTENTION = {"sdpa": DECODE_ATTENTION, "products": PRODUCTS_DECODE_ATTENTION}
 
 
-def static_attention(device: torch.device | str, compiled: bool) -> str:
-    """The attention function of a static decode step: :func:`products_decode_attention` when the step is
-    compiled on CUDA — an H100 ran it in 6.7 µs against SDPA's 15.2 at batch 1 and 512 keys, 12.4 against
-    26.6 at batch 32 and 1024 (compiled, replayed from a CUDA graph) — and SDPA (:func:`decode_attention`)
-    otherwise: uncompiled in a CUDA graph the products' five kernels took longer than SDPA's one (17.1 µs
-    against 14.9), and on a CPU SDPA is faster both ways. ``VLMFAST_DECODE_ATTENTION`` (``sdpa`` or
-    ``products``) holds every static step to one of them: the benchmarks compare the two with it. Eager
-    steps attend with SDPA always (their rows may be split in groups of their own lengths)."""
-    wanted = os.environ.get("VLMFAST_DECODE_ATTENTION", "").strip().lower()
-    if wanted and wanted not in STATIC_ATTENTION:
-        raise ValueError(f"VLMFAST_DECODE_ATTENTION={wanted!r}: use one of {', '.join(STATIC_ATTENTION)}, or unset it")
-    if wanted:
-        return STATIC_ATTENTION[wanted]
-    return PRODUCTS_DECODE_ATTENTION if compiled and torch.device(device).type == "cuda" else DECODE_ATTENTION
+def static_attention() -> str:
+    """The attention function of a static decode step (CUDA graphs, compiled): SDPA (:func:`decode_attention`),
+    or :func:`products_decode_attention` where ``VLMFAST_DECODE_ATTENTION=products`` asks for it — the
+    benchmarks compare the two with it. On an H100 the products ran a compiled step's attention alone in
+    6.7 µs against SDPA's 15.2 at batch 1 and 512 keys (12.4 against 26.6 at batch 32 and 1,024 keys), and
+    uncompiled in a CUDA graph slower (17.1 against 14.9); the whole step and its tokens in bf16 with them
+    are not measured yet, so SDPA stays the default. Eager steps attend with SDPA always (their rows may be
+    split in groups of their own lengths)."""
+    wanted = os.environ.get("VLMFAST_DECODE_ATTENTION", "").strip().lower() or "sdpa"
+    if wanted not in STATIC_ATTENTION:
+        raise UsageError(f"VLMFAST_DECODE_ATTENTION={wanted!r} is not a decode attention",
+                         hint=f"use one of {', '.join(STATIC_ATTENTION)}, or unset it (sdpa)")
+    return STATIC_ATTENTION[wanted]
 
 
 @contextlib.contextmanager
