@@ -302,6 +302,25 @@ def test_a_checkpoint_that_lost_its_head_is_not_evaluated_and_the_sweep_goes_on(
     assert not (tmp_path / "out" / "step-200.jsonl").exists() and report["exit_code"] == 0
 
 
+def test_a_checkpoint_that_does_not_load_after_a_good_one_is_not_evaluated_and_the_sweep_goes_on(run, tmp_path):
+    """Its weights whole, its config another model type: the engine let the previous model go before the load
+    failed. The step is listed as not evaluated with the loader's first line, the next checkpoint loads
+    afresh, and the report is written (it once ended in a traceback from closing the emptied engine)."""
+    from vlmfast.run.sweep import sweep
+
+    odd = tmp_path / "run"
+    shutil.copytree(run["run"], odd)
+    config = json.loads((odd / "checkpoint-200" / "config.json").read_text())
+    (odd / "checkpoint-200" / "config.json").write_text(json.dumps(dict(config, model_type="llama")))
+    report = sweep(_options(dict(run, run=odd), tmp_path / "out"))
+    assert [c["step"] for c in report["checkpoints"]] == [100, 300]
+    assert _tokens(read_jsonl(tmp_path / "out" / "step-300.jsonl")) == _tokens(run["fresh"][300])
+    [skipped] = report["not_evaluated"]
+    assert skipped["step"] == 200 and "cannot load the model (ValueError: Unrecognized configuration class" in skipped["reason"]
+    assert len(skipped["reason"]) < 400 and "model_type" in skipped["hint"]
+    assert any(note.startswith("step 200 not evaluated:") for note in report["notes"])
+
+
 def test_a_checkpoint_without_weights_is_listed_as_not_evaluated(run, tmp_path):
     """A save cut short (config.json written, no weights yet): skipped with a note, and in report.json's
     not_evaluated with the others the sweep could not take."""

@@ -200,9 +200,10 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
                 use_safetensors=None if allow_pickle else True,
             )
         except Exception as exc:
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # not the list of every known class
             raise CheckpointError(
-                f"{source}: cannot load the model ({type(exc).__name__}: {exc})",
-                hint="check that the weights are complete and match config.json",
+                f"{source}: cannot load the model ({type(exc).__name__}: {said[:300]})",
+                hint="check that the weights are complete and match config.json (its model_type: a Qwen-VL family)",
             ) from exc
     tokenizer = processor.tokenizer
     model.eval()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.errors import EXIT_LESS_ACCURATE
+from vlmfast.errors import EXIT_LESS_ACCURATE, CheckpointError
 from vlmfast.run.sweep_options import SweepOptions
 
 SCHEMA = "vlmfast.sweep/1"
@@ -50,23 +50,27 @@ class _Models:
         if self.current is found:
             return
         why = None
-        if self.backend is not None:
-            how, seconds, why = self.backend.switch_to(found, canary=self.options.canary)
-            if how is None:  # this engine cannot move to another checkpoint: a new one for it
-                self.backend.close()
-                self.backend = None
-        if self.backend is None:
-            start = time.perf_counter()
-            self.backend = open_backend(self.options.infer, found, None, Distributed())
-            how, seconds = "load", time.perf_counter() - start
+        try:
+            if self.backend is not None:
+                how, seconds, why = self.backend.switch_to(found, canary=self.options.canary)
+                if how is None:  # this engine cannot move to another checkpoint: a new one for it
+                    self.backend.close()
+                    self.backend = None
+            if self.backend is None:
+                start = time.perf_counter()
+                self.backend = open_backend(self.options.infer, found, None, Distributed())
+                how, seconds = "load", time.perf_counter() - start
+        except BaseException:  # a checkpoint that does not load: the next one opens an engine afresh
+            self.close()
+            self.backend = self.current = None
+            raise
         self.how = (how, seconds)
         if why:
             self.say(f"{found.path}: loaded afresh ({why})")
         self.current = found
 
     def engine_news(self) -> tuple[dict, list[str]]:
-        """What the engine checked on its own while the last checkpoint ran (vLLM's canary after the first
-        in-place reload): its figures for the report, and what it found, said once."""
+        """What the engine checked on its own while the last checkpoint ran (vLLM's canary): figures, and news."""
         return self.backend.news() if self.backend is not None else ({}, [])
 
     def close(self) -> None:
@@ -141,7 +145,11 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     def evaluate(entry: _Entry) -> float | None:
         if _refuse(entry, options, refused, notes, say):
             return None
-        figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes))
+        try:
+            figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes))
+        except CheckpointError as exc:  # it does not load (an unknown model type, a broken config): go on without it
+            _not_evaluated(entry, exc, refused, notes, say)
+            return None
         checked, news = models.engine_news()
         figures[-1].update(checked)
         for note in news:
@@ -207,21 +215,25 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
 
 
 def _refuse(entry: _Entry, options: SweepOptions, refused: list[dict], notes: list[str], say) -> bool:
-    """True (and the reason recorded and said) when the checkpoint's weights are not whole: the sweep goes on
-    without it, as for a save still being written."""
+    """True (and the reason recorded and said) when the checkpoint's weights are not whole: the sweep goes on."""
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.weights import require_whole
-    from vlmfast.errors import CheckpointError
 
     try:
         require_whole(locate(entry.path), options.infer.allow_missing or ())
     except CheckpointError as exc:
-        refused.append({"step": entry.step, "path": str(entry.path), "reason": exc.message, "hint": exc.hint})
-        label = "base" if entry.label == "base" else f"step {entry.step}"
-        notes.append(f"{label} not evaluated: {exc.message}")
-        say(notes[-1])
+        _not_evaluated(entry, exc, refused, notes, say)
         return True
     return False
+
+
+def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], say) -> None:
+    """A checkpoint the sweep goes on without: its reason recorded (the report's not_evaluated) and said."""
+    reason = exc.message if len(exc.message) <= 300 else exc.message[:297] + "…"  # a loader's may list every model
+    refused.append({"step": entry.step, "path": str(entry.path), "reason": reason, "hint": exc.hint})
+    label = "base" if entry.label == "base" else f"step {entry.step}"
+    notes.append(f"{label} not evaluated: {reason}")
+    say(notes[-1])
 
 
 def _base_notes(entries: list[_Entry]) -> list[str]:

@@ -175,7 +175,8 @@ class HfBackend:
         return {}, []  # nothing checked on its own: a swap is exact
 
     def close(self) -> None:
-        self.engine.forget_shapes()
+        if self.engine is not None:  # None after a switch whose load failed: nothing is held
+            self.engine.forget_shapes()
 
 
 def open_hf(options, found, loaded, dist) -> HfBackend:
