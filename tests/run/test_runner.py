@@ -6,8 +6,9 @@ from vlmfast.run.runner import InferOptions, infer
 
 
 def _options(grpo_ckpt, images, out, **kw):
+    kw.setdefault("generation", GenerationSettings(max_new_tokens=8))
     return InferOptions(ckpt=str(grpo_ckpt), images=[str(p) for p in images], prompt="Count.", out=str(out),
-                        batch_size=4, generation=GenerationSettings(max_new_tokens=8), **kw)
+                        batch_size=4, **kw)
 
 
 def test_results_in_input_order_and_report_adds_up(loaded, grpo_ckpt, images, tmp_path):
@@ -128,3 +129,54 @@ def test_greedy_n_says_the_answers_are_identical(loaded, grpo_ckpt, images, tmp_
     rows = read_jsonl(tmp_path / "r.jsonl")
     assert [r["sample"] for r in rows] == [0, 1] and rows[0]["text"] == rows[1]["text"]
     assert any("identical answers" in n for n in report.notes)
+
+
+def test_sampling_without_a_seed_draws_one_records_it_and_a_resume_keeps_it(loaded, grpo_ckpt, images, tmp_path):
+    """No --seed: the run draws one, says it and records it beside --out; a run that resumes the file takes the
+    recorded one, so the rows it adds are the ones the first run would have drawn."""
+    from vlmfast.run.sweep_record import sidecar
+
+    settings = GenerationSettings(max_new_tokens=6, temperature=1.0, ignore_eos=True)
+    out = tmp_path / "r.jsonl"
+    first = infer(_options(grpo_ckpt, images[:4], out, generation=settings), loaded=loaded)
+    seed = json.loads(sidecar(out).read_text())["settings"]["generation"]["seed"]
+    assert isinstance(seed, int) and f"--seed {seed} drawn for this run: pass it to draw the same answers again" in first.notes
+    rows = read_jsonl(out)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    resumed = infer(_options(grpo_ckpt, images[:4], out, generation=settings), loaded=loaded)
+    assert f"--seed {seed}: the seed the earlier rows were drawn with, kept for the rows to come" in resumed.notes
+    assert resumed.samples == 2 and read_jsonl(out) == rows
+    again = infer(_options(grpo_ckpt, images[:4], tmp_path / "again.jsonl", generation=settings), loaded=loaded)
+    assert any(n.endswith("drawn for this run: pass it to draw the same answers again") for n in again.notes)
+
+
+def test_a_resume_onto_rows_made_from_other_weights_is_refused(grpo_ckpt, images, tmp_path):
+    """The checkpoint's weight files changed between a run and its resume (a trainer saved over it): the new
+    rows would come from another model. The fingerprint recorded beside --out says so before any work."""
+    import shutil
+
+    import pytest
+
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.errors import UsageError
+
+    ckpt = shutil.copytree(grpo_ckpt, tmp_path / "ckpt")
+    out = tmp_path / "r.jsonl"
+    infer(_options(ckpt, images[:2], out))
+    assert json.loads(out.with_name("r.run.json").read_text())["fingerprint"]
+    other = build_checkpoint(tmp_path / "other", preset="tiny", like="grpo", seed=7)
+    shutil.copy(other / "model.safetensors", ckpt / "model.safetensors")
+    with pytest.raises(UsageError, match="holds rows made from other weights") as caught:
+        infer(_options(ckpt, images[:4], out))
+    assert "--overwrite" in caught.value.hint and len(read_jsonl(out)) == 2
+    assert infer(_options(ckpt, images[:4], out, overwrite=True)).samples == 4
+
+
+def test_a_seed_outside_64_bits_is_a_usage_error():
+    import pytest
+
+    from vlmfast.errors import UsageError
+
+    with pytest.raises(UsageError, match="--seed 9223372036854775808: expected a whole number from 0 to 2"):
+        GenerationSettings(temperature=1.0, seed=2 ** 63)
+    assert GenerationSettings(seed=2 ** 63 - 1).seed == 2 ** 63 - 1

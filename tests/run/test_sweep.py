@@ -419,3 +419,25 @@ def test_a_sweep_reads_vlmr1_jsonl_as_it_is(run, tmp_path):
     report = sweep(dataclasses.replace(options, infer=dataclasses.replace(options.infer, manifest=str(vlmr1))))
     assert _tokens(read_jsonl(tmp_path / "s" / "step-200.jsonl")) == _tokens(run["fresh"][200])
     assert report["checkpoints"][0]["accuracy"] is not None
+
+
+def test_sampling_without_a_seed_draws_one_seed_for_every_checkpoint_and_keeps_it_on_resume(run, tmp_path):
+    """Sampled answers, no --seed: every checkpoint draws with the same seed (the same noise: differences
+    between steps are the weights'), recorded beside each step's rows and taken again by a resumed sweep."""
+    from vlmfast.run.sweep import sweep
+    from vlmfast.run.sweep_record import sidecar
+
+    sampled = dataclasses.replace(SETTINGS, temperature=1.0)
+    options = _options(run, tmp_path / "out", steps=(100, 200))
+    options = dataclasses.replace(options, infer=dataclasses.replace(options.infer, generation=sampled))
+    first = sweep(options)
+    seeds = {json.loads(sidecar(tmp_path / "out" / f"step-{s}.jsonl").read_text())["settings"]["generation"]["seed"]
+             for s in (100, 200)}
+    [seed] = seeds
+    assert f"--seed {seed} drawn for this run: pass it to draw the same answers again" in first["notes"]
+    (tmp_path / "out" / "step-200.jsonl").unlink()
+    sidecar(tmp_path / "out" / "step-200.jsonl").unlink()
+    rows = read_jsonl(tmp_path / "out" / "step-100.jsonl")
+    again = sweep(dataclasses.replace(options, steps=(100, 200, 300)))
+    assert f"--seed {seed}: the seed the earlier rows were drawn with, kept for the rows to come" in again["notes"]
+    assert read_jsonl(tmp_path / "out" / "step-100.jsonl") == rows and [c["step"] for c in again["checkpoints"]] == [100, 200, 300]

@@ -35,6 +35,8 @@ class GenerationSettings:
             raise UsageError(f"--temperature {self.temperature}: expected 0 (greedy) or more", hint="e.g. --temperature 0.7")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"--top-p {self.top_p}: expected a value in (0, 1]", hint="e.g. --top-p 0.95")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 63:  # torch's seeds are 64-bit integers
+            raise UsageError(f"--seed {self.seed}: expected a whole number from 0 to 2^63 − 1", hint="e.g. --seed 1234")
 
     @property
     def greedy(self) -> bool:

@@ -75,11 +75,17 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
     weights_id = weights_fingerprint(found, options.fingerprint)
     options, parity = prepare(options, found)  # --match-training: before inputs
+    options, seed_note = fixed_seed(options)
     dist = Distributed()
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
     settings = _settings(options, found)
+    if settings is not None and not options.overwrite:
+        from vlmfast.run.sweep_record import refuse_other_weights
+
+        refuse_other_weights(Path(options.out), weights_id)  # a resume onto rows another checkpoint's weights made
     work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None)
+    work = dataclasses.replace(work, notes=work.notes + ([seed_note] if seed_note else []))
     if weights is not None and weights.allowed:
         lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
         work = dataclasses.replace(work, notes=[f"tensors missing as --allow-missing allows ({lost}): the model runs "
@@ -107,7 +113,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
             from vlmfast.run.sweep_record import record
 
-            record(Path(options.out), settings, {})  # what made the rows to come: a resume is checked against it
+            # what made the rows to come, the weights' fingerprint too: a resume is checked against them
+            record(Path(options.out), settings, {"fingerprint": weights_id["digest"] if weights_id else None})
         dist.barrier()  # no process writes a row before the old ones are gone
         work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
         compiled_before = backend.facts().compile_s  # an engine kept across runs (a sweep's) compiled before
@@ -125,6 +132,27 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     report.parity = parity
     report.fingerprint = weights_id
     return report
+
+
+def fixed_seed(options: InferOptions, results: list[Path] | None = None) -> tuple[InferOptions, str | None]:
+    """Sampling without ``--seed``: the seed this run draws with, fixed before any row is made and recorded
+    with the run's settings — the one an earlier run recorded beside its results (``--out``, or ``results``:
+    a sweep's step files) when this run resumes it, so old and new rows draw alike; else a new one. Returns
+    the options carrying it and what to say."""
+    from vlmfast.engines.rows import run_seed
+
+    generation = options.generation
+    if generation.greedy or generation.seed is not None:
+        return options, None
+    recorded = None
+    if (options.out is not None or results) and not options.overwrite:
+        from vlmfast.run.sweep_record import recorded_seed
+
+        recorded = recorded_seed(results if results is not None else [Path(options.out)])
+    seed = recorded if recorded is not None else run_seed(None)
+    said = (f"--seed {seed}: the seed the earlier rows were drawn with, kept for the rows to come"
+            if recorded is not None else f"--seed {seed} drawn for this run: pass it to draw the same answers again")
+    return dataclasses.replace(options, generation=dataclasses.replace(generation, seed=seed)), said
 
 
 def weights_fingerprint(found, how: str = "sampled") -> dict | None:

@@ -99,25 +99,25 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     (``watch`` only) gets the report so far after the first pass and after each look that found new
     checkpoints (trackers log them while the trainer runs)."""
     from vlmfast.checkpoints.runs import find_run_checkpoints
+    from vlmfast.run.parity import prepare
+    from vlmfast.run.runner import fixed_seed
+    from vlmfast.run.sweep_record import check, settings_of
 
     out_dir = Path(options.out_dir)
     listing = find_run_checkpoints(options.run_dir, steps=options.steps, complete_only=options.watch)
-    from vlmfast.run.parity import prepare
-    from vlmfast.run.sweep_record import check, settings_of
-
-    # the training's settings, read once beside the run's latest checkpoint (--match-training adopts them now,
-    # so every checkpoint runs, and is recorded, with the same settings)
+    # the training's settings read once (--match-training adopts them now, for every checkpoint alike); sampling
+    # without --seed: one seed for every checkpoint (paired comparisons), the one its steps recorded on resume
     adopted, parity = prepare(options.infer, listing.checkpoints[-1].path if listing.checkpoints else options.run_dir)
-    options = dataclasses.replace(options, infer=dataclasses.replace(adopted, match_training=False))
-
+    steps_done = sorted(out_dir.glob("*.jsonl")) if out_dir.is_dir() else []
+    adopted, seed_note = fixed_seed(dataclasses.replace(adopted, match_training=False), steps_done)
+    options = dataclasses.replace(options, infer=adopted)
     settings = settings_of(options.infer)
     earlier = check(out_dir, settings, options.overwrite)  # rows made with other settings: an error, before any work
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         report = _sweep(options, listing, out_dir, progress, say, wait, settings, on_report)
-        report["notes"][:0] = earlier
-        report["parity"] = parity
+        report["notes"][:0], report["parity"] = earlier + ([seed_note] if seed_note else []), parity
         return report
     except BaseException:
         if created and not any(out_dir.iterdir()):  # failed before writing anything: leave no empty dir

@@ -142,6 +142,32 @@ def measured(results: Path) -> dict:
         return {}
 
 
+def recorded_seed(results: list[Path]) -> int | None:
+    """The sampling seed recorded beside the first of ``results`` whose run recorded one (None: none did)."""
+    for path in results:
+        try:
+            seed = json.loads(sidecar(path).read_text(encoding="utf-8"))["settings"]["generation"]["seed"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            return seed
+    return None
+
+
+def refuse_other_weights(results: Path, weights_id: dict | None) -> None:
+    """A UsageError when ``results``' rows were made from weights other than the checkpoint's now (its record
+    holds another fingerprint): resuming would mix the answers of two models in one file."""
+    try:
+        then = json.loads(sidecar(results).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return
+    now = weights_id["digest"] if weights_id else None
+    if then is not None and now is not None and then != now and results.is_file() and results.stat().st_size:
+        raise UsageError(f"{results} holds rows made from other weights: the checkpoint's weight files changed since "
+                         f"(fingerprint {then} then, {now} now)",
+                         hint="rerun with --overwrite to redo them with these weights, or give another --out")
+
+
 def forget_if_changed(results: Path, weights_id: dict | None) -> str | None:
     """When the checkpoint's weight files changed since ``results``' rows were written (its record holds
     another fingerprint), remove the rows and the record so the step is evaluated again, and say so."""
