@@ -92,6 +92,21 @@ def test_stdout_rows_come_out_in_input_order(capsys):
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == ["id0", "id1", "id2"]
 
 
+def test_rows_held_for_input_order_are_printed_when_the_run_is_cut_short(capsys):
+    """Ctrl-C with rows on stdout: finished rows still waiting for an earlier one are printed (out of input
+    order, each with its id) rather than lost, and the message counts them."""
+    from vlmfast.run.runner import _interrupted
+
+    w = ResultsWriter(None, stdout=True)
+    w.write([_row(2), _row(1)], [2, 1])  # row 0 never finished
+    assert capsys.readouterr().out == "" and w.printed == 0
+    assert w.release_held() == 2 and w.printed == 2
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == ["id1", "id2"]
+    said = _interrupted(2, None, held=2)
+    assert said.message == "interrupted after 2 row(s) on stdout (2 of them out of input order: they finished before an earlier one)"
+    assert _interrupted(0, None).message == "interrupted after 0 row(s) on stdout"
+
+
 def test_sigterm_ends_a_command_as_ctrl_c_does_after_the_write_in_progress(tmp_path):
     """What Slurm, `timeout` and `kill` send: a write in progress completes, then the command ends as on
     Ctrl-C (KeyboardInterrupt → the runner says what is on disk and how to resume; exit 130)."""

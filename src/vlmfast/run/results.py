@@ -142,6 +142,7 @@ class ResultsWriter:
         self._file = None
         self._pending: dict[int, dict] = {}  # stdout only: position -> row, until its turn
         self._next = 0
+        self.printed = 0  # rows written to stdout
 
     def write(self, rows: Iterable[dict], positions: Iterable[int]) -> None:
         """One batch: every row, then flush and fsync, so a crash loses at most the batch in flight.
@@ -154,8 +155,7 @@ class ResultsWriter:
             while self._next in self._pending:
                 ready.append(self._pending.pop(self._next))
                 self._next += 1
-            sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in ready))
-            sys.stdout.flush()
+            self._print(ready)
             return
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         with sigint_deferred():
@@ -164,6 +164,18 @@ class ResultsWriter:
             self._file.write(text)
             self._file.flush()
             os.fsync(self._file.fileno())
+
+    def _print(self, rows: list[dict]) -> None:
+        sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        sys.stdout.flush()
+        self.printed += len(rows)
+
+    def release_held(self) -> int:
+        """stdout, a run cut short: print the finished rows still waiting for an earlier one (out of input
+        order, each with its id) rather than lose them; returns how many."""
+        held = [self._pending.pop(k) for k in sorted(self._pending)]
+        self._print(held)
+        return len(held)
 
     def close(self) -> None:
         if self._file is not None:

@@ -332,7 +332,8 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
                     except Exception as exc:  # noqa: BLE001 - reported collectively below
                         failure = exc
                     except KeyboardInterrupt:
-                        raise _interrupted(len(results), out) from None
+                        held = writer.release_held() if out is None else 0
+                        raise _interrupted(len(results), out, held) from None
                 if dist.any(failure is not None):
                     break
         finally:
@@ -344,10 +345,13 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(backend.device))
 
 
-def _interrupted(written: int, out: Path | None) -> Interrupted:
-    """What Ctrl-C left: the rows already on disk (each batch is written whole), and how to go on."""
+def _interrupted(written: int, out: Path | None, held: int = 0) -> Interrupted:
+    """What Ctrl-C left: the rows already on disk (each batch is written whole) or on stdout (``held`` of
+    them printed out of input order), and how to go on."""
     if out is None:
-        return Interrupted(f"interrupted after {written} row(s) on stdout", hint="rerun with --out FILE to be able to resume")
+        late = f" ({held} of them out of input order: they finished before an earlier one)" if held else ""
+        return Interrupted(f"interrupted after {written} row(s) on stdout{late}",
+                           hint="rerun with --out FILE to be able to resume")
     if not written:
         return Interrupted(f"interrupted before this run wrote a row to {out}", hint="rerun the same command")
     return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}",
