@@ -441,3 +441,36 @@ def test_sampling_without_a_seed_draws_one_seed_for_every_checkpoint_and_keeps_i
     again = sweep(dataclasses.replace(options, steps=(100, 200, 300)))
     assert f"--seed {seed}: the seed the earlier rows were drawn with, kept for the rows to come" in again["notes"]
     assert read_jsonl(tmp_path / "out" / "step-100.jsonl") == rows and [c["step"] for c in again["checkpoints"]] == [100, 200, 300]
+
+
+def test_accuracy_says_how_many_answers_it_is_over_when_some_requests_have_no_ground_truth(run, tmp_path):
+    from vlmfast.run.sweep import sweep
+
+    lines = read_jsonl(run["manifest"])
+    manifest = tmp_path / "half.jsonl"
+    manifest.write_text("".join(json.dumps({k: v for k, v in r.items() if i < 2 or k != "solution"}) + "\n"
+                                for i, r in enumerate(lines)))
+    options = _options(run, tmp_path / "out", steps=(200,))
+    options = dataclasses.replace(options, infer=dataclasses.replace(options.infer, manifest=str(manifest)))
+    report = sweep(options)
+    [step] = report["checkpoints"]
+    assert (step["rows"], step["scored"], step["accuracy"]) == (4, 2, 1.0)
+    assert "accuracy is over the answers with ground truth: 2 of 4 at step 200 (2 have none in the manifest)" in report["notes"]
+
+
+def test_a_manifest_without_ground_truth_is_said_before_any_checkpoint_and_refused_with_a_gate(run, tmp_path):
+    from vlmfast.errors import UsageError
+    from vlmfast.run.sweep import sweep
+
+    manifest = tmp_path / "none.jsonl"
+    manifest.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "solution"}) + "\n"
+                                for r in read_jsonl(run["manifest"])))
+    options = _options(run, tmp_path / "out", steps=(100,))
+    options = dataclasses.replace(options, infer=dataclasses.replace(options.infer, manifest=str(manifest)))
+    said = []
+    report = sweep(options, say=said.append)
+    want = f"{manifest} has no ground truth in any record: accuracy and the best step will be none"
+    assert said[0] == want and want in report["notes"] and report["best"] is None
+    with pytest.raises(UsageError, match="--fail-if-best-below needs ground truth") as caught:
+        sweep(dataclasses.replace(options, out_dir=str(tmp_path / "gated"), fail_if_best_below=0.5))
+    assert "solution" in caught.value.hint and not (tmp_path / "gated").exists()

@@ -109,3 +109,14 @@ def undistinguished_note(best: dict | None, figures: list[dict], held: dict | No
     return [f"the best ({label}, P(best) {held['p_best'].get(best['step'], 0):.0%}) is not distinguishable from "
             f"step(s) {', '.join(map(str, tied))}: their paired test against it, Holm-corrected over "
             f"{len(held['holm_p'])} step(s), gives p >= {held['alpha']} (more evaluation rows would tell them apart)"]
+
+
+def unscored_note(figures: list[dict]) -> list[str]:
+    """Accuracy counts the answers with ground truth only: said (one step's counts) when some answers of a
+    checkpoint had none, so a sweep's accuracies are not read as over every request."""
+    partial = next((f for f in figures if 0 < (f.get("scored") or 0) < f["rows"] - f["errors"]), None)
+    if partial is None:
+        return []
+    answered = partial["rows"] - partial["errors"]
+    return [f"accuracy is over the answers with ground truth: {partial['scored']} of {answered} at step "
+            f"{partial['step']} ({answered - partial['scored']} have none in the manifest)"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vlmfast.errors import EXIT_LESS_ACCURATE, CheckpointError
 from vlmfast.run.sweep_options import SweepOptions
+from vlmfast.run.sweep_record import base_notes
 
 SCHEMA = "vlmfast.sweep/1"
 
@@ -113,6 +114,9 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     options = dataclasses.replace(options, infer=adopted)
     settings = settings_of(options.infer)
     earlier = check(out_dir, settings, options.overwrite)  # rows made with other settings: an error, before any work
+    if (said := options.truth_note()) is not None:  # no ground truth in the manifest: said at once
+        say(said)
+        earlier.append(said)
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -132,7 +136,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     base = locate(options.base, hub=True) if options.base else None  # a directory or a hub id, as every --base takes
     entries = [_Entry(0, base.path or base.source, "base", base)] if base else []
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
-    odd_base = _base_notes(entries)
+    odd_base = base_notes(entries)
     for note in odd_base:
         say(note)
     models = _Models(options, say)
@@ -236,27 +240,6 @@ def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], sa
     say(notes[-1])
 
 
-def _base_notes(entries: list[_Entry]) -> list[str]:
-    """What is odd about ``--base``: another model family than the run's checkpoints, one of the run's own
-    checkpoints, or a directory a trainer saved (its trainer_state.json)."""
-    from vlmfast.checkpoints.readers import maybe_json
-
-    base = next((e for e in entries if e.label == "base"), None)
-    trained = [e for e in entries if e.label != "base"]
-    if base is None or not trained:
-        return []
-    notes = []
-    kinds = {e.path: maybe_json(Path(e.path) / "config.json").get("model_type") for e in (base, trained[0])}
-    if None not in kinds.values() and kinds[base.path] != kinds[trained[0].path]:
-        notes.append(f"--base {base.path} is a {kinds[base.path]} model and the run's checkpoints are "
-                     f"{kinds[trained[0].path]}: the comparison is between two families, not before and after RL")
-    if any(Path(e.path).resolve() == Path(base.path).resolve() for e in trained):
-        notes.append(f"--base {base.path} is one of the run's own checkpoints, not the model it started from")
-    elif (Path(base.path) / "trainer_state.json").is_file():
-        notes.append(f"--base {base.path} holds a trainer_state.json: a training checkpoint, not the model the run "
-                     "started from (give the original model, e.g. its hub id)")
-    return notes
-
 
 def _sleep(seconds: float) -> bool:
     time.sleep(seconds)
@@ -318,8 +301,8 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
     # over requests: with --n K a request's K answers are one trial, not K independent ones
     low, high = request_interval([score for score, _, _ in per_request(rows).values()])
     figures = {
-        "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out), "rows": len(rows),
-        "accuracy": round(correct / len(scored), 4) if scored else None,
+        "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out),
+        "rows": len(rows), "scored": len(scored), "accuracy": round(correct / len(scored), 4) if scored else None,
         "ci_low": None if low is None else round(low, 4), "ci_high": None if high is None else round(high, 4),
         **health(rows),
         "tokens_per_s": report.tokens_per_s, "decode_row_utilization": getattr(report, "decode_row_utilization", None),
@@ -334,7 +317,7 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
 
 
 def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables: dict[int, dict]) -> dict:
-    from vlmfast.evaluation.best import held_up, undistinguished_note
+    from vlmfast.evaluation.best import held_up, undistinguished_note, unscored_note
     from vlmfast.evaluation.flags import compare, flag_run
 
     ranked = [f for f in figures if f["accuracy"] is not None]
@@ -344,7 +327,7 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
         f["vs_base"] = compare(tables[f["step"]], tables[base["step"]]) if base and f is not base else None
         f["vs_best"] = compare(tables[f["step"]], tables[best["step"]]) if best and f is not best else None
     held = held_up(best, ranked, tables)
-    notes = notes + undistinguished_note(best, figures, held)
+    notes = notes + undistinguished_note(best, figures, held) + unscored_note(figures)
     gate = None
     if options.fail_if_best_below is not None:
         failed = best is None or best["accuracy"] < options.fail_if_best_below

@@ -87,6 +87,29 @@ class SweepOptions:
         if self.canary < 0:
             raise UsageError(f"--canary {self.canary}: expected a number of requests, 0 to skip", hint="e.g. --canary 8")
 
+    def truth_note(self) -> str | None:
+        """Before any checkpoint runs: a manifest without any ground truth cannot rank checkpoints. With
+        ``--fail-if-best-below`` that is a UsageError now (not an exit 5 after every checkpoint ran); else a
+        note to say at once. None when some record has ground truth, or a reward function scores the rows."""
+        if self.infer.manifest is None or self.infer.reward:
+            return None
+        from vlmfast.errors import InputError
+        from vlmfast.inputs.convert import read_truths
+        from vlmfast.inputs.datasets import DatasetKeys
+
+        keys = DatasetKeys(self.infer.prompt_key, self.infer.answer_key, self.infer.image_key)
+        try:
+            if any(truth is not None for truth, _ in read_truths(self.infer.manifest, keys).values()):
+                return None
+        except InputError:  # bad records: the run says them (or, with --skip-bad, keeps them as error rows)
+            return None
+        none = f"{self.infer.manifest} has no ground truth in any record"
+        if self.fail_if_best_below is not None:
+            raise UsageError(f"--fail-if-best-below needs ground truth, and {none}",
+                             hint='give each record its answer as "solution" (vlmfast score --help names the '
+                                  'fields read), or drop --fail-if-best-below')
+        return f"{none}: accuracy and the best step will be none"
+
 
 def _steps(value) -> tuple[int, ...] | None:
     """``--steps 100,300`` → (100, 300); None or "": every step."""

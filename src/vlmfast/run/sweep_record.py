@@ -11,7 +11,7 @@ of the run that generated the rows. A rerun into the same ``--out-dir``
   another), unless ``--overwrite`` (start afresh) or another ``--out-dir``.
 Another vlmfast, torch or transformers version is only said: it changes no setting. The record also holds
 the fingerprint of the weights evaluated (:mod:`vlmfast.checkpoints.fingerprint`): a checkpoint whose
-files changed since is evaluated again, and said.
+files changed since is evaluated again, and said. Also here: what a sweep says of its ``--base``.
 """
 
 from __future__ import annotations
@@ -200,3 +200,25 @@ def _differences(name: str, then, now) -> list[str]:
 def _show(value) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 80 else text[:77] + "…"
+
+
+def base_notes(entries: list) -> list[str]:
+    """What is odd about ``--base``: another model family than the run's checkpoints, one of the run's own
+    checkpoints, or a directory a trainer saved (its trainer_state.json)."""
+    from vlmfast.checkpoints.readers import maybe_json
+
+    base = next((e for e in entries if e.label == "base"), None)
+    trained = [e for e in entries if e.label != "base"]
+    if base is None or not trained:
+        return []
+    notes = []
+    kinds = {e.path: maybe_json(Path(e.path) / "config.json").get("model_type") for e in (base, trained[0])}
+    if None not in kinds.values() and kinds[base.path] != kinds[trained[0].path]:
+        notes.append(f"--base {base.path} is a {kinds[base.path]} model and the run's checkpoints are "
+                     f"{kinds[trained[0].path]}: the comparison is between two families, not before and after RL")
+    if any(Path(e.path).resolve() == Path(base.path).resolve() for e in trained):
+        notes.append(f"--base {base.path} is one of the run's own checkpoints, not the model it started from")
+    elif (Path(base.path) / "trainer_state.json").is_file():
+        notes.append(f"--base {base.path} holds a trainer_state.json: a training checkpoint, not the model the run "
+                     "started from (give the original model, e.g. its hub id)")
+    return notes
