@@ -132,7 +132,10 @@ def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
     assert [c["step"] for c in report["checkpoints"]] == [100, 300] and looks == [5, 5, 5]
     assert _tokens(read_jsonl(tmp_path / "s" / "step-300.jsonl")) == _tokens(run["fresh"][300])
     watching = [s for s in said if s.startswith("watching ")]
-    assert len(watching) == 3 and "1 checkpoint(s) evaluated, next look in 5 s" in watching[0]
+    # said when the count changes, not at every look: 1 evaluated, then 2 after the second look
+    assert len(watching) == 2 and "1 checkpoint(s) evaluated, looking every 5 s" in watching[0]
+    assert "2 checkpoint(s) evaluated" in watching[1]
+    assert [s for s in said if s.startswith("step ")][0] == f"step 100: {live / 'checkpoint-100'}"  # alone: no "1 of 1"
     assert [s for s in said if s.startswith("not yet: ")] == [s for s in said if "checkpoint-200" in s][:1]
     assert len([s for s in said if s.startswith("not yet: ")]) == 1  # said once, not at every look
 
@@ -312,7 +315,9 @@ def test_a_checkpoint_that_does_not_load_after_a_good_one_is_not_evaluated_and_t
     shutil.copytree(run["run"], odd)
     config = json.loads((odd / "checkpoint-200" / "config.json").read_text())
     (odd / "checkpoint-200" / "config.json").write_text(json.dumps(dict(config, model_type="llama")))
-    report = sweep(_options(dict(run, run=odd), tmp_path / "out"))
+    said = []
+    report = sweep(_options(dict(run, run=odd), tmp_path / "out"), say=said.append)
+    assert [s for s in said if s.startswith("step 300: ")] == [f"step 300: {odd / 'checkpoint-300'} (3 of 3)"]
     assert [c["step"] for c in report["checkpoints"]] == [100, 300]
     assert _tokens(read_jsonl(tmp_path / "out" / "step-300.jsonl")) == _tokens(run["fresh"][300])
     [skipped] = report["not_evaluated"]
@@ -378,9 +383,14 @@ def test_fingerprints_per_step_and_a_resumed_sweep_redoes_a_step_whose_files_cha
     shutil.rmtree(moved / "checkpoint-100")
     shutil.copytree(run["run"] / "checkpoint-300", moved / "checkpoint-100")  # overwritten in place by the trainer
     redone = sweep(_options(inputs, tmp_path / "out"))
-    assert [n for n in redone["notes"] if "changed since" in n and "step-100.jsonl" in n]
+    [said] = [n for n in redone["notes"] if "changed since" in n and "step-100.jsonl" in n]
+    [aside] = list((tmp_path / "out").glob("replaced-*"))  # the earlier rows are kept, not deleted
+    assert said.endswith(f"(the earlier rows are in {aside})")
+    assert sorted(p.name for p in aside.iterdir()) == ["step-100.jsonl", "step-100.run.json"]
     by_step = {c["step"]: c for c in redone["checkpoints"]}
     assert by_step[100]["fingerprint"] == digests[300]
+    assert (f"steps 100, 300 have identical weights (fingerprint {digests[300]}): the same model saved twice, or a copy"
+            in redone["notes"]) and not any("identical weights" in n for n in report["notes"])
     assert _tokens(read_jsonl(by_step[100]["results"])) == _tokens(run["fresh"][300])  # its rows are the new weights'
 
 

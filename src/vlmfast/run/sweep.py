@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vlmfast.errors import EXIT_LESS_ACCURATE, CheckpointError
 from vlmfast.run.sweep_options import SweepOptions
-from vlmfast.run.sweep_record import base_notes
+from vlmfast.run.sweep_record import base_notes, same_weights_notes
 
 SCHEMA = "vlmfast.sweep/1"
 
@@ -30,6 +30,7 @@ class _Entry:
     path: Path | str  # a hub id (a base not in the local cache) stays a string
     label: str  # "base" | the layout
     found: object = None  # the base as located (a hub id is probed once)
+    place: str = ""  # "(k of N)" among the checkpoints listed at the start; "" for those found later
 
 
 class _Models:
@@ -136,6 +137,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     base = locate(options.base, hub=True) if options.base else None  # a directory or a hub id, as every --base takes
     entries = [_Entry(0, base.path or base.source, "base", base)] if base else []
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
+    for k, entry in enumerate(entries if len(entries) > 1 else []):
+        entry.place = f" ({k + 1} of {len(entries)})"
     odd_base = base_notes(entries)
     for note in odd_base:
         say(note)
@@ -176,13 +179,15 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             for entry in entries:
                 evaluate(entry)
         waiting_on: set[str] = set()  # incomplete checkpoints already said
-        reported = 0  # checkpoints in the last report on_report got
+        reported, watched = 0, -1  # checkpoints in the last report on_report got, and in the last "watching" line
         while options.watch:
             if on_report is not None and len(figures) > reported:
                 reported = len(figures)
                 on_report(_report(options, figures, notes, tables))
-            say(f"watching {options.run_dir}: {len(figures)} checkpoint(s) evaluated, next look in {options.poll_s:g} s "
-                "(Ctrl-C ends the sweep)")
+            if len(figures) != watched:  # said once per new checkpoint, not at every look
+                watched = len(figures)
+                say(f"watching {options.run_dir}: {watched} checkpoint(s) evaluated, looking every {options.poll_s:g} s "
+                    "(Ctrl-C ends the sweep)")
             if not (wait or _sleep)(options.poll_s):
                 break
             seen = {f["step"] for f in figures}
@@ -257,7 +262,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
 
     out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
     found = entry.found or locate(entry.path)
-    say(f"step {entry.step}: {entry.path}")
+    say(f"step {entry.step}: {entry.path}{entry.place}")
     from vlmfast.run.runner import weights_fingerprint
     from vlmfast.run.sweep_record import forget_if_changed
 
@@ -327,7 +332,7 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
         f["vs_base"] = compare(tables[f["step"]], tables[base["step"]]) if base and f is not base else None
         f["vs_best"] = compare(tables[f["step"]], tables[best["step"]]) if best and f is not best else None
     held = held_up(best, ranked, tables)
-    notes = notes + undistinguished_note(best, figures, held) + unscored_note(figures)
+    notes = notes + undistinguished_note(best, figures, held) + unscored_note(figures) + same_weights_notes(figures)
     gate = None
     if options.fail_if_best_below is not None:
         failed = best is None or best["accuracy"] < options.fail_if_best_below

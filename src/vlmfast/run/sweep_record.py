@@ -74,17 +74,11 @@ def check(out_dir: Path, settings: dict, overwrite: bool) -> list[str]:
     out_dir = Path(out_dir)
     records = sorted(out_dir.glob("*.run.json")) if out_dir.is_dir() else []
     if overwrite:
-        import time
-
         old = [p for p in [*records, *(sorted(out_dir.glob("step-*.jsonl")) if out_dir.is_dir() else []),
                            out_dir / "base.jsonl"] if p.is_file()]
         if not old:
             return []
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside = next(d for k in range(1, 1000) if not (d := out_dir / (f"replaced-{stamp}" + (f"-{k}" if k > 1 else ""))).exists())
-        aside.mkdir()
-        for path in old:
-            path.rename(aside / path.name)
+        aside = move_aside(out_dir, old)
         return [f"--overwrite: the earlier sweep's {len(old)} results and record file(s) were moved to {aside} "
                 "(delete it once this sweep's figures are what you want)"]
     notes = []
@@ -94,6 +88,18 @@ def check(out_dir: Path, settings: dict, overwrite: bool) -> list[str]:
         if said and not notes:
             notes.append(f"{out_dir}: {said}")
     return notes
+
+
+def move_aside(out_dir: Path, paths: list[Path]) -> Path:
+    """Move ``paths`` into a new ``replaced-<time>`` folder of ``out_dir`` (kept, not deleted); returns it."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = next(d for k in range(1, 1000) if not (d := out_dir / (f"replaced-{stamp}" + (f"-{k}" if k > 1 else ""))).exists())
+    aside.mkdir()
+    for path in paths:
+        path.rename(aside / path.name)
+    return aside
 
 
 def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
@@ -170,7 +176,8 @@ def refuse_other_weights(results: Path, weights_id: dict | None) -> None:
 
 def forget_if_changed(results: Path, weights_id: dict | None) -> str | None:
     """When the checkpoint's weight files changed since ``results``' rows were written (its record holds
-    another fingerprint), remove the rows and the record so the step is evaluated again, and say so."""
+    another fingerprint), move the rows and the record aside (a ``replaced-<time>`` folder) so the step is
+    evaluated again, and say so."""
     try:
         then = json.loads(sidecar(results).read_text(encoding="utf-8")).get("fingerprint")
     except (OSError, ValueError):
@@ -178,10 +185,9 @@ def forget_if_changed(results: Path, weights_id: dict | None) -> str | None:
     now = weights_id["digest"] if weights_id else None
     if then is None or now is None or then == now:
         return None
-    results.unlink(missing_ok=True)
-    sidecar(results).unlink(missing_ok=True)
+    aside = move_aside(results.parent, [p for p in (results, sidecar(results)) if p.is_file()])
     return (f"{results.name}: the checkpoint's weight files changed since its rows were written (fingerprint {then} "
-            f"then, {now} now): evaluated again")
+            f"then, {now} now): evaluated again (the earlier rows are in {aside})")
 
 
 def _norm(value):
@@ -222,3 +228,15 @@ def base_notes(entries: list) -> list[str]:
         notes.append(f"--base {base.path} holds a trainer_state.json: a training checkpoint, not the model the run "
                      "started from (give the original model, e.g. its hub id)")
     return notes
+
+
+def same_weights_notes(figures: list[dict]) -> list[str]:
+    """Checkpoints whose weights are identical (equal fingerprints): a trainer that saved the same weights
+    under two steps, or a copy — their figures differ by noise only."""
+    steps: dict[str, list[int]] = {}
+    for f in figures:
+        if f.get("fingerprint"):
+            steps.setdefault(f["fingerprint"], []).append(f["step"])
+    return [f"steps {', '.join(map(str, sorted(s)))} have identical weights (fingerprint {digest}): the same model "
+            "saved twice, or a copy" for digest, s in steps.items() if len(s) > 1]
+
