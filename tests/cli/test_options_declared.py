@@ -63,7 +63,7 @@ def test_sweep_takes_infer_options_but_those_it_sets_itself():
     infer = _options(InferOptions)
     sweep = set(_params("sweep"))
     assert infer - set(PER_CHECKPOINT) <= sweep
-    assert not (set(PER_CHECKPOINT) - {"base", "overwrite"}) & sweep  # sweep's --base, --overwrite are its own
+    assert not (set(PER_CHECKPOINT) - {"base", "overwrite", "retry_errors"}) & sweep  # sweep's own, set per checkpoint
     assert sweep - infer - RENDERING == _options(SweepOptions) - infer
 
 

@@ -484,3 +484,29 @@ def test_a_manifest_without_ground_truth_is_said_before_any_checkpoint_and_refus
     with pytest.raises(UsageError, match="--fail-if-best-below needs ground truth") as caught:
         sweep(dataclasses.replace(options, out_dir=str(tmp_path / "gated"), fail_if_best_below=0.5))
     assert "solution" in caught.value.hint and not (tmp_path / "gated").exists()
+
+
+def test_retry_errors_redoes_only_the_error_rows_of_every_step(run, tmp_path, images):
+    """--skip-bad made error rows for an image that was missing; once it is there, --retry-errors redoes those
+    rows at every step and reads the rest back (--overwrite would redo everything)."""
+    from vlmfast.errors import UsageError
+    from vlmfast.run.sweep import sweep
+
+    late = tmp_path / "late.png"
+    lines = read_jsonl(run["manifest"])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(dict(r, image=str(late)) if i == 1 else r) + "\n" for i, r in enumerate(lines)))
+    options = _options(run, tmp_path / "out", steps=(100, 200))
+    options = dataclasses.replace(options, infer=dataclasses.replace(options.infer, manifest=str(manifest), skip_bad=True))
+    first = sweep(options)
+    assert [c["errors"] for c in first["checkpoints"]] == [1, 1]
+    kept = {s: [r for r in read_jsonl(tmp_path / "out" / f"step-{s}.jsonl") if r["error"] is None] for s in (100, 200)}
+    shutil.copy(lines[1]["image"], late)
+    again = sweep(dataclasses.replace(options, retry_errors=True))
+    assert [c["errors"] for c in again["checkpoints"]] == [0, 0]
+    for s in (100, 200):
+        rows = read_jsonl(tmp_path / "out" / f"step-{s}.jsonl")
+        assert [r["id"] for r in rows] == [r["id"] for r in lines] and [r for r in rows if r["id"] != lines[1]["id"]] == kept[s]
+    assert _tokens(read_jsonl(tmp_path / "out" / "step-200.jsonl"))[1] == _tokens(run["fresh"][200])[1]
+    with pytest.raises(UsageError, match="--overwrite starts afresh; --retry-errors"):
+        dataclasses.replace(options, retry_errors=True, overwrite=True)

@@ -272,8 +272,8 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
         say(changed)
         notes.append(changed)
     models.how = None
-    report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out)), progress=progress,
-                   backend=models.at(found))
+    report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out), retry_errors=options.retry_errors),
+                   progress=progress, backend=models.at(found))
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     tables[entry.step] = per_request(rows)

@@ -49,6 +49,8 @@ class SweepOptions:
                              "into OUT_DIR/replaced-<time> (a rerun resumes otherwise; with other settings it stops and "
                              "says what differs).",
                              panel=OUTPUT)
+    retry_errors: bool = option(False, help="Resume, and redo every step's error rows (an image since added, a reward "
+                                "that failed); the rest is read back.", panel=OUTPUT)
     tensorboard: str | None = option(
         None, help="A TensorBoard log dir (the trainer's works): each checkpoint's figures as scalars at its step under "
         "eval/vlmfast, in DIR/vlmfast-sweep-<manifest> (a rerun replaces that file). Logged with the report, and with "
@@ -69,6 +71,9 @@ class SweepOptions:
         if self.fail_if_best_below is not None and not 0 <= self.fail_if_best_below <= 1:
             raise UsageError(f"--fail-if-best-below {self.fail_if_best_below}: an accuracy is between 0 and 1",
                              hint="e.g. --fail-if-best-below 0.6")
+        if self.overwrite and self.retry_errors:
+            raise UsageError("--overwrite starts afresh; --retry-errors resumes and redoes only error rows",
+                             hint="drop one of them")
         if self.poll_s <= 0:
             raise UsageError(f"--poll {self.poll_s}: expected seconds > 0", hint="e.g. --poll 60")
         from vlmfast.errors import check_choice
