@@ -182,6 +182,29 @@ def test_weights_complete_safetensors_lengths(tmp_path):
     assert weights_complete(bin_model)
 
 
+def test_a_cut_header_and_a_corrupt_one_are_told_apart_and_named(tmp_path):
+    """A header the file ends inside is a save still being written; a full-length file whose header bytes are
+    not safetensors is corrupt: the reason says which, naming the file (not "shorter than its header says")."""
+    from vlmfast.checkpoints.readers import incomplete_said
+
+    cut = _model(tmp_path / "run" / "checkpoint-1", cut=60)
+    corrupt = _model(tmp_path / "run" / "checkpoint-2")
+    weights = next(corrupt.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[8:40] = b"\xff" * 32  # inside the JSON header, every byte still there
+    weights.write_bytes(bytes(data))
+    garbage = _model(tmp_path / "run" / "checkpoint-3")
+    weights3 = next(garbage.glob("*.safetensors"))
+    weights3.write_bytes(b"\xff" * 8 + weights3.read_bytes()[8:])
+    assert incomplete_said(cut).endswith("its header cannot be read (cut short, or still being written)")
+    assert incomplete_said(corrupt) == (f"the weights are incomplete: {weights.name}: its header is not valid safetensors "
+                                        "JSON though every byte of it is there (a corrupt file: save it again)")
+    assert "not a safetensors file: its first 8 bytes are no header length" in incomplete_said(garbage)
+    _model(tmp_path / "run" / "checkpoint-4")
+    reasons = {s.step: s.reason for s in find_run_checkpoints(tmp_path / "run").skipped}
+    assert reasons == {1: incomplete_said(cut), 2: incomplete_said(corrupt), 3: incomplete_said(garbage)}
+
+
 def test_weights_complete_sharded(tmp_path):
     d = tmp_path / "sharded"
     d.mkdir()

@@ -330,5 +330,21 @@ def _file_problem(p: Path) -> str | None:
         return None if size >= want else f"{size:,} of the {want:,} bytes its header says"
     except FileNotFoundError:
         return "missing"
-    except (OSError, ValueError, KeyError, TypeError, IndexError):  # a header still being written
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return _header_problem(p)
+
+
+def _header_problem(p: Path) -> str:
+    """Why a safetensors header does not read: cut short (the file ends inside it: a save still being written)
+    or corrupt (all its bytes are there and are not a safetensors header)."""
+    try:
+        with open(p, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+        size = p.stat().st_size
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if size >= 8 and not 0 < length < 2**27:
+        return "not a safetensors file: its first 8 bytes are no header length (a corrupt file: save it again)"
+    if size < 8 + length:
         return "its header cannot be read (cut short, or still being written)"
+    return "its header is not valid safetensors JSON though every byte of it is there (a corrupt file: save it again)"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import has_weights, is_adapter_dir, maybe_json, weights_complete
+from vlmfast.checkpoints.readers import has_weights, incomplete_said, is_adapter_dir, maybe_json, weights_complete
 from vlmfast.errors import CheckpointError, InputError
 from vlmfast.checkpoints.locate import (CHECKPOINT_DIR, FSDP_SHARDS, GLOBAL_STEP_DIR, SWIFT_RUN_DIR, Located, fsdp_merge_hint,
                      numbered_subdirs, walk)
@@ -153,8 +153,9 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
     if kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
         path, kind = merged, "model"
     if not weights_complete(path):  # a save cut short (or still being written): listed, never loaded
-        return Skipped(d, step, "its weights are incomplete (a safetensors file shorter than its header says, or a "
-                       "shard missing)", "the save was interrupted or is still being written; rerun once it is complete",
+        said = incomplete_said(path) if kind == "model" else "its adapter weights are incomplete"
+        return Skipped(d, step, said or "its weights are incomplete",
+                       "the save was interrupted or is still being written; rerun once it is complete",
                        pending=complete_only)
     return RunCheckpoint(step, path, layout if kind == "model" else "lora")
 
