@@ -51,9 +51,9 @@ def test_sweep_table_fits_100_columns_with_flips_and_flag_marks(monkeypatch):
     assert max(len(line) for line in table) <= 100
     rows = {line.split()[0]: line for line in table if line.split() and line.split()[0] in ("base", "1200", "12000")}
     assert rows["base"].split() == ["base", "40.0%", "(26–55%)", "–", "100%", "212/1024", "2.5%", "0%", "12,346"]
-    assert rows["1200"].split() == ["1200", "55.0%", "(40–69%)", "+12.5", "(6↑", "1↓)", "100%", "212/1024", "7.5%",
+    assert rows["1200"].split() == ["1200", "55.0%", "(40–69%)", "+12.5", "pp", "(6↑", "1↓)", "100%", "212/1024", "7.5%",
                                     "0%", "12,346", "trunc"]
-    assert rows["12000"].split()[3:6] == ["-32.5", "(0↑", "13↓)"] and rows["12000"].endswith("loop collapse")
+    assert rows["12000"].split()[3:7] == ["-32.5", "pp", "(0↑", "13↓)"] and rows["12000"].endswith("loop collapse")
     assert lines[-3:] == [f"flag {f['code']}: {f['message']}" for f in REPORT["flags"]]
 
 

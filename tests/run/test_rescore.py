@@ -167,7 +167,7 @@ def test_n_answer_rows_are_kept_by_id_and_sample_with_their_n_answer_figures(tmp
     assert summary["samples"] is not None and summary["samples"]["pass_at_k"]["2"] == 0.5
     assert summary["samples"]["maj_at_k"] == 0.5  # votes read from the text (a: 1 and 9 tie, 1 first and right)
     said = cli("score", tmp_path / "results.jsonl", "--manifest", manifest)
-    assert said.returncode == 0 and "n answers: pass@k · maj@k · all same: 50.0% · 50.0% · 50.0% (k=2)" in said.stderr
+    assert said.returncode == 0 and "n answers: pass@k · maj@k · all same reward: 50.0% · 50.0% · 50.0% (k=2)" in said.stderr
 
 
 def test_reward_options_without_a_reward_are_refused(tmp_path):

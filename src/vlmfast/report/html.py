@@ -248,7 +248,7 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
                ("no answer", lambda c: _opt(c.get("no_answer_rate"), _pct))]
     columns += [(f"pass@{k}", sampled("pass_at_k", k)) for k in ks["pass_at_k"]]
     columns += [(f"maj@{k}", sampled("maj_at_k", k)) for k in ks["maj_at_k"]]
-    columns += [("all same", lambda c: _opt((c.get("samples") or {}).get("all_same_rate"), _pct))]
+    columns += [("all same reward", lambda c: _opt((c.get("samples") or {}).get("all_same_rate"), _pct))]
     columns += [(f"reward {f}", lambda c, f=f: _opt((c.get("reward_means") or {}).get(f), lambda v: f"{v:.3f}"))
                 for f in rewards]
     subscores = list(dict.fromkeys(k for c in checkpoints for k in (c.get("reward_score_means") or {})))

@@ -114,7 +114,7 @@ def render_infer(report) -> None:
         table.add_row("reward", _reward_line(scores))
     samples = scores.get("samples")
     if samples and samples.get("pass_at_k"):
-        table.add_row("n answers", "pass@k · maj@k · all same: " + _samples_cell(samples))
+        table.add_row("n answers", "pass@k · maj@k · all same reward: " + _samples_cell(samples))
     table.add_row("load", _fmt(report.load_s, " s") + (f"  (compile + capture {report.compile_s:.1f} s, apart)" if report.compile_s else ""))
     table.add_row("generate (after load)", _fmt(report.generate_s, " s") + f"  (preprocess {_fmt(report.preprocess_s, ' s')}, "
                   f"{_fmt(report.preprocess_exposed_s, ' s')} of it not overlapped)")
@@ -216,7 +216,7 @@ def sweep_table(report: dict) -> Table:
     held = any(c.get("p_best") is not None for c in checkpoints)
     rewarded = any(c.get("reward_mean") is not None for c in checkpoints)
     columns = ["step", "accuracy\n(95 % CI)", *(["P(best)\n≈ best"] if held else []), "vs base\n(flips)", "format",
-               "tokens\np50/p90", "trunc", "loop", *(["pass@k · maj@k\n· all same"] if samples else []),
+               "tokens\np50/p90", "trunc", "loop", *(["pass@k · maj@k\n· all same reward"] if samples else []),
                *(["reward\n(sub-scores)"] if rewarded else []), "tokens/s", *(["errors"] if errors else []), "flags"]
     for column in columns:
         table.add_column(column, justify="left" if column == "flags" else "right", no_wrap=column == "step",
@@ -227,7 +227,7 @@ def sweep_table(report: dict) -> Table:
     for c in checkpoints:
         ci = f" ({_rate(c['ci_low'], False)}–{_rate(c['ci_high'])})" if c["ci_low"] is not None else ""
         vs = c.get("vs_base")
-        versus = (f"{vs['difference'] * 100:+.1f} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
+        versus = (f"{vs['difference'] * 100:+.1f} pp ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
                   if vs and vs.get("difference") is not None else "–")
         lengths = "/".join("–" if c.get(k) is None else f"{c[k]:.0f}" for k in ("new_tokens_p50", "new_tokens_p90"))
         extra = [_samples_cell(c.get("samples"))] if samples else []
@@ -297,7 +297,7 @@ def render_scores(source: str, summary: dict) -> None:
                  f"mean answer {_fmt(summary.get('mean_answer_chars'), ' chars', 0)} · "
                  f"{plural(summary.get('rows_without_truth', 0), 'row')} without ground truth")
     if (summary.get("samples") or {}).get("pass_at_k"):
-        stderr.print("n answers: pass@k · maj@k · all same: " + _samples_cell(summary["samples"]))
+        stderr.print("n answers: pass@k · maj@k · all same reward: " + _samples_cell(summary["samples"]))
     if summary.get("reward_errors"):
         stderr.print(f"[red]{plural(summary['reward_errors'], 'row')} whose reward function raised[/red]: unscored, left out of "
                      "the accuracy (see each row's reward_error; add --out to keep them)")
