@@ -16,12 +16,12 @@ ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
-def _infer(ckpt, images, out, launcher=(), batch_size=2, env=None):
+def _infer(ckpt, images, out, launcher=(), batch_size=2, env=None, extra=()):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
            "CUDA_VISIBLE_DEVICES": "", **(env or {})}  # gloo on the CPU, whatever the machine has
     cmd = [*launcher, *(["-m", "vlmfast"] if launcher else [str(BIN / "vlmfast")]), "infer", "--ckpt", str(ckpt),
            "--images", str(images), "--prompt", "Count the shapes.", "--max-new-tokens", "6", "--batch-size",
-           str(batch_size), "--out", str(out), "--json"]
+           str(batch_size), "--out", str(out), "--json", *map(str, extra)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -39,6 +39,19 @@ def test_two_process_accelerate_run_equals_one_process_run(grpo_ckpt, images, tm
     assert report["new_tokens"] == sum(p["new_tokens"] for p in report["processes"])
     assert not list(tmp_path.glob(".two.jsonl.part*"))  # parts merged and removed
     assert two.stderr.count("vlmfast infer") == 1
+
+
+def test_two_processes_sampling_without_a_seed_draw_with_one_seed(grpo_ckpt, images, tmp_path):
+    """No --seed, two processes: both draw with the one seed recorded beside --out, so one process given that
+    seed draws the same answers for every request (each process once drew its own)."""
+    sampled = ["--temperature", "1.0", "--ignore-eos"]
+    two = _infer(grpo_ckpt, images[0].parent, tmp_path / "two.jsonl", launcher=ACCELERATE, extra=sampled)
+    assert two.returncode == 0, two.stderr
+    seed = json.loads((tmp_path / "two.run.json").read_text())["settings"]["generation"]["seed"]
+    assert f"--seed {seed} drawn for this run" in two.stderr
+    one = _infer(grpo_ckpt, images[0].parent, tmp_path / "one.jsonl", extra=[*sampled, "--seed", seed])
+    assert one.returncode == 0, one.stderr
+    assert read_jsonl(tmp_path / "two.jsonl") == read_jsonl(tmp_path / "one.jsonl")
 
 
 FAULT = '''

@@ -68,7 +68,9 @@ def write_sweep_plot(report: dict, path: Path) -> Path:
         ax.annotate("best", (report["best"]["step"], report["best"]["accuracy"]), textcoords="offset points",
                     xytext=(0, 10), ha="center")
     ax.set_xlabel("training step (0: base)")
+    ax.set_ylabel("share of answers (%)")
     ax.set_ylim(-0.02, 1.02)
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value * 100:.0f}")  # as the table and the page show them
     ax.set_title(f"vlmfast sweep — {Path(report['run_dir']).name}")
     ax.grid(alpha=0.3)
     ax.legend()

@@ -75,8 +75,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
     weights_id = weights_fingerprint(found, options.fingerprint)
     options, parity = prepare(options, found)  # --match-training: before inputs
-    options, seed_note = fixed_seed(options)
     dist = Distributed()
+    options, seed_note = fixed_seed(options, agree=dist.reduce_max)  # one seed for every process
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early
     settings = _settings(options, found)
@@ -134,11 +134,11 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     return report
 
 
-def fixed_seed(options: InferOptions, results: list[Path] | None = None) -> tuple[InferOptions, str | None]:
+def fixed_seed(options: InferOptions, results: list[Path] | None = None, agree=None) -> tuple[InferOptions, str | None]:
     """Sampling without ``--seed``: the seed this run draws with, fixed before any row is made and recorded
     with the run's settings — the one an earlier run recorded beside its results (``--out``, or ``results``:
-    a sweep's step files) when this run resumes it, so old and new rows draw alike; else a new one. Returns
-    the options carrying it and what to say."""
+    a sweep's step files) when this run resumes it, so old and new rows draw alike; else a new one, made the
+    same on every process by ``agree`` (the largest drawn). Returns the options carrying it and what to say."""
     from vlmfast.engines.rows import run_seed
 
     generation = options.generation
@@ -150,6 +150,7 @@ def fixed_seed(options: InferOptions, results: list[Path] | None = None) -> tupl
 
         recorded = recorded_seed(results if results is not None else [Path(options.out)])
     seed = recorded if recorded is not None else run_seed(None)
+    seed = agree(seed) if agree is not None else seed
     said = (f"--seed {seed}: the seed the earlier rows were drawn with, kept for the rows to come"
             if recorded is not None else f"--seed {seed} drawn for this run: pass it to draw the same answers again")
     return dataclasses.replace(options, generation=dataclasses.replace(generation, seed=seed)), said
