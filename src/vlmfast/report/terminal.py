@@ -123,8 +123,7 @@ def render_infer(report) -> None:
                   f"TTFT p50 / p90 {_fmt(report.ttft_ms_p50, ' ms', 1)} / {_fmt(report.ttft_ms_p90, ' ms', 1)}")
     decode = _fmt(report.decode_ms_per_token, " ms/token")
     if report.decode_gb_per_s is not None:
-        rate = report.decode_gb_per_s  # a tiny model reads a few MB a step: MB/s rather than "0.0 GB/s"
-        decode += f" · {rate:,.1f} GB/s read" if rate >= 1 else f" · {rate * 1000:,.0f} MB/s read"
+        decode += f" · {r:,.1f} GB/s read" if (r := report.decode_gb_per_s) >= 1 else f" · {r * 1000:,.0f} MB/s read"
         if report.bandwidth_pct_of_peak is not None:
             decode += f" ({report.bandwidth_pct_of_peak:.0f}% of the device's {report.peak_gb_per_s:,.0f} GB/s)"
     if report.decode_row_utilization is not None:
