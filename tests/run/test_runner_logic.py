@@ -350,3 +350,39 @@ def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_id
     assert [r["id"] for r in rows] == ["im0.png", "im1.png", "im2.png"]
     assert [r["answer"] for r in rows] == ["B", "B", "A"]  # the first two kept, only the third ran
     assert any(n.startswith("2 row(s) an earlier vlmfast wrote under their image's resolved path") for n in report.notes)
+
+
+def test_a_run_says_it_resumes_and_loads_before_its_first_answer(small, tmp_path, monkeypatch):
+    """The load is a run's longest silence: what is loaded (and what a resume skips) is said before it."""
+    import vlmfast.engines.open
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "fake"}))  # no tensor list to check the file against
+    header = json.dumps({"w": {"dtype": "F32", "shape": [256, 1024], "data_offsets": [0, 2**20]}}).encode()
+    (ckpt / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(2**20))
+    monkeypatch.setattr(vlmfast.engines.open, "open_backend", lambda *args, **kwargs: FakeBackend(tokens=3))
+
+    class Said:
+        def __init__(self):
+            self.events = []
+
+        def start(self, total):
+            self.events.append(f"start {total}")
+
+        def advance(self, answers, new_tokens):
+            pass
+
+        def note(self, text):
+            self.events.append(text)
+
+    out, said = tmp_path / "r.jsonl", Said()
+    infer(InferOptions(ckpt=str(ckpt), images=small[:2], prompt="Which?", out=str(out)), progress=said)
+    assert said.events == [f"loading {ckpt} (1.0 MiB of weights)", "start 2"]
+    said.events.clear()
+    infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(out)), progress=said)
+    assert said.events == [f"resuming: 2 id(s) already in {out} were skipped (--overwrite redoes them)",
+                           f"loading {ckpt} (1.0 MiB of weights)", "start 2"]
+    said.events.clear()
+    infer(_options(small[:1]), progress=said, backend=FakeBackend())  # an engine handed in: nothing to load
+    assert said.events == ["start 1"]

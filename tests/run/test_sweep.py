@@ -124,6 +124,12 @@ def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
             shutil.copytree(run["run"] / "checkpoint-200", live / "checkpoint-200")
             weights = live / "checkpoint-200" / "model.safetensors"
             weights.write_bytes(weights.read_bytes()[:300_000])
+            shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-400")  # and one whose header is garbage:
+            weights = live / "checkpoint-400" / "model.safetensors"  # no more writing mends it, so no waiting on it
+            data = bytearray(weights.read_bytes())
+            length = int.from_bytes(data[:8], "little")
+            data[8:8 + length] = b"x" * length
+            weights.write_bytes(bytes(data))
         return len(looks) < 3
 
     said = []
@@ -138,6 +144,24 @@ def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
     assert [s for s in said if s.startswith("step ")][0] == f"step 100: {live / 'checkpoint-100'}"  # alone: no "1 of 1"
     assert [s for s in said if s.startswith("not yet: ")] == [s for s in said if "checkpoint-200" in s][:1]
     assert len([s for s in said if s.startswith("not yet: ")]) == 1  # said once, not at every look
+    broken = [s for s in said if "checkpoint-400" in s or s.startswith("step 400")]
+    assert len(broken) == 1 and broken[0].startswith("step 400 not evaluated: ") and "corrupt file" in broken[0]
+    assert [(n["step"], "corrupt file" in n["reason"]) for n in report["not_evaluated"]] == [(400, True)]
+
+
+def test_a_bad_manifest_is_said_before_any_checkpoint(run, tmp_path):
+    from vlmfast.errors import InputError
+    from vlmfast.run.sweep import sweep
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(run["manifest"].read_text() + json.dumps({"id": "gone", "image": str(tmp_path / "gone.png"),
+                                                                  "prompt": "Count."}) + "\n")
+    options = _options(run, tmp_path / "s")
+    said = []
+    with pytest.raises(InputError, match="1 bad input"):
+        sweep(dataclasses.replace(options, infer=dataclasses.replace(options.infer, manifest=str(manifest))),
+              say=said.append)
+    assert not any(s.startswith("step ") for s in said) and not (tmp_path / "s").exists()
 
 
 def test_sweep_cli_json_report_plot_and_gate(run, tmp_path):

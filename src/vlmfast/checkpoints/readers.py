@@ -334,6 +334,9 @@ def _file_problem(p: Path) -> str | None:
         return _header_problem(p)
 
 
+CORRUPT = "a corrupt file: save it again"
+
+
 def _header_problem(p: Path) -> str:
     """Why a safetensors header does not read: cut short (the file ends inside it: a save still being written)
     or corrupt (all its bytes are there and are not a safetensors header)."""
@@ -344,7 +347,13 @@ def _header_problem(p: Path) -> str:
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     if size >= 8 and not 0 < length < 2**27:
-        return "not a safetensors file: its first 8 bytes are no header length (a corrupt file: save it again)"
+        return f"not a safetensors file: its first 8 bytes are no header length ({CORRUPT})"
     if size < 8 + length:
         return "its header cannot be read (cut short, or still being written)"
-    return "its header is not valid safetensors JSON though every byte of it is there (a corrupt file: save it again)"
+    return f"its header is not valid safetensors JSON though every byte of it is there ({CORRUPT})"
+
+
+def corrupt_weights(d: Path) -> list[str]:
+    """The lines of :func:`incomplete_weights` that no further writing can mend (a file whose header bytes are
+    all there and are not a safetensors header): a run being watched does not wait for them."""
+    return [said for said in incomplete_weights(d) if CORRUPT in said]

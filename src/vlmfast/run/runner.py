@@ -34,6 +34,7 @@ from vlmfast.timing import peak_memory_mib, reset_peak_memory
 class Progress(Protocol):
     def start(self, total: int) -> None: ...  # answers to come: requests × answers per request
     def advance(self, answers: int, new_tokens: int) -> None: ...
+    # optional: note(text), what the run is doing before its first answer (loading, resuming)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
         require_loadable(found.path)  # a broken config.json or cut weights: said now, not after torch is imported
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
+    if (note := getattr(progress, "note", None)) is not None and dist.is_main:  # said before the load, a run's longest silence
+        for said in [n for n in work.notes if n.startswith("resuming: ")] + _loading(found, loaded, owned, weights_id):
+            note(said)
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
         batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
@@ -132,6 +136,15 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     report.parity = parity
     report.fingerprint = weights_id
     return report
+
+
+def _loading(found, loaded, owned: bool, weights_id: dict | None) -> list[str]:
+    """"loading CKPT (N GiB of weights)" when this run loads a model itself, else nothing."""
+    if not owned or loaded is not None or found is None:
+        return []
+    size = weights_id["bytes"] if weights_id else None
+    size = "" if size is None else f" ({size / 2**30:,.1f} GiB of weights)" if size >= 2**30 else f" ({size / 2**20:,.1f} MiB of weights)"
+    return [f"loading {found.path if found.is_local else found.source}{size}"]
 
 
 def fixed_seed(options: InferOptions, results: list[Path] | None = None, agree=None) -> tuple[InferOptions, str | None]:
@@ -186,18 +199,25 @@ def _settings(options: InferOptions, found) -> dict | None:
     return {"ckpt": ckpt, **{k: v for k, v in settings_of(options, digest=False).items() if k not in inputs}}
 
 
-def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None
-                 ) -> Work:
-    """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
-    earlier run already finished: those are skipped (error rows redone with ``retry_errors``). ``settings``:
-    the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep.
-    ``--out`` naming an input (the manifest, the prompt file, an image, a file of ``ckpt_dir``) is an error."""
+def check_inputs(options: InferOptions) -> Collected:
+    """The run's requests, every input problem raised at once (a :class:`~vlmfast.errors.InputError`) unless
+    ``skip_bad`` — before any model loads; a sweep checks them before its first checkpoint."""
     collected = collect(
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
         keys=DatasetKeys(options.prompt_key, options.answer_key, options.image_key), format_prompt=options.format_prompt,
     )
     raise_for_problems(collected, skip_bad=options.skip_bad)
+    return collected
+
+
+def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None
+                 ) -> Work:
+    """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
+    earlier run already finished: those are skipped (error rows redone with ``retry_errors``). ``settings``:
+    the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep.
+    ``--out`` naming an input (the manifest, the prompt file, an image, a file of ``ckpt_dir``) is an error."""
+    collected = check_inputs(options)
     if options.out is not None:
         inputs = [options.manifest, options.prompt_file, *(p for r in collected.requests for p in r.images)]
         refuse_inputs_as_out("--out", Path(options.out), [Path(p) for p in inputs if p], ckpt_dir)

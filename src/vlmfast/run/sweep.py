@@ -102,7 +102,7 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     checkpoints (trackers log them while the trainer runs)."""
     from vlmfast.checkpoints.runs import find_run_checkpoints
     from vlmfast.run.parity import prepare
-    from vlmfast.run.runner import fixed_seed
+    from vlmfast.run.runner import check_inputs, fixed_seed
     from vlmfast.run.sweep_record import check, settings_of
 
     out_dir = Path(options.out_dir)
@@ -115,6 +115,7 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     options = dataclasses.replace(options, infer=adopted)
     settings = settings_of(options.infer)
     earlier = check(out_dir, settings, options.overwrite)  # rows made with other settings: an error, before any work
+    check_inputs(options.infer)  # a missing image or a bad manifest line: said once, before any checkpoint
     if (said := options.truth_note()) is not None:  # no ground truth in the manifest: said at once
         say(said)
         earlier.append(said)
@@ -179,6 +180,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             for entry in entries:
                 evaluate(entry)
         waiting_on: set[str] = set()  # incomplete checkpoints already said
+        broken = {str(s.path) for s in listing.skipped if not s.pending}  # skipped for good, already in the notes
         reported, watched = 0, -1  # checkpoints in the last report on_report got, and in the last "watching" line
         while options.watch:
             if on_report is not None and len(figures) > reported:
@@ -195,12 +197,13 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             for skipped in (s for s in looked.skipped if s.pending and str(s.path) not in waiting_on):
                 waiting_on.add(str(skipped.path))
                 say(f"not yet: {skipped.path} ({skipped.reason})")
+            for skipped in (s for s in looked.skipped if not s.pending and str(s.path) not in broken):  # e.g. corrupt
+                broken.add(str(skipped.path))
+                _not_evaluated(_Entry(skipped.step, skipped.path, "skipped"),
+                               CheckpointError(skipped.reason, hint=skipped.hint), refused, notes, say)
             seen |= {r["step"] for r in refused}
             for c in (c for c in looked.checkpoints if c.step not in seen):
-                if _refuse(_Entry(c.step, c.path, c.layout), options, refused, notes, say):
-                    continue
-                figures.append(_evaluate(_Entry(c.step, c.path, c.layout), options, models, out_dir, progress, say, tables,
-                                         settings, notes))
+                evaluate(_Entry(c.step, c.path, c.layout))  # as the first pass: refused or failing to load, said and passed
     except KeyboardInterrupt:
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
     finally:
