@@ -106,6 +106,22 @@ def test_static_steps_attending_by_two_products_give_the_eager_tokens(on_gpu, im
 
 
 @needs_qwen_vl_utils
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_repetition_penalty_in_graphs_and_compiled_steps_gives_the_eager_tokens(on_gpu, images, monkeypatch, compiled):
+    """The checkpoint's repetition penalty inside a captured (and a compiled) step: each row's seen tokens
+    updated on the device, the eager loop's tokens (float32)."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(on_gpu.model.generation_config, "repetition_penalty", 1.3)
+    settings = GenerationSettings(max_new_tokens=16, ignore_eos=True)
+    eager, _ = _run(Engine(on_gpu, settings, cuda_graphs=False), images[:3])
+    graphs = Engine(on_gpu, settings, compile=compiled)
+    replayed, _ = _run(graphs, images[:3])
+    torch._dynamo.reset()
+    assert graphs.penalty == 1.3 and graphs.policy.enabled == compiled, graphs.notes + graphs.policy.notes
+    assert all(s.graph is not None and s.seen is not None for s in graphs._static.values()) and replayed == eager
+
+
+@needs_qwen_vl_utils
 def test_graph_buckets_serve_smaller_batches(on_gpu, images):
     settings = GenerationSettings(max_new_tokens=12, ignore_eos=True)
     eager, _ = _run(Engine(on_gpu, settings, cuda_graphs=False), images, batch_size=5)

@@ -311,3 +311,22 @@ def test_sweep_reports_parity_once_from_the_run_and_adopts_it(tmp_path, image, m
     assert "--max-new-tokens 2048 (experiment_config.json: data.max_response_length)" in p["adopted"]
     write_sweep_dir(report, tmp_path / "s")
     assert json.loads((tmp_path / "s" / "report.json").read_text())["parity"] == p
+
+
+def test_a_swift_repetition_penalty_against_the_checkpoint_s_and_adopted(tmp_path):
+    """ms-swift's rollouts use --repetition_penalty when given (the generation config's when None); an
+    evaluation applies the checkpoint's generation config's unless told: the difference is a parity row,
+    and --match-training adopts the training's."""
+    run, ckpt = _swift(tmp_path)
+    args = json.loads((ckpt / "args.json").read_text())
+    (ckpt / "args.json").write_text(json.dumps({**args, "repetition_penalty": 1.1}))
+    (ckpt / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.05}))
+    t = training_settings(ckpt)
+    assert t.values["repetition_penalty"] == Setting(1.1, "args.json: repetition_penalty")
+    rows = _rows(parity(t, InferOptions(ckpt=str(ckpt))))
+    assert rows["repetition_penalty"] == (1.1, 1.05, False, "args.json: repetition_penalty")
+    options, adopted, _ = match_training(InferOptions(ckpt=str(ckpt), explicit=frozenset()), t)
+    assert options.generation.repetition_penalty == 1.1
+    assert "--repetition-penalty 1.1 (args.json: repetition_penalty)" in adopted
+    (ckpt / "args.json").write_text(json.dumps({**args, "repetition_penalty": None}))  # the generation config's
+    assert "repetition_penalty" not in training_settings(ckpt).values

@@ -94,3 +94,22 @@ def test_cut_weights_and_a_broken_config_are_said_before_torch_is_imported(grpo_
     (ckpt / "config.json").write_text("{")
     r = subprocess.run([sys.executable, "-c", probe, str(ckpt), str(images[0])], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"] and "config.json: cannot read" in r.stderr
+
+
+def test_with_json_an_error_is_json_on_stdout_too(grpo_ckpt, images, tmp_path):
+    """A script reading --json's stdout gets an object whatever the exit code: the error's message, hint,
+    problems and exit code (stderr says it for people)."""
+    r = cli("infer", "--ckpt", grpo_ckpt, "--images", tmp_path / "gone.png", "--prompt", "Q?", "--out",
+            tmp_path / "r.jsonl", "--json")
+    error = json.loads(r.stdout)["error"]
+    assert r.returncode == error["exit_code"] == 2 and "error: 1 bad input" in r.stderr
+    assert error["problems"] == [f"{tmp_path / 'gone.png'}: file not found"] and error["hint"]
+    r = cli("score", tmp_path / "none.jsonl", "--manifest", tmp_path / "none.jsonl", "--json")
+    assert r.returncode == json.loads(r.stdout)["error"]["exit_code"] != 0
+
+
+def test_out_dash_means_stdout(grpo_ckpt, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "Q?", "--max-new-tokens", 2, "--out", "-")
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["id"] == str(images[0])
+    assert not list(tmp_path.iterdir())  # no file named "-", no "-.run.json"

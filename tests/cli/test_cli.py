@@ -88,7 +88,7 @@ def test_bad_inputs_exit_2_and_write_nothing(grpo_ckpt, images, tmp_path):
 
 def test_usage_errors_are_clear(grpo_ckpt, images, tmp_path):
     r = vlmfast("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--json")
-    assert r.returncode == 2 and "add --out" in r.stderr and r.stdout == ""
+    assert r.returncode == 2 and "add --out" in r.stderr and json.loads(r.stdout)["error"]["hint"] == "add --out results.jsonl"
     r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--attn", "flash_attention_2",
             "--device", "cpu")
     assert r.returncode == 2 and "needs a CUDA device" in r.stderr

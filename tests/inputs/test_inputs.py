@@ -71,10 +71,10 @@ def test_every_bad_input_is_listed_at_once(images, tmp_path):
     assert "empty file" in whats[str(empty)]
     assert "not a readable image" in whats[str(fake)]
     assert "not a readable image" in whats[str(truncated)]
-    assert "invalid JSON" in whats[f"{m}:2"]
-    assert "not valid UTF-8" in whats[f"{m}:3"]
+    assert "invalid JSON" in whats[f"{m.name}:2"]
+    assert "not valid UTF-8" in whats[f"{m.name}:3"]
     assert "no image" in whats["noimg"]
-    assert "not a JSON object" in whats[f"{m}:5"]
+    assert "not a JSON object" in whats[f"{m.name}:5"]
     with pytest.raises(InputError) as err:
         raise_for_problems(c)
     assert len(err.value.problems) == 8 and err.value.exit_code == 2
@@ -82,8 +82,14 @@ def test_every_bad_input_is_listed_at_once(images, tmp_path):
 
 
 def test_duplicate_ids_and_missing_prompt_and_nothing_found(images, tmp_path):
+    # an image --images names twice (a folder and a glob of it) runs once, said; a manifest's repeated id is an error
+    twice = collect(images=[str(images[0]), str(images[0]), str(images[1])], prompt="p")
+    assert [r.id for r in twice.requests] == [str(images[0]), str(images[1])]
+    assert twice.warnings == ["--images named 1 image(s) more than once (e.g. by a folder and a glob of it): each runs once"]
+    m = tmp_path / "dup.jsonl"
+    m.write_text(2 * (json.dumps({"id": "a", "image": str(images[0]), "prompt": "p"}) + "\n"))
     with pytest.raises(InputError, match="duplicate id"):
-        raise_for_problems(collect(images=[str(images[0]), str(images[0])], prompt="p"))
+        raise_for_problems(collect(manifest=str(m)))
     with pytest.raises(UsageError, match="no prompt"):
         collect(images=[str(images[0])])
     with pytest.raises(UsageError, match="no inputs"):
@@ -97,8 +103,10 @@ def test_duplicate_ids_and_missing_prompt_and_nothing_found(images, tmp_path):
 
 
 def test_the_hint_offers_skip_bad_only_where_it_helps(images, tmp_path):
+    m = tmp_path / "dup.jsonl"
+    m.write_text(2 * (json.dumps({"id": "a", "image": str(images[0]), "prompt": "p"}) + "\n"))
     with pytest.raises(InputError) as dup:  # duplicates only: --skip-bad cannot stand for two records
-        raise_for_problems(collect(images=[str(images[0]), str(images[0])], prompt="p"))
+        raise_for_problems(collect(manifest=str(m)))
     assert "--skip-bad" not in dup.value.hint and 'give each record its own "id"' in dup.value.hint
     with pytest.raises(InputError) as empty:  # nothing else to run
         raise_for_problems(collect(images=[str(tmp_path)], prompt="p"))
@@ -154,3 +162,40 @@ def test_image_limits_name_the_pixel_count_and_warn_nothing(tmp_path):
     assert sizes == {}
     assert problems[str(over)] == "image has 8000 pixels, over the limit of 5000 (--max-image-pixels)"
     assert problems[str(bomb)].startswith("image has 20000 pixels") and "decompression bomb" in problems[str(bomb)]
+
+
+def test_a_cut_jpeg_and_an_aspect_ratio_the_processor_refuses_fail_the_check_not_the_run(tmp_path):
+    """A JPEG's header reads though its data was cut short (a download that stopped): only decoding finds it.
+    Qwen's processors refuse images over 200:1. Both are input problems, found before any model loads."""
+    import numpy as np
+    from PIL import Image
+
+    photo, cut, thin = tmp_path / "photo.jpg", tmp_path / "cut.jpg", tmp_path / "thin.png"
+    Image.fromarray((np.random.default_rng(0).random((300, 400, 3)) * 255).astype("uint8")).save(photo, quality=90)
+    cut.write_bytes(photo.read_bytes()[: photo.stat().st_size // 2])
+    Image.new("RGB", (3, 700)).save(thin)
+    sizes, problems = check_images([str(photo), str(cut), str(thin)])
+    assert sizes == {str(photo): (400, 300)}
+    assert problems[str(cut)].startswith("not a readable image (OSError: image file is truncated")
+    assert problems[str(thin)].startswith("3×700 px: an aspect ratio over 200:1")
+    cut.write_bytes(photo.read_bytes())  # mended in place: checked again, not taken from the earlier check
+    assert str(cut) in check_images([str(cut)])[0]
+
+
+def test_first_use_slips_in_inputs(images, tmp_path):
+    """An empty --prompt (an unset shell variable) is refused; a manifest saved with a byte-order mark reads; a
+    directory's hidden files (macOS's ._x.png) are no inputs; a URL is said to be one."""
+    import shutil
+
+    with pytest.raises(UsageError, match="--prompt is empty"):
+        collect(images=[str(images[0])], prompt="  ")
+    m = tmp_path / "m.jsonl"
+    m.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "image": str(images[0]), "prompt": "p"}).encode() + b"\n")
+    assert [r.id for r in collect(manifest=str(m)).requests] == ["a"]
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    shutil.copy(images[0], folder / "x.png")
+    (folder / "._x.png").write_bytes(b"\x00\x05\x16\x07AppleDouble")
+    c = collect(images=[str(folder), "https://example.com/cat.png"], prompt="p")
+    assert [r.id for r in c.requests] == [str(folder / "x.png")]
+    assert [b.error for b in c.bad] == ["https://example.com/cat.png: a URL: images are read from local files (download it first)"]

@@ -28,6 +28,7 @@ def test_resume_after_a_crash_completes_every_id_exactly_once(loaded, grpo_ckpt,
     rows = read_jsonl(tmp_path / "full.jsonl")
     # a run that died after two rows, mid-way through writing the third
     out.write_text(json.dumps(rows[4]) + "\n" + json.dumps(rows[1]) + "\n" + json.dumps(rows[2])[:25])
+    (tmp_path / "r.run.json").write_bytes((tmp_path / "full.run.json").read_bytes())  # written before the first row
     resumed = infer(_options(grpo_ckpt, images, out), loaded=loaded)
     assert resumed.skipped_existing == 2 and resumed.samples == 4
     assert any("torn last line" in n for n in resumed.notes)
@@ -104,6 +105,7 @@ def test_n_sampled_answers_resume_by_id_and_sample(loaded, grpo_ckpt, images, tm
     out = tmp_path / "r.jsonl"
     kept = {**rows[3], "text": "an answer written before the kill"}  # marked: a rerun would not write this text
     out.write_text("".join(json.dumps(r) + "\n" for r in [*rows[:3], kept]))  # request 0 whole, request 1 one answer of 3
+    (tmp_path / "r.run.json").write_bytes((tmp_path / "full.run.json").read_bytes())  # written before the first row
     decoded = []
     result = Engine.result
     monkeypatch.setattr(Engine, "result", lambda self, request, *a: decoded.append(request.id) or result(self, request, *a))
@@ -180,3 +182,14 @@ def test_a_seed_outside_64_bits_is_a_usage_error():
     with pytest.raises(UsageError, match="--seed 9223372036854775808: expected a whole number from 0 to 2"):
         GenerationSettings(temperature=1.0, seed=2 ** 63)
     assert GenerationSettings(seed=2 ** 63 - 1).seed == 2 ** 63 - 1
+
+
+def test_max_new_tokens_over_the_whole_context_is_refused_before_anything_is_written(loaded, grpo_ckpt, images, tmp_path):
+    import pytest
+
+    from vlmfast.errors import UsageError
+
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(UsageError, match=r"--max-new-tokens 100000000 is more than the model's whole context") as err:
+        infer(_options(grpo_ckpt, images[:1], out, generation=GenerationSettings(max_new_tokens=10**8)), loaded=loaded)
+    assert err.value.exit_code == 2 and not list(tmp_path.iterdir())  # no rows, no record: nothing allocated either

@@ -96,8 +96,28 @@ def test_ctrl_c_says_what_is_on_disk(small, tmp_path):
     with pytest.raises(Interrupted, match=r"this run's 2 finished row\(s\) are in") as err:
         infer(_options(small, out, batch_size=2), backend=FakeBackend(interrupt_at=1))
     assert err.value.exit_code == 130 and "resume" in err.value.hint and len(read_jsonl(out)) == 2
+    assert "--overwrite" not in err.value.hint
     with pytest.raises(Interrupted, match="before this run wrote a row"):
         infer(_options(small, tmp_path / "fresh.jsonl", batch_size=2), backend=FakeBackend(interrupt_at=0))
+    with pytest.raises(Interrupted) as err:  # the same command again would redo the rows it just wrote
+        infer(_options(small, out, batch_size=2, overwrite=True), backend=FakeBackend(interrupt_at=1))
+    assert err.value.hint.startswith("rerun the same command without --overwrite to resume")
+    report = infer(_options(small, out, batch_size=2), backend=FakeBackend())  # which resumes
+    assert report.skipped_existing == 2 and report.samples == 2
+
+
+def test_rows_without_their_settings_record_are_not_resumed(small, tmp_path):
+    """Rows printed to stdout (or moved without their record) may come from another checkpoint or prompt:
+    a resume onto them is refused, with nothing written."""
+    out = tmp_path / "r.jsonl"
+    infer(_options(small[:2], out), backend=FakeBackend())
+    (tmp_path / "r.run.json").unlink()
+    before = out.read_bytes()
+    with pytest.raises(UsageError, match=r"holds rows but not the record .*\(r\.run\.json\)") as err:
+        infer(_options(small, out), backend=FakeBackend())
+    assert "--overwrite" in err.value.hint and out.read_bytes() == before and not (tmp_path / "r.run.json").exists()
+    report = infer(_options(small, out, overwrite=True), backend=FakeBackend())
+    assert report.samples == 4 and (tmp_path / "r.run.json").is_file()
 
 
 def test_too_long_prompts_fail_before_running_or_become_error_rows(small, tmp_path):
@@ -345,6 +365,9 @@ def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_id
             "think": None, "answer": "B", "finish_reason": "stop", "n_prompt_tokens": 9, "n_image_tokens": 4,
             "n_new_tokens": 3, "error": None} for i in range(2)]
     out.write_text("".join(json.dumps(r) + "\n" for r in old))
+    first = tmp_path / "first.jsonl"  # the settings record a run with these settings writes beside its rows
+    infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(first)), backend=FakeBackend(tokens=5))
+    (tmp_path / "r.run.json").write_bytes((tmp_path / "first.run.json").read_bytes())
     report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out)), backend=FakeBackend(tokens=5))
     rows = read_jsonl(out)
     assert [r["id"] for r in rows] == ["im0.png", "im1.png", "im2.png"]
@@ -386,3 +409,23 @@ def test_a_run_says_it_resumes_and_loads_before_its_first_answer(small, tmp_path
     said.events.clear()
     infer(_options(small[:1]), progress=said, backend=FakeBackend())  # an engine handed in: nothing to load
     assert said.events == ["start 1"]
+
+
+def test_a_resume_on_another_dtype_or_device_is_said(small, tmp_path):
+    """A run cut short on a GPU (bfloat16) and resumed on a CPU (float32): the settings match, so the rows are
+    kept, but greedy answers differ between the two, which the report says."""
+    out = tmp_path / "r.jsonl"
+
+    class OnGpu(FakeBackend):
+        def facts(self):
+            return dataclasses.replace(super().facts(), device="cuda", dtype="bfloat16")
+
+    infer(_options(small[:2], out), backend=OnGpu())
+    assert json.loads((tmp_path / "r.run.json").read_text())["runtime"] == {"engine": "hf", "device": "cuda",
+                                                                           "dtype": "bfloat16"}
+    report = infer(_options(small, out), backend=FakeBackend())
+    assert [n for n in report.notes if "another runtime" in n] == [
+        f"{out}: the earlier rows were made on another runtime (device cuda then, cpu now; dtype bfloat16 then, "
+        "float32 now): their answers may differ from this run's (--overwrite redoes them)"]
+    report = infer(_options(small, out), backend=OnGpu())  # nothing to do: nothing said
+    assert not any("another runtime" in n for n in report.notes)

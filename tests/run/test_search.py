@@ -40,7 +40,7 @@ def test_every_given_by_hand():
     assert evaluated[:3] == [STEPS[0], STEPS[12], STEPS[23]] and STEPS[1] in evaluated
 
 
-def test_sweep_search_coarse_finds_the_known_peak_of_a_made_run(grpo_ckpt, tmp_path, monkeypatch):
+def test_sweep_search_coarse_finds_the_known_peak_of_a_made_run(grpo_ckpt, tmp_path, monkeypatch, images):
     """24 checkpoints whose accuracy peaks at step 1500: the sweep evaluates at most 12, names the peak
     best, and lists the steps it skipped."""
     import shutil
@@ -61,7 +61,7 @@ def test_sweep_search_coarse_finds_the_known_peak_of_a_made_run(grpo_ckpt, tmp_p
         return {"step": entry.step, "path": str(entry.path), "label": entry.label, "accuracy": accuracy[entry.step]}
 
     monkeypatch.setattr(sweeping, "_evaluate", made)
-    infer = InferOptions(ckpt=str(run), images=["unused.png"], prompt="p")
+    infer = InferOptions(ckpt=str(run), images=[str(images[0])], prompt="p")  # checked before any step
     report = sweep(SweepOptions(run_dir=str(run), out_dir=str(tmp_path / "out"), infer=infer, search="coarse"))
     assert report["best"]["step"] == 1500 and len(seen) <= 12 and sorted(seen) == report["search"]["evaluated"]
     assert sorted(report["search"]["skipped"] + seen) == STEPS and report["search"]["every"] == 3

@@ -99,3 +99,14 @@ def readback_mismatch(state: dict, directory: Path, pairs: list[tuple[str, str, 
         if not torch.equal(saved.to(held.dtype), held.to("cpu")):
             return f"{name} holds other values than {Path(directory).name}/{file} saves"
     return None
+
+
+def weights_fingerprint(found, how: str = "sampled") -> dict | None:
+    """The fingerprint of a local model checkpoint's weights (``how``: ``sampled`` or ``full``); None for a hub
+    id, an adapter, or files that cannot be read (the loader says why)."""
+    if found is None or not found.is_local or found.kind != "model":
+        return None
+    try:
+        return fingerprint(found.path, full=how == "full")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -237,6 +237,8 @@ def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int, family: Famil
     gen.pop("use_cache", None)
     gen.update({"use_cache": False} if like == "grpo" else {})
     gen.update(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot)
+    if real_size:  # the real shapes decode as the released Instruct checkpoints do: with their repetition penalty
+        gen["repetition_penalty"] = 1.05
     _write_json(d / "generation_config.json", gen)
 
 

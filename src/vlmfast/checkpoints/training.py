@@ -24,7 +24,8 @@ LOOKED_FOR = ("args.json (ms-swift), experiment_config.json or config.yaml (Easy
 # the settings compared, in table order, with how they are shown
 SETTINGS = {"format_prompt": "format prompt", "system": "system prompt", "min_pixels": "min pixels",
             "max_pixels": "max pixels", "max_new_tokens": "max new tokens", "temperature": "temperature",
-            "top_p": "top p", "n": "answers per prompt (n)", "reward": "reward function(s)",
+            "top_p": "top p", "n": "answers per prompt (n)", "repetition_penalty": "repetition penalty",
+            "reward": "reward function(s)",
             "reward_weights": "reward weights", "reward_kwargs": "reward kwargs", "eos": "stop words / EOS"}
 JINJA_CONTENT = re.compile(r"\{\{-?\s*content\s*(\|\s*trim\s*)?-?\}\}")
 
@@ -152,6 +153,7 @@ def _swift(path: Path, a: dict) -> dict:
     _take(v, "max_new_tokens", path, a, ("max_completion_length", "max_new_tokens") if grpo else ("max_new_tokens",), int)
     _take(v, "temperature", path, a, ("temperature",))
     _take(v, "top_p", path, a, ("top_p",))
+    _take(v, "repetition_penalty", path, a, ("repetition_penalty",))  # None there: the generation config's, as ours
     if grpo:
         _take(v, "n", path, a, ("num_generations",), int)
     _take(v, "reward", path, a, ("reward_funcs",), list)

@@ -48,4 +48,4 @@ def bench(
         if report["gates"]["exit_code"]:
             raise typer.Exit(report["gates"]["exit_code"])
 
-    guarded(run)
+    guarded(run, json_out)

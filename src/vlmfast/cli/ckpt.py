@@ -37,7 +37,7 @@ def doctor(
         if strict and (code := strict_exit_code(findings)):
             raise typer.Exit(code)
 
-    guarded(run)
+    guarded(run, json_out)
 
 
 @command(cls=Command, epilog="Exit codes: 0 fixed, or nothing to fix · 1 errors remain that fix cannot repair (each named, "

@@ -92,11 +92,13 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Fast, honest inference for GRPO-trained vision-language checkpoints."""
 
 
-def guarded(fn):
+def guarded(fn, json_out: bool = False):
     """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 (the runner says what a run
-    left on disk; a Ctrl-C that reaches here came before any result was written)."""
+    left on disk; a Ctrl-C that reaches here came before any result was written). ``json_out`` (``--json``):
+    the error is also a JSON object on stdout, ``{"error": {message, hint, problems, exit_code}}``, so a script
+    reading stdout gets JSON whatever the exit code."""
     from vlmfast.run.parallel import is_main_process
-    from vlmfast.report.terminal import render_error, stderr
+    from vlmfast.report.terminal import print_json, render_error, stderr
 
     try:
         with terminate_as_interrupt():
@@ -104,6 +106,9 @@ def guarded(fn):
     except VlmfastError as exc:
         if is_main_process():  # every process of a parallel run hits the same input error: say it once
             render_error(exc)
+            if json_out:
+                print_json({"error": {"message": exc.message, "hint": exc.hint, "problems": [str(p) for p in getattr(exc, "problems", [])],
+                                      "exit_code": exc.exit_code}})
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted[/yellow] before any result was written; rerun the same command.")

@@ -52,7 +52,7 @@ def score(
         if json_out:
             print_json(summary)
 
-    guarded(run)
+    guarded(run, json_out)
 
 
 @command(cls=Command, epilog="Exit codes: 0 written · 2 unreadable or bad records (all listed; nothing written).")

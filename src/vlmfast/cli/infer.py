@@ -22,9 +22,10 @@ def infer(ctx: typer.Context, parsed, json_out: Json = False):
         from vlmfast.run.runner import infer as run_infer
 
         out = parsed.values["out"]
+        out = None if out is not None and str(out) == "-" else out  # "--out -": rows on stdout, as with no --out
         if json_out and out is None:
             raise UsageError("--json prints the report on stdout, so results need a file", hint="add --out results.jsonl")
-        options = parsed.build(rows_to_stdout=out is None, explicit=explicit_params(ctx))
+        options = parsed.build(out=out, rows_to_stdout=out is None, explicit=explicit_params(ctx))
         bar = ProgressBar(enabled=None if is_main_process() else False)
         try:
             report = run_infer(options, progress=bar)
@@ -36,4 +37,4 @@ def infer(ctx: typer.Context, parsed, json_out: Json = False):
             if json_out:
                 print_json(report.as_dict())
 
-    guarded(run)
+    guarded(run, json_out)

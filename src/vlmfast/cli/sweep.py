@@ -47,7 +47,7 @@ def sweep(ctx: typer.Context, parsed, json_out: Json = False):
         if report["exit_code"]:
             raise typer.Exit(report["exit_code"])
 
-    guarded(run)
+    guarded(run, json_out)
 
 
 def _log_now(trackers, report: dict, say) -> None:

@@ -79,9 +79,17 @@ class Preparer:
         return images, failed
 
     def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
-        """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id."""
+        """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id; a
+        UsageError when ``--max-new-tokens`` alone is more than the context (an engine sizes its cache by it)."""
         if not self.context_limit:
             return {}
+        wanted = getattr(getattr(self, "settings", None), "max_new_tokens", 0)
+        if wanted > self.context_limit:
+            from vlmfast.errors import UsageError
+
+            raise UsageError(f"--max-new-tokens {wanted} is more than the model's whole context ({self.context_limit} "
+                             "tokens, the prompt included)",
+                             hint=f"give at most the context less the prompt, e.g. --max-new-tokens {self.context_limit // 2}")
         tokenizer = self.chat_processor.tokenizer
         problems = {}
         for r in requests:

@@ -23,6 +23,9 @@ class GenerationSettings:
     # answers per request: the prompt is prefilled once, its KV cache copied to n decode rows
     n: int = option(1, help="Answers per request (sampled: add --temperature). The prompt is prefilled once; rows gain "
                     "\"sample\" 0…n−1; --batch-size counts answers.", panel=GEN)
+    repetition_penalty: float | None = option(
+        None, help="Repetition penalty over each request's prompt and answer (1.0: none). Default: the checkpoint's "
+        "generation config (Qwen2-VL/2.5-VL Instruct: 1.05), as plain generate and vLLM apply it.", panel=GEN)
 
     def __post_init__(self):
         from vlmfast.errors import UsageError
@@ -35,6 +38,9 @@ class GenerationSettings:
             raise UsageError(f"--temperature {self.temperature}: expected 0 (greedy) or more", hint="e.g. --temperature 0.7")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"--top-p {self.top_p}: expected a value in (0, 1]", hint="e.g. --top-p 0.95")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise UsageError(f"--repetition-penalty {self.repetition_penalty}: expected more than 0 (1.0: none)",
+                             hint="e.g. --repetition-penalty 1.05")
         if self.seed is not None and not 0 <= self.seed < 2 ** 63:  # torch's seeds are 64-bit integers
             raise UsageError(f"--seed {self.seed}: expected a whole number from 0 to 2^63 − 1", hint="e.g. --seed 1234")
 

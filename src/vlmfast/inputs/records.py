@@ -4,6 +4,7 @@ files and JSONL manifests in :mod:`vlmfast.inputs.requests`, trainers' datasets 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,36 +102,48 @@ def resolve_relative(image: str, base: Path) -> str:
 
 
 def check_images(paths: list[str], max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
-    """Open every distinct image header (cheap; no full decode). Returns sizes and problems by path."""
+    """Decode every distinct image (:func:`_decode_problem`; a thread per core: Pillow decodes outside the GIL),
+    each file once per process while it is unchanged (a sweep checks its inputs for every checkpoint).
+    Returns sizes and problems by path."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    distinct = list(dict.fromkeys(paths))
+    with _own_pixel_limit(max_image_pixels), ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        checked = list(pool.map(lambda path: _checked_file(path, max_image_pixels), distinct))
+    sizes = {path: size for path, (size, problem) in zip(distinct, checked) if problem is None}
+    return sizes, {path: problem for path, (size, problem) in zip(distinct, checked) if problem is not None}
+
+
+_CHECKED: dict[tuple, tuple] = {}  # (path, size in bytes, mtime, limit) → (size, problem)
+
+
+def _checked_file(path: str, max_image_pixels: int | None) -> tuple[tuple[int, int] | None, str | None]:
+    if (problem := _file_problem(path)) is not None:
+        return None, problem
+    stat = os.stat(path)
+    key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, max_image_pixels)
+    if key not in _CHECKED:
+        with open(path, "rb") as f:
+            _CHECKED[key] = _check_bytes(f.read(), max_image_pixels)
+    return _CHECKED[key]
+
+
+@contextlib.contextmanager
+def _own_pixel_limit(max_image_pixels: int | None):
+    """Pillow's process-wide pixel limit off while images are checked (the limit is checked by the caller, with
+    the pixel count in the message), then set to ``max_image_pixels``, so decoding later agrees."""
     from PIL import Image
 
-    sizes: dict[str, tuple[int, int]] = {}
-    problems: dict[str, str] = {}
-    Image.MAX_IMAGE_PIXELS = None  # headers only: the limit is checked below, with the pixel count in the message
+    Image.MAX_IMAGE_PIXELS = None
     try:
-        for path in dict.fromkeys(paths):
-            problem = _file_problem(path)
-            if problem is None:
-                try:
-                    with Image.open(path) as im:
-                        im.verify()
-                        sizes[path] = im.size
-                except Exception as exc:  # PIL raises many types for corrupt data
-                    problem = f"not a readable image ({type(exc).__name__}: {exc})"
-            if problem is None and max_image_pixels is not None and (n := sizes[path][0] * sizes[path][1]) > max_image_pixels:
-                problem = (f"image has {n} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
-                           + ("; over twice the limit: a decompression bomb?" if n > 2 * max_image_pixels else ""))
-                del sizes[path]
-            if problem is not None:
-                problems[path] = problem
+        yield
     finally:
-        Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees
-    return sizes, problems
+        Image.MAX_IMAGE_PIXELS = max_image_pixels
 
 
 def _file_problem(path: str) -> str | None:
     if not os.path.exists(path):
-        return "file not found"
+        return "a URL: images are read from local files (download it first)" if "://" in path else "file not found"
     if not os.path.isfile(path):
         return "not a file"
     if not os.access(path, os.R_OK):
@@ -140,23 +153,36 @@ def _file_problem(path: str) -> str | None:
     return None
 
 
+# The longest side over the shortest that Qwen's processors resize (``smart_resize`` in transformers and
+# qwen-vl-utils raises above it).
+MAX_ASPECT_RATIO = 200
+
+
 def check_image_bytes(data: bytes, max_image_pixels: int | None) -> tuple[tuple[int, int] | None, str | None]:
-    """(size, problem) of embedded image bytes, checked as :func:`check_images` checks a file."""
+    """(size, problem) of one image's bytes (embedded in a dataset), checked as :func:`check_images` checks a file."""
+    with _own_pixel_limit(max_image_pixels):
+        return _check_bytes(data, max_image_pixels)
+
+
+def _check_bytes(data: bytes, max_image_pixels: int | None) -> tuple[tuple[int, int] | None, str | None]:
+    """(size, problem) of one image's bytes: its pixel count against ``max_image_pixels`` (read from the header,
+    before any decoding), its aspect ratio against what the processor resizes, and the whole image decoded —
+    a header alone passes a truncated JPEG (a download cut short), whose decoding then fails mid-run."""
     import io
 
     from PIL import Image
 
-    Image.MAX_IMAGE_PIXELS = None  # headers only: the limit is checked below, with the pixel count in the message
     try:
         with Image.open(io.BytesIO(data)) as im:
-            im.verify()
             size = im.size
+            n = size[0] * size[1]
+            if max_image_pixels is not None and n > max_image_pixels:
+                return None, (f"image has {n} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
+                              + ("; over twice the limit: a decompression bomb?" if n > 2 * max_image_pixels else ""))
+            if max(size) > MAX_ASPECT_RATIO * min(size):
+                return None, (f"{size[0]}×{size[1]} px: an aspect ratio over {MAX_ASPECT_RATIO}:1, which Qwen's image "
+                              "processor refuses (crop or pad it)")
+            im.load()  # the header's limit is checked above; decoding reads every byte
     except Exception as exc:  # PIL raises many types for corrupt data
         return None, f"not a readable image ({type(exc).__name__}: {exc})"
-    finally:
-        Image.MAX_IMAGE_PIXELS = max_image_pixels  # process-wide, so decoding later agrees
-    n = size[0] * size[1]
-    if max_image_pixels is not None and n > max_image_pixels:
-        return None, (f"image has {n} pixels, over the limit of {max_image_pixels} (--max-image-pixels)"
-                      + ("; over twice the limit: a decompression bomb?" if n > 2 * max_image_pixels else ""))
     return size, None

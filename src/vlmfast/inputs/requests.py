@@ -73,7 +73,8 @@ def expand_images(args: list[str]) -> tuple[list[str], list[Problem]]:
                 problems.append(Problem(arg, "glob matched no image files"))
             paths.extend(matches)
         elif os.path.isdir(arg):
-            found = sorted(os.path.join(arg, n) for n in os.listdir(arg) if _is_image_name(n))
+            # hidden files left out, as a glob leaves them: macOS's "._x.png" beside every copied x.png is no image
+            found = sorted(os.path.join(arg, n) for n in os.listdir(arg) if _is_image_name(n) and not n.startswith("."))
             found = [p for p in found if os.path.isfile(p)]
             if not found:
                 problems.append(Problem(arg, f"directory holds no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})"))
@@ -91,6 +92,8 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     if prompt is not None and prompt_file is not None:
         raise UsageError("--prompt and --prompt-file both given", hint="use one of them")
     if prompt_file is None:
+        if prompt is not None and not prompt.strip():  # e.g. --prompt "$Q" with Q unset
+            raise UsageError("--prompt is empty", hint='give the question, e.g. --prompt "How many cars are there?"')
         return prompt
     try:
         text = Path(prompt_file).read_text(encoding="utf-8").strip()
@@ -122,7 +125,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
         raise UsageError("--prompt-key, --answer-key and --image-key apply to parquet and Arrow datasets",
                          hint=f"drop them for the JSONL manifest {path}")
     try:
-        raw = Path(path).read_bytes()
+        raw = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as editors on Windows write
     except OSError as exc:
         raise InputError(f"cannot read manifest {path}: {exc}", hint="check the path and permissions") from exc
     base = Path(path).parent
@@ -131,19 +134,22 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
     decoded = 0  # JSON values read so far: a VLM-R1 line without an id is named by its position, as convert names it
     for lineno, line in enumerate(raw.splitlines(), start=1):
         where = f"{path}:{lineno}"
+        # an unreadable line's id: the file's name and line, the same however the path was spelled (a resume
+        # from another directory finds its error row)
+        line_id = f"{Path(path).name}:{lineno}"
         if not line.strip():
             continue
         try:
             record = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError:
-            items.append(_bad_line(where, "line is not valid UTF-8"))
+            items.append(_bad_line(where, "line is not valid UTF-8", line_id))
             continue
         except json.JSONDecodeError as exc:
-            items.append(_bad_line(where, f"invalid JSON ({exc.msg} at column {exc.colno})"))
+            items.append(_bad_line(where, f"invalid JSON ({exc.msg} at column {exc.colno})", line_id))
             continue
         decoded += 1
         if not isinstance(record, dict):
-            items.append(_bad_line(where, "record is not a JSON object"))
+            items.append(_bad_line(where, "record is not a JSON object", line_id))
             continue
         line = record
         if is_r1v(record):  # R1-V's evaluation lines: read through our keys, handed to rewards as they are
@@ -157,15 +163,15 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
             request = _record_to_request(record, where, base, default_prompt)
             items.append(request if line is record else dataclasses.replace(request, record=line))
         except ValueError as exc:
-            items.append(_bad_line(where, str(exc), rid=str(record.get("id", where))))
+            items.append(_bad_line(where, str(exc), str(record.get("id", line_id))))
     warnings = [f"{path}: ignored unknown manifest fields: {', '.join(sorted(unknown))}"] if unknown else []
     if not items:
         raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
     return items, warnings
 
 
-def _bad_line(where: str, what: str, rid: str | None = None) -> BadInput:
-    return BadInput(id=rid or where, problems=(Problem(where, what),))
+def _bad_line(where: str, what: str, rid: str) -> BadInput:
+    return BadInput(id=rid, problems=(Problem(where, what),))
 
 
 def _record_to_request(record: dict, where: str, base: Path, default_prompt: str | None) -> Request:
@@ -230,10 +236,18 @@ def collect(
     if images:
         if base_prompt is None:
             raise UsageError("no prompt for --images", hint='give --prompt "..." or --prompt-file FILE')
+        given: set[str] = set()
+        twice = 0
         for arg in images:
             paths, problems = expand_images([arg])
             entries += [BadInput(id=p.where, problems=(p,)) for p in problems]
-            entries += [Request(id=p, images=(p,), prompt=base_prompt, system=system) for p in paths]
+            twice += sum(p in given for p in paths)
+            # an image named twice (by a directory and a glob of it) is one request with one prompt: run once
+            entries += [Request(id=p, images=(p,), prompt=base_prompt, system=system) for p in paths if p not in given]
+            given.update(paths)
+        if twice:
+            warnings.append(f"--images named {twice} image(s) more than once (e.g. by a folder and a glob of it): "
+                            "each runs once")
     if manifest:
         items, m_warnings = read_manifest(manifest, base_prompt, keys, max_image_pixels)
         entries += [dataclasses.replace(e, system=e.system or system) if isinstance(e, Request) else e for e in items]

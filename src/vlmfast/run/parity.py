@@ -13,8 +13,9 @@ from vlmfast.checkpoints.training import TrainingSettings, compare, format_templ
 # setting → the option (command-line name) that sets it
 OPTION_OF = {"format_prompt": "template", "system": "system", "min_pixels": "min_pixels", "max_pixels": "max_pixels",
              "max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "n": "n",
+             "repetition_penalty": "repetition_penalty",
              "reward": "reward", "reward_weights": "reward_weights", "reward_kwargs": "reward_kwargs"}
-GENERATION = ("max_new_tokens", "temperature", "top_p", "n")
+GENERATION = ("max_new_tokens", "temperature", "top_p", "n", "repetition_penalty")
 
 
 def _pixel_defaults(ckpt) -> tuple[tuple[int, str], tuple[int, str]]:
@@ -61,12 +62,25 @@ def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[o
         "min_pixels": (options.min_pixels, "--min-pixels") if options.min_pixels else lo,
         "max_pixels": (options.max_pixels, "--max-pixels") if options.max_pixels else hi,
         **{name: generation(name) for name in GENERATION},
+        "repetition_penalty": _penalty(g.repetition_penalty, where or _checkpoint_dir(options.ckpt)),
         "reward": (reward, "--reward") if reward else (None, f"vlmfast's scorer (--scorer {options.scorer})"),
         "reward_weights": (list(parse_reward_weights(options.reward_weights, len(options.reward_weights.split(",")))), "--reward-weights")
         if options.reward_weights else (None, "--reward-weights (default: equal)"),
         "reward_kwargs": flag("reward_kwargs", kwargs, default_of(type(options), "reward_kwargs")),
         "eos": (None, "the checkpoint's EOS ids + the chat stop (<|im_end|>)"),
     }
+
+
+def _penalty(given: float | None, ckpt) -> tuple[float, str]:
+    """The repetition penalty a run applies: ``--repetition-penalty``, else the checkpoint's generation config's."""
+    from vlmfast.checkpoints.readers import maybe_json
+
+    if given is not None:
+        return given, "--repetition-penalty"
+    theirs = maybe_json(Path(ckpt).expanduser() / "generation_config.json").get("repetition_penalty")
+    if isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
+        return float(theirs), "the checkpoint's generation config"
+    return 1.0, "--repetition-penalty (default: none)"
 
 
 def _format_prompt(options) -> tuple[str, str]:

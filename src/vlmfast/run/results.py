@@ -198,3 +198,24 @@ def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -
     ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"]), r.get("sample") or 0))
     atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8"))
     return ordered
+
+
+def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[str]) -> dict[str, dict]:
+    """Rows that vlmfast 0.12 and earlier wrote for manifest records without an id carry the image path as
+    resolved against the manifest's folder; today such a record's id is the path as the record writes it.
+    Those rows take today's id, so a resume neither runs their requests again nor keeps them twice."""
+    ids = {r.id for r in requests}
+    legacy = {r.images[0]: r.id for r in requests if r.images and r.images[0] != r.id and r.images[0] not in ids
+              and Path(r.images[0]).as_posix().endswith("/" + Path(r.id).as_posix().lstrip("./"))}
+    if not legacy or not any(str(row["id"]) in legacy for row in existing.values()):
+        return existing
+    renamed, moved = {}, 0
+    for key, row in existing.items():
+        new = legacy.get(str(row["id"]))
+        if new is not None:
+            row, moved = {**row, "id": new}, moved + 1
+            key = row_key(new, row.get("sample"))
+        renamed.setdefault(key, row)  # a row already under today's id is kept
+    notes.append(f"{moved} row(s) an earlier vlmfast wrote under their image's resolved path now carry the record's "
+                 "id (the image path as the manifest writes it)")
+    return renamed

@@ -25,7 +25,8 @@ from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, colle
 from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from vlmfast.run.parallel import Distributed
 from vlmfast.evaluation.rewards import load_rewards
-from vlmfast.run.results import ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing
+from vlmfast.run.results import (ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing,
+                                 renamed_legacy_ids)
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
 from vlmfast.timing import peak_memory_mib, reset_peak_memory
@@ -68,13 +69,14 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.engines.open import open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.fingerprint import weights_fingerprint
     from vlmfast.checkpoints.weights import require_whole
 
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
     weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
-    weights_id = weights_fingerprint(found, options.fingerprint)
+    weights_id = weights_fingerprint(found, options.fingerprint)  # what a resume is checked against
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     options, seed_note = fixed_seed(options, agree=dist.reduce_max)  # one seed for every process
@@ -106,21 +108,28 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
         require_loadable(found.path)  # a broken config.json or cut weights: said now, not after torch is imported
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
-    if (note := getattr(progress, "note", None)) is not None and dist.is_main:  # said before the load, a run's longest silence
-        for said in [n for n in work.notes if n.startswith("resuming: ")] + _loading(found, loaded, owned, weights_id):
-            note(said)
+    if (say := getattr(progress, "note", None)) is not None and dist.is_main:  # before the load, a run's longest silence
+        for line in [n for n in work.notes if n.startswith("resuming: ")] + _loading(found, loaded, owned, weights_id):
+            say(line)
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
         work = drop_too_long(backend, work, options.skip_bad)  # same verdict on every process
-        batch_size, note = backend.ready(work.todo, work.image_sizes, options.batch_size)
+        batch_size, said = backend.ready(work.todo, work.image_sizes, options.batch_size)
+        said = [said]
         if options.overwrite and dist.is_main:  # inputs checked, the model ready: only now the old rows go
             clear_out(Path(options.out))
+        runtime = {k: getattr(backend.facts(), k) for k in ("engine", "device", "dtype")}
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
             from vlmfast.run.sweep_record import record
 
             # what made the rows to come, the weights' fingerprint too: a resume is checked against them
-            record(Path(options.out), settings, {"fingerprint": weights_id["digest"] if weights_id else None})
+            record(Path(options.out), settings, {"fingerprint": weights_id["digest"] if weights_id else None,
+                                                 "runtime": runtime})
+        elif settings is not None and dist.is_main:
+            from vlmfast.run.sweep_record import runtime_note
+
+            said.append(runtime_note(Path(options.out), runtime))  # a resume on another device or dtype
         dist.barrier()  # no process writes a row before the old ones are gone
-        work = dataclasses.replace(work, notes=work.notes + ([note] if note else []))
+        work = dataclasses.replace(work, notes=work.notes + [n for n in said if n])
         compiled_before = backend.facts().compile_s  # an engine kept across runs (a sweep's) compiled before
         mine = run_batches(backend, options, work, batch_size, dist, progress, reward)
         facts = backend.facts()
@@ -167,19 +176,6 @@ def fixed_seed(options: InferOptions, results: list[Path] | None = None, agree=N
     said = (f"--seed {seed}: the seed the earlier rows were drawn with, kept for the rows to come"
             if recorded is not None else f"--seed {seed} drawn for this run: pass it to draw the same answers again")
     return dataclasses.replace(options, generation=dataclasses.replace(generation, seed=seed)), said
-
-
-def weights_fingerprint(found, how: str = "sampled") -> dict | None:
-    """The fingerprint of a local model checkpoint's weights (``how``: ``sampled`` or ``full``); None for a hub
-    id, an adapter, or files that cannot be read (the loader says why)."""
-    from vlmfast.checkpoints.fingerprint import fingerprint
-
-    if found is None or not found.is_local or found.kind != "model":
-        return None
-    try:
-        return fingerprint(found.path, full=how == "full")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _settings(options: InferOptions, found) -> dict | None:
@@ -242,6 +238,11 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
             if settings is not None and not options.overwrite and out.is_file() and out.stat().st_size:
                 from vlmfast.run.sweep_record import compare, sidecar
 
+                if not sidecar(out).is_file():  # rows printed to stdout, or moved without their record
+                    raise UsageError(f"{out} holds rows but not the record of the settings and weights that made them "
+                                     f"({sidecar(out).name}): resuming could mix the answers of two models or prompts",
+                                     hint="rerun with --overwrite to redo them, or give another --out (a run "
+                                          "given --out writes the record beside its rows)")
                 said = compare(sidecar(out), settings, f"{out} holds rows made with other settings "
                                f"({sidecar(out).name})", hint="rerun with --overwrite to redo them, or give another --out")
                 notes += [f"{out}: {said}"] if said else []
@@ -250,7 +251,7 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
         dist.barrier()  # every process reads the same, repaired file
         if not dist.is_main and not options.overwrite:
             existing, _ = read_existing(out, repair=False)
-        existing = _renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [])
+        existing = renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [])
     n = options.generation.n
     kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
     answers = {}  # id → how many of its n answers the file holds (a request is done with all n)
@@ -273,27 +274,6 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
     answered = frozenset(row_key(row["id"], row.get("sample")) for row in kept if str(row["id"]) in answers
                          and str(row["id"]) not in done and row.get("error") is None)
     return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes, answered)
-
-
-def _renamed_legacy_ids(existing: dict[str, dict], requests: list[Request], notes: list[str]) -> dict[str, dict]:
-    """Rows that vlmfast 0.12 and earlier wrote for manifest records without an id carry the image path as
-    resolved against the manifest's folder; today such a record's id is the path as the record writes it.
-    Those rows take today's id, so a resume neither runs their requests again nor keeps them twice."""
-    ids = {r.id for r in requests}
-    legacy = {r.images[0]: r.id for r in requests if r.images and r.images[0] != r.id and r.images[0] not in ids
-              and Path(r.images[0]).as_posix().endswith("/" + Path(r.id).as_posix().lstrip("./"))}
-    if not legacy or not any(str(row["id"]) in legacy for row in existing.values()):
-        return existing
-    renamed, moved = {}, 0
-    for key, row in existing.items():
-        new = legacy.get(str(row["id"]))
-        if new is not None:
-            row, moved = {**row, "id": new}, moved + 1
-            key = row_key(new, row.get("sample"))
-        renamed.setdefault(key, row)  # a row already under today's id is kept
-    notes.append(f"{moved} row(s) an earlier vlmfast wrote under their image's resolved path now carry the record's "
-                 "id (the image path as the manifest writes it)")
-    return renamed
 
 
 def drop_too_long(backend, work: Work, skip_bad: bool) -> Work:
@@ -354,19 +334,25 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
                         failure = exc
                     except KeyboardInterrupt:
                         held = writer.release_held() if out is None else 0
-                        raise _interrupted(len(results), out, held) from None
+                        raise _interrupted(len(results), out, held, options.overwrite) from None
                 if dist.any(failure is not None):
                     break
         finally:
             writer.close()
     if dist.world > 1 and dist.any(failure is not None):
-        _fail_together(dist, failure, out)
+        _fail_together(dist, failure, out, options.overwrite)
     elif failure is not None:
         raise failure
     return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(backend.device))
 
 
-def _interrupted(written: int, out: Path | None, held: int = 0) -> Interrupted:
+def _resume_hint(overwrite: bool) -> str:
+    """How to go on from the rows on disk: the same command — less ``--overwrite``, which would redo them."""
+    return ("rerun the same command without --overwrite to resume where it stopped (with it, the finished rows "
+            "are redone)" if overwrite else "rerun the same command to resume where it stopped")
+
+
+def _interrupted(written: int, out: Path | None, held: int = 0, overwrite: bool = False) -> Interrupted:
     """What Ctrl-C left: the rows already on disk (each batch is written whole) or on stdout (``held`` of
     them printed out of input order), and how to go on."""
     if out is None:
@@ -375,11 +361,10 @@ def _interrupted(written: int, out: Path | None, held: int = 0) -> Interrupted:
                            hint="rerun with --out FILE to be able to resume")
     if not written:
         return Interrupted(f"interrupted before this run wrote a row to {out}", hint="rerun the same command")
-    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}",
-                       hint="rerun the same command to resume where it stopped")
+    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}", hint=_resume_hint(overwrite))
 
 
-def _fail_together(dist: Distributed, failure: BaseException | None, out: Path | None):
+def _fail_together(dist: Distributed, failure: BaseException | None, out: Path | None, overwrite: bool = False):
     """Every process raises the same RunFailed naming the process that failed and why; the failing
     process also prints its traceback (its own stderr, once)."""
     if failure is not None and not isinstance(failure, VlmfastError):
@@ -388,7 +373,7 @@ def _fail_together(dist: Distributed, failure: BaseException | None, out: Path |
     reasons = [(rank, text) for rank, text in enumerate(dist.gather(said)) if text is not None]
     listing = "; ".join(f"process {rank}: {text}" for rank, text in reasons)
     raise RunFailed(f"{len(reasons)} of {dist.world} processes failed ({listing}); every process stopped",
-                    hint=f"finished batches are kept{f' beside {out}' if out else ''}; rerun the same command to resume")
+                    hint=f"finished batches are kept{f' beside {out}' if out else ''}; " + _resume_hint(overwrite))
 
 
 def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, reward=None) -> None:

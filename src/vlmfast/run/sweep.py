@@ -266,7 +266,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
     found = entry.found or locate(entry.path)
     say(f"step {entry.step}: {entry.path}{entry.place}")
-    from vlmfast.run.runner import weights_fingerprint
+    from vlmfast.checkpoints.fingerprint import weights_fingerprint
     from vlmfast.run.sweep_record import forget_if_changed
 
     weights_id = weights_fingerprint(found, options.infer.fingerprint)

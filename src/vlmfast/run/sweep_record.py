@@ -136,8 +136,29 @@ def record(results: Path, settings: dict, figures: dict) -> None:
     from vlmfast.timing import versions
 
     data = {"settings": settings, "versions": versions(), "figures": {k: figures[k] for k in MEASURED if k in figures},
-            "fingerprint": figures.get("fingerprint")}
+            "fingerprint": figures.get("fingerprint"),
+            "runtime": figures["runtime"] if "runtime" in figures else _read(sidecar(results)).get("runtime")}
     atomic_write(sidecar(results), (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def runtime_note(results: Path, runtime: dict) -> str | None:
+    """What to say when ``results``' rows were made on another runtime (engine, device, dtype) than this run's:
+    the settings match, so the rows are kept, but greedy tokens differ between bfloat16 and float32 (a run cut
+    short on a GPU and resumed on a CPU)."""
+    then = _read(sidecar(results)).get("runtime")
+    if not isinstance(then, dict):
+        return None
+    differs = [f"{k} {then[k]} then, {runtime[k]} now" for k in runtime if k in then and then[k] != runtime[k]]
+    return (f"{results}: the earlier rows were made on another runtime ({'; '.join(differs)}): their answers may "
+            "differ from this run's (--overwrite redoes them)") if differs else None
 
 
 def measured(results: Path) -> dict:

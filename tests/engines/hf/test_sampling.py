@@ -112,6 +112,7 @@ def test_a_resumed_run_draws_what_an_uninterrupted_one_drew(grpo_ckpt, images, t
                            batch_size=2)
     infer(dataclasses.replace(options, out=str(whole)))
     part.write_text("".join(json.dumps(r) + "\n" for r in read_jsonl(whole)[:2]))  # as if killed after batch 1
+    (tmp_path / "part.run.json").write_bytes((tmp_path / "whole.run.json").read_bytes())  # written before any row
     infer(dataclasses.replace(options, out=str(part)))
     assert [r["text"] for r in read_jsonl(part)] == [r["text"] for r in read_jsonl(whole)]
     assert len({r["text"] for r in read_jsonl(whole)}) > 1

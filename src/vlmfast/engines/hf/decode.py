@@ -24,8 +24,8 @@ import torch
 
 from vlmfast.engines.hf.fused import fused_projections
 from vlmfast.engines.hf.kv import StaticKV  # noqa: F401 - the decode cache, importable from here
-from vlmfast.engines.hf.sampling import select, token_hashes
-from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention,  # noqa: F401
+from vlmfast.engines.hf.sampling import mark_seen, penalize, select, token_hashes
+from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, forward_eager, forward_static, RowGroups, TextDecoder, decode_attention,  # noqa: F401
                                               decode_attention_for, rope_positions, split_rows, static_attention, suppress_bias)
 
 
@@ -41,6 +41,7 @@ class Admission:
     cache: object  # the group's HF cache
     keys: torch.Tensor | None = None  # (prompts × repeat,) sampling keys; None when greedy
     repeat: int = 1
+    seen: torch.Tensor | None = None  # (prompts × repeat, vocab) bool: tokens a repetition penalty counts
 
     @property
     def rows(self) -> int:
@@ -74,7 +75,8 @@ class DecodeState:
     goes as soon as it is released (a graph pool and a KV cache per shape are gigabytes on a GPU)."""
 
     def __init__(self, decoder: TextDecoder, batch: int, max_len: int, max_new: int, *, static: bool, eos_ids,
-                 pad_id: int, bias, temperature: float, top_p: float, forward=None, attend_buckets: bool = False):
+                 pad_id: int, bias, temperature: float, top_p: float, forward=None, attend_buckets: bool = False,
+                 penalty: float = 1.0):
         device = bias.device
         long = dict(dtype=torch.long, device=device)
         self.decoder, self.batch, self.max_len, self.max_new, self.static = decoder, batch, max_len, max_new, static
@@ -94,6 +96,9 @@ class DecodeState:
         self.running = torch.zeros(batch, dtype=torch.bool, device=device)
         self.row_keys = torch.zeros(batch, **long)  # sampling: each row's own noise (free rows: key 0, ignored)
         self.hashed_tokens = token_hashes(bias.shape[0], device) if temperature != 0 else None
+        # a repetition penalty: the tokens each row has seen, its prompt's and its answer's (None without one)
+        self.penalty = penalty
+        self.seen = torch.zeros(batch, bias.shape[0], dtype=torch.bool, device=device) if penalty != 1.0 else None
         self.logits = None
         # static: the key lengths a step may attend to — every ATTEND_STEP up to the cache's length (a graph
         # each), so a step reads what is filled, not the whole cache; one length (all) for a compiled step
@@ -124,7 +129,7 @@ class DecodeState:
             if dst is not None:
                 dst[:rows, :, :length].copy_(src)
         self.cache.take_linear_states(other.cache)
-        for name in ("tokens", "count", "out", "running", "row_keys"):
+        for name in ("tokens", "count", "out", "running", "row_keys") + (("seen",) if self.seen is not None else ()):
             getattr(self, name)[:rows].copy_(getattr(other, name))
         self.next_position[:, :rows].copy_(other.next_position)
         self.cache.write[:rows].copy_(other.cache.write)
@@ -161,6 +166,8 @@ class DecodeState:
         self.out[index, 0] = first
         self.running[index] = ~is_stop(first, self.eos) & (self.max_new > 1)
         self.row_keys[index] = group.keys[chosen] if group.keys is not None else 0
+        if self.seen is not None:
+            self.seen[index] = group.seen[chosen]
         padded = (~valid).any(1).tolist()
         for k, r in enumerate(rows):
             self.owner[r], self.padded[r], self.filled[r], self.produced[r], self.width[r] = owners[k], padded[k], width, 1, width
@@ -195,8 +202,9 @@ class DecodeState:
 
     def _move(self, src: int, dst: int) -> None:
         self.cache.move(src, dst, self.filled[src])
-        for buffer in (self.tokens, self.count, self.key_valid, self.out, self.running, self.row_keys):
-            buffer[dst] = buffer[src]
+        for buffer in (self.tokens, self.count, self.key_valid, self.out, self.running, self.row_keys, self.seen):
+            if buffer is not None:
+                buffer[dst] = buffer[src]
         self.next_position[:, dst] = self.next_position[:, src]
         for view in (self.owner, self.padded, self.filled, self.produced, self.width):
             view[dst] = view[src]
@@ -218,9 +226,12 @@ class DecodeState:
         rows that ran on by one."""
         rows = self.cache.active
         running, count = self.running[:rows], self.count[:rows]
+        logits = logits if self.seen is None else penalize(logits.float(), self.seen[:rows], self.penalty)
         chosen = select(logits, self.bias, temperature=self.temperature, top_p=self.top_p, keys=self.row_keys[:rows],
                         step=count, hashed_tokens=self.hashed_tokens)
         chosen = torch.where(running, chosen, self.pad)
+        if self.seen is not None:
+            mark_seen(self.seen[:rows], chosen, running)
         self.out[:rows].scatter_(1, count[:, None], chosen[:, None])
         self.tokens[:rows].copy_(chosen[:, None])
         ran = running.long()
@@ -330,34 +341,6 @@ class DecodeState:
             graph.reset()
         self.graphs = {}
         self.cache = self.logits = self.out = self.key_valid = None
-
-
-def forward_eager(state: DecodeState):
-    """The next-token logits of the computed rows, attending to exactly the filled part of the cache."""
-    cache, rows = state.cache, state.cache.active
-    end = cache.attend
-    mask = None
-    if state.ragged:
-        seen = state.key_valid[:rows, :end] & (state.keys[:end] <= cache.write[:rows, None])
-        # additive, made once per step: sdpa turns a boolean mask into this same -inf mask in every layer
-        mask = torch.zeros(seen.shape, dtype=cache.dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
-        mask = mask[:, None, None, :]
-        groups = state.row_groups()
-        if len(groups) > 1:  # each group of rows attends over its own longest row's keys
-            mask = RowGroups(tuple((a, b, n, mask[a:b, :, :, :n] if ragged else None) for a, b, n, ragged in groups))
-    positions = state.next_position[:, :rows] + (state.count[:rows] - 1)[None, :, None]
-    return state.decoder(state.tokens[:rows], positions, mask, cache)
-
-
-def forward_static(state: DecodeState):
-    """The next-token logits over the cache's first ``attend`` keys: keys a row has not written, and its
-    prompt padding, are masked by an additive mask in the model's dtype, made once per step (a boolean
-    mask would be converted in every layer)."""
-    cache, dtype = state.cache, state.cache.dtype
-    seen = state.key_valid[:, :cache.attend] & (state.keys[:cache.attend] <= cache.write[:, None])
-    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
-    positions = state.next_position + (state.count - 1)[None, :, None]
-    return state.decoder(state.tokens, positions, mask[:, None, None, :], cache)
 
 
 def step_static(state: DecodeState):

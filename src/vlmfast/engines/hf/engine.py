@@ -100,6 +100,10 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         decoder, compile, cuda_graphs, self.notes = decode_choice(loaded.family, decoder, compile, cuda_graphs)
         self.loaded = loaded
         self.settings = settings
+        from vlmfast.engines.hf.sampling import generation_config_processors
+
+        self.penalty, said = generation_config_processors(loaded.model, decoder, settings.repetition_penalty)
+        self.notes = self.notes + said
         self.device = loaded.runtime.device
         self.on_cuda = self.device.startswith("cuda")
         self.decoder_name = decoder
@@ -256,7 +260,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         import torch
 
         from vlmfast.engines.hf.decode import Admission, rope_positions
-        from vlmfast.engines.hf.sampling import select
+        from vlmfast.engines.hf.sampling import penalize, seen_tokens, select
         from vlmfast.engines.hf.patch_embed import use_linear_patch_embed
         from vlmfast.engines.hf.vision_attention import use_merged_vision_attention
         from vlmfast.engines.hf.vision_mlp import use_aligned_vision_mlp
@@ -272,11 +276,17 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
                 out, compiling_s = self._prefill_forward(model, inputs, pos, vision, compile_vision=merged)
                 compile_s += compiling_s
                 keys = self._keys(prepared.requests[g.start:g.end])
-                first = select(out.logits[:, -1, :].float().repeat_interleave(n, 0), self._suppress(),
+                logits, seen = out.logits[:, -1, :].float(), None
+                if self.penalty != 1.0:  # the prompt's tokens count from the first answer token on
+                    seen = seen_tokens(inputs["input_ids"], inputs["attention_mask"], logits.shape[-1])
+                    logits, seen = penalize(logits, seen, self.penalty), seen.repeat_interleave(n, 0)
+                first = select(logits.repeat_interleave(n, 0), self._suppress(),
                                temperature=self.settings.temperature, top_p=self.settings.top_p, keys=keys)
+                if seen is not None:
+                    seen[torch.arange(first.shape[0], device=first.device), first] = True
                 # transformers 5.24 names the output's cache `cache` (past_key_values is a warning alias)
                 groups.append(Admission(first, pos[:, :, -1:].repeat_interleave(n, 1) + 1, inputs["attention_mask"].bool(),
-                                        out["cache"] if "cache" in out else out.past_key_values, keys, n))
+                                        out["cache"] if "cache" in out else out.past_key_values, keys, n, seen))
         return Prefilled(groups, vision.seconds, compile_s)
 
     def _prefill_forward(self, model, inputs, positions, vision, compile_vision: bool = True):
@@ -335,7 +345,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         s = self.settings
         return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
                            pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
-                           top_p=s.top_p, forward=forward, attend_buckets=forward is forward_static)
+                           top_p=s.top_p, forward=forward, attend_buckets=forward is forward_static, penalty=self.penalty)
 
     # -- phase 4: results ------------------------------------------------------------------------
     def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None) -> SampleResult:

@@ -38,7 +38,7 @@ class KeyedDraw:
 class PlainGenerate:
     def generate(self, inputs, clock=None, keys=None):
         """``model.generate`` with the cache on: vlmfast's settings over the checkpoint's generation
-        config (repetition penalty etc. kept), our stop list, suppressed vision placeholders. Sampling:
+        config (``no_repeat_ngram_size`` etc. kept; the repetition penalty the engine's), our stop list, suppressed vision placeholders. Sampling:
         ``keys`` (each decode row's, :meth:`_keys`) draw every token (:class:`KeyedDraw`)."""
         import torch
         from transformers import LogitsProcessorList
@@ -65,6 +65,7 @@ class PlainGenerate:
             use_cache=True, max_new_tokens=s.max_new_tokens, min_new_tokens=None, max_length=None,
             pad_token_id=loaded.pad_token_id, eos_token_id=self._eos() or None,
             suppress_tokens=list(loaded.suppress_token_ids) or None,
+            repetition_penalty=self.penalty,  # the checkpoint's, or --repetition-penalty
         )
         if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)

@@ -71,3 +71,52 @@ def select(logits, bias, *, temperature: float, top_p: float, keys=None, step=0,
         hashed_tokens = token_hashes(scores.shape[-1], scores.device)
     exponential = -torch.log(uniform_noise(keys, step, hashed_tokens))
     return (scores.softmax(-1) / exponential).argmax(-1)
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' repetition penalty (``RepetitionPenaltyLogitsProcessor``, which plain ``generate`` applies
+    from a checkpoint's generation config and vLLM too): every token a row has seen — its prompt and its answer
+    so far — is made less likely, its logit divided by ``penalty`` when positive and multiplied when negative.
+    ``seen``: (rows, vocab) bool (:func:`seen_tokens`); float32 logits, as generate scores them."""
+    return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def seen_tokens(input_ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(rows, vocab) bool: the tokens of each row's prompt, its padding left out (each request is penalized on
+    its own tokens, as when it runs alone)."""
+    seen = torch.zeros(input_ids.shape[0], vocab, dtype=torch.uint8, device=input_ids.device)
+    return seen.scatter_reduce_(1, input_ids, mask.to(torch.uint8), reduce="amax").bool()
+
+
+def mark_seen(seen: torch.Tensor, chosen: torch.Tensor, running: torch.Tensor) -> None:
+    """Each row's chosen token counted as seen — not a row's that ended (it picks the pad, unseen for that)."""
+    index = torch.arange(chosen.shape[0], device=chosen.device)
+    seen[index, chosen] = seen[index, chosen] | running
+
+
+# generation-config settings plain generate turns into logits processors that vlmfast's loop does not apply,
+# with the value that leaves them off
+UNAPPLIED = {"no_repeat_ngram_size": 0, "bad_words_ids": None, "sequence_bias": None, "min_length": 0,
+             "encoder_repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+
+
+def generation_config_processors(model, decoder: str, wanted: float | None = None) -> tuple[float, list[str]]:
+    """The repetition penalty a run applies (1.0: none): ``wanted`` (``--repetition-penalty``), else the
+    checkpoint's, as plain generate and vLLM apply it — Qwen2-VL and Qwen2.5-VL Instruct checkpoints ship 1.05,
+    and runs trained from them keep it; and notes naming it and any setting of the generation config the loop
+    does not apply."""
+    config = getattr(model, "generation_config", None)
+    theirs = float(getattr(config, "repetition_penalty", None) or 1.0)
+    penalty = theirs if wanted is None else float(wanted)
+    notes = []
+    if wanted is None and penalty != 1.0:
+        notes.append(f"repetition penalty {penalty:g} from the checkpoint's generation config (as plain generate and "
+                     "vLLM apply it; --repetition-penalty 1 turns it off)")
+    elif wanted is not None and penalty != theirs:
+        notes.append(f"--repetition-penalty {penalty:g} over the checkpoint's generation config ({theirs:g})")
+    unapplied = [f"{name}={getattr(config, name)!r}" for name, off in UNAPPLIED.items()
+                 if getattr(config, name, off) not in (off, None)]
+    if unapplied and decoder == "vlmfast":
+        notes.append(f"the generation config sets {', '.join(unapplied)}, which vlmfast's decoder does not apply "
+                     "(plain generate does: --decoder hf)")
+    return penalty, notes

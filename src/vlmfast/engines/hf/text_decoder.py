@@ -210,3 +210,33 @@ def suppress_bias(vocab: int, token_ids, device) -> torch.Tensor:
     if token_ids:
         bias[list(token_ids)] = float("-inf")
     return bias
+
+
+# The step forwards of a decode state (:class:`vlmfast.engines.hf.decode.DecodeState`): its rows' tokens through
+# the decoder over its cache.
+def forward_eager(state):
+    """The next-token logits of the computed rows, attending to exactly the filled part of the cache."""
+    cache, rows = state.cache, state.cache.active
+    end = cache.attend
+    mask = None
+    if state.ragged:
+        seen = state.key_valid[:rows, :end] & (state.keys[:end] <= cache.write[:rows, None])
+        # additive, made once per step: sdpa turns a boolean mask into this same -inf mask in every layer
+        mask = torch.zeros(seen.shape, dtype=cache.dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
+        mask = mask[:, None, None, :]
+        groups = state.row_groups()
+        if len(groups) > 1:  # each group of rows attends over its own longest row's keys
+            mask = RowGroups(tuple((a, b, n, mask[a:b, :, :, :n] if ragged else None) for a, b, n, ragged in groups))
+    positions = state.next_position[:, :rows] + (state.count[:rows] - 1)[None, :, None]
+    return state.decoder(state.tokens[:rows], positions, mask, cache)
+
+
+def forward_static(state):
+    """The next-token logits over the cache's first ``attend`` keys: keys a row has not written, and its
+    prompt padding, are masked by an additive mask in the model's dtype, made once per step (a boolean
+    mask would be converted in every layer)."""
+    cache, dtype = state.cache, state.cache.dtype
+    seen = state.key_valid[:, :cache.attend] & (state.keys[:cache.attend] <= cache.write[:, None])
+    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
+    positions = state.next_position + (state.count - 1)[None, :, None]
+    return state.decoder(state.tokens, positions, mask[:, None, None, :], cache)

@@ -218,8 +218,8 @@ class VllmBackend(Preparer):
         return self.startup_s
 
     def _sampling_params(self):
-        """Settings → SamplingParams. Only the repetition penalty is taken from the checkpoint's generation
-        config (as HF generate keeps it); everything else is vlmfast's."""
+        """Settings → SamplingParams. The repetition penalty is ``--repetition-penalty``, else the checkpoint's
+        generation config's (as HF generate keeps it); everything else is vlmfast's."""
         from vllm import SamplingParams
 
         s = self.settings
@@ -229,7 +229,8 @@ class VllmBackend(Preparer):
                 n=1 if s.greedy else s.n,  # greedy answers are all alike: decoded once, n rows (see _results)
                 max_tokens=s.max_new_tokens, ignore_eos=s.ignore_eos,
                 temperature=0.0 if s.greedy else s.temperature, top_p=1.0 if s.greedy else s.top_p, top_k=0,
-                seed=None, repetition_penalty=getattr(default, "repetition_penalty", 1.0) or 1.0,
+                seed=None, repetition_penalty=s.repetition_penalty if s.repetition_penalty is not None
+                else getattr(default, "repetition_penalty", 1.0) or 1.0,
                 stop_token_ids=[] if s.ignore_eos else list(self.eos_token_ids),
                 skip_special_tokens=True, detokenize=False,  # rows are decoded by the checkpoint's tokenizer below
                 **self.ban_kwargs,

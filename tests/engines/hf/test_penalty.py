@@ -1,0 +1,71 @@
+"""A checkpoint's repetition penalty (Qwen2-VL and Qwen2.5-VL Instruct ship 1.05 in generation_config.json):
+vlmfast's loop applies it as plain ``generate`` does — the same tokens, eager, static, continuous and sampled."""
+
+import pytest
+
+from conftest import generate_tokens, model_inputs
+
+from vlmfast.engines.hf.engine import Engine
+from vlmfast.engines.hf.scheduler import Scheduler
+from vlmfast.engines.rows import GenerationSettings
+from vlmfast.inputs.requests import Request
+
+PROMPT = "What shapes are in this image? Answer briefly."
+
+
+def _run(engine, requests, batch_size):
+    return {(r.id, r.sample): r.token_ids for _, rs, _ in Scheduler(engine).run(requests, {}, batch_size) for r in rs}
+
+
+@pytest.fixture
+def penalized(loaded, monkeypatch):
+    monkeypatch.setattr(loaded.model.generation_config, "repetition_penalty", 1.3)
+    return loaded
+
+
+def test_the_penalty_gives_plain_generate_tokens_eager_static_and_continuous(loaded, images, monkeypatch):
+    reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:4]]
+    settings = GenerationSettings(max_new_tokens=20, ignore_eos=True)
+    plain = _run(Engine(loaded, settings), reqs, 4)
+    monkeypatch.setattr(loaded.model.generation_config, "repetition_penalty", 1.3)
+    engine = Engine(loaded, settings)
+    # each request alone, as vLLM penalizes it: a batch of generate would count its left padding as seen
+    reference = {(r.id, None): generate_tokens(loaded, model_inputs(engine, [r]), 20, [])[0] for r in reqs}
+    assert reference != plain  # the penalty changes tokens here, so the equalities below can fail
+    assert _run(engine, reqs, 4) == reference  # one batch
+    assert _run(engine, reqs, 1) == reference
+    assert _run(Engine(loaded, settings), reqs, 2) == reference  # rows refilled as answers end
+    static = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)  # static shapes, not compiled
+    assert _run(static, reqs, 3) == reference and static._static
+    assert any(n.startswith("repetition penalty 1.3 from the checkpoint's generation config") for n in engine.notes)
+
+
+def test_sampled_answers_under_the_penalty_are_those_of_plain_generate(penalized, images):
+    reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:2]]
+    settings = GenerationSettings(max_new_tokens=12, temperature=0.9, n=2, seed=3, ignore_eos=True)
+    ours, hf = _run(Engine(penalized, settings), reqs, 4), _run(Engine(penalized, settings, decoder="hf"), reqs, 4)
+    assert ours == hf and len(ours) == 4
+
+
+def test_settings_the_loop_does_not_apply_are_said(loaded, monkeypatch):
+    monkeypatch.setattr(loaded.model.generation_config, "no_repeat_ngram_size", 3)
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=4))
+    assert any("no_repeat_ngram_size=3, which vlmfast's decoder does not apply" in n for n in engine.notes)
+    assert not any("repetition penalty" in n for n in engine.notes) and engine.penalty == 1.0
+
+
+def test_the_option_overrides_the_checkpoint_both_ways_in_both_decoders(loaded, images, monkeypatch):
+    reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:2]]
+    settings = GenerationSettings(max_new_tokens=16, ignore_eos=True)
+    plain = _run(Engine(loaded, settings), reqs, 2)
+    asked = GenerationSettings(max_new_tokens=16, ignore_eos=True, repetition_penalty=1.3)
+    penalized = _run(Engine(loaded, asked), reqs, 2)
+    assert penalized != plain and _run(Engine(loaded, asked, decoder="hf"), reqs, 2) == penalized
+    monkeypatch.setattr(loaded.model.generation_config, "repetition_penalty", 1.3)
+    assert _run(Engine(loaded, settings), reqs, 2) == penalized  # the checkpoint's, by default
+    off = GenerationSettings(max_new_tokens=16, ignore_eos=True, repetition_penalty=1.0)
+    engine = Engine(loaded, off)
+    assert _run(engine, reqs, 2) == plain == _run(Engine(loaded, off, decoder="hf"), reqs, 2)
+    assert "--repetition-penalty 1 over the checkpoint's generation config (1.3)" in engine.notes
+    with pytest.raises(Exception, match="--repetition-penalty 0.0: expected more than 0"):
+        GenerationSettings(repetition_penalty=0.0)
