@@ -69,3 +69,17 @@ def test_the_option_overrides_the_checkpoint_both_ways_in_both_decoders(loaded, 
     assert "--repetition-penalty 1 over the checkpoint's generation config (1.3)" in engine.notes
     with pytest.raises(Exception, match="--repetition-penalty 0.0: expected more than 0"):
         GenerationSettings(repetition_penalty=0.0)
+
+
+def test_plain_generate_in_a_padded_batch_counts_each_row_s_own_tokens(loaded, images, monkeypatch):
+    """--decoder hf runs a padded batch: transformers 4.57's own penalty counts the left padding (its pad token
+    is an EOS id) as seen, so a padded row's tokens would change with the batch. A penalty below 1 rewards seen
+    tokens, which brings the pad/EOS token to the top where it matters."""
+    monkeypatch.setattr(loaded.model.generation_config, "repetition_penalty", 0.3)
+    reqs = [Request("long", (str(images[0]),), PROMPT + " Say it with many words, please."),
+            Request("short", (str(images[1]),), "Hi"), Request("text", (), "Count to three."),
+            Request("other", (str(images[2]),), PROMPT)]
+    settings = GenerationSettings(max_new_tokens=16, ignore_eos=True)
+    engine = Engine(loaded, settings, decoder="hf")
+    reference = {(r.id, None): generate_tokens(loaded, model_inputs(engine, [r]), 16, [])[0] for r in reqs}
+    assert _run(engine, reqs, 4) == reference == _run(Engine(loaded, settings), reqs, 4)

@@ -10,6 +10,25 @@ from __future__ import annotations
 from vlmfast.timing import StepClock, now
 
 
+class MaskedPenalty:
+    """The repetition penalty as a logits processor over each row's own tokens — its prompt without the
+    batch's left padding, and its answer so far — as vlmfast's loop applies it. transformers 4.57's own
+    processor counts the padding as seen (the pad token is an EOS id), so a padded row's tokens would depend
+    on the batch; generate is then given none of its own."""
+
+    def __init__(self, prompt_mask, penalty: float):
+        self.prompt_mask, self.penalty = prompt_mask, penalty
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        from vlmfast.engines.hf.sampling import penalize, seen_tokens
+
+        answer = input_ids.shape[1] - self.prompt_mask.shape[1]
+        mask = torch.cat([self.prompt_mask, self.prompt_mask.new_ones(input_ids.shape[0], answer)], dim=1)
+        return penalize(scores, seen_tokens(input_ids, mask, scores.shape[-1]), self.penalty)
+
+
 class KeyedDraw:
     """A logits processor that makes ``generate``'s draws vlmfast's own: each row's token is chosen by
     :func:`~vlmfast.engines.hf.sampling.select` (temperature, top-p, the race on the row's own noise) from
@@ -49,6 +68,10 @@ class PlainGenerate:
 
         kwargs = self.generate_kwargs()
         processors = [] if clock is None else [clock]
+        if self.penalty != 1.0:  # before a draw, as generate orders its own processors before sampling
+            mask = inputs["attention_mask"]
+            expand = kwargs.get("num_return_sequences") or 1  # generate repeats each prompt row as many times
+            processors.append(MaskedPenalty(mask.repeat_interleave(expand, 0) if expand > 1 else mask, self.penalty))
         if keys is not None:
             processors.append(KeyedDraw(keys, inputs["input_ids"].shape[1], self.settings.temperature, self.settings.top_p))
         if processors:
@@ -65,7 +88,7 @@ class PlainGenerate:
             use_cache=True, max_new_tokens=s.max_new_tokens, min_new_tokens=None, max_length=None,
             pad_token_id=loaded.pad_token_id, eos_token_id=self._eos() or None,
             suppress_tokens=list(loaded.suppress_token_ids) or None,
-            repetition_penalty=self.penalty,  # the checkpoint's, or --repetition-penalty
+            repetition_penalty=1.0,  # none of generate's own: MaskedPenalty applies the checkpoint's, or --repetition-penalty
         )
         if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
