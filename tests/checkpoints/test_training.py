@@ -330,3 +330,17 @@ def test_a_swift_repetition_penalty_against_the_checkpoint_s_and_adopted(tmp_pat
     assert "--repetition-penalty 1.1 (args.json: repetition_penalty)" in adopted
     (ckpt / "args.json").write_text(json.dumps({**args, "repetition_penalty": None}))  # the generation config's
     assert "repetition_penalty" not in training_settings(ckpt).values
+
+
+def test_an_adapter_s_evaluation_penalty_is_its_base_model_s(tmp_path):
+    from vlmfast.run.parity import _penalty
+
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    base.mkdir(), adapter.mkdir()
+    (base / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.05}))
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    assert _penalty(None, adapter) == (1.05, "the checkpoint's generation config")
+    assert _penalty(1.2, adapter) == (1.2, "--repetition-penalty")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-VL-3B-Instruct"}))
+    assert _penalty(None, adapter) == (None, "the base model's generation config (Qwen/Qwen2.5-VL-3B-Instruct: not read here)")
+    assert _penalty(None, base) == (1.05, "the checkpoint's generation config")

@@ -372,7 +372,7 @@ def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_id
     rows = read_jsonl(out)
     assert [r["id"] for r in rows] == ["im0.png", "im1.png", "im2.png"]
     assert [r["answer"] for r in rows] == ["B", "B", "A"]  # the first two kept, only the third ran
-    assert any(n.startswith("2 row(s) an earlier vlmfast wrote under their image's resolved path") for n in report.notes)
+    assert any(n.startswith("2 row(s) an earlier vlmfast wrote under another id") for n in report.notes)
 
 
 def test_a_run_says_it_resumes_and_loads_before_its_first_answer(small, tmp_path, monkeypatch):
@@ -422,10 +422,51 @@ def test_a_resume_on_another_dtype_or_device_is_said(small, tmp_path):
 
     infer(_options(small[:2], out), backend=OnGpu())
     assert json.loads((tmp_path / "r.run.json").read_text())["runtime"] == {"engine": "hf", "device": "cuda",
-                                                                           "dtype": "bfloat16"}
+                                                                           "dtype": "bfloat16", "repetition_penalty": None}
     report = infer(_options(small, out), backend=FakeBackend())
     assert [n for n in report.notes if "another runtime" in n] == [
         f"{out}: the earlier rows were made on another runtime (device cuda then, cpu now; dtype bfloat16 then, "
         "float32 now): their answers may differ from this run's (--overwrite redoes them)"]
     report = infer(_options(small, out), backend=OnGpu())  # nothing to do: nothing said
     assert not any("another runtime" in n for n in report.notes)
+
+
+def test_a_resume_decoding_with_another_repetition_penalty_is_refused(small, tmp_path):
+    """Rows decoded without the checkpoint's penalty (vlmfast 0.14's loop applied none, and recorded none) and
+    rows decoded with it do not mix: the resume is refused before a row is written."""
+    import types
+
+    def backend(penalty):
+        fake = FakeBackend()
+        fake.engine = types.SimpleNamespace(penalty=penalty)
+        return fake
+
+    out = tmp_path / "r.jsonl"
+    infer(_options(small[:2], out), backend=backend(1.0))
+    with pytest.raises(UsageError, match="decoded with repetition penalty 1; this run applies 1.3") as err:
+        infer(_options(small, out), backend=backend(1.3))
+    assert "--repetition-penalty 1 to go on" in err.value.hint and len(read_jsonl(out)) == 2
+    record = json.loads((tmp_path / "r.run.json").read_text())  # as 0.14 wrote it: no penalty anywhere
+    del record["runtime"], record["settings"]["generation"]["repetition_penalty"]
+    (tmp_path / "r.run.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError, match="decoded with repetition penalty 1; this run applies 1.05"):
+        infer(_options(small, out), backend=backend(1.05))
+    assert infer(_options(small, out), backend=backend(1.0)).samples == 2
+
+
+def test_an_unreadable_line_s_error_row_of_0_14_resumes_under_today_s_id(small, tmp_path):
+    """0.14 named a bad manifest line's error row by the manifest's path as given and the line; today by the
+    file's name and the line: a resume keeps one row for it, not two."""
+    folder = tmp_path / "mf"
+    folder.mkdir()
+    manifest = folder / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "image": small[0], "prompt": "p"}) + "\n{not json\n"
+                        + json.dumps({"id": "b", "image": small[1], "prompt": "p"}) + "\n")
+    out = tmp_path / "r.jsonl"
+    infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), skip_bad=True), backend=FakeBackend())
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == ["a", "m.jsonl:2", "b"]
+    rows[1]["id"] = f"{manifest}:2"  # as 0.14 wrote it
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), skip_bad=True), backend=FakeBackend())
+    assert [r["id"] for r in read_jsonl(out)] == ["a", "m.jsonl:2", "b"] and report.samples == 1

@@ -120,11 +120,14 @@ _CHECKED: dict[tuple, tuple] = {}  # (path, size in bytes, mtime, limit) → (si
 def _checked_file(path: str, max_image_pixels: int | None) -> tuple[tuple[int, int] | None, str | None]:
     if (problem := _file_problem(path)) is not None:
         return None, problem
-    stat = os.stat(path)
-    key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, max_image_pixels)
-    if key not in _CHECKED:
-        with open(path, "rb") as f:
-            _CHECKED[key] = _check_bytes(f.read(), max_image_pixels)
+    try:
+        stat = os.stat(path)
+        key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, max_image_pixels)
+        if key not in _CHECKED:
+            with open(path, "rb") as f:
+                _CHECKED[key] = _check_bytes(f.read(), max_image_pixels)
+    except OSError as exc:  # gone or unreadable since the first look
+        return None, f"cannot be read ({exc.strerror or exc})"
     return _CHECKED[key]
 
 

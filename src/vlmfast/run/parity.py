@@ -71,13 +71,20 @@ def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[o
     }
 
 
-def _penalty(given: float | None, ckpt) -> tuple[float, str]:
-    """The repetition penalty a run applies: ``--repetition-penalty``, else the checkpoint's generation config's."""
+def _penalty(given: float | None, ckpt) -> tuple[float | None, str]:
+    """The repetition penalty a run applies: ``--repetition-penalty``, else the checkpoint's generation config's
+    (an adapter's base model's; None where that is a hub id)."""
     from vlmfast.checkpoints.readers import maybe_json
 
     if given is not None:
         return given, "--repetition-penalty"
-    theirs = maybe_json(Path(ckpt).expanduser() / "generation_config.json").get("repetition_penalty")
+    d = Path(ckpt).expanduser()
+    base = maybe_json(d / "adapter_config.json").get("base_model_name_or_path")  # an adapter runs on its base's
+    if isinstance(base, str) and base and not (d / "generation_config.json").is_file():
+        if not Path(base).expanduser().is_dir():
+            return None, f"the base model's generation config ({base}: not read here)"
+        d = Path(base).expanduser()
+    theirs = maybe_json(d / "generation_config.json").get("repetition_penalty")
     if isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
         return float(theirs), "the checkpoint's generation config"
     return 1.0, "--repetition-penalty (default: none)"

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable
+import re
 from pathlib import Path
 
 from vlmfast.errors import InputError
@@ -200,13 +201,19 @@ def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -
     return ordered
 
 
-def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[str]) -> dict[str, dict]:
+def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[str], bad_ids=()) -> dict[str, dict]:
     """Rows that vlmfast 0.12 and earlier wrote for manifest records without an id carry the image path as
     resolved against the manifest's folder; today such a record's id is the path as the record writes it.
-    Those rows take today's id, so a resume neither runs their requests again nor keeps them twice."""
+    An unreadable manifest line's error row was named by the manifest's path as given and the line (0.14 and
+    earlier), today by the file's name and the line (``bad_ids``). Those rows take today's id, so a resume
+    neither runs their requests again nor keeps them twice."""
     ids = {r.id for r in requests}
     legacy = {r.images[0]: r.id for r in requests if r.images and r.images[0] != r.id and r.images[0] not in ids
               and Path(r.images[0]).as_posix().endswith("/" + Path(r.id).as_posix().lstrip("./"))}
+    named = set(bad_ids) - ids
+    legacy.update({str(row["id"]): Path(str(row["id"])).name for row in existing.values()
+                   if row.get("error") is not None and re.search(r":\d+$", str(row["id"])) and Path(str(row["id"])).name in named
+                   and Path(str(row["id"])).name != str(row["id"])})
     if not legacy or not any(str(row["id"]) in legacy for row in existing.values()):
         return existing
     renamed, moved = {}, 0
@@ -216,6 +223,6 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
             row, moved = {**row, "id": new}, moved + 1
             key = row_key(new, row.get("sample"))
         renamed.setdefault(key, row)  # a row already under today's id is kept
-    notes.append(f"{moved} row(s) an earlier vlmfast wrote under their image's resolved path now carry the record's "
-                 "id (the image path as the manifest writes it)")
+    notes.append(f"{moved} row(s) an earlier vlmfast wrote under another id (an image's resolved path, a manifest "
+                 "line's path) now carry today's")
     return renamed

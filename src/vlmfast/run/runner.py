@@ -118,6 +118,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         if options.overwrite and dist.is_main:  # inputs checked, the model ready: only now the old rows go
             clear_out(Path(options.out))
         runtime = {k: getattr(backend.facts(), k) for k in ("engine", "device", "dtype")}
+        runtime["repetition_penalty"] = getattr(getattr(backend, "engine", None), "penalty", None)  # vlmfast's engine
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
             from vlmfast.run.sweep_record import record
 
@@ -125,8 +126,9 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
             record(Path(options.out), settings, {"fingerprint": weights_id["digest"] if weights_id else None,
                                                  "runtime": runtime})
         elif settings is not None and dist.is_main:
-            from vlmfast.run.sweep_record import runtime_note
+            from vlmfast.run.sweep_record import refuse_other_penalty, runtime_note
 
+            refuse_other_penalty(Path(options.out), runtime.pop("repetition_penalty"))  # before a row is written
             said.append(runtime_note(Path(options.out), runtime))  # a resume on another device or dtype
         dist.barrier()  # no process writes a row before the old ones are gone
         work = dataclasses.replace(work, notes=work.notes + [n for n in said if n])
@@ -251,7 +253,8 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
         dist.barrier()  # every process reads the same, repaired file
         if not dist.is_main and not options.overwrite:
             existing, _ = read_existing(out, repair=False)
-        existing = renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [])
+        existing = renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [],
+                                      bad_ids=[b.id for b in collected.bad])
     n = options.generation.n
     kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
     answers = {}  # id → how many of its n answers the file holds (a request is done with all n)

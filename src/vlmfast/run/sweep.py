@@ -201,11 +201,17 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                 broken.add(str(skipped.path))
                 _not_evaluated(_Entry(skipped.step, skipped.path, "skipped"),
                                CheckpointError(skipped.reason, hint=skipped.hint), refused, notes, say)
+            listed = {c.step for c in looked.checkpoints}  # a broken one saved again, whole: evaluated after all
+            mended = {r["path"] for r in refused if r["path"] in broken and r["step"] in listed}
+            broken -= mended
+            refused[:] = [r for r in refused if r["path"] not in mended]
             seen |= {r["step"] for r in refused}
             for c in (c for c in looked.checkpoints if c.step not in seen):
                 evaluate(_Entry(c.step, c.path, c.layout))  # as the first pass: refused or failing to load, said and passed
     except KeyboardInterrupt:
-        notes.append("interrupted: the finished checkpoints are reported; rerun the same command to go on")
+        notes.append("interrupted: the finished checkpoints are reported; rerun the same command"
+                     + (" without --overwrite (with it, their results are moved aside)" if options.overwrite else "")
+                     + " to go on")
     finally:
         models.close()
     report = _report(options, figures, notes, tables)

@@ -161,6 +161,23 @@ def runtime_note(results: Path, runtime: dict) -> str | None:
             "differ from this run's (--overwrite redoes them)") if differs else None
 
 
+def refuse_other_penalty(results: Path, now: float | None) -> None:
+    """A UsageError when ``results``' rows were decoded with another repetition penalty than ``now`` (the one this
+    run's engine applies; None: not known). vlmfast 0.14 and earlier recorded none, and their own decode loop
+    applied none, whatever the checkpoint's generation config said."""
+    record = _read(sidecar(results))
+    then = (record.get("runtime") or {}).get("repetition_penalty")
+    settings = record.get("settings") or {}
+    if then is None and record and "repetition_penalty" not in (settings.get("generation") or {}) \
+            and settings.get("engine", "hf") == "hf":
+        then = 1.0
+    if then is not None and now is not None and float(then) != float(now) and results.is_file() and results.stat().st_size:
+        raise UsageError(f"{results} holds rows decoded with repetition penalty {float(then):g}; this run applies "
+                         f"{float(now):g} (the checkpoint's generation config, or --repetition-penalty)",
+                         hint=f"rerun with --overwrite to redo them, or --repetition-penalty {float(then):g} to go on as "
+                              "they were made")
+
+
 def measured(results: Path) -> dict:
     """The figures recorded when ``results``' rows were generated ({} without a record)."""
     try:
