@@ -229,8 +229,7 @@ class VllmBackend(Preparer):
                 n=1 if s.greedy else s.n,  # greedy answers are all alike: decoded once, n rows (see _results)
                 max_tokens=s.max_new_tokens, ignore_eos=s.ignore_eos,
                 temperature=0.0 if s.greedy else s.temperature, top_p=1.0 if s.greedy else s.top_p, top_k=0,
-                seed=None, repetition_penalty=s.repetition_penalty if s.repetition_penalty is not None
-                else getattr(default, "repetition_penalty", 1.0) or 1.0,
+                seed=None, repetition_penalty=s.repetition_penalty or getattr(default, "repetition_penalty", 1.0) or 1.0,
                 stop_token_ids=[] if s.ignore_eos else list(self.eos_token_ids),
                 skip_special_tokens=True, detokenize=False,  # rows are decoded by the checkpoint's tokenizer below
                 **self.ban_kwargs,
