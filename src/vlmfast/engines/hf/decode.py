@@ -25,8 +25,9 @@ import torch
 from vlmfast.engines.hf.fused import fused_projections
 from vlmfast.engines.hf.kv import StaticKV  # noqa: F401 - the decode cache, importable from here
 from vlmfast.engines.hf.sampling import mark_seen, penalize, select, token_hashes
-from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, forward_eager, forward_static, RowGroups, TextDecoder, decode_attention,  # noqa: F401
-                                              decode_attention_for, rope_positions, split_rows, static_attention, suppress_bias)
+from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention,  # noqa: F401
+                                              decode_attention_for, forward_eager, forward_static, rope_positions,
+                                              split_rows, static_attention, suppress_bias)
 
 
 @dataclass
