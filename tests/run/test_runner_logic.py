@@ -434,12 +434,12 @@ def test_a_resume_on_another_dtype_or_device_is_said(small, tmp_path):
 def test_a_resume_decoding_with_another_repetition_penalty_is_refused(small, tmp_path):
     """Rows decoded without the checkpoint's penalty (vlmfast 0.14's loop applied none, and recorded none) and
     rows decoded with it do not mix: the resume is refused before a row is written."""
-    import types
-
     def backend(penalty):
-        fake = FakeBackend()
-        fake.engine = types.SimpleNamespace(penalty=penalty)
-        return fake
+        class Penalized(FakeBackend):
+            def facts(self):
+                return dataclasses.replace(super().facts(), repetition_penalty=penalty)
+
+        return Penalized()
 
     out = tmp_path / "r.jsonl"
     infer(_options(small[:2], out), backend=backend(1.0))

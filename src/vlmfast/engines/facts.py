@@ -22,6 +22,7 @@ class EngineFacts:
     compiled: bool
     max_pixels: int | None
     max_pixels_capped: bool
+    repetition_penalty: float | None = None  # the one applied to every answer (1.0: none; None: not known)
     compile_s: float = 0.0  # compiling and capturing decode steps, kept out of every clock
     oom_splits: int = 0  # batches halved after a CUDA out-of-memory error
     compile_cache: dict | None = None

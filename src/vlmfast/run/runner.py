@@ -117,8 +117,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         said = [said]
         if options.overwrite and dist.is_main:  # inputs checked, the model ready: only now the old rows go
             clear_out(Path(options.out))
-        runtime = {k: getattr(backend.facts(), k) for k in ("engine", "device", "dtype")}
-        runtime["repetition_penalty"] = getattr(getattr(backend, "engine", None), "penalty", None)  # vlmfast's engine
+        runtime = {k: getattr(backend.facts(), k) for k in ("engine", "device", "dtype", "repetition_penalty")}
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
             from vlmfast.run.sweep_record import record
 

@@ -83,3 +83,17 @@ def test_plain_generate_in_a_padded_batch_counts_each_row_s_own_tokens(loaded, i
     engine = Engine(loaded, settings, decoder="hf")
     reference = {(r.id, None): generate_tokens(loaded, model_inputs(engine, [r]), 16, [])[0] for r in reqs}
     assert _run(engine, reqs, 4) == reference == _run(Engine(loaded, settings), reqs, 4)
+
+
+def test_the_penalty_in_force_is_recorded_beside_the_results(grpo_ckpt, images, tmp_path):
+    """The penalty a run applied is one of the engine's facts, written into the settings record beside
+    ``--out``: a later resume compares its own with it."""
+    import json
+
+    from conftest import cli
+
+    out = tmp_path / "r.jsonl"
+    result = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--max-new-tokens", 2, "--device", "cpu",
+                 "--repetition-penalty", 1.3, "--prompt", PROMPT, "--out", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((tmp_path / "r.run.json").read_text())["runtime"]["repetition_penalty"] == 1.3

@@ -244,6 +244,7 @@ def test_describe_names_the_engine_and_its_settings(engine):
     assert d["vision_ban"] == "bad_words" and d["startup_s"] > 0 and engine.startup_s > 0
     assert d["tensor_parallel_size"] == 1 and d["kv_cache_gib"] == 1
     assert any("processor_config.json" in n for n in d["notes"])
+    assert engine.facts().repetition_penalty == engine.sampling_params.repetition_penalty == 1.0  # the demo ships none
 
 
 def test_without_vllm_the_engine_is_a_usage_error(monkeypatch, demo):

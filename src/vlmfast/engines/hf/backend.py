@@ -135,7 +135,7 @@ class HfBackend:
             engine="hf", checkpoint=loaded.source, load_s=loaded.load_s, cache=loaded.cache.as_dict(),
             device=runtime.device, dtype=runtime.dtype, attn=runtime.attn, decoder=engine.decoder_name,
             cuda_graphs=engine.cuda_graphs, compiled=engine.policy.enabled, max_pixels=engine.max_pixels,
-            max_pixels_capped=engine.max_pixels_capped, compile_s=engine.policy.compile_s,
+            max_pixels_capped=engine.max_pixels_capped, repetition_penalty=engine.penalty, compile_s=engine.policy.compile_s,
             oom_splits=self.scheduler.oom_splits, compile_cache=engine.policy.summary(),
             model_shape=shape_from_model(loaded.model, runtime.dtype), device_name=device_name,
             notes=self.notes + engine.notes + engine.policy.notes + engine.decode_notes()
