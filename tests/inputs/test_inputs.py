@@ -86,6 +86,10 @@ def test_duplicate_ids_and_missing_prompt_and_nothing_found(images, tmp_path):
     twice = collect(images=[str(images[0]), str(images[0]), str(images[1])], prompt="p")
     assert [r.id for r in twice.requests] == [str(images[0]), str(images[1])]
     assert twice.warnings == ["--images named 1 image(s) more than once (e.g. by a folder and a glob of it): each runs once"]
+    folder = images[0].parent  # a folder and a glob of it spelled differently: still one file each
+    spelled = collect(images=[str(folder / "." / ""), str(folder / ".." / folder.name / "*.png")], prompt="p")
+    assert len(spelled.requests) == len(list(folder.glob("*.png"))) and spelled.warnings[0].startswith(
+        f"--images named {len(spelled.requests)} image(s) more than once")
     m = tmp_path / "dup.jsonl"
     m.write_text(2 * (json.dumps({"id": "a", "image": str(images[0]), "prompt": "p"}) + "\n"))
     with pytest.raises(InputError, match="duplicate id"):

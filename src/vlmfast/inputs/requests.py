@@ -241,10 +241,13 @@ def collect(
         for arg in images:
             paths, problems = expand_images([arg])
             entries += [BadInput(id=p.where, problems=(p,)) for p in problems]
-            twice += sum(p in given for p in paths)
-            # an image named twice (by a directory and a glob of it) is one request with one prompt: run once
-            entries += [Request(id=p, images=(p,), prompt=base_prompt, system=system) for p in paths if p not in given]
-            given.update(paths)
+            # an image named twice (by a directory and a glob of it, "./imgs" and "imgs/*.png") is one request
+            # with one prompt: run once, under the first spelling
+            for p in paths:
+                key = os.path.abspath(p)  # normalized: "./a.png", "a.png" and "imgs/../a.png" are one file
+                twice += key in given
+                entries += [] if key in given else [Request(id=p, images=(p,), prompt=base_prompt, system=system)]
+                given.add(key)
         if twice:
             warnings.append(f"--images named {twice} image(s) more than once (e.g. by a folder and a glob of it): "
                             "each runs once")
