@@ -151,6 +151,31 @@ def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
     assert report["not_evaluated"] == []  # step 400, corrupt at first, was evaluated once saved again
 
 
+def test_a_checkpoint_corrupt_in_the_first_pass_and_saved_again_is_evaluated_and_not_listed_as_skipped(run, tmp_path):
+    from vlmfast.run.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-100")
+    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-400")
+    weights = live / "checkpoint-400" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    data[8:8 + length] = b"x" * length  # a garbage header: skipped by the first pass
+    weights.write_bytes(bytes(data))
+    looks = []
+
+    def wait(seconds):  # the trainer saves it again, whole, before the first look
+        looks.append(seconds)
+        if len(looks) == 1:
+            shutil.copyfile(run["run"] / "checkpoint-100" / "model.safetensors", weights)
+        return len(looks) < 2
+
+    options = _options(run, tmp_path / "s", watch=True, poll_s=5)
+    report = sweep(type(options)(**{**options.__dict__, "run_dir": str(live)}), wait=wait, say=lambda _: None)
+    assert [c["step"] for c in report["checkpoints"]] == [100, 400]
+    assert report["not_evaluated"] == []
+
+
 def test_a_bad_manifest_is_said_before_any_checkpoint(run, tmp_path):
     from vlmfast.errors import InputError
     from vlmfast.run.sweep import sweep
