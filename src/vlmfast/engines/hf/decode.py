@@ -213,7 +213,8 @@ class DecodeState:
 
     def rewind(self) -> None:
         """Every row that ever held an answer holds it again from its first answer token (profiling and
-        tests step the same steps again after a run)."""
+        tests step the same steps again after a run). The repetition penalty's seen tokens keep the answer's:
+        the steps cost the same, but their tokens may differ from the first run's under a penalty."""
         for r in range(self.batch):
             if self.width[r]:
                 self.cache.write[r], self.count[r], self.running[r] = self.width[r], 1, True
