@@ -58,6 +58,21 @@ def test_pass_at_k_gets_its_curve_with_several_answers():
     assert render(page).count("<svg class='curve'") == 5
 
 
+def test_sampled_figures_as_a_sweep_with_n_answers_carries_them():
+    """pass@k per k and one maj@K (the majority of K answers), from the samples' own summary."""
+    from vlmfast.evaluation.samples import summarize_samples
+
+    page = _page()
+    rows = [{"id": i, "sample": j, "correct": ok, "score": float(ok), "text": "<answer>1</answer>" if ok else "x"}
+            for i, oks in enumerate([(1, 1, 0, 1), (0, 0, 0, 1)]) for j, ok in enumerate(oks)]
+    page["checkpoints"][1]["samples"] = summarize_samples(rows)
+    more = render(page).split("more figures per checkpoint")[1].split("</details>")[0]
+    heads = re.findall(r"<th[^>]*>(.*?)</th>", more)
+    assert heads == ["checkpoint", "pass@1", "pass@2", "pass@4", "maj@4", "all same reward"]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", more)
+    assert cells[6:] == ["step 100", "50.0%", "75.0%", "100.0%", "50.0%", "0.0%"]
+
+
 def test_more_figures_show_what_checkpoints_carry_and_nothing_else():
     page = _page()
     assert "more figures per checkpoint" not in render(page)

@@ -236,8 +236,10 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
     def sampled(kind, k):
         return lambda c: _opt(((c.get("samples") or {}).get(kind) or {}).get(k), _pct)
 
-    ks = {kind: sorted({k for c in checkpoints for k in ((c.get("samples") or {}).get(kind) or {})}, key=int)
-          for kind in ("pass_at_k", "maj_at_k")}
+    ks = sorted({k for c in checkpoints for k in ((c.get("samples") or {}).get("pass_at_k") or {})}, key=int)
+    # maj@k is one figure per checkpoint (the majority of its k answers), k its samples per request
+    majority = sorted({s["samples_per_request"] for c in checkpoints if (s := c.get("samples") or {}).get("maj_at_k")
+                       is not None})
     rewards = sorted({f for c in checkpoints for f in (c.get("reward_means") or {})})
     columns = [("vs base [95 % CI] p", paired("vs_base")), ("vs best [95 % CI] p", paired("vs_best")),
                ("vs best p, Holm-adjusted", lambda c: _opt(c.get("holm_p"), lambda v: f"{v:.3g}")),
@@ -246,8 +248,9 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
                ("think chars", lambda c: _opt(c.get("mean_think_chars"), _num)),
                ("answer chars", lambda c: _opt(c.get("mean_answer_chars"), _num)),
                ("no answer", lambda c: _opt(c.get("no_answer_rate"), _pct))]
-    columns += [(f"pass@{k}", sampled("pass_at_k", k)) for k in ks["pass_at_k"]]
-    columns += [(f"maj@{k}", sampled("maj_at_k", k)) for k in ks["maj_at_k"]]
+    columns += [(f"pass@{k}", sampled("pass_at_k", k)) for k in ks]
+    columns += [(f"maj@{'/'.join(map(str, majority))}", lambda c: _opt((c.get("samples") or {}).get("maj_at_k"), _pct))
+                ] if majority else []
     columns += [("all same reward", lambda c: _opt((c.get("samples") or {}).get("all_same_rate"), _pct))]
     columns += [(f"reward {f}", lambda c, f=f: _opt((c.get("reward_means") or {}).get(f), lambda v: f"{v:.3f}"))
                 for f in rewards]
