@@ -381,6 +381,10 @@ def test_parse_number_reads_the_last_number():
     assert parse_number("first 3, then 4, finally 7.5") == (7.5, False)
     assert parse_number("12%") == (12.0, True)
     assert parse_number("no digits") is None
+    # digits inside a word are no number (random weights' "g0D" once scored as 0); a unit may follow one
+    for word in ("Loo1Loo", " corner g0D", "abc3def", "x2.5", "H2O"):
+        assert parse_number(word) is None, word
+    assert parse_number("12cm") == (12.0, False) and parse_number("答案是3") == (3.0, False)
 
 
 def test_untagged_text_is_scored_only_on_an_answer_it_states():

@@ -32,8 +32,8 @@ _STRIP = ".,;:!?()[]{}<>*_~-" + _QUOTES
 _UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
 _NUM = r"(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
 # A sign counts only at the start of a token: "3-5" is a range, not 3 and -5.
-_NUMBER = re.compile(
-    rf"(?:(?<![\w.])(?P<sign>[-+−]))?(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
+_NUMBER = re.compile(  # not inside a word: "g0D" and "Loo1Loo" hold no number (a unit may follow: "12cm")
+    rf"(?:(?<![\w.])(?P<sign>[-+−]))?(?<![A-Za-z\d.])(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
     rf"(?:\s*/\s*(?P<den>{_NUM}))?(?P<pct>\s*%)?"
 )
 _CURRENCY = "$€£¥₹"
