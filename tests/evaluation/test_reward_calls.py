@@ -354,3 +354,37 @@ def test_vlmr1_rec_reward_on_its_own_jsonl_equals_its_trainer(tmp_path, commit, 
     handed = _module(reward)["SEEN"][-1]
     assert {k: handed[k] for k in columns} == columns
     assert handed["solution"][0] == "<answer> [10, 20, 110, 80] </answer>" and handed["image_path"][0] == [str(folder / "a.png")]
+
+
+ACCURACY_AND_FORMAT = '''
+import re
+
+def accuracy_reward(completions, solution, **kwargs):
+    said = [re.search(r"<answer>(.*?)</answer>", c[0]["content"]) for c in completions]
+    return [float(m is not None and m.group(1).strip() == s) for m, s in zip(said, solution)]
+
+def format_reward(completions, **kwargs):
+    return [float(re.fullmatch(r"<think>.*?</think><answer>.*?</answer>", c[0]["content"], re.S) is not None)
+            for c in completions]
+
+def length_reward(completions, **kwargs):
+    return [min(len(c[0]["content"]) / 40, 1.0) for c in completions]
+'''
+
+
+def test_summed_accuracy_and_format_rewards_judge_correctness_by_the_accuracy(tmp_path):
+    """VLM-R1's and TRL's accuracy_reward + format_reward: a well-formatted wrong answer totals 1.0, which
+    must not count as right; the accuracy function decides, and the score stays the sum."""
+    path = tmp_path / "rec_rewards.py"
+    path.write_text(ACCURACY_AND_FORMAT)
+    rows = [{"id": i, "text": text, "error": None} for i, text in
+            enumerate(["<think>a</think><answer>3</answer>", "<think>a</think><answer>4</answer>", "4", "3"])]
+    truths = {str(i): {"ground_truth": "3"} for i in range(4)}
+    rewards = load_rewards([f"{path}:accuracy_reward", f"{path}:format_reward"])
+    got = rewards.score_rows(rows, truths)
+    assert [g["score"] for g in got] == [2.0, 1.0, 0.0, 0.0]
+    assert [g["correct"] for g in got] == [True, False, False, False]
+    assert rewards.note == "correct: accuracy_reward ≥ 1 (the accuracy among 2 reward functions; score is their weighted sum)"
+    unnamed = load_rewards([f"{path}:format_reward", f"{path}:length_reward"])  # no accuracy among them: the total, said
+    assert unnamed.judge is None and "none of them is named as an accuracy" in unnamed.note
+    assert load_rewards([f"{path}:accuracy_reward"]).note is None

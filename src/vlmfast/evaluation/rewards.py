@@ -117,6 +117,9 @@ class Reward:
                                 "reward_error and go on")
 
 
+_ACCURACY_NAME = re.compile(r"(?:^|_)(?:acc|accuracy)(?:_|$)")
+
+
 @dataclass(frozen=True)
 class RewardSet:
     """Several reward functions with their weights, scored together as TRL's GRPOTrainer sums them."""
@@ -135,6 +138,26 @@ class RewardSet:
         """Each function's key in a row's ``rewards``: its name, with its file's stem when two share it."""
         plain = [r.name for r in self.rewards]
         return [f"{r.source.stem}:{r.name}" if plain.count(r.name) > 1 else r.name for r in self.rewards]
+
+    @property
+    def judge(self) -> int | None:
+        """Of several functions, the one whose value says whether an answer is right: the single one named as an
+        accuracy (VLM-R1's and TRL's ``accuracy_reward``, ms-swift's ``external_r1v_acc``), as trainers log
+        accuracy apart from the format reward summed beside it. None: one function, or no single such name."""
+        named = [k for k, r in enumerate(self.rewards) if _ACCURACY_NAME.search(r.name.lower())]
+        return named[0] if len(self.rewards) > 1 and len(named) == 1 else None
+
+    @property
+    def note(self) -> str | None:
+        """How a row's correctness is decided, when several functions are summed."""
+        if len(self.rewards) == 1:
+            return None
+        if self.judge is not None:
+            return (f"correct: {self.names[self.judge]} ≥ {self.threshold:g} (the accuracy among {len(self.rewards)} "
+                    "reward functions; score is their weighted sum)")
+        return (f"correct: the weighted sum of {len(self.rewards)} reward functions ≥ {self.threshold:g}, as none of "
+                "them is named as an accuracy (acc, accuracy): a right format alone may count as right; give "
+                "--reward-threshold the total a right answer reaches")
 
     def score_rows(self, rows: list[dict], truths: dict[str, object], *, skip_bad: bool = False) -> list[dict]:
         """The scoring fields (:data:`FIELDS`) for each of ``rows``, in order.
@@ -201,8 +224,10 @@ class RewardSet:
         total = sum(w * v for w, v in zip(self.weights, values) if v is not None)  # TRL's nansum
         # a reward that returns its accuracy beside a total weighting the format (EasyR1: 0.9·accuracy +
         # 0.1·format) says whether the answer is right by that sub-score: a right answer without the format is right
-        key = accuracy_key(subscores)
-        judged = subscores[key] if key is not None else total
+        # several functions summed (VLM-R1, TRL: accuracy + format): the accuracy function's own value decides
+        key, judge = accuracy_key(subscores), self.judge
+        judged = subscores[key] if key is not None else total if judge is None or values[judge] is None \
+            else values[judge]
         fields.update(score=total, correct=judged >= self.threshold)
 
 

@@ -126,7 +126,8 @@ class InferOptions:
         "reward_function_kwargs (e.g. '{\"max_response_length\": 4096}').", panel=SCORE)
     reward_threshold: float = option(
         1.0, help="--reward: a row is correct when its reward is at least this (1.0 suits 0/1 rewards); when the reward "
-        "returns an accuracy (or acc) sub-score, that sub-score is compared.", panel=SCORE)
+        "returns an accuracy (or acc) sub-score, that sub-score is compared; of several functions, the one named as an "
+        "accuracy (accuracy_reward, …).", panel=SCORE)
     out: str | None = option(None, help="JSONL results file (default: stdout). Rerunning with the same settings skips "
                              "ids already there (other settings: an error naming them).", panel=OUTPUT)
     overwrite: bool = option(False, help="Redo ids already in --out.", panel=OUTPUT)

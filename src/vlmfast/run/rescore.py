@@ -142,6 +142,7 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     if reward is not None:
         lines = read_reward_truths(manifest, keys)
         scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, lines, skip_bad=skip_bad))]
+        notes += [n for n in [getattr(reward, "note", None)] if n]  # several functions: what decides "correct"
     else:
         scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)
     if out is not None:

@@ -88,7 +88,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
         refuse_other_weights(Path(options.out), weights_id)  # a resume onto rows another checkpoint's weights made
     work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None)
-    work = dataclasses.replace(work, notes=work.notes + ([seed_note] if seed_note else []))
+    work = dataclasses.replace(work, notes=work.notes + [n for n in (seed_note, getattr(reward, "note", None)) if n])
     if weights is not None and weights.allowed:
         lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
         work = dataclasses.replace(work, notes=[f"tensors missing as --allow-missing allows ({lost}): the model runs "
