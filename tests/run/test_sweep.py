@@ -256,6 +256,28 @@ def test_reward_errors_are_counted_and_named_as_the_reason_there_is_no_best(run,
     assert "4 reward call(s) failed" in r.stderr and "no row had ground truth" not in r.stderr
 
 
+def test_answers_a_reward_raised_on_count_as_wrong_so_steps_are_judged_on_the_same_requests(run, tmp_path):
+    """--skip-bad keeps going past a reward function that raises on some answers; leaving those answers out
+    would rank each step over other requests (step 200 got 2 of 2 instead of 2 of 4 here)."""
+    from vlmfast.run.sweep import sweep
+
+    picky = tmp_path / "picky.py"
+    picky.write_text("def accuracy(completions, solution, boom=None, **kwargs):\n"
+                     "    if any(boom or []):\n        raise ValueError('boom')\n"
+                     "    return [float(c[0]['content'] == s) for c, s in zip(completions, solution)]\n")
+    manifest = tmp_path / "m.jsonl"
+    lines = [json.loads(line) for line in run["manifest"].read_text().splitlines()]
+    manifest.write_text("".join(json.dumps({**line, "boom": k < 2}) + "\n" for k, line in enumerate(lines)))
+    options = _options(run, tmp_path / "s", steps=[200])
+    options = dataclasses.replace(options, infer=dataclasses.replace(
+        options.infer, manifest=str(manifest), reward=[f"{picky}:accuracy"], skip_bad=True))
+    report = sweep(options, say=lambda _: None)
+    step = report["checkpoints"][0]
+    assert (step["accuracy"], step["scored"], step["reward_errors"]) == (0.5, 4, 2)
+    assert "step 200: 2 answer(s) the reward function raised on (--skip-bad) count as wrong" in report["notes"]
+    assert read_jsonl(tmp_path / "s" / "step-200.jsonl")[0]["correct"] is None  # the rows as written: unscored
+
+
 def test_the_report_carries_health_paired_figures_and_flags(run, tmp_path):
     from vlmfast.evaluation.flags import compare, per_request
     from vlmfast.run.sweep import sweep

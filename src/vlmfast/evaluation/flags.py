@@ -61,6 +61,16 @@ def per_request(rows: list[dict]) -> dict[str, tuple[float, bool, bool]]:
     return out
 
 
+def reward_errors_as_wrong(rows: list[dict]) -> tuple[list[dict], int]:
+    """``rows`` with every answer the reward function raised on (``--skip-bad``: ``reward_error``) judged
+    wrong with a score of 0, and how many: checkpoints compared on the requests each one's function could
+    score would be compared on different requests."""
+    if not any(r.get("correct") is not None for r in rows):  # the function scored none: broken, not the answers
+        return rows, 0
+    raised = [r.get("error") is None and r.get("reward_error") is not None for r in rows]
+    return [{**r, "score": 0.0, "correct": False} if bad else r for r, bad in zip(rows, raised)], sum(raised)
+
+
 def table_of(rows_or_table: list[dict] | dict) -> dict[str, tuple[float, bool, bool]]:
     """A :func:`per_request` table: made from result rows (a list), or given as one already (a dict)."""
     return rows_or_table if isinstance(rows_or_table, dict) else per_request(rows_or_table)

@@ -266,7 +266,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
     table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
     from vlmfast.checkpoints.locate import locate
-    from vlmfast.evaluation.flags import per_request
+    from vlmfast.evaluation.flags import per_request, reward_errors_as_wrong
     from vlmfast.run.results import read_existing
     from vlmfast.run.runner import infer
 
@@ -286,6 +286,8 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
                    progress=progress, backend=models.at(found))
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
+    rows, raised = reward_errors_as_wrong(rows)
+    notes += [f"step {entry.step}: {raised} answer(s) the reward function raised on (--skip-bad) count as wrong"] * bool(raised)
     tables[entry.step] = per_request(rows)
     from vlmfast.evaluation.samples import identical_answers_note
 
