@@ -146,6 +146,22 @@ def test_verl_hydra_config_validation_kwargs(tmp_path):
         "reward": (["/data/reward.py:compute_score"], "config.yaml: custom_reward_function.path")}
 
 
+def test_validation_answers_once_per_prompt_whatever_the_rollout_s_n(tmp_path):
+    """EasyR1's _validate repeats a prompt val_override_config.get("n", 1) times and verl's val_kwargs.n
+    times: the rollout's n (5 answers per prompt for the advantage) is never validation's."""
+    root, ckpt = _easyr1(tmp_path / "e")
+    config = json.loads((root / "experiment_config.json").read_text())
+    del config["worker"]["rollout"]["val_override_config"]["n"]
+    (root / "experiment_config.json").write_text(json.dumps(config))
+    assert training_settings(ckpt).values["n"] == Setting(
+        1, "experiment_config.json: worker.rollout.val_override_config (no n: one answer per prompt)")
+    verl = tmp_path / "verl_run"
+    ckpt = _checkpoint(verl / "global_step_20" / "actor" / "huggingface")
+    (verl / ".hydra").mkdir()
+    (verl / ".hydra" / "config.yaml").write_text("actor_rollout_ref:\n  rollout:\n    temperature: 1.0\n    n: 5\n")
+    assert "n" not in training_settings(ckpt).values
+
+
 def test_match_training_adopts_what_was_not_given_and_says_what_it_could_not(tmp_path):
     root, ckpt = _easyr1(tmp_path)
     t = training_settings(ckpt)

@@ -176,8 +176,12 @@ def _easyr1(path: Path, c: dict):
     _take(v, "min_pixels", path, c, ("data.min_pixels",), int)
     _take(v, "max_pixels", path, c, ("data.max_pixels",), int)
     _take(v, "max_new_tokens", path, c, ("data.max_response_length",), int)
-    for name in ("temperature", "top_p", "n"):  # validation's sampling: the rollout's, with val_override_config on top
+    for name in ("temperature", "top_p"):  # validation's sampling: the rollout's, with val_override_config on top
         _take(v, name, path, c, (f"worker.rollout.val_override_config.{name}", f"worker.rollout.{name}"))
+    # but not the rollout's n: _validate repeats each prompt val_override_config.get("n", 1) times
+    _take(v, "n", path, c, ("worker.rollout.val_override_config.n",), int)
+    if "n" not in v and isinstance(_dig(c, "worker.rollout"), dict):
+        v["n"] = Setting(1, f"{path.name}: worker.rollout.val_override_config (no n: one answer per prompt)")
     function, named = _dig(c, "worker.reward.reward_function"), _dig(c, "worker.reward.reward_function_name")
     if isinstance(function, str) and function:
         ref = f"{function}:{named}" if isinstance(named, str) and ":" not in Path(function).name else function
@@ -194,9 +198,10 @@ def _verl(path: Path, c: dict) -> dict:
     rollout = "actor_rollout_ref.rollout"
     if _dig(c, f"{rollout}.val_kwargs.do_sample") is False:  # validation decodes greedily
         v["temperature"] = Setting(0.0, f"{path.name}: {rollout}.val_kwargs.do_sample")
-    for name in ("temperature", "top_p", "n"):
+    for name in ("temperature", "top_p"):
         if name not in v:
             _take(v, name, path, c, (f"{rollout}.val_kwargs.{name}", f"{rollout}.{name}"))
+    _take(v, "n", path, c, (f"{rollout}.val_kwargs.n",), int)  # validation's own n (1 by default), never the rollout's
     function, named = _dig(c, "custom_reward_function.path"), _dig(c, "custom_reward_function.name")
     if isinstance(function, str) and function:
         v["reward"] = Setting([f"{function}:{named or 'compute_score'}"], f"{path.name}: custom_reward_function.path")
