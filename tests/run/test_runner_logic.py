@@ -470,3 +470,25 @@ def test_an_unreadable_line_s_error_row_of_0_14_resumes_under_today_s_id(small, 
     out.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), skip_bad=True), backend=FakeBackend())
     assert [r["id"] for r in read_jsonl(out)] == ["a", "m.jsonl:2", "b"] and report.samples == 1
+
+
+def test_a_resume_scores_kept_answers_against_today_s_truth_and_refuses_answers_to_another_prompt(small, tmp_path):
+    """A manifest whose answers were corrected after a run: the rows kept by a resume are scored again (and
+    rewritten so); one whose prompt changed holds the answer to another question: refused."""
+    manifest, out = tmp_path / "m.jsonl", tmp_path / "r.jsonl"
+
+    def write(truths, prompts=("Which?",) * 4):
+        manifest.write_text("".join(json.dumps({"id": f"q{k}", "image": str(p), "prompt": q, "answer": t}) + "\n"
+                                    for k, (p, t, q) in enumerate(zip(small, truths, prompts))))
+
+    options = InferOptions(ckpt="fake", manifest=str(manifest), out=str(out))
+    write(["A", "A", "B", "B"])
+    assert infer(options, backend=FakeBackend()).scores["accuracy"] == 0.5
+    write(["A", "B", "B", "B"])  # q1's answer corrected: "A" is wrong now
+    report = infer(options, backend=FakeBackend())
+    assert report.scores["accuracy"] == 0.25 and [r["correct"] for r in read_jsonl(out)] == [True, False, False, False]
+    assert f"{out}: 1 kept answer(s) scored again against the manifest's ground truth changed verdict (the ground " \
+           "truth changed since they were written)" in report.notes
+    write(["A", "B", "B", "B"], ("Which?", "How many?", "Which?", "Which?"))
+    with pytest.raises(UsageError, match=r"answers to another prompt than 1 request\(s\) have now \(q1\)"):
+        infer(options, backend=FakeBackend())

@@ -226,3 +226,33 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     notes.append(f"{moved} row(s) an earlier vlmfast wrote under another id (an image's resolved path, a manifest "
                  "line's path) now carry today's")
     return renamed
+
+
+def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward=None) -> list[str]:
+    """Rows an earlier run left in ``out``, checked against this run's ``requests`` before a resume keeps
+    them: an answer to another prompt than its request has now is refused (a UsageError naming the ids); the
+    others are scored again, in place, against today's ground truth (a manifest whose answers were corrected
+    since), as the new rows are. Returns what to say: how many verdicts changed."""
+    from vlmfast.errors import UsageError
+
+    by_id = {r.id: r for r in requests}
+    kept = [row for row in existing.values() if row.get("error") is None and str(row["id"]) in by_id]
+    other = sorted({str(row["id"]) for row in kept if row.get("prompt") not in (None, by_id[str(row["id"])].prompt)})
+    if other:
+        raise UsageError(f"{out} holds answers to another prompt than {len(other)} request(s) have now "
+                         f"({', '.join(other[:5])}{' …' if len(other) > 5 else ''}): the manifest changed",
+                         hint="rerun with --overwrite to redo them, or give another --out")
+    truths = {str(row["id"]): by_id[str(row["id"])].truth_record() for row in kept}
+    before = [row.get("correct") for row in kept]
+    if reward is not None:
+        fields = reward.score_rows(kept, truths, skip_bad=options.skip_bad)
+    else:
+        from vlmfast.evaluation.scoring import score_row
+
+        fields = [score_row(row, truths[str(row["id"])]["ground_truth"], truths[str(row["id"])]["scorer"]
+                            or options.scorer, iou=options.iou, bbox_space=options.bbox_space) for row in kept]
+    for row, scored in zip(kept, fields):
+        row.update(scored)
+    changed = sum(a != row.get("correct") for a, row in zip(before, kept))
+    return [f"{out}: {changed} kept answer(s) scored again against the manifest's ground truth changed verdict "
+            "(the ground truth changed since they were written)"] if changed else []

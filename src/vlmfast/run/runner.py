@@ -26,7 +26,7 @@ from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the o
 from vlmfast.run.parallel import Distributed
 from vlmfast.evaluation.rewards import load_rewards
 from vlmfast.run.results import (ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing,
-                                 renamed_legacy_ids)
+                                 recheck_kept, renamed_legacy_ids)
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
 from vlmfast.timing import peak_memory_mib, reset_peak_memory
@@ -87,7 +87,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
         from vlmfast.run.sweep_record import refuse_other_weights
 
         refuse_other_weights(Path(options.out), weights_id)  # a resume onto rows another checkpoint's weights made
-    work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None)
+    work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None, reward)
     work = dataclasses.replace(work, notes=work.notes + [n for n in (seed_note, getattr(reward, "note", None)) if n])
     if weights is not None and weights.allowed:
         lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
@@ -96,6 +96,8 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     if reward is not None and not options.skip_bad:  # --skip-bad records reward failures per row instead
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
+        if dist.is_main and options.out is not None:  # the kept rows scored against today's ground truth
+            finalize(Path(options.out), work.order, work.existing)
         report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
                            rows=list(work.existing.values()), batch_size=options.batch_size or 0)
         report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out}, the model was not "
@@ -208,8 +210,8 @@ def check_inputs(options: InferOptions) -> Collected:
     return collected
 
 
-def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None
-                 ) -> Work:
+def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None,
+                 reward=None) -> Work:
     """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
     earlier run already finished: those are skipped (error rows redone with ``retry_errors``). ``settings``:
     the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep.
@@ -254,6 +256,7 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
             existing, _ = read_existing(out, repair=False)
         existing = renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [],
                                       bad_ids=[b.id for b in collected.bad])
+        notes += recheck_kept(existing, collected.requests, out, options, reward) if not options.overwrite else []
     n = options.generation.n
     kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
     answers = {}  # id → how many of its n answers the file holds (a request is done with all n)
