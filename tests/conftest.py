@@ -135,6 +135,15 @@ def edit_json(path: Path, fn) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
+def retrain_adapter(adapter_file: Path) -> None:
+    """A LoRA adapter's weights changed as a further training step changes them (every lora_B negated), shapes
+    kept: what a trainer saving over the adapter file leaves."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(adapter_file))
+    save_file({k: -v if "lora_B" in k else v for k, v in state.items()}, str(adapter_file), metadata={"format": "pt"})
+
+
 class FakeBackend:
     """A :class:`vlmfast.engines.contract.Backend` without a model: every request answers ``answers[id]`` (default
     "A") as ``<think>…</think><answer>…</answer>`` in ``tokens`` new tokens. Runner, summary and report

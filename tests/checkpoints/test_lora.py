@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import edit_json
+from conftest import edit_json, retrain_adapter
 from vlmfast.checkpoints.load import load
 from vlmfast.checkpoints.readers import is_adapter_dir
 from vlmfast.errors import CheckpointError
@@ -89,3 +89,41 @@ def test_an_adapter_for_another_model_is_a_clear_error(lora, tmp_path):
     with pytest.raises(CheckpointError, match="cannot apply the adapter") as err:
         load(str(d), device="cpu")
     assert "--base" in err.value.hint
+
+
+def test_an_adapter_fingerprint_covers_its_files_and_its_base_weights(lora, tmp_path):
+    """An adapter's rows are made by its base's weights as much as by its own: its fingerprint changes when
+    either changes, and says what it covers (a hub id base counts by name only)."""
+    from vlmfast.checkpoints.fingerprint import fingerprint, weights_fingerprint
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    base = shutil.copytree(lora.base, tmp_path / "base")
+    d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
+    edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path=str(base)))
+    first = weights_fingerprint(locate(d))
+    assert first is not None and first["digest"].startswith("sampled:")
+    assert first["base"] == {"source": str(base), "digest": fingerprint(base)["digest"]} and str(base) in first["of"]
+    assert first["adapter"]["files"] == 1 and first["adapter"]["tensors"] > 0
+    assert first["tensors"] == first["adapter"]["tensors"] + fingerprint(base)["tensors"]
+    assert weights_fingerprint(locate(lora.model_dir))["digest"] == first["digest"]  # the same bytes elsewhere
+    assert weights_fingerprint(locate(d), "full")["digest"].startswith("full:")
+
+    retrain_adapter(d / "adapter_model.safetensors")  # the adapter file saved over
+    retrained = weights_fingerprint(locate(d))
+    assert retrained["digest"] != first["digest"] and retrained["base"] == first["base"]
+    assert weights_fingerprint(locate(d), base=str(lora.base))["digest"] == retrained["digest"]  # --base: same bytes
+
+    shutil.copyfile(build_checkpoint(tmp_path / "seed1", seed=1) / "model.safetensors", base / "model.safetensors")
+    rebased = weights_fingerprint(locate(d))  # the base's weights replaced, the adapter's kept
+    assert rebased["digest"] not in (first["digest"], retrained["digest"]) and rebased["adapter"] == retrained["adapter"]
+
+    edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path="Qwen/Qwen2.5-VL-3B-Instruct"))
+    hub = weights_fingerprint(locate(d))
+    assert hub["base"] == {"source": "Qwen/Qwen2.5-VL-3B-Instruct", "digest": None} and "hub id" in hub["of"]
+    assert hub["tensors"] == hub["adapter"]["tensors"] and hub["digest"] != rebased["digest"]
+    other_hub = weights_fingerprint(locate(d), base="Qwen/Qwen2.5-VL-7B-Instruct")
+    assert other_hub["digest"] != hub["digest"]  # the base's name counts
+    edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path="/gone/base"))
+    gone = weights_fingerprint(locate(d))
+    assert gone["base"]["digest"] is None and "not a local model directory" in gone["of"]

@@ -7,6 +7,10 @@ and an RL update changes nearly every tensor. ``full=True`` digests every byte i
 7B model on a slow disk). Other weight files (pickle ``.bin``) count by name, size and their first and
 last ``SAMPLE_BYTES``. Equal files give equal fingerprints on every machine.
 
+:func:`adapter_fingerprint` is a LoRA adapter checkpoint's: its ``adapter_model*`` files and the weights it
+runs on, its base's fingerprint (when the base is a local model directory; a hub id, or a base not here,
+counts by name only, and the fingerprint's ``of`` says so).
+
 :func:`readback_mismatch` reads a few tensors of a checkpoint (first, middle and last by name, and the
 LM head) from its files and compares them with the loaded model's: after an in-place swap, a model that
 kept the previous step's numbers is caught at the step it happened.
@@ -30,13 +34,54 @@ def weight_files(d: Path) -> list[Path]:
                   if not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS)
 
 
+def adapter_files(d: Path) -> list[Path]:
+    """A LoRA adapter dir's weight files (``adapter_model.safetensors``, or the older ``.bin``), sorted."""
+    return sorted(p for pattern in ("adapter_model*.safetensors", "adapter_model*.bin") for p in Path(d).glob(pattern))
+
+
 def fingerprint(d, *, full: bool = False) -> dict:
     """``{"digest": "sampled:<16 hex>" | "full:<16 hex>", "files", "tensors", "bytes"}`` of the weight files in
     ``d`` (see the module docstring). Raises OSError / ValueError on an unreadable file."""
+    return _of_files(weight_files(Path(d)), full)
+
+
+def adapter_fingerprint(d, base: str | None = None, *, full: bool = False) -> dict:
+    """:func:`fingerprint`'s fields over a LoRA adapter's files and its base's weights together, plus
+    ``adapter`` (the adapter files' own fingerprint), ``base`` (``source``: the base as named — ``base``, else
+    adapter_config.json's — and ``digest``: its fingerprint, None when its weights were not read) and ``of``
+    (what the digest covers, in words). Raises OSError / ValueError on an unreadable file."""
+    from vlmfast.checkpoints.locate import HUB_ID, locate
+    from vlmfast.checkpoints.readers import adapter_base_or_none
+    from vlmfast.errors import CheckpointError
+
+    own = _of_files(adapter_files(Path(d)), full)
+    spec = base or adapter_base_or_none(d)
+    found, weights, why = None, None, "adapter_config.json names no base"
+    if spec is not None and Path(spec).expanduser().is_dir():
+        try:
+            found = locate(spec)  # walked down as the loader walks it (a trainer output dir: its model)
+        except CheckpointError:
+            pass
+    if found is not None and found.kind == "model":
+        weights = fingerprint(found.path, full=full)
+    elif spec is not None:
+        why = (f"its base {spec} is a hub id, whose weights are not read: the base counts by name"
+               if not Path(spec).expanduser().exists() and HUB_ID.match(spec)
+               else f"its base {spec} is not a local model directory: it counts by name")
+    h = hashlib.sha256(b"adapter\0" + own["digest"].encode() + b"\0base\0")
+    h.update(weights["digest"].encode() if weights else b"name:" + (spec or "").encode("utf-8"))
+    every = [own] + ([weights] if weights else [])
+    return {"digest": f"{own['digest'].split(':')[0]}:{h.hexdigest()[:16]}",
+            **{k: sum(f[k] for f in every) for k in ("files", "tensors", "bytes")},
+            "adapter": own, "base": {"source": spec, "digest": weights["digest"] if weights else None},
+            "of": f"the adapter's weights and its base's ({found.path})" if weights else f"the adapter's weights only ({why})"}
+
+
+def _of_files(files: list[Path], full: bool) -> dict:
     from vlmfast.checkpoints.readers import _safetensors_head
 
     h = hashlib.sha256()
-    files, tensors, total = weight_files(Path(d)), 0, 0
+    tensors, total = 0, 0
     for path in files:
         h.update(path.name.encode("utf-8") + b"\0")
         with open(path, "rb") as f:
@@ -101,12 +146,15 @@ def readback_mismatch(state: dict, directory: Path, pairs: list[tuple[str, str, 
     return None
 
 
-def weights_fingerprint(found, how: str = "sampled") -> dict | None:
-    """The fingerprint of a local model checkpoint's weights (``how``: ``sampled`` or ``full``); None for a hub
-    id, an adapter, or files that cannot be read (the loader says why)."""
-    if found is None or not found.is_local or found.kind != "model":
+def weights_fingerprint(found, how: str = "sampled", base: str | None = None) -> dict | None:
+    """The fingerprint of a local checkpoint's weights (``how``: ``sampled`` or ``full``): a model's, or a LoRA
+    adapter's with its base's (``base``: the one it runs on, default the one adapter_config.json names); None
+    for a hub id, or files that cannot be read (the loader says why)."""
+    if found is None or not found.is_local or found.kind not in ("model", "adapter"):
         return None
     try:
+        if found.kind == "adapter":
+            return adapter_fingerprint(found.path, base, full=how == "full")
         return fingerprint(found.path, full=how == "full")
     except (OSError, ValueError, KeyError, TypeError):
         return None

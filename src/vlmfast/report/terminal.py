@@ -81,7 +81,7 @@ def render_infer(report) -> None:
     table.add_row("checkpoint", escape(report.checkpoint))
     if report.fingerprint:
         fp = report.fingerprint
-        table.add_row("weights", f"{fp['digest']} ({plural(fp['tensors'], 'tensor')}, {fp['bytes'] / 2**20:,.1f} MiB)")
+        table.add_row("weights", f"{fp['digest']} ({plural(fp['tensors'], 'tensor')}, {fp['bytes'] / 2**20:,.1f} MiB)" + (f": {escape(fp['of'])}" if fp.get("of") else ""))
     table.add_row("KV cache", f"saved off in: {off} → [green]forced on[/green]" if cache["found_off"] else "[green]on[/green] (as saved)")
     speed = [report.decoder + " decoder"] + (["CUDA graphs"] if report.cuda_graphs else []) + (["compiled"] if report.compiled else [])
     batching = (f"{report.batch_size} decode rows, continuous ({plural(report.batches, 'admission')})"

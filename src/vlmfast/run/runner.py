@@ -76,7 +76,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
     weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
-    weights_id = weights_fingerprint(found, options.fingerprint)  # what a resume is checked against
+    weights_id = weights_fingerprint(found, options.fingerprint, options.base)  # what a resume is checked against
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     options, seed_note = fixed_seed(options, agree=dist.reduce_max)  # one seed for every process
@@ -121,11 +121,10 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
             clear_out(Path(options.out))
         runtime = {k: getattr(backend.facts(), k) for k in ("engine", "device", "dtype", "repetition_penalty")}
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
-            from vlmfast.run.sweep_record import record
+            from vlmfast.run.sweep_record import fingerprint_figures, record
 
             # what made the rows to come, the weights' fingerprint too: a resume is checked against them
-            record(Path(options.out), settings, {"fingerprint": weights_id["digest"] if weights_id else None,
-                                                 "runtime": runtime})
+            record(Path(options.out), settings, {**fingerprint_figures(weights_id), "runtime": runtime})
         elif settings is not None and dist.is_main:
             from vlmfast.run.sweep_record import refuse_other_penalty, runtime_note
 

@@ -276,7 +276,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     from vlmfast.checkpoints.fingerprint import weights_fingerprint
     from vlmfast.run.sweep_record import forget_if_changed
 
-    weights_id = weights_fingerprint(found, options.infer.fingerprint)
+    weights_id = weights_fingerprint(found, options.infer.fingerprint, options.infer.base)
     changed = forget_if_changed(out, weights_id)
     if changed:
         say(changed)
@@ -295,8 +295,8 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     if same:
         notes.append(f"step {entry.step}: {same}")
     figures = _figures(entry, out, rows, report, how, seconds)
-    figures["fingerprint"] = weights_id["digest"] if weights_id else None
-    from vlmfast.run.sweep_record import MEASURED, measured, record
+    from vlmfast.run.sweep_record import MEASURED, fingerprint_figures, measured, record
+    figures.update(fingerprint_figures(weights_id))  # an adapter's covers its base's weights, or says it does not
 
     if report.samples == 0 and (kept := measured(out)):  # read back, nothing measured: the figures of when it ran
         figures = {**{k: v for k, v in figures.items() if k not in MEASURED}, **kept, "read_back": True}

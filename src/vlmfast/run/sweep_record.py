@@ -137,6 +137,7 @@ def record(results: Path, settings: dict, figures: dict) -> None:
 
     data = {"settings": settings, "versions": versions(), "figures": {k: figures[k] for k in MEASURED if k in figures},
             "fingerprint": figures.get("fingerprint"),
+            **{k: figures[k] for k in ("fingerprint_of",) if k in figures},
             "runtime": figures["runtime"] if "runtime" in figures else _read(sidecar(results)).get("runtime")}
     atomic_write(sidecar(results), (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
 
@@ -196,6 +197,13 @@ def recorded_seed(results: list[Path]) -> int | None:
         if isinstance(seed, int) and not isinstance(seed, bool):
             return seed
     return None
+
+
+def fingerprint_figures(weights_id: dict | None) -> dict:
+    """What a record keeps of the weights' fingerprint: its digest, and what it covers where it says (an adapter's:
+    with its base's weights, or its base's name only)."""
+    return {"fingerprint": weights_id["digest"] if weights_id else None,
+            **({"fingerprint_of": weights_id["of"]} if weights_id and "of" in weights_id else {})}
 
 
 def refuse_other_weights(results: Path, weights_id: dict | None) -> None:
