@@ -150,7 +150,12 @@ def test_missing_chat_template_falls_back_to_chatml_and_says_so(grpo_ckpt, image
         if (ckpt / name).exists():
             edit_json(ckpt / name, lambda c: c.pop("chat_template", None))
     loaded = load(str(ckpt), device="cpu")
-    assert any("no chat template" in n for n in loaded.notes)
+    # a Qwen2.5-VL checkpoint: its family's released template, default system turn included, as training had it
+    assert any(n.startswith("the checkpoint has no chat template: using Qwen2-VL's released one") for n in loaded.notes)
+    prompt = loaded.processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                                   "text": "Describe."}]}], add_generation_prompt=True, tokenize=False)
+    assert prompt == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<|vision_start|>"
+                      "<|image_pad|><|vision_end|>Describe.<|im_end|>\n<|im_start|>assistant\n")
     results, _ = Engine(loaded, GenerationSettings(max_new_tokens=3)).generate_batch(
         [Request("a", (str(images[0]),), "Describe.")])
     assert results[0].n_image_tokens == 4 and results[0].n_new_tokens >= 1

@@ -131,7 +131,7 @@ def _files(d: Path, base_dir: Path | None) -> list[Finding]:
                            f"{fix} (copies them from the base model)"))
     if not has_chat_template(d):
         out.append(Finding("warning", "chat-template-missing", "chat_template.jinja",
-                           "no chat template: tools other than vlmfast (which falls back to ChatML) cannot build prompts",
+                           "no chat template: other tools cannot build prompts; vlmfast uses Qwen2-VL's released one or ChatML",
                            f"{fix} (copies it from the base model)"))
     return out
 

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import (CHAT_TEMPLATE, cache_off_locations, read_configs, require_loadable,
-                                         saved_cache_enabled)
+from vlmfast.checkpoints.readers import (CHAT_TEMPLATE, QWEN2_VL_CHAT_TEMPLATE, cache_off_locations, read_configs,
+                                         require_loadable, saved_cache_enabled)
 from vlmfast.errors import CheckpointError, UsageError, check_choice
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
@@ -288,9 +288,13 @@ def load_processor(path, *, trust_remote_code: bool, hint: str, template: str | 
     tokenizer.padding_side = "left"
     notes = []
     if getattr(processor, "chat_template", None) is None:
-        processor.chat_template = template or CHAT_TEMPLATE
+        # Qwen2-VL and Qwen2.5-VL: their released template, whose default system turn the run was trained with
+        released = type(processor).__name__ in ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
+        processor.chat_template = template or (QWEN2_VL_CHAT_TEMPLATE if released else CHAT_TEMPLATE)
         if template is None:
-            notes.append("the checkpoint has no chat template: using vlmfast's ChatML template")
+            notes.append("the checkpoint has no chat template: using " + (
+                "Qwen2-VL's released one (with its default system turn, \"You are a helpful assistant.\")" if released
+                else "vlmfast's ChatML template") + "; copy the base model's if the run used another")
     return processor, notes
 
 
