@@ -83,6 +83,12 @@ def test_easyr1_unmerged_says_how_to_merge_then_runs_once_merged(layouts, images
     with pytest.raises(CheckpointError, match="FSDP shards") as err:
         load(str(root), device="cpu")
     assert "scripts/model_merger.py" in err.value.hint and f"--local_dir {actor}" in err.value.hint
+    (actor / "fsdp_config.json").write_text('{"FSDP_version": 1, "world_size": 2}')  # as verl saves it beside the shards
+    with pytest.raises(CheckpointError, match="FSDP shards") as err:
+        load(str(root), device="cpu")
+    assert err.value.hint.startswith(f"merge the shards with verl: python -m verl.model_merger merge --backend fsdp "
+                                     f"--local_dir {actor} --target_dir {actor / 'huggingface'}, then point --ckpt")
+    (actor / "fsdp_config.json").unlink()
     merged = merge_fsdp_shards(actor)
     loaded = load(str(root), device="cpu")
     assert loaded.source == str(merged) and "global_step_4" in loaded.notes[0]

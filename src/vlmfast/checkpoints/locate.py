@@ -108,8 +108,12 @@ def require(found: Located, *kinds: str) -> Located:
 
 
 def fsdp_merge_hint(found: Located) -> str:
-    """How to turn EasyR1's per-rank FSDP shards into a loadable checkpoint."""
+    """How to turn per-rank FSDP shards into a loadable checkpoint: verl's merger (an actor dir with verl's
+    fsdp_config.json) writes where --target_dir says; EasyR1's into actor/huggingface."""
     actor = found.path.parent
+    if (actor / "fsdp_config.json").is_file():
+        return (f"merge the shards with verl: python -m verl.model_merger merge --backend fsdp --local_dir {actor} "
+                f"--target_dir {found.path}, then point --ckpt at {found.path}")
     return (f"merge the shards with EasyR1: python3 scripts/model_merger.py --local_dir {actor} "
             f"(it writes the weights into {found.path}), then point --ckpt at {found.path}")
 
