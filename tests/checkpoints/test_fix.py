@@ -102,6 +102,28 @@ def test_backups_keep_the_original_bytes_across_repeated_fixes(grpo_ckpt, tmp_pa
         "config.json: use_cache", "config.json: text_config.use_cache", "generation_config.json: use_cache"}
 
 
+def test_an_interrupted_fix_names_what_it_wrote_and_a_rerun_finishes_it(grpo_ckpt, tmp_path, monkeypatch):
+    import vlmfast.checkpoints.fix as fix
+    from vlmfast.errors import Interrupted
+
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    real, calls = fix.atomic_write, []
+
+    def cut_at_the_third(path, data, **kw):  # Ctrl-C (or SIGTERM) arrives while the third file is written
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(path, data, **kw)
+
+    monkeypatch.setattr(fix, "atomic_write", cut_at_the_third)
+    with pytest.raises(Interrupted, match=r"interrupted after writing config.json.orig, config.json$") as err:
+        apply_fix(plan_fix(d))
+    assert err.value.exit_code == 130 and "rerun the same command" in err.value.hint
+    monkeypatch.setattr(fix, "atomic_write", real)
+    apply_fix(plan_fix(d))
+    assert not [f for f in diagnose(d) if f.code == "cache-off"]
+
+
 def test_dry_run_writes_nothing_and_shows_the_diff(base_ckpt, tmp_path):
     d = _broken(base_ckpt, tmp_path / "c")
     before = _digests(d)

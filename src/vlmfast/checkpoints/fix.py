@@ -272,6 +272,12 @@ def apply_fix(plan: FixPlan, dry_run: bool = False, *, backup: bool = True) -> F
             result.written.append(e.path)
     except OSError as exc:
         raise FixError(f"{plan.target}: cannot write ({exc})", hint=_copy_hint(plan.target)) from exc
+    except KeyboardInterrupt:  # each file is whole (written atomically), the set is not: say which are done
+        from vlmfast.errors import Interrupted
+
+        done = [p.name for p in result.copied + result.backups + result.written]
+        raise Interrupted(f"{plan.target}: interrupted after writing {', '.join(done) or 'nothing'}",
+                          hint="rerun the same command: it finishes the fix (backups already made are kept)") from None
     return result
 
 
