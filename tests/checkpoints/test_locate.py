@@ -27,6 +27,13 @@ def test_checkpoint_n_picks_highest_numeric_with_weights(grpo_ckpt, tmp_path):
     assert found.source == str(out / "checkpoint-10") and found.is_local
     assert "checkpoint-10" in found.note
     assert "skipped checkpoint-1000 (no config.json), checkpoint-100 (config.json but no weights)" in found.note
+    for name in os.listdir(grpo_ckpt):  # TRL's final save_model at the top of its output dir: taken, and said
+        shutil.copy(grpo_ckpt / name, out / name)
+    found = require(locate(str(out)), "model")
+    assert found.source == str(out) and found.note == (
+        "using the model saved at the top of run/ (a trainer's final save), not its checkpoint-1000, checkpoint-100, "
+        "checkpoint-10 … (give one as --ckpt for it)")
+    assert require(locate(str(grpo_ckpt)), "model").note is None  # a model dir alone: nothing to say
 
 
 def test_locate_errors(tmp_path):

@@ -125,7 +125,10 @@ def walk(path: Path) -> Located:
     ``global_step_N/actor/huggingface``; ms-swift ``vX-*/checkpoint-N`` (highest version with weights).
     Raises CheckpointError when nothing there looks like a checkpoint."""
     if (path / "config.json").is_file() and has_weights(path):
-        return Located(path, "model")
+        inside = [d.name for _, d in numbered_subdirs(path, CHECKPOINT_DIR)]  # a trainer's final save at the top
+        return Located(path, "model", f"using the model saved at the top of {path.name}/ (a trainer's final save), not "
+                       f"its {', '.join(inside[:3])}{' …' if len(inside) > 3 else ''} (give one as --ckpt for it)"
+                       if inside else None)
     if is_adapter_dir(path):
         return Located(path, "adapter")
     for sub in ("huggingface", "actor/huggingface"):  # EasyR1 actor/ and global_step_N/
