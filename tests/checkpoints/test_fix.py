@@ -144,6 +144,27 @@ def test_dry_run_on_a_run_dir_names_the_checkpoint_it_changes_and_the_ones_it_le
     assert "# not changed" not in apply_fix(plan_fix(run / "checkpoint-200"), dry_run=True).diff  # named directly
 
 
+def test_dry_run_on_an_easyr1_run_names_the_other_steps_it_leaves(grpo_ckpt, tmp_path):
+    run = tmp_path / "easy_r1" / "exp"
+    for n in (10, 20):  # merged: global_step_N/actor/huggingface holds the model
+        shutil.copytree(grpo_ckpt, run / f"global_step_{n}" / "actor" / "huggingface")
+    result = apply_fix(plan_fix(run), dry_run=True)
+    assert result.diff.startswith(f"# checkpoint: {run / 'global_step_20' / 'actor' / 'huggingface'}\n")
+    assert "# not changed, also cache-off: global_step_10 (run vlmfast fix on each)" in result.diff
+
+
+def test_an_unreadable_config_s_hint_names_a_backup_only_where_there_is_one(grpo_ckpt, tmp_path):
+    d = shutil.copytree(grpo_ckpt, tmp_path / "c")
+    (d / "generation_config.json").write_text('{"use_cache": fal')  # cut short
+    with pytest.raises(FixError) as err:
+        plan_fix(d)
+    assert ".orig" not in err.value.hint and "base model" in err.value.hint
+    (d / "generation_config.json.orig").write_text("{}")
+    with pytest.raises(FixError) as err:
+        plan_fix(d)
+    assert err.value.hint.startswith("restore it from generation_config.json.orig")
+
+
 def test_fix_on_a_run_dir_says_which_checkpoint_it_changed_and_which_it_left(grpo_ckpt, tmp_path):
     run = tmp_path / "run"
     for n in (100, 200):

@@ -69,7 +69,7 @@ class FixPlan:
             return ""
         parts = [f"# checkpoint: {self.target}\n"]
         if self.others:
-            parts.append(f"# not changed, also cache-off: {', '.join(p.name for p in self.others)} "
+            parts.append(f"# not changed, also cache-off: {', '.join(map(step_name, self.others))} "
                          f"(run vlmfast fix on each)\n")
         for e in self.edits:
             name = e.path.name
@@ -94,14 +94,24 @@ def _local_dir(spec) -> Path:
     return require(located(spec), "model", "fsdp", "incomplete").path
 
 
+def step_name(d: Path) -> str:
+    """A checkpoint dir's name in a run: ``checkpoint-N``, or EasyR1's and verl's ``global_step_N`` for its
+    ``actor/huggingface``."""
+    return d.parents[1].name if d.name == "huggingface" and d.parent.name == "actor" else d.name
+
+
 def _cache_off_siblings(spec, d: Path) -> list[Path]:
     """When ``spec`` is a run dir that resolved to one of its checkpoints: the other checkpoint dirs beside
     ``d`` whose configs also turn the cache off (fix changes only ``d``). A checkpoint handed over already
     located names its own directory."""
     if isinstance(spec, Located) or Path(spec).expanduser().resolve() == d.resolve():
         return []
+    if step_name(d) != d.name:  # EasyR1, verl: the other steps' global_step_N/actor/huggingface
+        candidates = [p / "actor" / "huggingface" for p in d.parents[2].iterdir() if p.is_dir()]
+    else:
+        candidates = [p for p in d.parent.iterdir() if p.is_dir()]
     others = []
-    for sibling in sorted(p for p in d.parent.iterdir() if p.is_dir() and p != d and (p / "config.json").is_file()):
+    for sibling in sorted(c for c in candidates if c != d and (c / "config.json").is_file()):
         try:
             config, generation = read_configs(sibling)
         except Exception:  # noqa: BLE001 - an unreadable sibling is not this fix's business
@@ -170,7 +180,9 @@ def _read(path: Path) -> dict:
     try:
         return read_json_object(path)
     except CheckpointError as exc:
-        raise FixError(exc.message, hint=f"restore it from {path.name}.orig or from the base model") from None
+        orig = path.with_name(path.name + ".orig")
+        raise FixError(exc.message, hint=f"restore it from {orig.name} (an earlier fix's backup)" if orig.is_file()
+                       else "copy it from the base model, or from another checkpoint of the run") from None
 
 
 def _missing_files(d: Path, base: Path) -> tuple[list[FileCopy], list[FileEdit]]:

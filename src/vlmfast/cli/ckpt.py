@@ -51,7 +51,7 @@ def fix(
     """Repair a checkpoint's configs (cache on, EOS list) and missing files, atomically with backups; or merge a LoRA adapter."""
 
     def run():
-        from vlmfast.checkpoints.fix import apply_fix, merge_lora as merge, plan_fix
+        from vlmfast.checkpoints.fix import apply_fix, merge_lora as merge, plan_fix, step_name
         from vlmfast.report.terminal import render_note, stderr
 
         if merge_lora is not None:
@@ -78,7 +78,7 @@ def fix(
         for backup in result.backups:
             stderr.print(f"backup: {backup}", markup=False)
         if plan.others:  # a run dir resolves to its highest checkpoint: the others are said, not silently left
-            render_note(f"not changed, also cache-off: {', '.join(p.name for p in plan.others)} (vlmfast fix "
+            render_note(f"not changed, also cache-off: {', '.join(map(step_name, plan.others))} (vlmfast fix "
                         f"{plan.others[0]} and so on; `infer` and `sweep` force the cache on without a fix)")
         _say_left(_what_is_left(plan.target, processor_from))
 
