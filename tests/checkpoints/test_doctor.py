@@ -279,6 +279,8 @@ def test_fixes_name_the_exact_command(grpo_ckpt, layouts, base_ckpt, tmp_path):
     assert set(fixes) >= {"tokenizer_class"} and any("'Qwen2VLImageProcessor'" in fx for fx in fixes.values())
     lora = next(f for f in diagnose(layouts["swift-lora"].root) if f.code == "lora-adapter")
     assert f"--base {layouts['swift-lora'].base}" in lora.fix and "--merge-lora" in lora.fix
+    moved = [f for f in diagnose(_lora_base_missing(_Ctx(base_ckpt, None, layouts, tmp_path))[0]) if f.code == "lora-adapter"]
+    assert "--base BASE" in moved[0].fix and "/nowhere" not in moved[0].fix  # not the path it says is missing
 
 
 def test_processor_of_another_family_names_both_places(base_ckpt, tmp_path):

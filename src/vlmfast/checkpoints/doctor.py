@@ -358,14 +358,14 @@ def _vocab(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) 
 
 
 def _adapter(d: Path, base) -> list[Finding]:
-    cfg = adapter_config(d)
-    named = adapter_base_or_none(d)
-    use = str(base) if base is not None else named
+    cfg, named = adapter_config(d), adapter_base_or_none(d)
+    here = named is not None and (Path(named).expanduser().exists() or HUB_ID.match(named) is not None)
+    use = str(base) if base is not None else named if here else None  # a base that is not here: BASE, not its path
     out = [Finding("warning", "lora-adapter", str(d),
                    f"a LoRA adapter (r={cfg.get('r')}, {cfg.get('peft_type', 'LORA')}), not a full model; base: {named or 'not named'}",
                    f"run it on its base: vlmfast infer --ckpt {shlex.quote(str(d))} --base {shlex.quote(use or 'BASE')}; "
                    f"or merge it: vlmfast fix {shlex.quote(str(d))} --merge-lora OUT")]
-    if base is None and (named is None or (not Path(named).expanduser().exists() and not HUB_ID.match(named))):
+    if base is None and not here:
         out.append(Finding("error", "lora-base-missing", f"{d.name}/adapter_config.json: base_model_name_or_path",
                            f"the adapter's base {named!r} is not here", "pass the base model: --base BASE"))
     return out
