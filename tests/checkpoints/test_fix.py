@@ -273,6 +273,8 @@ def test_read_only_dir_is_refused_before_writing(grpo_ckpt, tmp_path, monkeypatc
     assert "cp -r" in err.value.hint and err.value.exit_code == 2
     assert _digests(d) == before
     assert apply_fix(plan, dry_run=True).diff  # a dry run needs no write access
+    cache = next(f for f in diagnose(d) if f.code == "cache-off")  # doctor says to fix a copy, which fix can
+    assert cache.fix.startswith(f"cp -r {d} {d}-fixed && vlmfast fix {d}-fixed"), cache.fix
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file modes; the os.access refusal is tested above")

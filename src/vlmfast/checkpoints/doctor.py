@@ -45,9 +45,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     if target.note:
         found.append(Finding("info", "resolved", str(d), target.note, ""))
     if target.kind == "adapter":
-        found += _adapter(d, base) + _parity(d, evaluation)
-        found += _trainer_leftovers(d)
-        return _ordered(found)
+        return _ordered(found + _adapter(d, base) + _parity(d, evaluation) + _trainer_leftovers(d))
     config = read_json_object(d / "config.json")
     generation = read_json_object(d / "generation_config.json") if (d / "generation_config.json").is_file() else None
     base_cfg = read_json_object(base_dir / "config.json") if base_dir else None
@@ -55,8 +53,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     found += _eos(d, config, generation, base_dir, base_cfg)
     found += _generation_missing(d, config, generation, base_dir)
     found += _files(d, base_dir) + _saved_by_v5(d)
-    found += _family(d, config)
-    found += _classes(d)
+    found += _family(d, config) + _classes(d)
     found += _weights(target, base_dir, float32_min_bytes)
     found += whole_findings(target, config, base_dir)
     found += _remote_code(d)
@@ -74,7 +71,9 @@ def _base_dir(base) -> Path:
 
 
 def _fix_cmd(d: Path, base: Path | None = None) -> str:
-    cmd = f"vlmfast fix {shlex.quote(str(d))}"
+    fixed = d if os.access(d, os.W_OK) else d.with_name(d.name + "-fixed")  # read-only: fix refuses; fix a copy
+    cmd = ("" if fixed == d else f"cp -r {shlex.quote(str(d))} {shlex.quote(str(fixed))} && ") + \
+        f"vlmfast fix {shlex.quote(str(fixed))}"
     return cmd + (f" --processor-from {shlex.quote(str(base))}" if base else "")
 
 
