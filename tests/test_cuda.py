@@ -425,3 +425,15 @@ def test_answers_prefilled_ahead_take_rows_between_replays_with_the_eager_tokens
     assert replayed == eager and len(eager) == 9
     assert "answer(s) waited, prefilled, for a row" in said and " 0 answer(s) waited" not in said
     assert graphs._static and all(state.graph is not None for state in graphs._static.values())
+
+
+def test_a_compiled_repetition_penalty_divides_as_eager_does():
+    """On CUDA inductor turns ``logits / 1.05`` into a product with its reciprocal, which misses the quotient
+    in the last bit for some logits: the step calls an opaque operator instead, whose quotients are eager's."""
+    from vlmfast.engines.hf.sampling import penalize
+
+    logits = torch.randn(8, 151936, device="cuda") * 8
+    seen = torch.ones_like(logits, dtype=torch.bool)
+    assert not torch.equal(logits / 1.05, logits * (1 / 1.05))  # such logits are here: the test can fail
+    compiled = torch.compile(lambda x, s: penalize(x, s, 1.05), fullgraph=True)
+    assert torch.equal(compiled(logits, seen), penalize(logits, seen, 1.05))

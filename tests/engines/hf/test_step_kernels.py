@@ -27,6 +27,7 @@ def test_the_compiled_decode_step_has_no_graph_break(key, family_ckpts):
     assert graph_breaks(model) == 0
     if key == "qwen2_5_vl":
         assert graph_breaks(model, temperature=0.7, top_p=0.9) == 0
+        assert graph_breaks(model, penalty=1.05) == 0  # the checkpoint's repetition penalty, inside the step
 
 
 def test_a_decoder_layer_adds_at_most_eight_generated_kernels_and_one_product_per_projection_group(family_ckpts,
@@ -63,3 +64,23 @@ def call(args):
     assert count_kernels([cpu]) == (2, 2)
     assert count_kernels([gpu]) == (2, 1)
     assert count_kernels([cpu, gpu]) == (4, 3)
+
+
+def test_the_penalty_in_a_compiled_step_is_one_opaque_operator_with_eager_s_quotients():
+    """On CUDA inductor would turn ``logits / 1.05`` into a product with the reciprocal (and Triton divides
+    approximately): a last-bit difference from generate's quotient that can flip a near-tie. The compiled
+    graph calls the operator instead, whose kernels are eager's."""
+    import torch
+
+    from vlmfast.engines.hf.sampling import penalize
+
+    targets = []
+
+    def backend(gm, inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    logits, seen = torch.randn(4, 300), torch.rand(4, 300) > 0.5
+    chosen = torch.compile(lambda x, s: penalize(x, s, 1.05).argmax(-1), backend=backend, fullgraph=True)(logits, seen)
+    assert "vlmfast.repetition_penalty.default" in targets and not any("truediv" in t for t in targets)
+    assert torch.equal(chosen, penalize(logits, seen, 1.05).argmax(-1))

@@ -77,8 +77,25 @@ def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.
     """transformers' repetition penalty (``RepetitionPenaltyLogitsProcessor``, which plain ``generate`` applies
     from a checkpoint's generation config and vLLM too): every token a row has seen — its prompt and its answer
     so far — is made less likely, its logit divided by ``penalty`` when positive and multiplied when negative.
-    ``seen``: (rows, vocab) bool (:func:`seen_tokens`); float32 logits, as generate scores them."""
+    ``seen``: (rows, vocab) bool (:func:`seen_tokens`); float32 logits, as generate scores them.
+
+    Inside a compiled step it is one opaque operator running these eager kernels: on CUDA, inductor turns a
+    division by a constant into a product with its reciprocal (and Triton's division is approximate), which
+    can differ from generate's quotient in the last bit and flip a near-tie of the greedy choice."""
+    if torch.compiler.is_compiling():
+        return _penalty_op(logits, seen, float(penalty))
     return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+@torch.library.custom_op("vlmfast::repetition_penalty", mutates_args=())
+def _penalty_op(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``vlmfast::repetition_penalty``: :func:`penalize` as one operator that inductor calls, not fuses."""
+    return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+@_penalty_op.register_fake
+def _(logits, seen, penalty):
+    return torch.empty_like(logits)
 
 
 def seen_tokens(input_ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -54,7 +54,8 @@ def count_kernels(code: list[str]) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _decode_step(model, layers: int, rows: int, length: int, temperature: float = 0.0, top_p: float = 1.0):
+def _decode_step(model, layers: int, rows: int, length: int, temperature: float = 0.0, top_p: float = 1.0,
+                 penalty: float = 1.0):
     """A static decode state over ``model``'s first ``layers`` decoder layers, inside the context its step
     runs in (:meth:`DecodeState.step_context`); the model's layers are restored afterwards."""
     import torch
@@ -69,7 +70,7 @@ def _decode_step(model, layers: int, rows: int, length: int, temperature: float 
         decoder = TextDecoder(model)
         state = DecodeState(decoder, rows, length, 8, static=True, eos_ids=[], pad_id=0,
                             bias=torch.zeros(decoder.vocab, device=model.lm_head.weight.device),
-                            temperature=temperature, top_p=top_p, forward=forward_static)
+                            temperature=temperature, top_p=top_p, forward=forward_static, penalty=penalty)
         state.cache.attend = length
         with torch.inference_mode(), state.step_context():
             torch._dynamo.reset()
@@ -81,14 +82,15 @@ def _decode_step(model, layers: int, rows: int, length: int, temperature: float 
         text.layers = kept
 
 
-def graph_breaks(model, *, rows: int = 4, length: int = 256, temperature: float = 0.0, top_p: float = 1.0) -> int:
+def graph_breaks(model, *, rows: int = 4, length: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                 penalty: float = 1.0) -> int:
     """Graph breaks dynamo finds in the static decode step of ``model``, token choice included (greedy, or a
-    draw at ``temperature`` with nucleus ``top_p``); traced, not compiled."""
+    draw at ``temperature`` with nucleus ``top_p``; under a repetition ``penalty``); traced, not compiled."""
     import torch
 
     from vlmfast.engines.hf.decode import step_static
 
-    with _decode_step(model, len(model.model.language_model.layers), rows, length, temperature, top_p) as state:
+    with _decode_step(model, len(model.model.language_model.layers), rows, length, temperature, top_p, penalty) as state:
         return torch._dynamo.explain(step_static)(state).graph_break_count
 
 
