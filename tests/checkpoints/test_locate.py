@@ -27,6 +27,10 @@ def test_checkpoint_n_picks_highest_numeric_with_weights(grpo_ckpt, tmp_path):
     assert found.source == str(out / "checkpoint-10") and found.is_local
     assert "checkpoint-10" in found.note
     assert "skipped checkpoint-1000 (no config.json), checkpoint-100 (config.json but no weights)" in found.note
+    (out / "checkpoint-10" / "generation_config.json").write_text('{"use_cache": fal')  # a save cut short too
+    found = require(locate(str(out)), "model")
+    assert found.source == str(out / "checkpoint-9") and "checkpoint-10 (generation_config.json unreadable: a save " \
+        "cut short?)" in found.note
     for name in os.listdir(grpo_ckpt):  # TRL's final save_model at the top of its output dir: taken, and said
         shutil.copy(grpo_ckpt / name, out / name)
     found = require(locate(str(out)), "model")
@@ -129,13 +133,16 @@ def test_path_errors_and_doctor_import_neither_torch_nor_transformers(grpo_ckpt,
     empty.mkdir()
     image = tmp_path / "i.png"
     image.write_bytes(b"")  # never opened: the checkpoint is checked first
+    # the tensors a config's model class expects are built once (that imports torch), then read from the cache
+    env = {**os.environ, "COLUMNS": "200", "VLMFAST_CACHE": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-m", "vlmfast", "doctor", str(grpo_ckpt)], capture_output=True, env=env, timeout=120)
     for args, said in (
         (["infer", "--ckpt", tmp_path / "nope", "--images", image, "--prompt", "p"], "no such directory"),
         (["infer", "--ckpt", empty, "--images", image, "--prompt", "p"], "not a checkpoint"),
         (["doctor", grpo_ckpt], "cache-off"),
     ):
         r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "COLUMNS": "200"})
+                           env=env)
         assert said in r.stderr, r.stderr
         assert r.stderr.strip().endswith(("exit 2 False False", "exit 0 False False")), r.stderr
 

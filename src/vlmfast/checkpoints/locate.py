@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import adapter_base_or_none, has_weights, is_adapter_dir, weights_complete
+from vlmfast.checkpoints.readers import (adapter_base_or_none, has_weights, is_adapter_dir, read_json_object,
+                                         weights_complete)
 from vlmfast.errors import CheckpointError
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -171,6 +172,10 @@ def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Locate
     why.update({d.name: SKIP_REASONS[f.kind] for _, d, f in located if f.kind in SKIP_REASONS})
     cut = {d.name for _, d, f in located if f.kind in ("model", "adapter") and not weights_complete(f.path)}
     why.update({name: "weights incomplete: a save cut short or still being written" for name in cut})
+    for _, d, f in located:  # a config file cut short: a save interrupted as surely as cut weights
+        if f.kind in ("model", "adapter") and d.name not in cut and (broken := _unreadable_config(f.path)):
+            cut.add(d.name)
+            why[d.name] = f"{broken} unreadable: a save cut short?"
     usable = [(n, d, found) for n, d, found in located if found.kind in ("model", "adapter") and d.name not in cut]
     if usable:
         n, chosen, found = usable[0]
@@ -191,6 +196,17 @@ def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Locate
         f"{path}: none of its {label} dirs ({', '.join(d.name for _, d in numbered[:5])}) holds config.json and weights",
         hint="point at a directory with config.json and *.safetensors; merge FSDP/LoRA outputs first",
     )
+
+
+def _unreadable_config(d: Path) -> str | None:
+    """The name of ``d``'s config file that is not a JSON object, if one is not."""
+    for name in ("config.json", "generation_config.json", "adapter_config.json"):
+        if (d / name).is_file():
+            try:
+                read_json_object(d / name)
+            except CheckpointError:
+                return name
+    return None
 
 
 def _latest_swift_run(path: Path, runs: list[tuple[int, Path]]) -> Located:
