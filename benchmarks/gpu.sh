@@ -7,13 +7,16 @@
 #
 # A lease of one call: KEEP_GOING=1 SLICE_S=560 timeout 540 bash benchmarks/gpu.sh (the CUDA tests run first).
 #
-# PLAN=one (the default) is one run of under 10 minutes on the Qwen2.5-VL-3B shape: tests/test_cuda.py,
-# the checkpoint, the decode step at batch 1 (8 images) and 32 (32 images: TTFT of 32 × 448 px, 32 × 128
-# tokens/s) with the default path, batch 1 compiled, the real-length mix (one run per mode), the prefill
-# with the vision blocks compiled (benchmarks/profile_prefill.py) and the decode attention's candidates
-# (benchmarks/bench_decode_attention.py) — ~9 min by the estimates below. PLAN=full adds the 7B shape,
-# --compile and plain generate at batches 1, 8 and 32, a compiled `infer` twice, the vision tower, the
-# eager prefill's profile and the compiled step's kernels per layer: several runs.
+# PLAN=one (the default): the Qwen2.5-VL-3B shape, its steps in the order of what a slice cut short should
+# have measured first: tests/test_cuda.py, the checkpoint, the decode step at batch 1 compiled (8 images,
+# `--compile`: SDPA attention, the default) and compiled with the attention by two matrix products
+# (VLMFAST_DECODE_ATTENTION=products), batch 32 by default (CUDA graphs; 32 images: TTFT of 32 × 448 px,
+# 32 × 128 tokens/s), the decode attention's candidates alone (benchmarks/bench_decode_attention.py),
+# batch 1 by default, the prefill with the vision blocks compiled (benchmarks/profile_prefill.py), last the
+# real-length mix — ~11.5 min by the estimates below (which ran ~30 % high in 0.12): one call runs what fits,
+# the same command again the rest. PLAN=full adds the 7B shape, --compile and plain generate at batches 1,
+# 8 and 32, a compiled `infer` twice, the vision tower, the eager prefill's profile and the compiled step's
+# kernels per layer: several calls.
 #
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
 # GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
@@ -46,13 +49,14 @@
 # token-steps ≈ 20 s + load + graph capture ≈ 50 s; batch 32 = 4 × (0.42 + 128 × 5.84 ms) ≈ 5 s + load
 # + capture ≈ 50 s; kernels = two compiles ≈ 60 s; the mix = 6 runs of ~2,600 steps ≈ 140 s; the
 # prefill profile ≈ 30 s, compiled ≈ 45 s; the decode attention's candidates ≈ 40 s; the CUDA tests ≈
-# 70 s (57 s on an H200 in 0.13; 0.12's whole plan took 374 s against 530 s of its estimates): a step
-# over its estimate only moves the rest to the next invocation. PLAN=full keeps the older, generous sizes (torch 2.11, transformers 5.17, vlmfast
-# 0.1 on an H100): plain generate takes ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384
-# token-steps), and vlmfast's eager loop was no faster (39.9 ms) — assumed for CUDA graphs too. So batch
-# 1 runs on the first 8 of the 32 images: 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all
-# 32 images: 4 and 1 batches of 128 steps per run, ≤ 92 ms per step (349 tokens/s at batch 32). A compile
-# costs 34–42 s per batch shape; loading a 7B checkpoint is allowed 90 s. Each estimate below rounds that up.
+# 180 s (29 tests; 22 took 89 s on an H100 in 0.14; 0.12's whole plan took 374 s against 530 s of its
+# estimates): a step over its estimate only moves the rest to the next invocation. PLAN=full keeps the
+# older, generous sizes (torch 2.11, transformers 5.17, vlmfast 0.1 on an H100): plain generate takes
+# ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384 token-steps), and vlmfast's eager loop was
+# no faster (39.9 ms) — assumed for CUDA graphs too. So batch 1 runs on the first 8 of the 32 images:
+# 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all 32 images: 4 and 1 batches of 128 steps
+# per run, ≤ 92 ms per step (349 tokens/s at batch 32). A compile costs 34–42 s per batch shape; loading a
+# 7B checkpoint is allowed 90 s. Each estimate below rounds that up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT_DIR:-build/gpu-bench}
@@ -173,8 +177,9 @@ else
   for size in ${SIZES:-3b 7b}; do ckpts+=("$out/ckpt/qwen2.5-vl-$size-grpo"); done
 fi
 # PLAN=one: the CUDA-only tests first (tiny checkpoints: CUDA graphs, compiled steps, bf16, continuous
-# admission between replays; 51 s on an H200 in 0.12, 89 s on an H100 in 0.14 before two compiled tests were added) ≈ 120 s, so a slice cut short still says whether the tokens hold
-[ "$plan" = one ] && step cuda-tests 120 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
+# admission between replays; 29 tests, of which 22 took 89 s on an H100 in 0.14) ≈ 180 s, so a slice cut
+# short still says whether the tokens hold
+[ "$plan" = one ] && step cuda-tests 180 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
 # the vision tower of the 3B and 7B (the same config), per-window vs merged attention: 2 workloads ×
 # 8 forwards × 2 ways of a 670M-parameter tower on 8k patches, random weights made on the GPU
 [ "$plan" = full ] && step vision 120 "$out/reports/vision.json" "$py" benchmarks/bench_vision.py --preset 3b \
@@ -209,10 +214,17 @@ for ckpt in "${ckpts[@]}"; do
     step "$name/$mode-b${sizes//,/-}" "$(est $many)" "$r-b${sizes//,/-}/report.json" vlmfast bench "${common[@]}" \
       "${extra[@]}" --images "$out/images-32" --batch-sizes "$sizes" --report "$r-b${sizes//,/-}"
   done
-  # PLAN=one: the compiled batch-1 step as `--compile` runs it (its attention by two matrix products on CUDA):
-  # a load + a compile of the step and the vision blocks (cold) + 4 × 1,024 steps ≈ 100 s
-  [ "$plan" = one ] && step "$name/compile-b1" "$(est 100)" "$out/reports/$name-compile-b1/report.json" vlmfast bench \
-    "${common[@]}" --compile --images "$out/images-8" --batch-sizes 1 --report "$out/reports/$name-compile-b1"
+  # PLAN=one: the compiled batch-1 step as `--compile` runs it (its attention by SDPA, the default), then
+  # with the attention by two matrix products (VLMFAST_DECODE_ATTENTION=products; the table's mode "compile,
+  # products attention"): each a load + a compile of the step and the vision blocks (cold) + 4 × 1,024
+  # steps ≈ 100 s
+  if [ "$plan" = one ]; then
+    step "$name/compile-b1" "$(est 100)" "$out/reports/$name-compile-b1/report.json" vlmfast bench \
+      "${common[@]}" --compile --images "$out/images-8" --batch-sizes 1 --report "$out/reports/$name-compile-b1"
+    step "$name/compile-products-b1" "$(est 100)" "$out/reports/$name-compile-products-b1/report.json" \
+      VLMFAST_DECODE_ATTENTION=products vlmfast bench "${common[@]}" --compile --images "$out/images-8" \
+      --batch-sizes 1 --report "$out/reports/$name-compile-products-b1"
+  fi
   # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
   [ "$plan" = full ] && step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" \
     "$out/reports/$name-infer"
@@ -251,6 +263,18 @@ if [ $# -eq 0 ] && [ -n "${RUN_SIZE:-}" ]; then
   rs=$RUN_SIZE
   step "run-$rs-x${RUN_CKPTS:-20}" $(( ${RUN_CKPTS:-20} * 40 + ${RUN_CKPTS:-20} * ${RUN_PROMPTS:-500} * ${RUN_TOKENS:-512} / 3000 + 60 )) \
     "$out/reports/run-$rs/sweep.json" whole_run "$rs" "$out/reports/run-$rs"
+fi
+
+# PLAN=one runs its steps by value, for a slice cut short: the tokens' tests, then what only the GPU can
+# say about the compiled step (both attentions), then the rest (a whole run, if asked, stays last)
+if [ "$plan" = one ]; then
+  ordered=()
+  for s in cuda-tests build compile-b1 compile-products-b1 default-b32 decode-attention default-b1 \
+           prefill-compiled lengths; do
+    for n in "${names[@]}"; do [ "${n##*/}" = "$s" ] && ordered+=("$n"); done
+  done
+  for n in "${names[@]}"; do [[ " ${ordered[*]} " == *" $n "* ]] || ordered+=("$n"); done
+  names=("${ordered[@]}")
 fi
 
 # -- run what is not done, within the slice ------------------------------------------------------

@@ -57,24 +57,29 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
     assert env_dry.returncode == 0 and plan(env_dry.stdout) == steps
 
 
-def test_the_default_plan_is_one_run_that_fits_a_ten_minute_command(tmp_path):
-    """PLAN=one: the CUDA tests first, then the 3B shape only — default decode at batch 1 and 32, batch 1
-    compiled, the real-length mix, the compiled prefill, the decode attention's candidates — estimated to
-    fit one slice, so one invocation runs all of it."""
+def test_the_default_plan_runs_its_steps_by_value(tmp_path):
+    """PLAN=one: the CUDA tests first, then the 3B shape only, in the order a slice cut short should keep —
+    batch 1 compiled with SDPA and with the two-product attention, batch 32 by default, the decode attention's
+    candidates, batch 1 by default, the compiled prefill, the real-length mix last."""
     out = tmp_path / "out"
     r = gpu_sh(out, "--dry-run", PLAN="one")
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
     assert [name for _, name, _ in steps] == ["cuda-tests"] + [f"qwen2.5-vl-3b-grpo/{s}" for s in (
-        "build", "default-b1", "default-b32", "compile-b1", "lengths", "prefill-compiled", "decode-attention")]
-    assert sum(int(rest.split()[0].lstrip("~")) for _, _, rest in steps) <= 540  # SLICE_S's default
+        "build", "compile-b1", "compile-products-b1", "default-b32", "decode-attention", "default-b1",
+        "prefill-compiled", "lengths")]
+    assert int(steps[0][2].split()[0].lstrip("~")) >= 180  # 29 CUDA tests
     runs = {name: rest for _, name, rest in steps}
+    products = runs["qwen2.5-vl-3b-grpo/compile-products-b1"]
+    assert products.split(": ", 1)[1].startswith("VLMFAST_DECODE_ATTENTION=products vlmfast bench ")
+    assert f"--compile --images {out}/images-8 --batch-sizes 1 --report {out}/reports/qwen2.5-vl-3b-grpo-compile-products-b1" in products
+    assert [name for name, rest in runs.items() if "VLMFAST_DECODE_ATTENTION" in rest] == ["qwen2.5-vl-3b-grpo/compile-products-b1"]
     assert f"--images {out}/images-32 --batch-sizes 32 " in runs["qwen2.5-vl-3b-grpo/default-b32"]
     assert "--runs 1 --modes static,continuous " in runs["qwen2.5-vl-3b-grpo/lengths"]
     assert f"--batch 32 --compile --json {out}/reports/qwen2.5-vl-3b-grpo-compiled-prefill.json" in runs[
         "qwen2.5-vl-3b-grpo/prefill-compiled"]
     assert [name for name, rest in runs.items() if "--compile" in rest] == [
-        "qwen2.5-vl-3b-grpo/compile-b1", "qwen2.5-vl-3b-grpo/prefill-compiled"]
+        "qwen2.5-vl-3b-grpo/compile-b1", "qwen2.5-vl-3b-grpo/compile-products-b1", "qwen2.5-vl-3b-grpo/prefill-compiled"]
     assert f"--compile --images {out}/images-8 --batch-sizes 1 " in runs["qwen2.5-vl-3b-grpo/compile-b1"]
     default = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
                              env={k: v for k, v in {**os.environ, "OUT_DIR": str(out)}.items() if k != "PLAN"})
@@ -168,6 +173,7 @@ elif args[:2] == ["-m", "vlmfast"]:
         report = _bench_report(opt("--ckpt"), 8 if opt("--batch-sizes") == "1" else 32,
                                [int(b) for b in opt("--batch-sizes").split(",")],
                                decoder=opt("--decoder") if "--decoder" in rest else "vlmfast", compile="--compile" in rest)
+        report["notes"] = [f"VLMFAST_DECODE_ATTENTION={{os.environ.get('VLMFAST_DECODE_ATTENTION')}}"]
         os.makedirs(opt("--report"), exist_ok=True)
         open(os.path.join(opt("--report"), "report.json"), "w").write(json.dumps(report))
     elif command == "infer":
@@ -342,3 +348,18 @@ def test_only_runs_the_steps_it_names(tmp_path):
     assert [n for a, n, _ in plan(r.stdout) if a == "run"] == [
         "qwen2.5-vl-3b-grpo/build", "qwen2.5-vl-3b-grpo/default-b1", "qwen2.5-vl-3b-grpo/default-b8-32"]
     assert "skip  qwen2.5-vl-3b-grpo/infer  (not in ONLY=build|default)" in r.stdout
+
+
+def test_the_products_attention_step_runs_with_its_variable_and_has_its_own_row(tmp_path):
+    """PLAN=one in one call: the steps run in the plan's order, VLMFAST_DECODE_ATTENTION=products reaches the
+    compile-products-b1 step's Python (and no other step's), and the table labels that row apart."""
+    out, fake = tmp_path / "out", _fake_python(tmp_path)
+    r = gpu_sh(out, PYTHON=fake, PLAN="one", SLICE_S="100000")
+    assert r.returncode == 0, r.stderr
+    ran = [line.split()[1] for line in r.stderr.splitlines() if line.startswith("[gpu.sh]") and "(estimate" in line]
+    assert ran == [n for _, n, _ in plan(r.stdout)] and ran[3] == "qwen2.5-vl-3b-grpo/compile-products-b1"
+    notes = {d.name: json.loads((d / "report.json").read_text())["notes"] for d in (out / "reports").iterdir() if d.is_dir()}
+    assert notes.pop("qwen2.5-vl-3b-grpo-compile-products-b1") == ["VLMFAST_DECODE_ATTENTION=products"]
+    assert notes and all(n == ["VLMFAST_DECODE_ATTENTION=None"] for n in notes.values())
+    assert [line.split(" | ")[1:3] for line in (out / "table.md").read_text().splitlines() if line.startswith("| qwen")][:4] == [
+        ["default", "1"], ["default", "32"], ["compile", "1"], ["compile, products attention", "1"]]
