@@ -15,7 +15,7 @@
 #
 # Where $OUT is set (the folder a lent machine's tool brings back), the small results are copied into
 # $OUT/gpu-bench/ after every step and on exit: reports/ (its .json, .txt and .log files under 5 MB, no
-# compile cache or checkpoint), device.json, table.md and benchmarks/RESULTS.md — no checkpoint or image.
+# compile cache or checkpoint), device.json, table.md and (WRITE_RESULTS=1) benchmarks/RESULTS.md.
 #
 # PLAN=one (the default): the Qwen2.5-VL-3B shape, its steps in the order of what a slice cut short should
 # have measured first: tests/test_cuda.py, the checkpoint, the decode step at batch 1 compiled (8 images,
