@@ -1,28 +1,42 @@
 #!/usr/bin/env bash
 # GPU figures on a CUDA machine, as a list of steps that each take under 8 minutes, without a package index:
 #   bash benchmarks/gpu.sh [CKPT]          run the steps not done yet, as many as fit SLICE_S; rerun until exit 0
-#   DRY_RUN=1 bash benchmarks/gpu.sh       print the plan: each step, its estimate, run or skip (no GPU needed)
+#   DRY_RUN=1 bash benchmarks/gpu.sh       print the plan: each step, its estimate and limit, run or skip (no GPU needed)
 # Exit codes: 0 every step done, table written · 75 steps left: run the same command again · 1 a step
-# failed · 2 the machine lacks CUDA or a Python package (named) that WHEELS could not provide.
+# failed or ran past its limit · 2 the machine lacks CUDA or a Python package (named) that WHEELS could not
+# provide · 143 (130) stopped by SIGTERM (SIGINT): the running step's processes killed, results copied.
 #
-# A lease of one call: KEEP_GOING=1 SLICE_S=560 timeout 540 bash benchmarks/gpu.sh (the CUDA tests run first).
+# A lease of one call (a command killed at 600 s): KEEP_GOING=1 SLICE_S=420 timeout 570 bash benchmarks/gpu.sh.
+# SLICE_S counts from the script's start, setup included: a step starts only if its estimate ends by 420 s,
+# which leaves 150 s of the 570 to steps that overrun their estimates. At 570 s `timeout` sends SIGTERM: the
+# script kills the running step's process tree and copies what it has, 30 s before the call is killed.
+# Every step has its own limit, 2 × its estimate + 60 s (STEP_LIMIT_S=N: N s for every step): past it, the
+# step's process tree is killed, the step fails and the next one starts (KEEP_GOING=1).
 #
-# PLAN=one (the default) is one run of under 10 minutes on the Qwen2.5-VL-3B shape: tests/test_cuda.py,
-# the checkpoint, the decode step at batch 1 (8 images) and 32 (32 images: TTFT of 32 × 448 px, 32 × 128
-# tokens/s) with the default path, batch 1 compiled, the real-length mix (one run per mode), the prefill
-# with the vision blocks compiled (benchmarks/profile_prefill.py) and the decode attention's candidates
-# (benchmarks/bench_decode_attention.py) — ~9 min by the estimates below. PLAN=full adds the 7B shape,
-# --compile and plain generate at batches 1, 8 and 32, a compiled `infer` twice, the vision tower, the
-# eager prefill's profile and the compiled step's kernels per layer: several runs.
+# Where $OUT is set (the folder a lent machine's tool brings back), the small results are copied into
+# $OUT/gpu-bench/ after every step and on exit: reports/ (its .json, .txt and .log files under 5 MB, no
+# compile cache or checkpoint), device.json, table.md and (WRITE_RESULTS=1) benchmarks/RESULTS.md.
+#
+# PLAN=one (the default): the Qwen2.5-VL-3B shape, its steps in the order of what a slice cut short should
+# have measured first: tests/test_cuda.py, the checkpoint, the decode step at batch 1 compiled (8 images,
+# `--compile`: SDPA attention, the default) and compiled with the attention by two matrix products
+# (VLMFAST_DECODE_ATTENTION=products), batch 32 by default (CUDA graphs; 32 images: TTFT of 32 × 448 px,
+# 32 × 128 tokens/s), the decode attention's candidates alone (benchmarks/bench_decode_attention.py),
+# batch 1 by default, the prefill with the vision blocks compiled (benchmarks/profile_prefill.py), last the
+# real-length mix — ~11.5 min by the estimates below (which ran ~30 % high in 0.12): one call runs what fits,
+# the same command again the rest. PLAN=full adds the 7B shape, --compile and plain generate at batches 1,
+# 8 and 32, a compiled `infer` twice, the vision tower, the eager prefill's profile and the compiled step's
+# kernels per layer: several calls.
 #
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
 # GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
 # modes — default (CUDA graphs), --compile, --decoder hf (plain generate) — then a compiled `infer` twice
 # (the second finds the kernels in the compile cache), the real-length mix (bench_lengths.py) and the
 # compiled step's kernels per layer (bench_kernels.py). First, once: the vision tower's attention per
-# window vs merged (benchmarks/bench_vision.py); last, once: tests/test_cuda.py (pytest, from WHEELS if missing). A step whose report is in OUT_DIR is skipped, so
-# a killed or timed-out slice loses only its running step. After every slice one table is rebuilt from
-# every report in OUT_DIR (OUT_DIR/table.md and the GPU section of benchmarks/RESULTS.md).
+# window vs merged (benchmarks/bench_vision.py); last, once: tests/test_cuda.py (pytest, from WHEELS if
+# missing). A step whose report is in OUT_DIR is skipped, so a killed or timed-out slice loses only its
+# running step. After every step one table is rebuilt from every report in OUT_DIR (OUT_DIR/table.md and
+# the GPU section of benchmarks/RESULTS.md).
 #
 # With RUN_SIZE=7b (or 3b), last, a whole run judged end to end (the step run-SIZE-xN): RUN_CKPTS=20
 # checkpoints of that shape (each its own seeded weights, ~17 GB of disk apiece for 7B: the step says how
@@ -32,8 +46,9 @@
 #
 # Knobs: PLAN=one|full, SIZES="3b 7b" (full), MODES="default compile hf" (full), ONLY=REGEX (run only the
 # steps whose name matches, e.g. ONLY='build|default' to leave the vision step for later), KEEP_GOING=1 (a failed
-# step does not stop the ones after it: for a one-call lease), OUT_DIR=build/gpu-bench, SLICE_S=540 (seconds of
-# steps per invocation, by their estimates), WRITE_RESULTS=1 (0: the table only in OUT_DIR),
+# step does not stop the ones after it: for a one-call lease), OUT_DIR=build/gpu-bench, SLICE_S=420 (seconds
+# from the start by which the steps started must end, by their estimates), STEP_LIMIT_S (every step's limit;
+# by default its own), WRITE_RESULTS=1 (0: the table only in OUT_DIR),
 # PYTHON=python3, WHEELS=DIR (missing packages are installed from there with `pip install --no-index
 # --find-links DIR`, qwen-vl-utils without its video dependencies; fill it where an index is reachable,
 # for the GPU machine's Python version and platform: `pip download --no-deps qwen-vl-utils -d DIR`).
@@ -46,13 +61,14 @@
 # token-steps ≈ 20 s + load + graph capture ≈ 50 s; batch 32 = 4 × (0.42 + 128 × 5.84 ms) ≈ 5 s + load
 # + capture ≈ 50 s; kernels = two compiles ≈ 60 s; the mix = 6 runs of ~2,600 steps ≈ 140 s; the
 # prefill profile ≈ 30 s, compiled ≈ 45 s; the decode attention's candidates ≈ 40 s; the CUDA tests ≈
-# 70 s (57 s on an H200 in 0.13; 0.12's whole plan took 374 s against 530 s of its estimates): a step
-# over its estimate only moves the rest to the next invocation. PLAN=full keeps the older, generous sizes (torch 2.11, transformers 5.17, vlmfast
-# 0.1 on an H100): plain generate takes ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384
-# token-steps), and vlmfast's eager loop was no faster (39.9 ms) — assumed for CUDA graphs too. So batch
-# 1 runs on the first 8 of the 32 images: 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all
-# 32 images: 4 and 1 batches of 128 steps per run, ≤ 92 ms per step (349 tokens/s at batch 32). A compile
-# costs 34–42 s per batch shape; loading a 7B checkpoint is allowed 90 s. Each estimate below rounds that up.
+# 180 s (29 tests; 22 took 89 s on an H100 in 0.14; 0.12's whole plan took 374 s against 530 s of its
+# estimates): a step over its estimate only moves the rest to the next invocation. PLAN=full keeps the
+# older, generous sizes (torch 2.11, transformers 5.17, vlmfast 0.1 on an H100): plain generate takes
+# ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384 token-steps), and vlmfast's eager loop was
+# no faster (39.9 ms) — assumed for CUDA graphs too. So batch 1 runs on the first 8 of the 32 images:
+# 4,096 token-steps, ≤ 200 s at 48 ms. Batches 8 and 32 run all 32 images: 4 and 1 batches of 128 steps
+# per run, ≤ 92 ms per step (349 tokens/s at batch 32). A compile costs 34–42 s per batch shape; loading a
+# 7B checkpoint is allowed 90 s. Each estimate below rounds that up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT_DIR:-build/gpu-bench}
@@ -136,11 +152,11 @@ cuda_tests() {  # tests/test_cuda.py; its summary line is the step's report
 
 whole_run() {  # a training run judged end to end: RUN_CKPTS checkpoints of one shape, one sweep, timed
   local size=$1 dir=$2 n=${RUN_CKPTS:-20} prompts=${RUN_PROMPTS:-500} tokens=${RUN_TOKENS:-512} k need free t0
-  need=$(( n * ${size_gb[$size]} ))
+  need=$(( n * $(size_gb "$size") ))
   free=$(df -BG --output=avail "$out" | tail -1 | tr -dc 0-9)
   # each checkpoint its own weights on disk (one file shared by all would be read from the page cache)
   [ "$free" -ge "$need" ] || { say "a whole run of $n $size checkpoints needs ~$need GB of disk and $free GB \
-are free: set RUN_CKPTS=$(( free / ${size_gb[$size]} )) or fewer"; return 1; }
+are free: set RUN_CKPTS=$(( free / $(size_gb "$size") )) or fewer"; return 1; }
   for k in $(seq 1 "$n"); do  # checkpoint-100, -200, ...: the same shape, weights of seed k
     [ -s "$dir/run/checkpoint-$((k * 100))/vlmfast_tiny.json" ] || vlmfast make-checkpoint \
       "$dir/run/checkpoint-$((k * 100))" --preset "$size" --like grpo --seed "$k" > /dev/null || return 1
@@ -160,7 +176,7 @@ PY
     > "$dir/wall.json" || return 1
   mv "$dir/sweep.json.part" "$dir/sweep.json"
 }
-declare -A size_gb=([3b]=8 [7b]=17)  # a checkpoint's safetensors, rounded up
+size_gb() { case $1 in 7b) echo 17 ;; *) echo 8 ;; esac; }  # a checkpoint's safetensors, rounded up
 
 plan=${PLAN:-one}
 case $plan in one|full) ;; *) die "unknown PLAN '$plan' (one, full)" 2 ;; esac
@@ -173,8 +189,9 @@ else
   for size in ${SIZES:-3b 7b}; do ckpts+=("$out/ckpt/qwen2.5-vl-$size-grpo"); done
 fi
 # PLAN=one: the CUDA-only tests first (tiny checkpoints: CUDA graphs, compiled steps, bf16, continuous
-# admission between replays; 51 s on an H200 in 0.12, 89 s on an H100 in 0.14 before two compiled tests were added) ≈ 120 s, so a slice cut short still says whether the tokens hold
-[ "$plan" = one ] && step cuda-tests 120 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
+# admission between replays; 29 tests, of which 22 took 89 s on an H100 in 0.14) ≈ 180 s, so a slice cut
+# short still says whether the tokens hold
+[ "$plan" = one ] && step cuda-tests 180 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
 # the vision tower of the 3B and 7B (the same config), per-window vs merged attention: 2 workloads ×
 # 8 forwards × 2 ways of a 670M-parameter tower on 8k patches, random weights made on the GPU
 [ "$plan" = full ] && step vision 120 "$out/reports/vision.json" "$py" benchmarks/bench_vision.py --preset 3b \
@@ -209,10 +226,17 @@ for ckpt in "${ckpts[@]}"; do
     step "$name/$mode-b${sizes//,/-}" "$(est $many)" "$r-b${sizes//,/-}/report.json" vlmfast bench "${common[@]}" \
       "${extra[@]}" --images "$out/images-32" --batch-sizes "$sizes" --report "$r-b${sizes//,/-}"
   done
-  # PLAN=one: the compiled batch-1 step as `--compile` runs it (its attention by two matrix products on CUDA):
-  # a load + a compile of the step and the vision blocks (cold) + 4 × 1,024 steps ≈ 100 s
-  [ "$plan" = one ] && step "$name/compile-b1" "$(est 100)" "$out/reports/$name-compile-b1/report.json" vlmfast bench \
-    "${common[@]}" --compile --images "$out/images-8" --batch-sizes 1 --report "$out/reports/$name-compile-b1"
+  # PLAN=one: the compiled batch-1 step as `--compile` runs it (its attention by SDPA, the default), then
+  # with the attention by two matrix products (VLMFAST_DECODE_ATTENTION=products; the table's mode "compile,
+  # products attention"): each a load + a compile of the step and the vision blocks (cold) + 4 × 1,024
+  # steps ≈ 100 s
+  if [ "$plan" = one ]; then
+    step "$name/compile-b1" "$(est 100)" "$out/reports/$name-compile-b1/report.json" vlmfast bench \
+      "${common[@]}" --compile --images "$out/images-8" --batch-sizes 1 --report "$out/reports/$name-compile-b1"
+    step "$name/compile-products-b1" "$(est 100)" "$out/reports/$name-compile-products-b1/report.json" \
+      VLMFAST_DECODE_ATTENTION=products vlmfast bench "${common[@]}" --compile --images "$out/images-8" \
+      --batch-sizes 1 --report "$out/reports/$name-compile-products-b1"
+  fi
   # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
   [ "$plan" = full ] && step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" \
     "$out/reports/$name-infer"
@@ -253,6 +277,19 @@ if [ $# -eq 0 ] && [ -n "${RUN_SIZE:-}" ]; then
     "$out/reports/run-$rs/sweep.json" whole_run "$rs" "$out/reports/run-$rs"
 fi
 
+# PLAN=one runs its steps by value, for a slice cut short: the tokens' tests, then what only the GPU can
+# say about the compiled step (both attentions), then the rest (a whole run, if asked, stays last)
+if [ "$plan" = one ]; then
+  ordered=()
+  for s in cuda-tests build compile-b1 compile-products-b1 default-b32 decode-attention default-b1 \
+           prefill-compiled lengths; do
+    for n in "${names[@]}"; do [ "${n##*/}" = "$s" ] && ordered+=("$n"); done
+  done
+  for n in "${names[@]}"; do [[ " ${ordered[*]} " == *" $n "* ]] || ordered+=("$n"); done
+  names=("${ordered[@]}")
+fi
+limit() { echo "${STEP_LIMIT_S:-$(( 2 * ${estimate[$1]} + 60 ))}"; }
+
 # -- run what is not done, within the slice ------------------------------------------------------
 todo=()
 for n in "${names[@]}"; do
@@ -261,23 +298,62 @@ for n in "${names[@]}"; do
   elif [ -n "${ONLY:-}" ] && ! [[ $n =~ $ONLY ]]; then
     echo "skip  $n  (not in ONLY=$ONLY)"
   else
-    echo "run   $n  ~${estimate[$n]} s: ${shown[$n]}"
+    echo "run   $n  ~${estimate[$n]} s, limit $(limit "$n") s: ${shown[$n]}"
     todo+=("$n")
   fi
 done
 [ "$dry" = 1 ] && exit 0
+
+deliver() {  # the small results into $OUT/gpu-bench, unless OUT_DIR is there already
+  [ -n "${OUT:-}" ] || return 0
+  local dest here
+  dest=$(realpath -m "$OUT/gpu-bench"); here=$(realpath -m "$out")
+  [ "$(realpath -m "$OUT")" != "$here" ] && [ "$dest" != "$here" ] || return 0
+  mkdir -p "$dest" || return 0
+  [ -d "$out/reports" ] && (cd "$out" && find reports \( -name cache -o -name 'checkpoint-*' \) -prune -o -type f \
+    \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) -size -5120k -print0 | xargs -0 -r cp --parents -t "$dest")
+  for f in "$out/device.json" "$out/table.md"; do [ ! -f "$f" ] || cp "$f" "$dest/"; done
+  [ "${WRITE_RESULTS:-1}" != 1 ] || cp benchmarks/RESULTS.md "$dest/"
+}
+table() {  # one table from what every finished report says, this slice's and earlier ones
+  if [ "${WRITE_RESULTS:-1}" = 1 ]; then "$py" benchmarks/gpu_table.py "$out" --write; else "$py" benchmarks/gpu_table.py "$out"; fi
+}
+stop() {  # SIGTERM (a `timeout` around the script) or SIGINT: end the running step's processes, then deliver
+  trap '' TERM INT
+  say "stopped by SIG$1${step_pid:+: ending the running step}"
+  [ -z "$step_pid" ] || { kill -TERM "$step_pid" 2> /dev/null; wait "$step_pid" 2> /dev/null; } || true
+  exit "$2"
+}
+step_pid=
+trap 'deliver || true' EXIT
+trap 'stop TERM 143' TERM
+trap 'stop INT 130' INT
 mkdir -p "$out/reports"
 python_ready
 [ -s "$out/images-32/img_031.png" ] || vlmfast make-images "$out/images-32" -n 32 --size 448 > /dev/null
 [ -s "$out/images-8/img_007.png" ] || vlmfast make-images "$out/images-8" -n 8 --size 448 > /dev/null  # = the first 8
-start=$SECONDS; ran=0; failed=
+# a step runs in `bash -c` under `timeout`, its own process group: its limit or a stop kills the whole tree
+export py out
+export -f say vlmfast infer_twice cuda_tests whole_run size_gb
+tried=0; ran=0; failed=
 for n in "${todo[@]}"; do
-  if [ $ran -gt 0 ] && [ $(( SECONDS - start + ${estimate[$n]} )) -gt "${SLICE_S:-540}" ]; then
+  if [ $tried -gt 0 ] && [ $(( SECONDS + ${estimate[$n]} )) -gt "${SLICE_S:-420}" ]; then
     break
   fi
-  say "$n (estimate ${estimate[$n]} s)"
+  tried=$((tried + 1))
+  say "$n (estimate ${estimate[$n]} s, limit $(limit "$n") s)"
   log=$out/reports/${n//\//-}.log
-  if ! eval "${command[$n]}" > "$log" 2>&1; then
+  # in the background, so that a signal's trap runs at once rather than when the step ends
+  timeout -k 10 "$(limit "$n")" bash -c "${command[$n]}" > "$log" 2>&1 &
+  step_pid=$!
+  status=0; wait "$step_pid" || status=$?
+  step_pid=
+  table > /dev/null || say "gpu_table.py failed (above); the steps go on"
+  deliver || true
+  if [ $status -ne 0 ]; then
+    if [ $status -eq 124 ] || [ $status -eq 137 ]; then
+      echo "[gpu.sh] $n ran past its limit of $(limit "$n") s: killed" >> "$log"
+    fi
     tail -n 30 "$log" >&2
     failed="$failed $n"
     [ "${KEEP_GOING:-0}" = 1 ] || break
@@ -285,10 +361,9 @@ for n in "${todo[@]}"; do
     continue
   fi
   ran=$((ran + 1))
-  say "$n done; $(( SECONDS - start )) s into this slice"
+  say "$n done; $SECONDS s since the start"
 done
-# one table from what every finished report says, this slice's and earlier ones
-if [ "${WRITE_RESULTS:-1}" = 1 ]; then "$py" benchmarks/gpu_table.py "$out" --write; else "$py" benchmarks/gpu_table.py "$out"; fi
+table
 [ -z "$failed" ] || die "step(s)$failed failed (logs: $out/reports/*.log)"
 left=$(( ${#todo[@]} - ran ))
 [ $left -eq 0 ] || { say "$left step(s) left: run the same command again"; exit 75; }

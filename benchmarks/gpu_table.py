@@ -22,19 +22,25 @@ import sys
 from pathlib import Path
 
 MODES = ("default", "compile", "hf")  # vlmfast's CUDA graphs, + torch.compile, plain generate
+# gpu.sh's step run with VLMFAST_DECODE_ATTENTION=products reports into a *-products-* directory (a report
+# itself does not say which attention its static steps ran)
+PRODUCTS = ", products attention"
 FIGURES = (("tokens_per_s", 1), ("ttft_ms_p50", 1), ("decode_ms_per_token", 2), ("decode_gb_per_s", 0),
            ("bandwidth_pct_of_peak", 1))
 
 
-def mode_of(report: dict) -> str:
+def mode_of(report: dict, where: str = "") -> str:
+    """The row's mode: from the report's workload, and from ``where``, the name of its directory."""
     workload = report["workload"]
     if workload.get("decoder") == "hf":
         return "hf"
     if not workload.get("compile"):
-        return "default"
-    # a compile that failed ran the uncompiled step: its figures are not "compile" figures
-    ran = [s.get("compiled") for s in report.get("scenarios", []) if s.get("name") != "ckpt-vllm"]
-    return "compile" if all(c is not False for c in ran) else "compile failed (uncompiled)"
+        mode = "default"
+    else:
+        # a compile that failed ran the uncompiled step: its figures are not "compile" figures
+        ran = [s.get("compiled") for s in report.get("scenarios", []) if s.get("name") != "ckpt-vllm"]
+        mode = "compile" if all(c is not False for c in ran) else "compile failed (uncompiled)"
+    return mode + PRODUCTS if "-products-" in where else mode
 
 
 def _read(path: Path) -> dict | None:
@@ -48,7 +54,8 @@ def _read(path: Path) -> dict | None:
 def collect(out: Path) -> tuple[list[dict], dict[str, tuple[dict, dict]]]:
     """Every finished bench report, and per checkpoint its (first, second) compiled infer reports."""
     reports = out / "reports"
-    benches = [r for p in sorted(reports.glob("*/report.json")) if (r := _read(p)) is not None]
+    benches = [{**r, "report_dir": p.parent.name} for p in sorted(reports.glob("*/report.json"))
+               if (r := _read(p)) is not None]
     infers = {}
     for first in sorted(reports.glob("*/first.json")):
         second = first.with_name("second.json")
@@ -62,14 +69,16 @@ def rows(benches: list[dict]) -> list[list[str]]:
     """Table cells of every vlmfast scenario, by checkpoint, mode (MODES order) and batch size."""
     found = []
     for report in benches:
-        name, mode, samples = Path(report["checkpoint"]).name, mode_of(report), report["workload"]["samples"]
+        name, samples = Path(report["checkpoint"]).name, report["workload"]["samples"]
+        mode = mode_of(report, report.get("report_dir", ""))
         for s in report["scenarios"]:
             if s["name"] != "ckpt":
                 continue
             cells = ["–" if s.get(k) is None else f"{s[k]:.{d}f}" for k, d in FIGURES]
             vision, language = s.get("ttft_vision_ms_p50"), s.get("ttft_language_ms_p50")  # (reports since 0.12)
             cells.append("–" if vision is None or language is None else f"{vision:.1f} / {language:.1f}")
-            order = MODES.index(mode) if mode in MODES else len(MODES)
+            plain = mode.removesuffix(PRODUCTS)
+            order = (MODES.index(plain) if plain in MODES else len(MODES), plain != mode)  # products after SDPA
             found.append(((name, order, s["batch_size"]), [name, mode, str(s["batch_size"]), str(samples), *cells]))
     return [cells for _, cells in sorted(found)]
 

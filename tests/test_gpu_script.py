@@ -3,9 +3,13 @@ one table from every report left in the output directory. Both run here without 
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
@@ -15,9 +19,15 @@ STEPS = ["build", "default-b1", "default-b8-32", "compile-b1", "compile-b8-32", 
 SLICE_LIMIT_S = 8 * 60  # every step must leave room in a 10-minute command slice
 
 
+def _env(out: Path, env: dict) -> dict:
+    # RESULTS.md untouched; OUT (the folder a lent machine's tool brings back) only where a test sets it
+    return {**os.environ, "OUT_DIR": str(out), "WRITE_RESULTS": "0", "PLAN": "full", "OUT": "",
+            **{k: str(v) for k, v in env.items()}}
+
+
 def gpu_sh(out: Path, *args, **env) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "OUT_DIR": str(out), "WRITE_RESULTS": "0", "PLAN": "full", **env})  # RESULTS.md untouched
+                          env=_env(out, env))
 
 
 def plan(stdout: str) -> list[tuple[str, str, str]]:
@@ -57,24 +67,34 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
     assert env_dry.returncode == 0 and plan(env_dry.stdout) == steps
 
 
-def test_the_default_plan_is_one_run_that_fits_a_ten_minute_command(tmp_path):
-    """PLAN=one: the CUDA tests first, then the 3B shape only — default decode at batch 1 and 32, batch 1
-    compiled, the real-length mix, the compiled prefill, the decode attention's candidates — estimated to
-    fit one slice, so one invocation runs all of it."""
+def test_the_default_plan_runs_its_steps_by_value(tmp_path):
+    """PLAN=one: the CUDA tests first, then the 3B shape only, in the order a slice cut short should keep —
+    batch 1 compiled with SDPA and with the two-product attention, batch 32 by default, the decode attention's
+    candidates, batch 1 by default, the compiled prefill, the real-length mix last. The steps up to both
+    compiled ones fit the one-call lease's SLICE_S=420 by their estimates; each step's limit is 2 × its
+    estimate + 60 s."""
     out = tmp_path / "out"
     r = gpu_sh(out, "--dry-run", PLAN="one")
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
     assert [name for _, name, _ in steps] == ["cuda-tests"] + [f"qwen2.5-vl-3b-grpo/{s}" for s in (
-        "build", "default-b1", "default-b32", "compile-b1", "lengths", "prefill-compiled", "decode-attention")]
-    assert sum(int(rest.split()[0].lstrip("~")) for _, _, rest in steps) <= 540  # SLICE_S's default
+        "build", "compile-b1", "compile-products-b1", "default-b32", "decode-attention", "default-b1",
+        "prefill-compiled", "lengths")]
+    estimates = [int(rest.split()[0].lstrip("~")) for _, _, rest in steps]
+    assert estimates[0] >= 180 and sum(estimates[:4]) <= 420  # 29 CUDA tests; both compiled steps in one call
+    assert all(f", limit {2 * e + 60} s: " in rest for e, (_, _, rest) in zip(estimates, steps))
     runs = {name: rest for _, name, rest in steps}
+    products = runs["qwen2.5-vl-3b-grpo/compile-products-b1"]
+    assert products.split(": ", 1)[1].startswith("VLMFAST_DECODE_ATTENTION=products vlmfast bench ")
+    assert f"--compile --images {out}/images-8 --batch-sizes 1 --report {out}/reports/qwen2.5-vl-3b-grpo-compile-products-b1" in products
+    assert [name for name, rest in runs.items() if "VLMFAST_DECODE_ATTENTION" in rest] == ["qwen2.5-vl-3b-grpo/compile-products-b1"]
+    assert gpu_sh(out, "--dry-run", PLAN="one", STEP_LIMIT_S="30").stdout.count(", limit 30 s: ") == len(steps)
     assert f"--images {out}/images-32 --batch-sizes 32 " in runs["qwen2.5-vl-3b-grpo/default-b32"]
     assert "--runs 1 --modes static,continuous " in runs["qwen2.5-vl-3b-grpo/lengths"]
     assert f"--batch 32 --compile --json {out}/reports/qwen2.5-vl-3b-grpo-compiled-prefill.json" in runs[
         "qwen2.5-vl-3b-grpo/prefill-compiled"]
     assert [name for name, rest in runs.items() if "--compile" in rest] == [
-        "qwen2.5-vl-3b-grpo/compile-b1", "qwen2.5-vl-3b-grpo/prefill-compiled"]
+        "qwen2.5-vl-3b-grpo/compile-b1", "qwen2.5-vl-3b-grpo/compile-products-b1", "qwen2.5-vl-3b-grpo/prefill-compiled"]
     assert f"--compile --images {out}/images-8 --batch-sizes 1 " in runs["qwen2.5-vl-3b-grpo/compile-b1"]
     default = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
                              env={k: v for k, v in {**os.environ, "OUT_DIR": str(out)}.items() if k != "PLAN"})
@@ -121,6 +141,14 @@ sys.path.insert(0, {tests!r})
 from test_gpu_script import _bench_report, _infer_report, _vision_report
 
 args = sys.argv[1:]
+if os.environ.get("HANG_MODE") and os.environ["HANG_MODE"] in " ".join(args):
+    # a step that never ends, with a child of its own; both hold the test's FIFO open while they live
+    import signal, subprocess
+    fifo = open(os.environ["HANG_FIFO"], "w")
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], pass_fds=[fifo.fileno()])
+    fifo.write(f"{{os.getpid()}} {{child.pid}}\\n")
+    fifo.flush()
+    signal.pause()
 if args[:1] == ["-"]:  # a script on stdin: the package check (nothing missing) or the device file
     if "get_device_name" in sys.stdin.read():
         json.dump({{"gpu": "Fake GPU", "cuda": "0.0"}}, open(args[1], "w"))
@@ -168,6 +196,7 @@ elif args[:2] == ["-m", "vlmfast"]:
         report = _bench_report(opt("--ckpt"), 8 if opt("--batch-sizes") == "1" else 32,
                                [int(b) for b in opt("--batch-sizes").split(",")],
                                decoder=opt("--decoder") if "--decoder" in rest else "vlmfast", compile="--compile" in rest)
+        report["notes"] = [f"VLMFAST_DECODE_ATTENTION={{os.environ.get('VLMFAST_DECODE_ATTENTION')}}"]
         os.makedirs(opt("--report"), exist_ok=True)
         open(os.path.join(opt("--report"), "report.json"), "w").write(json.dumps(report))
     elif command == "infer":
@@ -342,3 +371,128 @@ def test_only_runs_the_steps_it_names(tmp_path):
     assert [n for a, n, _ in plan(r.stdout) if a == "run"] == [
         "qwen2.5-vl-3b-grpo/build", "qwen2.5-vl-3b-grpo/default-b1", "qwen2.5-vl-3b-grpo/default-b8-32"]
     assert "skip  qwen2.5-vl-3b-grpo/infer  (not in ONLY=build|default)" in r.stdout
+
+
+def test_the_products_attention_step_runs_with_its_variable_and_has_its_own_row(tmp_path):
+    """PLAN=one in one call: the steps run in the plan's order, VLMFAST_DECODE_ATTENTION=products reaches the
+    compile-products-b1 step's Python (and no other step's), and the table labels that row apart."""
+    out, fake = tmp_path / "out", _fake_python(tmp_path)
+    r = gpu_sh(out, PYTHON=fake, PLAN="one", SLICE_S="100000")
+    assert r.returncode == 0, r.stderr
+    ran = [line.split()[1] for line in r.stderr.splitlines() if line.startswith("[gpu.sh]") and "(estimate" in line]
+    assert ran == [n for _, n, _ in plan(r.stdout)] and ran[3] == "qwen2.5-vl-3b-grpo/compile-products-b1"
+    notes = {d.name: json.loads((d / "report.json").read_text())["notes"] for d in (out / "reports").iterdir() if d.is_dir()}
+    assert notes.pop("qwen2.5-vl-3b-grpo-compile-products-b1") == ["VLMFAST_DECODE_ATTENTION=products"]
+    assert notes and all(n == ["VLMFAST_DECODE_ATTENTION=None"] for n in notes.values())
+    assert [line.split(" | ")[1:3] for line in (out / "table.md").read_text().splitlines() if line.startswith("| qwen")][:4] == [
+        ["default", "1"], ["default", "32"], ["compile", "1"], ["compile, products attention", "1"]]
+
+
+@pytest.fixture
+def hung_step(tmp_path):
+    """Starts gpu.sh with the step whose command holds env's HANG_MODE hanging (see FAKE_PYTHON); returns the
+    script's process, the FIFO the step opens (read end, non-blocking) and, once the step runs, the pids of the
+    hung Python and its child. Whatever of it is left at the end (a test that failed) is killed."""
+    started = []
+
+    def start(fake, **env):
+        fifo = tmp_path / "hung"
+        os.mkfifo(fifo)
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # before the step opens it: the step's open never blocks
+        proc = subprocess.Popen(["bash", str(SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_env(tmp_path / "out", dict(PYTHON=fake, HANG_FIFO=fifo, **env)),
+                                start_new_session=True)  # its own process group, not this test's
+        started.append(proc.pid)
+        pids = [int(pid) for pid in _read_fifo(fd, until_eof=False).split()]
+        started.extend(pids)
+        return proc, fd, pids
+
+    yield start
+    for pid in started:
+        try:
+            group = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+        if group != os.getpgrp():
+            os.killpg(group, signal.SIGKILL)
+
+
+def _read_fifo(fd: int, until_eof: bool) -> str:
+    """A line from the hung step, or (until_eof) everything until no process holds the FIFO open: the step's
+    Python and its child are both dead. 60 s without a word fails the test rather than hanging it."""
+    data = b""
+    while True:
+        assert select.select([fd], [], [], 60)[0], f"the hung step's FIFO said nothing in 60 s: {data!r}"
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return data.decode()
+        data += chunk
+        if not until_eof and data.endswith(b"\n"):
+            return data.decode()
+
+
+def test_a_step_past_its_limit_is_killed_with_its_children_and_the_next_step_runs(tmp_path, hung_step):
+    """Each step runs under its own limit (STEP_LIMIT_S here: every step's): the hung step's process tree is
+    killed, the step fails as past its limit, and with KEEP_GOING=1 the next step runs."""
+    fake = _fake_python(tmp_path)
+    proc, fd, _ = hung_step(fake, HANG_MODE="default-b1", SIZES="3b", MODES="default",
+                                  ONLY="default", STEP_LIMIT_S="10", KEEP_GOING="1")
+    assert _read_fifo(fd, until_eof=True) == ""  # both processes gone, killed at the limit
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "step(s) qwen2.5-vl-3b-grpo/default-b1 failed" in stderr, stderr
+    assert "qwen2.5-vl-3b-grpo/default-b1 ran past its limit of 10 s: killed" in stderr
+    assert (tmp_path / "out/reports/qwen2.5-vl-3b-grpo-default-b8-32/report.json").exists()  # the next step ran
+
+
+def test_a_stopped_script_kills_its_step_and_delivers_to_OUT(tmp_path, hung_step):
+    """SIGTERM (`timeout` around the script) mid-step: the step's processes are killed at once, the exit
+    code is 143, and $OUT/gpu-bench holds the earlier steps' reports, the table of them and the stopped
+    step's log."""
+    fake, remote = _fake_python(tmp_path), tmp_path / "remote"
+    proc, fd, _ = hung_step(fake, HANG_MODE="default-b8-32", SIZES="3b", MODES="default",
+                                  ONLY="default", OUT=remote)
+    proc.send_signal(signal.SIGTERM)
+    assert _read_fifo(fd, until_eof=True) == ""
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "stopped by SIGTERM: ending the running step" in stderr, stderr
+    got = remote / "gpu-bench"
+    assert (got / "reports/qwen2.5-vl-3b-grpo-default-b1/report.json").exists() and (got / "device.json").exists()
+    assert (got / "reports/qwen2.5-vl-3b-grpo-default-b8-32.log").exists()
+    assert "| qwen2.5-vl-3b-grpo | default | 1 | 8 |" in (got / "table.md").read_text()
+
+
+def test_results_reach_OUT_after_every_step_even_when_the_script_is_killed(tmp_path, hung_step):
+    """SIGKILL (the call's own end) leaves no trap to run: what $OUT holds was copied after each step — the
+    finished steps' reports and the table rebuilt from them."""
+    fake, remote = _fake_python(tmp_path), tmp_path / "remote"
+    proc, fd, (hung, _) = hung_step(fake, HANG_MODE="default-b8-32", SIZES="3b", MODES="default",
+                                          ONLY="build|default", OUT=remote)
+    proc.kill()
+    proc.communicate(timeout=60)
+    os.killpg(os.getpgid(hung), signal.SIGKILL)  # the step's own process group outlives a killed script
+    assert _read_fifo(fd, until_eof=True) == ""
+    got = remote / "gpu-bench"
+    assert (got / "reports/qwen2.5-vl-3b-grpo-default-b1/report.json").exists()
+    assert "| qwen2.5-vl-3b-grpo | default | 1 | 8 |" in (got / "table.md").read_text()
+
+
+def test_only_small_results_are_copied_to_OUT(tmp_path):
+    """$OUT/gpu-bench gets reports' .json, .txt and .log files under 5 MB, device.json and table.md: no
+    checkpoint, image, compile cache or large file; RESULTS.md only when the script writes it. Nothing is
+    copied without OUT, or where OUT is OUT_DIR itself."""
+    out, fake, remote = tmp_path / "out", _fake_python(tmp_path), tmp_path / "remote"
+    _touch(out / "reports/qwen2.5-vl-3b-grpo-infer/cache/kernel.json")  # a compile cache
+    _touch(out / "reports/run-3b/run/checkpoint-100/config.json")  # a whole run's checkpoint
+    _touch(out / "reports/run-3b/sweep.json")
+    _touch(out / "reports/plot.png", "png")
+    _touch(out / "reports/huge.log", "x" * (6 << 20))
+    r = gpu_sh(out, PYTHON=fake, PLAN="one", SLICE_S="100000", OUT=remote)
+    assert r.returncode == 0, r.stderr
+    got = remote / "gpu-bench"
+    copied = sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file())
+    assert "reports/qwen2.5-vl-3b-grpo-compile-products-b1/report.json" in copied and "reports/cuda-tests.txt" in copied
+    assert {"device.json", "table.md", "reports/run-3b/sweep.json", "reports/cuda-tests.log"} <= set(copied)
+    assert not [p for p in copied if p.endswith((".png", "huge.log", "RESULTS.md")) or "cache" in p or "checkpoint" in p]
+    assert (got / "table.md").read_text() == (out / "table.md").read_text()
+    assert not (out / "gpu-bench").exists() and gpu_sh(out, PYTHON=fake, PLAN="one", OUT=out).returncode == 0
+    assert not (out / "gpu-bench").exists()  # OUT is OUT_DIR: the results are there already
