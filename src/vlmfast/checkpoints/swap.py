@@ -46,11 +46,13 @@ class SwapPlan:
 def plan_swap(loaded, directory: Path) -> SwapPlan:
     """Whether the checkpoint in ``directory`` can be copied into ``loaded``'s model in place, and how."""
     from vlmfast.checkpoints.readers import safetensors_header
+    from vlmfast.checkpoints.weight_files import loaded_safetensors
 
     directory = Path(directory)
     if loaded.base_source is not None or not loaded.config_dir:
         return SwapPlan(None, "the loaded model carries a LoRA adapter")
-    if not any(directory.glob("*.safetensors")) or (directory / "adapter_config.json").is_file():
+    files_loaded = loaded_safetensors(directory)  # what from_pretrained would read (a stale set aside)
+    if not files_loaded or (directory / "adapter_config.json").is_file():
         return SwapPlan(None, "not a full safetensors checkpoint")
     if _weights_config(directory) != _weights_config(loaded.config_dir):
         return SwapPlan(None, "its config differs from the loaded model's (architecture, sizes or settings)")
@@ -59,7 +61,7 @@ def plan_swap(loaded, directory: Path) -> SwapPlan:
     homes = {normal_name(name): name for name in state}
     files: dict[str, list[tuple[str, str]]] = {}
     filled, nbytes = set(), 0
-    for file in sorted(directory.glob("*.safetensors")):
+    for file in files_loaded:
         for name, meta in safetensors_header(file).items():
             if name == "__metadata__":
                 continue
