@@ -15,7 +15,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
     "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
     "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
-    "saved-by-transformers-5", "weights-two-sets",
+    "saved-by-transformers-5", "weights-two-sets", "tied-head-saved",
 )
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ def strict_exit_code(findings: list[Finding]) -> int:
 
 
 def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]:
-    """doctor's whole-weights findings: two sets of weight files, the tensors the model class expects (built on the meta device) against the saved ones (those
+    """doctor's whole-weights findings: two sets of weight files, an LM head saved while config.json ties
+    it, the tensors the model class expects (built on the meta device) against the saved ones (those
     transformers loads), and with ``--base``, the saved ones against the base's."""
     from vlmfast.checkpoints.readers import tensor_index
     from vlmfast.checkpoints.weights import check_weights, compare_with_base, fix_hint
@@ -59,6 +60,7 @@ def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]
     except (OSError, ValueError, KeyError, TypeError):
         return out  # reported by _weights
     check = check_weights(d, config, index)
+    out += _tied_head(d, config, check)
     if check is not None and check.missing:
         head = (" (tie_word_embeddings is false: the LM head is its own matrix, and the save lost it)"
                 if check.head_lost else "")
@@ -94,3 +96,19 @@ def _two_sets(d: Path) -> list[Finding]:
     return [Finding("error", "weights-two-sets", f"{SAFE_SINGLE}, {SAFE_INDEX}", said[0] + "; vlmfast infer and sweep "
                     "refuse it", said[1])] if said else []
 
+
+def _tied_head(d: Path, config: dict, check) -> list[Finding]:
+    """``lm_head.weight`` saved while config.json (or the class, with no key) ties it (:mod:`vlmfast.checkpoints.heads`)."""
+    from vlmfast.checkpoints.heads import saved_head
+
+    try:
+        head = saved_head(d, config, tied_by_class=bool(check is not None and check.tied_head))
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # an unreadable header: reported by _weights
+    if head is None:
+        return []
+    where = ", ".join(head.places) or "config.json: tie_word_embeddings"
+    if head.equal:
+        return [Finding("info", "tied-head-saved", where, head.what(), head.fix())]
+    return [Finding("error", "tied-head-saved", where, head.what() + "; vlmfast infer runs the saved head on either "
+                    "transformers line (the vLLM engine refuses the checkpoint)", head.fix())]

@@ -45,7 +45,8 @@ class SwapPlan:
 
 def plan_swap(loaded, directory: Path) -> SwapPlan:
     """Whether the checkpoint in ``directory`` can be copied into ``loaded``'s model in place, and how."""
-    from vlmfast.checkpoints.readers import safetensors_header
+    from vlmfast.checkpoints.heads import saved_head
+    from vlmfast.checkpoints.readers import maybe_json, safetensors_header
     from vlmfast.checkpoints.weight_files import loaded_safetensors
 
     directory = Path(directory)
@@ -71,7 +72,11 @@ def plan_swap(loaded, directory: Path) -> SwapPlan:
             files.setdefault(file.name, []).append((name, home))
             filled.add(home)
             nbytes += meta["data_offsets"][1] - meta["data_offsets"][0]
-    tied = {name for name in state if name.endswith("lm_head.weight")} if _shares_head(model) else set()
+    shares = _shares_head(model)
+    head = saved_head(directory, maybe_json(directory / "config.json"), tied_by_class=True) if shares else None
+    if head is not None and not head.equal:  # copied in place, it would overwrite the embedding it shares
+        return SwapPlan(None, "it saves an LM head of its own while the loaded model's is tied to the embedding")
+    tied = {name for name in state if name.endswith("lm_head.weight")} if shares else set()
     missing = [name for name in state if name not in filled and name not in tied]
     if missing:
         return SwapPlan(None, f"{len(missing)} of the loaded model's tensors are not in it (e.g. {missing[0]})")
