@@ -200,6 +200,18 @@ def _train_eval(ctx):
     return d, {"evaluation": {"temperature": (0.0, "--temperature (default)")}}
 
 
+def _two_sets(ctx):
+    from test_weight_sets import _stale
+
+    return _stale(ctx.base, ctx.tmp / "stale"), {}
+
+
+def _tied_head_saved(ctx):
+    from test_tied_head import _tied
+
+    return _tied(ctx.base, ctx.tmp / "tied"), {}
+
+
 CASES = {
     "train-eval-differs": (_train_eval, [("warning", "args.json")]),
     "cache-off": (_cache_off, [("error", "generation_config.json: use_cache"), ("warning", "config.json: use_cache"),
@@ -233,6 +245,9 @@ CASES = {
     "processor-family-mismatch": (_other_family_processor, None),  # file names differ by version: checked below
     "untested-family": (_untested_family, [("info", "config.json: model_type")]),
     "saved-by-transformers-5": (_saved_by_v5, [("warning", "tokenizer_config.json, config.json")]),
+    "weights-two-sets": (_two_sets, [("error", "model.safetensors, model.safetensors.index.json")]),
+    "tied-head-saved": (_tied_head_saved, [("error", "config.json: tie_word_embeddings, "
+                                                     "config.json: text_config.tie_word_embeddings")]),
 }
 
 

@@ -61,6 +61,9 @@ def test_every_family_damaged_is_named_and_intact_raises_nothing(key, family_ckp
     assert _codes(ckpt) == {}  # intact, untied head saved
     assert _codes(damaged(ckpt, tmp_path / "tied", drop=("lm_head",), config=tie)) == {}  # tied: no head saved
     assert _codes(damaged(ckpt, tmp_path / "tied-saved", config=tie)) == {}  # tied, head saved anyway
+    from vlmfast.checkpoints.doctor import diagnose  # ... and its own values: the config and weights disagree
+
+    assert [f.severity for f in diagnose(tmp_path / "tied-saved") if f.code == "tied-head-saved"] == ["error"]
 
     lost = _codes(damaged(ckpt, tmp_path / "novis", drop=("visual.blocks.1.",)))
     assert set(lost) == {"weights-lost"} and lost["weights-lost"].severity == "error"

@@ -15,7 +15,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
     "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
     "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
-    "saved-by-transformers-5",
+    "saved-by-transformers-5", "weights-two-sets", "tied-head-saved",
 )
 
 @dataclass(frozen=True)
@@ -44,21 +44,23 @@ def strict_exit_code(findings: list[Finding]) -> int:
 
 
 def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]:
-    """doctor's whole-weights findings: the tensors the model class expects (built on the meta device)
-    against the saved ones, and with ``--base``, the saved ones against the base's."""
+    """doctor's whole-weights findings: two sets of weight files, an LM head saved while config.json ties
+    it, the tensors the model class expects (built on the meta device) against the saved ones (those
+    transformers loads), and with ``--base``, the saved ones against the base's."""
     from vlmfast.checkpoints.readers import tensor_index
     from vlmfast.checkpoints.weights import check_weights, compare_with_base, fix_hint
 
     if target.kind != "model":
         return []
     d = target.path
+    out = _two_sets(d)
     try:
         index = tensor_index(d)
         base_index = tensor_index(base_dir) if base_dir else {}
     except (OSError, ValueError, KeyError, TypeError):
-        return []  # reported by _weights
-    out = []
+        return out  # reported by _weights
     check = check_weights(d, config, index)
+    out += _tied_head(d, config, check)
     if check is not None and check.missing:
         head = (" (tie_word_embeddings is false: the LM head is its own matrix, and the save lost it)"
                 if check.head_lost else "")
@@ -84,3 +86,29 @@ def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]
                            "tensors the base has and this save lacks were lost or are ignored by this model class: "
                            "compare with the base's index before trusting an evaluation"))
     return out
+
+
+def _two_sets(d: Path) -> list[Finding]:
+    """``model.safetensors`` beside a sharded set (:mod:`vlmfast.checkpoints.weight_files`)."""
+    from vlmfast.checkpoints.weight_files import SAFE_INDEX, SAFE_SINGLE, two_sets_said
+
+    said = two_sets_said(d)
+    return [Finding("error", "weights-two-sets", f"{SAFE_SINGLE}, {SAFE_INDEX}", said[0] + "; vlmfast infer and sweep "
+                    "refuse it", said[1])] if said else []
+
+
+def _tied_head(d: Path, config: dict, check) -> list[Finding]:
+    """``lm_head.weight`` saved while config.json (or the class, with no key) ties it (:mod:`vlmfast.checkpoints.heads`)."""
+    from vlmfast.checkpoints.heads import saved_head
+
+    try:
+        head = saved_head(d, config, tied_by_class=bool(check is not None and check.tied_head))
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # an unreadable header: reported by _weights
+    if head is None:
+        return []
+    where = ", ".join(head.places) or "config.json: tie_word_embeddings"
+    if head.equal:
+        return [Finding("info", "tied-head-saved", where, head.what(), head.fix())]
+    return [Finding("error", "tied-head-saved", where, head.what() + "; vlmfast infer runs the saved head on either "
+                    "transformers line (the vLLM engine refuses the checkpoint)", head.fix())]

@@ -27,11 +27,12 @@ READBACK = 4  # tensors compared after a swap
 
 
 def weight_files(d: Path) -> list[Path]:
-    """The full-model weight files of a checkpoint dir, sorted (adapters and trainer pickles aside)."""
-    from vlmfast.checkpoints.readers import NOT_WEIGHTS
+    """The full-model weight files of a checkpoint dir that transformers loads, sorted: ``model.safetensors``
+    when it is there, else the shards its index names, else the pickles (adapters, trainer pickles and a
+    stale set beside the loaded one aside: :func:`vlmfast.checkpoints.weight_files.loaded_files`)."""
+    from vlmfast.checkpoints.weight_files import loaded_files
 
-    return sorted(p for pattern in ("*.safetensors", "*.bin") for p in Path(d).glob(pattern)
-                  if not p.name.startswith("adapter_model") and p.name not in NOT_WEIGHTS)
+    return sorted(loaded_files(Path(d)))
 
 
 def adapter_files(d: Path) -> list[Path]:

@@ -207,6 +207,10 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
             ) from exc
     tokenizer = processor.tokenizer
     model.eval()
+    from vlmfast.checkpoints.heads import untie_saved_head
+
+    if (said := untie_saved_head(model, found)) is not None:  # a saved head the config ties: run the trainer's
+        notes.append(said)
     vocab = getattr(model.config.get_text_config(), "vocab_size", None)
     if vocab and len(tokenizer) < vocab // 2:
         raise CheckpointError(

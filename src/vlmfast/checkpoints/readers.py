@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vlmfast.errors import CheckpointError
 from vlmfast.checkpoints.families import CHAT_STOP, family_of
+from vlmfast.checkpoints.weight_files import loaded_safetensors, require_one_set
 
 IM_END = CHAT_STOP
 ADAPTER_CONFIG = "adapter_config.json"
@@ -253,11 +254,12 @@ def _safetensors_head(path: Path) -> tuple[int, dict]:
 
 
 def tensor_index(d: Path) -> dict[str, tuple[str, list[int], int]]:
-    """name → (dtype, shape, bytes) over the dir's full-model safetensors files."""
+    """name → (dtype, shape, bytes) over the full-model safetensors files transformers loads from the dir
+    (:func:`vlmfast.checkpoints.weight_files.loaded_files`: a stale set beside them is not counted)."""
     index = {}
-    for file in sorted(Path(d).glob("*.safetensors")):
-        if file.name.startswith("adapter_model"):
-            continue
+    for file in loaded_safetensors(d):
+        if not file.is_file():
+            continue  # a shard the index names and the dir lacks: incomplete_weights says so
         for name, meta in safetensors_header(file).items():
             if name != "__metadata__":
                 index[name] = (meta["dtype"], meta["shape"], meta["data_offsets"][1] - meta["data_offsets"][0])
@@ -283,10 +285,12 @@ def weights_complete(path) -> bool:
 
 
 def require_loadable(d: Path) -> None:
-    """A model dir's configs read (:func:`read_configs`) and its weights complete (:func:`weights_complete`), or
+    """A model dir's configs read (:func:`read_configs`), one set of weights in it and those complete
+    (:func:`weights_complete`), or
     the CheckpointError naming what is wrong: checked from the files alone, in well under a second, before
     torch is imported (loading would fail on them only after that, with the error of whatever read them first)."""
     read_configs(d)
+    require_one_set(d)  # model.safetensors beside a sharded set: transformers would run the single file unsaid
     said = incomplete_said(Path(d))
     if said is not None:
         raise CheckpointError(f"{d}: {said}",

@@ -45,12 +45,15 @@ class SwapPlan:
 
 def plan_swap(loaded, directory: Path) -> SwapPlan:
     """Whether the checkpoint in ``directory`` can be copied into ``loaded``'s model in place, and how."""
-    from vlmfast.checkpoints.readers import safetensors_header
+    from vlmfast.checkpoints.heads import saved_head
+    from vlmfast.checkpoints.readers import maybe_json, safetensors_header
+    from vlmfast.checkpoints.weight_files import loaded_safetensors
 
     directory = Path(directory)
     if loaded.base_source is not None or not loaded.config_dir:
         return SwapPlan(None, "the loaded model carries a LoRA adapter")
-    if not any(directory.glob("*.safetensors")) or (directory / "adapter_config.json").is_file():
+    files_loaded = loaded_safetensors(directory)  # what from_pretrained would read (a stale set aside)
+    if not files_loaded or (directory / "adapter_config.json").is_file():
         return SwapPlan(None, "not a full safetensors checkpoint")
     if _weights_config(directory) != _weights_config(loaded.config_dir):
         return SwapPlan(None, "its config differs from the loaded model's (architecture, sizes or settings)")
@@ -59,7 +62,7 @@ def plan_swap(loaded, directory: Path) -> SwapPlan:
     homes = {normal_name(name): name for name in state}
     files: dict[str, list[tuple[str, str]]] = {}
     filled, nbytes = set(), 0
-    for file in sorted(directory.glob("*.safetensors")):
+    for file in files_loaded:
         for name, meta in safetensors_header(file).items():
             if name == "__metadata__":
                 continue
@@ -69,7 +72,11 @@ def plan_swap(loaded, directory: Path) -> SwapPlan:
             files.setdefault(file.name, []).append((name, home))
             filled.add(home)
             nbytes += meta["data_offsets"][1] - meta["data_offsets"][0]
-    tied = {name for name in state if name.endswith("lm_head.weight")} if _shares_head(model) else set()
+    shares = _shares_head(model)
+    head = saved_head(directory, maybe_json(directory / "config.json"), tied_by_class=True) if shares else None
+    if head is not None and not head.equal:  # copied in place, it would overwrite the embedding it shares
+        return SwapPlan(None, "it saves an LM head of its own while the loaded model's is tied to the embedding")
+    tied = {name for name in state if name.endswith("lm_head.weight")} if shares else set()
     missing = [name for name in state if name not in filled and name not in tied]
     if missing:
         return SwapPlan(None, f"{len(missing)} of the loaded model's tensors are not in it (e.g. {missing[0]})")

@@ -313,15 +313,23 @@ def _shown_prefix(prefix: str, members: set[str], shown: dict | None) -> str:
     return shown[member][: len(shown[member]) - (len(member) - len(prefix))]
 
 
-def require_whole(found, allow_missing=()) -> WeightsCheck | None:
+def require_whole(found, allow_missing=(), engine: str = "hf") -> WeightsCheck | None:
     """For ``infer`` and ``sweep``: a CheckpointError (exit 2, nothing written) when a local model
-    checkpoint lacks tensors its class expects (beyond ``allow_missing``) or holds one of another shape;
-    else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class)."""
+    checkpoint holds two sets of weights (``model.safetensors`` beside a sharded set), lacks tensors its
+    class expects (beyond ``allow_missing``) or holds one of another shape;
+    else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class). With
+    ``engine`` ``vllm``, also one that saves an LM head its config ties (vLLM would run the embedding instead)."""
     if found is None or not found.is_local or found.kind != "model":
         return None
     from vlmfast.checkpoints.readers import read_json_object, tensor_index
+    from vlmfast.checkpoints.weight_files import require_one_set
 
     d = Path(found.path)
+    require_one_set(d)  # two sets: which one would run is not what the user thinks it is
+    if engine == "vllm":
+        from vlmfast.checkpoints.heads import refuse_for_vllm
+
+        refuse_for_vllm(found)
     try:
         index = tensor_index(d)
     except (OSError, ValueError, KeyError, TypeError):

@@ -75,7 +75,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
-    weights = require_whole(found, options.allow_missing or ())  # lost tensors: refused before anything is written
+    weights = require_whole(found, options.allow_missing or (), options.engine)  # lost tensors: refused before anything is written
     weights_id = weights_fingerprint(found, options.fingerprint, options.base)  # what a resume is checked against
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()

@@ -239,7 +239,7 @@ def _refuse(entry: _Entry, options: SweepOptions, refused: list[dict], notes: li
     from vlmfast.checkpoints.weights import require_whole
 
     try:
-        require_whole(locate(entry.path), options.infer.allow_missing or ())
+        require_whole(locate(entry.path), options.infer.allow_missing or (), options.infer.engine)
     except CheckpointError as exc:
         _not_evaluated(entry, exc, refused, notes, say)
         return True
