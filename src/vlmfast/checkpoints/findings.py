@@ -15,7 +15,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
     "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
     "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
-    "saved-by-transformers-5",
+    "saved-by-transformers-5", "config-family-mismatch",
 )
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ def strict_exit_code(findings: list[Finding]) -> int:
 def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]:
     """doctor's whole-weights findings: the tensors the model class expects (built on the meta device)
     against the saved ones, and with ``--base``, the saved ones against the base's."""
+    from vlmfast.checkpoints.config_family import family_mismatch
     from vlmfast.checkpoints.readers import tensor_index
     from vlmfast.checkpoints.weights import check_weights, compare_with_base, fix_hint
 
@@ -59,6 +60,9 @@ def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]
         return []  # reported by _weights
     out = []
     check = check_weights(d, config, index)
+    mismatch = family_mismatch(d, config, index)
+    if mismatch is not None:  # config.json of another model: its class's lost and unexpected tensors say no more
+        return [mismatch.finding(check, base_dir)]
     if check is not None and check.missing:
         head = (" (tie_word_embeddings is false: the LM head is its own matrix, and the save lost it)"
                 if check.head_lost else "")

@@ -315,10 +315,11 @@ def _shown_prefix(prefix: str, members: set[str], shown: dict | None) -> str:
 
 def require_whole(found, allow_missing=()) -> WeightsCheck | None:
     """For ``infer`` and ``sweep``: a CheckpointError (exit 2, nothing written) when a local model
-    checkpoint lacks tensors its class expects (beyond ``allow_missing``) or holds one of another shape;
-    else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class)."""
+    checkpoint lacks tensors its class expects (beyond ``allow_missing``) or holds one of another shape,
+    or when its config.json names another family than its tensors are; else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class)."""
     if found is None or not found.is_local or found.kind != "model":
         return None
+    from vlmfast.checkpoints.config_family import refuse_mismatch
     from vlmfast.checkpoints.readers import read_json_object, tensor_index
 
     d = Path(found.path)
@@ -326,7 +327,9 @@ def require_whole(found, allow_missing=()) -> WeightsCheck | None:
         index = tensor_index(d)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # an unreadable header is the loader's error to give
-    check = check_weights(d, read_json_object(d / "config.json"), index, allow_missing, apart=True)
+    config = read_json_object(d / "config.json")
+    refuse_mismatch(d, config, index)  # another model's config.json: not lost tensors, whatever --allow-missing says
+    check = check_weights(d, config, index, allow_missing, apart=True)
     if check is not None and not check.whole:
         raise CheckpointError(f"{d}: the weights are not whole: {check.summary()} "
                               f"({check.expected} tensors expected, {check.saved} saved)", hint=fix_hint(check))
