@@ -1,5 +1,6 @@
 """A config.json of another family than the saved weights: doctor names the config (not lost tensors, not the
-processor), infer and sweep refuse with it before loading, and none of them offers --allow-missing."""
+processor), infer and sweep refuse with it before loading, and none of them offers --allow-missing. An adapter
+whose weight file is cut short: doctor names the file, and infer and sweep refuse with it, not blaming --base."""
 
 from __future__ import annotations
 
@@ -89,7 +90,47 @@ def test_infer_refuses_another_family_s_config_whatever_allow_missing_says(famil
         assert "--allow-missing" not in r.stderr.split("hint:", 1)[1]
 
 
-def test_sweep_lists_it_as_not_evaluated_with_its_cause(family_ckpts, base_ckpt, images, tmp_path):
+def _cut_adapter(layouts, dst):
+    d = shutil.copytree(layouts["swift-lora"].model_dir, dst)
+    weights = d / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    head = 8 + int.from_bytes(data[:8], "little")
+    weights.write_bytes(data[: head + (len(data) - head) // 2])  # header whole, tensors cut short
+    return d, f"adapter_model.safetensors: {head + (len(data) - head) // 2:,} of the {len(data):,} bytes its header says"
+
+
+def test_a_cut_adapter_is_named_by_doctor_and_refused_by_infer_before_any_load(layouts, images, tmp_path):
+    d, said = _cut_adapter(layouts, tmp_path / "adapter")
+    base = layouts["swift-lora"].base
+    found = _by_code(d, base=base)
+    f = found["weights-incomplete"]
+    assert f.severity == "error" and said in f.message
+    assert "save the adapter again" in f.fix and "--base" not in f.fix
+    assert "lora-adapter" in found  # still said: it is an adapter
+    assert cli("doctor", d, "--base", base, "--strict").returncode == 1
+
+    out = tmp_path / "rows.jsonl"
+    r = cli("infer", "--ckpt", d, "--base", base, "--images", images[0], "--prompt", "hi", "--max-new-tokens", "3",
+            "--device", "cpu", "--out", out)
+    assert r.returncode == 2 and not out.exists()
+    assert f"the adapter's weights are incomplete: {said}" in r.stderr
+    hint = r.stderr.split("hint:", 1)[1]
+    assert "save the adapter again" in hint and "--base" not in hint and "cannot apply" not in r.stderr
+
+    from vlmfast.checkpoints.load import load  # other commands load through here: the same error, base unloaded
+
+    with pytest.raises(CheckpointError, match="adapter's weights are incomplete") as err:
+        load(str(d), base=str(base), device="cpu")
+    assert said in err.value.message
+    assert "--base" not in err.value.hint
+    r = cli("fix", d, "--merge-lora", tmp_path / "merged", "--processor-from", base)
+    assert r.returncode == 2 and said in r.stderr and not (tmp_path / "merged").exists()
+    (d / "adapter_model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no adapter weights"):
+        require_whole(locate(d))
+
+
+def test_sweep_lists_both_as_not_evaluated_with_their_cause(family_ckpts, base_ckpt, layouts, images, tmp_path):
     from vlmfast.engines.rows import GenerationSettings
     from vlmfast.run.options import InferOptions
     from vlmfast.run.sweep import SweepOptions, sweep
@@ -97,11 +138,13 @@ def test_sweep_lists_it_as_not_evaluated_with_its_cause(family_ckpts, base_ckpt,
     run = tmp_path / "run"
     shutil.copytree(base_ckpt, run / "checkpoint-100")
     with_config_of(base_ckpt, family_ckpts("qwen2_vl"), run / "checkpoint-200")
+    said = _cut_adapter(layouts, run / "checkpoint-300")[1]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"id": "q0", "image": str(images[0]), "prompt": "hi"}) + "\n")
     infer = InferOptions(ckpt=str(run), manifest=str(manifest), generation=GenerationSettings(max_new_tokens=3),
                          device="cpu")
     report = sweep(SweepOptions(run_dir=str(run), out_dir=str(tmp_path / "out"), infer=infer), say=lambda _: None)
     why = {e["step"]: e for e in report["not_evaluated"]}
-    assert set(why) == {200}
+    assert set(why) == {200, 300}
     assert "config.json names Qwen2-VL" in why[200]["reason"] and "--allow-missing" not in why[200]["hint"]
+    assert said in why[300]["reason"]

@@ -21,7 +21,7 @@ from vlmfast.checkpoints.readers import (
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
 from vlmfast.checkpoints.config_family import as_saved
 from vlmfast.checkpoints.findings import (  # noqa: F401 - importable from here
-    CODES, SEVERITIES, Finding, findings_as_dicts, strict_exit_code, whole_findings,
+    CODES, SEVERITIES, Finding, adapter_findings, findings_as_dicts, strict_exit_code, whole_findings,
 )
 from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
 
@@ -46,7 +46,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     if target.note:
         found.append(Finding("info", "resolved", str(d), target.note, ""))
     if target.kind == "adapter":
-        found += _adapter(d, base) + _parity(d, evaluation) + _trainer_leftovers(d)
+        found += _adapter(d, base) + adapter_findings(d) + _parity(d, evaluation) + _trainer_leftovers(d)
         return _ordered(found)
     config = read_json_object(d / "config.json")
     generation = read_json_object(d / "generation_config.json") if (d / "generation_config.json").is_file() else None

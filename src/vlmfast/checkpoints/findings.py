@@ -43,6 +43,17 @@ def strict_exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 
+def adapter_findings(d: Path) -> list[Finding]:
+    """doctor's findings on an adapter dir's weights: ``weights-incomplete`` naming its weight file when that
+    is cut short, corrupt or absent (peft's error on it would read like a wrong base)."""
+    from vlmfast.checkpoints.lora import ADAPTER_FIX
+    from vlmfast.checkpoints.readers import incomplete_adapter
+
+    said = incomplete_adapter(d)
+    return [Finding("error", "weights-incomplete", str(d), f"the adapter's weights are incomplete: {said}",
+                    ADAPTER_FIX)] if said else []
+
+
 def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]:
     """doctor's whole-weights findings: the tensors the model class expects (built on the meta device)
     against the saved ones, and with ``--base``, the saved ones against the base's."""

@@ -316,7 +316,12 @@ def _shown_prefix(prefix: str, members: set[str], shown: dict | None) -> str:
 def require_whole(found, allow_missing=()) -> WeightsCheck | None:
     """For ``infer`` and ``sweep``: a CheckpointError (exit 2, nothing written) when a local model
     checkpoint lacks tensors its class expects (beyond ``allow_missing``) or holds one of another shape,
-    or when its config.json names another family than its tensors are; else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class)."""
+    when its config.json names another family than its tensors are, or when an adapter's weight file is
+    not whole; else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class)."""
+    if found is not None and found.is_local and found.kind == "adapter":
+        from vlmfast.checkpoints.lora import require_adapter_whole
+
+        require_adapter_whole(found.path)  # a cut adapter file: named now, not as peft's error after the base loads
     if found is None or not found.is_local or found.kind != "model":
         return None
     from vlmfast.checkpoints.config_family import refuse_mismatch
