@@ -165,6 +165,14 @@ def _other_family_processor(ctx):
     return d, {}
 
 
+def _other_family_config(ctx):
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    d = _copy(ctx.base, ctx.tmp / "c")  # Qwen2.5-VL weights under a Qwen2-VL config.json
+    shutil.copy(build_checkpoint(ctx.tmp / "qwen2_vl", family="qwen2_vl") / "config.json", d / "config.json")
+    return d, {}
+
+
 def _untested_family(ctx):
     d = _copy(ctx.base, ctx.tmp / "c")  # doctor reads files only: the model type alone decides
     edit_json(d / "config.json", lambda c: c.update(model_type="glm4v"))
@@ -244,6 +252,7 @@ CASES = {
     "resolved": (lambda ctx: (ctx.layouts["vlmr1"].root, {}), None),
     "processor-family-mismatch": (_other_family_processor, None),  # file names differ by version: checked below
     "untested-family": (_untested_family, [("info", "config.json: model_type")]),
+    "config-family-mismatch": (_other_family_config, [("error", "config.json: model_type")]),
     "saved-by-transformers-5": (_saved_by_v5, [("warning", "tokenizer_config.json, config.json")]),
     "weights-two-sets": (_two_sets, [("error", "model.safetensors, model.safetensors.index.json")]),
     "tied-head-saved": (_tied_head_saved, [("error", "config.json: tie_word_embeddings, "

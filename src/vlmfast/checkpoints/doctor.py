@@ -19,8 +19,9 @@ from vlmfast.checkpoints.readers import (
     incomplete_said,
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
+from vlmfast.checkpoints.config_family import as_saved
 from vlmfast.checkpoints.findings import (  # noqa: F401 - importable from here
-    CODES, SEVERITIES, Finding, findings_as_dicts, strict_exit_code, whole_findings,
+    CODES, SEVERITIES, Finding, adapter_findings, findings_as_dicts, strict_exit_code, whole_findings,
 )
 from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
 
@@ -45,7 +46,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     if target.note:
         found.append(Finding("info", "resolved", str(d), target.note, ""))
     if target.kind == "adapter":
-        return _ordered(found + _adapter(d, base) + _parity(d, evaluation) + _trainer_leftovers(d))
+        return _ordered(found + _adapter(d, base) + adapter_findings(d) + _parity(d, evaluation) + _trainer_leftovers(d))
     config = read_json_object(d / "config.json")
     generation = read_json_object(d / "generation_config.json") if (d / "generation_config.json").is_file() else None
     base_cfg = read_json_object(base_dir / "config.json") if base_dir else None
@@ -53,7 +54,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     found += _eos(d, config, generation, base_dir, base_cfg)
     found += _generation_missing(d, config, generation, base_dir)
     found += _files(d, base_dir) + _saved_by_v5(d)
-    found += _family(d, config) + _classes(d)
+    found += _family(d, as_saved(d, config)) + _classes(d)  # the processor against the family the weights are
     found += _weights(target, base_dir, float32_min_bytes)
     found += whole_findings(target, config, base_dir)
     found += _remote_code(d)

@@ -162,3 +162,36 @@ def classes_in_every_version(oldest: str = "4.57") -> frozenset[str]:
     return frozenset(name for f in FAMILIES if version(f.since) <= version(oldest)
                      for name in (f.processor_class, f.image_processor_class, f.video_processor_class,
                                   f.tokenizer_class))
+
+
+# Tensor names (without the ``model.`` / ``language_model.`` wrappers) that only a family's saves hold,
+# all of which a save must have to be that family's: the vision MLP's layer names tell Qwen2-VL (fc1),
+# Qwen2.5-VL (gated: gate_proj) and the Qwen3 line (linear_fc1) apart; DeepStack mergers mark Qwen3-VL,
+# Gated DeltaNet layers Qwen3.5, expert tensors (fused or per expert) the MoE models.
+_QWEN3_VISION = r"^visual\.blocks\.\d+\.mlp\.linear_fc1\."
+_EXPERTS = r"^layers\.\d+\.mlp\.experts\."
+TENSOR_MARKS: dict[str, tuple[str, ...]] = {
+    "qwen2_vl": (r"^visual\.blocks\.\d+\.mlp\.fc1\.",),
+    "qwen2_5_vl": (r"^visual\.blocks\.\d+\.mlp\.gate_proj\.",),
+    "qwen3_vl": (_QWEN3_VISION, r"^visual\.deepstack_merger_list\."),
+    "qwen3_vl_moe": (_QWEN3_VISION, r"^visual\.deepstack_merger_list\.", _EXPERTS),
+    "qwen3_5": (_QWEN3_VISION, r"^layers\.\d+\.linear_attn\."),
+    "qwen3_5_moe": (_QWEN3_VISION, r"^layers\.\d+\.linear_attn\.", _EXPERTS),
+}
+
+
+def family_of_tensors(names) -> Family | None:
+    """The family whose saves hold tensors of these names (canonical: without the ``model.`` and
+    ``language_model.`` wrappers; :data:`TENSOR_MARKS`): of the families all of whose marks some name
+    carries, the one with the most. None when no family's marks are all there, or two fit equally."""
+    import re
+
+    names = list(names)
+    fits = [(len(marks), key) for key, marks in TENSOR_MARKS.items()
+            if all(any(re.search(m, n) for n in names) for m in marks)]
+    if not fits:
+        return None
+    fits.sort(reverse=True)
+    if len(fits) > 1 and fits[0][0] == fits[1][0]:
+        return None
+    return BY_KEY[fits[0][1]]

@@ -15,7 +15,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",
     "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
     "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
-    "saved-by-transformers-5", "weights-two-sets", "tied-head-saved",
+    "saved-by-transformers-5", "weights-two-sets", "tied-head-saved", "config-family-mismatch",
 )
 
 @dataclass(frozen=True)
@@ -43,10 +43,22 @@ def strict_exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 
+def adapter_findings(d: Path) -> list[Finding]:
+    """doctor's findings on an adapter dir's weights: ``weights-incomplete`` naming its weight file when that
+    is cut short, corrupt or absent (peft's error on it would read like a wrong base)."""
+    from vlmfast.checkpoints.lora import ADAPTER_FIX
+    from vlmfast.checkpoints.readers import incomplete_adapter
+
+    said = incomplete_adapter(d)
+    return [Finding("error", "weights-incomplete", str(d), f"the adapter's weights are incomplete: {said}",
+                    ADAPTER_FIX)] if said else []
+
+
 def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]:
     """doctor's whole-weights findings: two sets of weight files, an LM head saved while config.json ties
     it, the tensors the model class expects (built on the meta device) against the saved ones (those
     transformers loads), and with ``--base``, the saved ones against the base's."""
+    from vlmfast.checkpoints.config_family import family_mismatch
     from vlmfast.checkpoints.readers import tensor_index
     from vlmfast.checkpoints.weights import check_weights, compare_with_base, fix_hint
 
@@ -60,6 +72,9 @@ def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]
     except (OSError, ValueError, KeyError, TypeError):
         return out  # reported by _weights
     check = check_weights(d, config, index)
+    mismatch = family_mismatch(d, config, index)
+    if mismatch is not None:  # config.json of another model: its class's lost and unexpected tensors say no more
+        return out + [mismatch.finding(check, base_dir)]
     out += _tied_head(d, config, check)
     if check is not None and check.missing:
         head = (" (tie_word_embeddings is false: the LM head is its own matrix, and the save lost it)"

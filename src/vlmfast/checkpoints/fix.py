@@ -332,11 +332,12 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     from transformers.utils import cached_file
     from transformers.utils import logging as hf_logging
 
-    from vlmfast.checkpoints.lora import load_adapter_model, resolve_base
+    from vlmfast.checkpoints.lora import load_adapter_model, require_adapter_whole, resolve_base
 
     adapter_dir, out = Path(adapter_dir), Path(out_dir)
     if not is_adapter_dir(adapter_dir):
         raise FixError(f"{adapter_dir}: not a LoRA adapter dir (no adapter_config.json)", hint="point at the adapter dir")
+    require_adapter_whole(adapter_dir)  # a cut adapter file: said before the base loads
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FixError(f"{out}: exists and is not empty", hint="choose a new output directory")
     found = require(locate(resolve_base(adapter_dir, base, option="--processor-from"), hub=True), "model", "hub")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import ADAPTER_CONFIG, adapter_base_or_none, has_processor_config
+from vlmfast.checkpoints.readers import ADAPTER_CONFIG, adapter_base_or_none, has_processor_config, incomplete_adapter
 from vlmfast.errors import CheckpointError
 from vlmfast.checkpoints.locate import HUB_ID
 
@@ -44,6 +44,18 @@ def resolve_base(adapter_dir, base: str | None = None, option: str = "--base") -
     return spec
 
 
+ADAPTER_FIX = ("the adapter file was cut short or is damaged (a copy or save that did not finish): save the adapter "
+               "again (save_pretrained), or copy adapter_model.safetensors whole from where it was trained")
+
+
+def require_adapter_whole(adapter_dir) -> None:
+    """A CheckpointError naming the adapter's weight file when it is not whole (cut short, corrupt, absent),
+    from the file alone and before any model loads: peft's own error on it would read like a wrong base."""
+    said = incomplete_adapter(adapter_dir)
+    if said is not None:
+        raise CheckpointError(f"{adapter_dir}: the adapter's weights are incomplete: {said}", hint=ADAPTER_FIX)
+
+
 def load_adapter_model(base_model, adapter_dir, merge: bool):
     """Apply the adapter in ``adapter_dir`` to an already loaded ``base_model`` with peft.
 
@@ -52,6 +64,7 @@ def load_adapter_model(base_model, adapter_dir, merge: bool):
     than the ``PeftModel`` wrapper, so ``generate`` is the model's own (peft's causal-LM wrapper
     re-prepares inputs and knows nothing of pixel_values). Both mutate ``base_model``.
     """
+    require_adapter_whole(adapter_dir)
     try:
         from peft import PeftModel
     except ImportError as exc:

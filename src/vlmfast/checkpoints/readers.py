@@ -279,9 +279,19 @@ def weights_complete(path) -> bool:
     if (d / "config.json").is_file() and has_weights(d):
         return _model_weights_complete(d)
     if is_adapter_dir(d):
-        st = d / "adapter_model.safetensors"
-        return _file_complete(st if st.is_file() else d / "adapter_model.bin")
+        return incomplete_adapter(d) is None
     return False
+
+
+def incomplete_adapter(d) -> str | None:
+    """What keeps an adapter dir's weights from being whole (None when they are): its
+    ``adapter_model.safetensors`` (else ``adapter_model.bin``) absent, empty, or shorter than its header says."""
+    st = Path(d) / "adapter_model.safetensors"
+    path = st if st.is_file() else Path(d) / "adapter_model.bin"
+    why = _file_problem(path)
+    if why == "missing":
+        return "no adapter weights (adapter_model.safetensors or adapter_model.bin)"
+    return f"{path.name}: {why}" if why else None
 
 
 def require_loadable(d: Path) -> None:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import (corrupt_weights, has_weights, incomplete_said, is_adapter_dir, maybe_json,
-                                         weights_complete)
+from vlmfast.checkpoints.readers import (corrupt_weights, has_weights, incomplete_adapter, incomplete_said, is_adapter_dir,
+                                         maybe_json, weights_complete)
 from vlmfast.errors import CheckpointError, InputError
 from vlmfast.checkpoints.locate import (CHECKPOINT_DIR, FSDP_SHARDS, GLOBAL_STEP_DIR, SWIFT_RUN_DIR, Located, fsdp_merge_hint,
                      numbered_subdirs, walk)
@@ -154,7 +154,7 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
     if kind == "adapter" and (merged / "config.json").is_file() and has_weights(merged):
         path, kind = merged, "model"
     if not weights_complete(path):  # a save cut short (or still being written): listed, never loaded
-        said = incomplete_said(path) if kind == "model" else "its adapter weights are incomplete"
+        said = incomplete_said(path) if kind == "model" else f"its adapter weights are incomplete: {incomplete_adapter(path)}"
         corrupt = kind == "model" and bool(corrupt_weights(path))  # no further writing mends it: not waited for
         return Skipped(d, step, said or "its weights are incomplete",
                        "save it again" if corrupt else

@@ -316,11 +316,17 @@ def _shown_prefix(prefix: str, members: set[str], shown: dict | None) -> str:
 def require_whole(found, allow_missing=(), engine: str = "hf") -> WeightsCheck | None:
     """For ``infer`` and ``sweep``: a CheckpointError (exit 2, nothing written) when a local model
     checkpoint holds two sets of weights (``model.safetensors`` beside a sharded set), lacks tensors its
-    class expects (beyond ``allow_missing``) or holds one of another shape;
-    else the check (None when it could not be made: a hub id, an adapter, no safetensors, no class). With
-    ``engine`` ``vllm``, also one that saves an LM head its config ties (vLLM would run the embedding instead)."""
+    class expects (beyond ``allow_missing``) or holds one of another shape, when its config.json names another
+    family than its tensors are, or when an adapter's weight file is not whole; else the check (None when it
+    could not be made: a hub id, an adapter, no safetensors, no class). With ``engine`` ``vllm``, also one that
+    saves an LM head its config ties (vLLM would run the embedding instead)."""
+    if found is not None and found.is_local and found.kind == "adapter":
+        from vlmfast.checkpoints.lora import require_adapter_whole
+
+        require_adapter_whole(found.path)  # a cut adapter file: named now, not as peft's error after the base loads
     if found is None or not found.is_local or found.kind != "model":
         return None
+    from vlmfast.checkpoints.config_family import refuse_mismatch
     from vlmfast.checkpoints.readers import read_json_object, tensor_index
     from vlmfast.checkpoints.weight_files import require_one_set
 
@@ -334,7 +340,9 @@ def require_whole(found, allow_missing=(), engine: str = "hf") -> WeightsCheck |
         index = tensor_index(d)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # an unreadable header is the loader's error to give
-    check = check_weights(d, read_json_object(d / "config.json"), index, allow_missing, apart=True)
+    config = read_json_object(d / "config.json")
+    refuse_mismatch(d, config, index)  # another model's config.json: not lost tensors, whatever --allow-missing says
+    check = check_weights(d, config, index, allow_missing, apart=True)
     if check is not None and not check.whole:
         raise CheckpointError(f"{d}: the weights are not whole: {check.summary()} "
                               f"({check.expected} tensors expected, {check.saved} saved)", hint=fix_hint(check))
