@@ -472,23 +472,31 @@ def test_an_unreadable_line_s_error_row_of_0_14_resumes_under_today_s_id(small, 
     assert [r["id"] for r in read_jsonl(out)] == ["a", "m.jsonl:2", "b"] and report.samples == 1
 
 
-def test_a_resume_scores_kept_answers_against_today_s_truth_and_refuses_answers_to_another_prompt(small, tmp_path):
+def test_a_resume_scores_kept_answers_against_today_s_truth_and_refuses_answers_to_other_requests(small, tmp_path):
     """A manifest whose answers were corrected after a run: the rows kept by a resume are scored again (and
-    rewritten so); one whose prompt changed holds the answer to another question: refused."""
+    rewritten so). One whose id now names another prompt or another image (ids by position, rows removed or
+    reordered) answered another request: refused. Lines only appended change nothing kept."""
     manifest, out = tmp_path / "m.jsonl", tmp_path / "r.jsonl"
 
-    def write(truths, prompts=("Which?",) * 4):
-        manifest.write_text("".join(json.dumps({"id": f"q{k}", "image": str(p), "prompt": q, "answer": t}) + "\n"
-                                    for k, (p, t, q) in enumerate(zip(small, truths, prompts))))
+    def write(truths, prompts=("Which?",) * 4, order=(0, 1, 2, 3)):
+        manifest.write_text("".join(json.dumps({"id": f"q{k}", "image": str(small[i]), "prompt": q, "answer": t}) + "\n"
+                                    for k, (i, t, q) in enumerate(zip(order, truths, prompts))))
 
     options = InferOptions(ckpt="fake", manifest=str(manifest), out=str(out))
-    write(["A", "A", "B", "B"])
-    assert infer(options, backend=FakeBackend()).scores["accuracy"] == 0.5
+    write(["A", "A", "B", "B"][:3], order=(0, 1, 2))
+    assert infer(options, backend=FakeBackend()).scores["accuracy"] == 2 / 3
+    write(["A", "A", "B", "B"])  # a line appended: the kept rows stand as they are, the new one runs
+    report = infer(options, backend=FakeBackend())
+    assert report.samples == 1 and not any("changed since" in n for n in report.notes)
     write(["A", "B", "B", "B"])  # q1's answer corrected: "A" is wrong now
     report = infer(options, backend=FakeBackend())
     assert report.scores["accuracy"] == 0.25 and [r["correct"] for r in read_jsonl(out)] == [True, False, False, False]
-    assert f"{out}: 1 kept answer(s) scored again against the manifest's ground truth changed verdict (the ground " \
-           "truth changed since they were written)" in report.notes
+    assert f"{out}: {manifest} changed since the kept answers were written: they were scored again against its " \
+           "ground truth, and 1 changed verdict" in report.notes
+    assert not any("changed since" in n for n in infer(options, backend=FakeBackend()).notes)  # recorded: once
     write(["A", "B", "B", "B"], ("Which?", "How many?", "Which?", "Which?"))
-    with pytest.raises(UsageError, match=r"answers to another prompt than 1 request\(s\) have now \(q1\)"):
+    with pytest.raises(UsageError, match=r"answers to other requests than 1 id\(s\) name now \(q1\)"):
+        infer(options, backend=FakeBackend())
+    write(["A", "B", "B", "B"], order=(1, 0, 2, 3))  # rows reordered: q0 and q1 name each other's images
+    with pytest.raises(UsageError, match=r"than 2 id\(s\) name now \(q0, q1\)"):
         infer(options, backend=FakeBackend())

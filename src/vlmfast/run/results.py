@@ -228,20 +228,28 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     return renamed
 
 
-def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward=None) -> list[str]:
-    """Rows an earlier run left in ``out``, checked against this run's ``requests`` before a resume keeps
-    them: an answer to another prompt than its request has now is refused (a UsageError naming the ids); the
-    others are scored again, in place, against today's ground truth (a manifest whose answers were corrected
-    since), as the new rows are. Returns what to say: how many verdicts changed."""
+def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward=None, write: bool = True) -> list[str]:
+    """Rows an earlier run left in ``out``, checked against this run's ``requests`` before a resume keeps them,
+    when the manifest changed since they were written (in place: lines only appended count as unchanged).
+    Ids by position (a parquet row, a TSV line without ``index``) then may name other requests: a kept row
+    whose request has another prompt, other images or images of other sizes is refused (a UsageError naming
+    the ids); the others are scored again, in place, against today's ground truth (answers corrected since),
+    with the same scorer or reward as new rows (without the token ids, which rows do not keep). The manifest's
+    state is then recorded (``write``), so the next resume skips this. Returns what to say."""
     from vlmfast.errors import UsageError
+    from vlmfast.run.sweep_record import manifest_state, manifest_unchanged, remember_manifest
 
+    now = manifest_state(options.manifest)
+    if now is None or manifest_unchanged(out, options.manifest):
+        return []
     by_id = {r.id: r for r in requests}
     kept = [row for row in existing.values() if row.get("error") is None and str(row["id"]) in by_id]
-    other = sorted({str(row["id"]) for row in kept if row.get("prompt") not in (None, by_id[str(row["id"])].prompt)})
+    other = sorted({str(row["id"]) for row in kept if _asked_otherwise(row, by_id[str(row["id"])])})
     if other:
-        raise UsageError(f"{out} holds answers to another prompt than {len(other)} request(s) have now "
-                         f"({', '.join(other[:5])}{' …' if len(other) > 5 else ''}): the manifest changed",
-                         hint="rerun with --overwrite to redo them, or give another --out")
+        raise UsageError(f"{out} holds answers to other requests than {len(other)} id(s) name now "
+                         f"({', '.join(other[:5])}{' …' if len(other) > 5 else ''}): {options.manifest} changed since, "
+                         "and its ids name other prompts or images", hint="rerun with --overwrite to redo them, or give "
+                         "another --out (ids by row position move when rows are removed or reordered: give records an id)")
     truths = {str(row["id"]): by_id[str(row["id"])].truth_record() for row in kept}
     before = [row.get("correct") for row in kept]
     if reward is not None:
@@ -253,6 +261,19 @@ def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward
                             or options.scorer, iou=options.iou, bbox_space=options.bbox_space) for row in kept]
     for row, scored in zip(kept, fields):
         row.update(scored)
+    if write:
+        remember_manifest(out, now)
     changed = sum(a != row.get("correct") for a, row in zip(before, kept))
-    return [f"{out}: {changed} kept answer(s) scored again against the manifest's ground truth changed verdict "
-            "(the ground truth changed since they were written)"] if changed else []
+    return [f"{out}: {options.manifest} changed since the kept answers were written: they were scored again against "
+            f"its ground truth, and {changed} changed verdict"] if changed else []
+
+
+def _asked_otherwise(row: dict, request) -> bool:
+    """Whether a kept row answered another request than ``request``: another prompt, other image files (by
+    name: a run resumed from another directory spells paths otherwise) or images of other sizes."""
+    images, sizes = row.get("images"), row.get("image_sizes")
+    return (row.get("prompt") not in (None, request.prompt)
+            or isinstance(images, list) and [os.path.basename(str(p)) for p in images]
+            != [os.path.basename(str(p)) for p in request.images]
+            or isinstance(sizes, list) and request.image_sizes and [list(x) for x in sizes]
+            != [list(x) for x in request.image_sizes])

@@ -121,10 +121,11 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
             clear_out(Path(options.out))
         runtime = {k: getattr(backend.facts(), k) for k in ("engine", "device", "dtype", "repetition_penalty")}
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
-            from vlmfast.run.sweep_record import fingerprint_figures, record
+            from vlmfast.run.sweep_record import fingerprint_figures, manifest_state, record
 
             # what made the rows to come, the weights' fingerprint too: a resume is checked against them
-            record(Path(options.out), settings, {**fingerprint_figures(weights_id), "runtime": runtime})
+            record(Path(options.out), settings, {**fingerprint_figures(weights_id), "runtime": runtime,
+                                                 "manifest": manifest_state(options.manifest)})
         elif settings is not None and dist.is_main:
             from vlmfast.run.sweep_record import refuse_other_penalty, runtime_note
 
@@ -255,7 +256,8 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
             existing, _ = read_existing(out, repair=False)
         existing = renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [],
                                       bad_ids=[b.id for b in collected.bad])
-        notes += recheck_kept(existing, collected.requests, out, options, reward) if not options.overwrite else []
+        notes += recheck_kept(existing, collected.requests, out, options, reward, write=dist.is_main) \
+            if not options.overwrite and existing else []
     n = options.generation.n
     kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
     answers = {}  # id → how many of its n answers the file holds (a request is done with all n)

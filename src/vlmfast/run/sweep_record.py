@@ -137,7 +137,7 @@ def record(results: Path, settings: dict, figures: dict) -> None:
 
     data = {"settings": settings, "versions": versions(), "figures": {k: figures[k] for k in MEASURED if k in figures},
             "fingerprint": figures.get("fingerprint"),
-            **{k: figures[k] for k in ("fingerprint_of",) if k in figures},
+            **{k: figures[k] for k in ("fingerprint_of", "manifest") if k in figures},
             "runtime": figures["runtime"] if "runtime" in figures else _read(sidecar(results)).get("runtime")}
     atomic_write(sidecar(results), (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
 
@@ -286,3 +286,41 @@ def same_weights_notes(figures: list[dict]) -> list[str]:
     return [f"steps {', '.join(map(str, sorted(s)))} have identical weights (fingerprint {digest}): the same model "
             "saved twice, or a copy" for digest, s in steps.items() if len(s) > 1]
 
+
+
+def manifest_state(manifest) -> dict | None:
+    """What a resume needs to tell whether ``manifest`` changed: its digest, and a file's size (None: no manifest)."""
+    if not manifest or not Path(manifest).exists():
+        return None
+    path = Path(manifest)
+    return {"sha256": _digest(path), "bytes": path.stat().st_size if path.is_file() else None}
+
+
+def manifest_unchanged(results: Path, manifest) -> bool:
+    """Whether ``manifest`` is the one ``results``' rows were made from, or that one with lines appended (a file
+    whose first bytes are the recorded ones): a record's own manifest state, or a sweep's digest in its settings."""
+    record = _read(sidecar(Path(results)))
+    then = record.get("manifest") if isinstance(record.get("manifest"), dict) else {}
+    digest = then.get("sha256") or (record.get("settings") or {}).get("manifest_sha256")
+    path = Path(manifest)
+    if not digest:
+        return False
+    size = then.get("bytes")
+    if not isinstance(size, int) or not path.is_file() or path.stat().st_size < size:
+        return _digest(path) == digest
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while size > 0 and (block := f.read(min(1 << 20, size))):
+            h.update(block)
+            size -= len(block)
+    return h.hexdigest() == digest
+
+
+def remember_manifest(results: Path, state: dict) -> None:
+    """Record ``state`` (:func:`manifest_state`) as the manifest ``results``' rows now answer."""
+    from vlmfast.files import atomic_write
+
+    data = _read(sidecar(Path(results)))
+    if data:
+        data["manifest"] = state
+        atomic_write(sidecar(Path(results)), (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
