@@ -151,13 +151,15 @@ def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
     assert report["not_evaluated"] == []  # step 400, corrupt at first, was evaluated once saved again
 
 
-def test_a_checkpoint_corrupt_in_the_first_pass_and_saved_again_is_evaluated_and_not_listed_as_skipped(run, tmp_path):
+@pytest.mark.parametrize("step_dir", ["checkpoint-{}", "global_step_{}/actor/huggingface"])
+def test_a_checkpoint_corrupt_in_the_first_pass_and_saved_again_is_evaluated_and_not_listed_as_skipped(run, tmp_path,
+                                                                                                       step_dir):
     from vlmfast.run.sweep import sweep
 
     live = tmp_path / "live"
-    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-100")
-    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-400")
-    weights = live / "checkpoint-400" / "model.safetensors"
+    shutil.copytree(run["run"] / "checkpoint-100", live / step_dir.format(100))
+    shutil.copytree(run["run"] / "checkpoint-100", live / step_dir.format(400))
+    weights = live / step_dir.format(400) / "model.safetensors"
     data = bytearray(weights.read_bytes())
     length = int.from_bytes(data[:8], "little")
     data[8:8 + length] = b"x" * length  # a garbage header: skipped by the first pass

@@ -219,9 +219,9 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
 
     # every checkpoint directory not evaluated: those the listing skipped (no weights yet, a save cut short)
     # and those refused for lost tensors
-    done = {f["path"] for f in figures}  # a checkpoint skipped at first and saved again whole under --watch is done
+    done = {f["step"] for f in figures if f["label"] != "base"}  # skipped at first, then saved whole under --watch
     skipped = [{"step": s.step, "path": str(s.path), "reason": s.reason, "hint": s.hint} for s in listing.skipped
-               if not s.pending and s.step is not None and str(s.path) not in done]
+               if not s.pending and s.step is not None and s.step not in done]
     report.update(settings=settings, versions=versions(), not_evaluated=skipped + refused)
     if searched is not None:
         report["search"] = searched
