@@ -164,3 +164,28 @@ def test_an_in_place_swap_into_a_tied_model_is_refused(grpo_ckpt, tmp_path):
     plan = plan_swap(loaded, _tied(grpo_ckpt, tmp_path / "tied"))
     assert plan.files is None and "LM head of its own" in plan.reason
     assert plan_swap(loaded, _tied(grpo_ckpt, tmp_path / "copy", head="embedding")).files is not None
+
+
+def test_a_saved_head_is_compared_with_the_embedding_by_windows_not_whole(tmp_path, monkeypatch):
+    """A 3B model's embedding and head are 1.2 GB together: doctor, every load and every swap compare them
+    by 16 windows of 64 KiB; a trained head differs from the embedding everywhere, a merger's copy nowhere."""
+    import builtins
+    import os
+
+    from vlmfast.checkpoints import heads
+
+    data = os.urandom(8 << 20)
+    (tmp_path / "a").write_bytes(data)
+    (tmp_path / "b").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # differs in its last byte only
+    read, real_open = [], builtins.open
+
+    def counting(*args, **kw):
+        f = real_open(*args, **kw)
+        real_read = f.read
+        f.read = lambda n=-1: (lambda out: (read.append(len(out)), out)[1])(real_read(n))
+        return f
+
+    monkeypatch.setattr(builtins, "open", counting)
+    a, b = (str(tmp_path / "a"), "BF16", [4 << 20], 0, 8 << 20), (str(tmp_path / "b"), "BF16", [4 << 20], 0, 8 << 20)
+    assert heads._same(a, a) and not heads._same(a, b)
+    assert sum(read) <= 2 * 2 * (heads.SAMPLES + 1) * heads.CHUNK  # two comparisons, two files each
