@@ -26,6 +26,10 @@ def test_ids_default_to_path_as_given_and_prompt_applies_to_all(images):
 def test_r1_template_appends_instruction(images):
     c = collect(images=[str(images[0])], prompt="How many boxes?", template="r1")
     assert c.requests[0].prompt == "How many boxes? " + R1_INSTRUCTION
+    rec = collect(images=[str(images[0])], prompt="the red box", template="rec")  # VLM-R1's REC question template
+    assert rec.requests[0].prompt == ("the red box First output the thinking process in <think> </think> tags and then "
+                                      "output the final answer in <answer> </answer> tags. Output the final answer in "
+                                      "JSON format.")
 
 
 def test_prompt_file_and_system(images, tmp_path):

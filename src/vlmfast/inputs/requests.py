@@ -30,7 +30,9 @@ R1_INSTRUCTION = (
     "First output the thinking process in <think> </think> tags and then output the final answer "
     "in <answer> </answer> tags."
 )
-TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION}
+# VLM-R1's referring-expression (REC) question template, as its trainer and src/eval/test_rec_r1.py build it
+REC_INSTRUCTION = R1_INSTRUCTION + " Output the final answer in JSON format."
+TEMPLATES = {"plain": "{prompt}", "r1": "{prompt} " + R1_INSTRUCTION, "rec": "{prompt} " + REC_INSTRUCTION}
 
 # The image placeholder of LLaVA-style data (ms-swift, VLM-R1, EasyR1, verl): in every manifest format it marks
 # where an image goes, never text; vlmfast removes it and puts the request's images before the text.

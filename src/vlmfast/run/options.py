@@ -51,7 +51,8 @@ class InferOptions:
                                     "else solution).", panel=INPUT)
     image_key: str | None = option(None, help="Parquet/Arrow --manifest: the image column, bytes or paths (default: "
                                    "images, else image).", panel=INPUT)
-    template: str = option("plain", help="plain | r1 (append VLM-R1's think/answer instruction).", panel=INPUT)
+    template: str = option("plain", help="plain | r1 (append VLM-R1's think/answer instruction) | rec (the same and "
+                           "its REC tasks' \"Output the final answer in JSON format.\").", panel=INPUT)
     format_prompt: str | None = option(
         None, help="A Jinja file each prompt is rendered through, with the question as {{ content }}: EasyR1's "
         "data.format_prompt (e.g. its math.jinja), so the prompts are the training's (instead of --template).",
