@@ -70,7 +70,7 @@ def family_mismatch(d, config: dict, index: dict | None = None) -> FamilyMismatc
     when they agree, when config.json names a family vlmfast does not know, or when the names are no known
     family's (or the headers cannot be read: said elsewhere)."""
     from vlmfast.checkpoints.readers import tensor_index
-    from vlmfast.checkpoints.weights import canonical
+    from vlmfast.checkpoints.weight_files import canonical
 
     named = family_of(config)
     if named is None:

@@ -20,9 +20,9 @@ from vlmfast.checkpoints.readers import (
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
 from vlmfast.checkpoints.config_family import as_saved
-from vlmfast.checkpoints.findings import (  # noqa: F401 - importable from here
-    CODES, SEVERITIES, Finding, adapter_findings, findings_as_dicts, strict_exit_code, whole_findings,
-)
+from vlmfast.checkpoints.findings import (CODES, SEVERITIES, Finding, findings_as_dicts,  # noqa: F401 - importable here
+                                          strict_exit_code)
+from vlmfast.checkpoints.weight_findings import adapter_findings, whole_findings
 from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
 
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention

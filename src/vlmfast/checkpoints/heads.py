@@ -84,7 +84,7 @@ def saved_head(d, config: dict, tied_by_class: bool = False) -> SavedHead | None
 
 
 def _is_embedding(name: str) -> bool:
-    from vlmfast.checkpoints.weights import canonical
+    from vlmfast.checkpoints.weight_files import canonical
 
     return canonical(name) == "embed_tokens.weight"
 

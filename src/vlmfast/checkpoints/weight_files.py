@@ -26,6 +26,16 @@ PICKLE_SINGLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 _NOT_WEIGHTS = ("training_args.bin",)  # HF Trainer pickles its arguments into every checkpoint-N
 
+WRAPPERS = ("model.", "language_model.")  # dropped, in this order, from every name before comparing
+
+
+def canonical(name: str) -> str:
+    """A tensor name without the wrappers transformers maps between saves and classes."""
+    for prefix in WRAPPERS:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name
+
 
 def _named_by(index: Path) -> list[Path] | None:
     """The files an index's ``weight_map`` names, sorted (None when it names none or cannot be read)."""

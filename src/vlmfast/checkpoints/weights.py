@@ -26,16 +26,9 @@ from pathlib import Path
 
 from vlmfast.errors import CheckpointError
 
-WRAPPERS = ("model.", "language_model.")  # dropped, in this order, from every name before comparing
+from vlmfast.checkpoints.weight_files import canonical  # noqa: F401 - importable from here
+
 _EXPERT = re.compile(r"^(.*\.experts)\.\d+\.")
-
-
-def canonical(name: str) -> str:
-    """A tensor name without the wrappers transformers maps between saves and classes."""
-    for prefix in WRAPPERS:
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return name
 
 
 @dataclass(frozen=True)
