@@ -104,23 +104,25 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     return text
 
 
-def read_manifest(path: str, default_prompt: str | None, keys=None,
-                  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[list[Request | BadInput], list[str]]:
+def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+                  *, images: bool = True) -> tuple[list[Request | BadInput], list[str]]:
     """Parse a manifest into requests and bad lines, in file order. A JSONL file's records are ours —
     ``{"id", "image"|"images", "prompt", "system", "solution"|"answer", "scorer"}`` —, ms-swift's —
     ``{"messages": [...], "images": [...]}`` — or R1-V's — ``{"image_path", "question", "ground_truth"}``.
     A parquet file, a folder of parquet shards or a ``save_to_disk`` folder is read by
     :func:`vlmfast.inputs.datasets.read_dataset` (``keys``: its :class:`~vlmfast.inputs.datasets.DatasetKeys`).
     Relative image paths resolve against the manifest's directory first, then the working directory.
+    ``images=False``: a dataset's or TSV's images are neither decoded nor checked (a JSONL's never are
+    here: :func:`collect` checks them), for reading ids and ground truths only.
     """
     from vlmfast.inputs.datasets import is_dataset, is_r1v, is_vlmr1, r1v_view, read_dataset, vlmr1_row, vlmr1_view
 
     from vlmfast.inputs.tsv import is_tsv, read_tsv
 
     if is_dataset(path):
-        return read_dataset(path, default_prompt, keys, max_image_pixels)
+        return read_dataset(path, default_prompt, keys, max_image_pixels, images=images)
     if is_tsv(path) and not (keys is not None and keys.given):
-        return read_tsv(path, default_prompt, max_image_pixels)
+        return read_tsv(path, default_prompt, max_image_pixels, images=images)
     if keys is not None and keys.given:
         raise UsageError("--prompt-key, --answer-key and --image-key apply to parquet and Arrow datasets",
                          hint=f"drop them for the JSONL manifest {path}")
