@@ -33,7 +33,7 @@ from pathlib import Path
 from vlmfast.errors import InputError, UsageError
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
-                                     image_label, record_batches)
+                                     image_label, key_values, record_batches)
 from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_bytes, check_images, parse_messages,
                                    resolve_relative)
 
@@ -108,8 +108,8 @@ def read_dataset(path: str, default_prompt: str | None, keys: DatasetKeys | None
         file_row = 0
         for chunk, start, batch in record_batches(part):
             names = batch.schema.names
-            rows = batch.select([n for n in names if n != columns.image]).to_pylist()
-            pictures = batch.column(columns.image) if columns.image in names else None
+            rows = batch.select([n for n in names if n != columns.image]).to_pylist()  # a dotted key's bytes: in its struct
+            pictures = key_values(batch, columns.image)
             for i, row in enumerate(rows):
                 value = pictures[i].as_py() if pictures is not None else None  # one row's images at a time
                 where = f"{part.path}#row={file_row}"
@@ -172,7 +172,7 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
         sizes.append(size)
         if problem is not None:
             problems.append(Problem(label, problem))
-    record = {**row, columns.image: labels if is_list or not labels else labels[0]}  # labels, not bytes: rows stay small
+    record = _put(row, columns.image, labels if is_list or not labels else labels[0])  # labels, not bytes: rows stay small
     request = Request(id=fields["id"], images=tuple(labels), prompt=fields["prompt"], system=fields["system"],
                       truth=truth_text(fields["truth"]), scorer=fields["scorer"], data_source=fields["data_source"],
                       manifest_truth=fields["truth"], record=record,
@@ -180,6 +180,14 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
     if problems:
         return BadInput(id=request.id, problems=tuple(problems), request=request)
     return dataclasses.replace(request, image_sizes=tuple(sizes)) if check else request
+
+
+def _put(row: dict, key: str, value) -> dict:
+    """``row`` with ``key`` set to ``value``; a dotted key's value set inside (copies of) its structs."""
+    if key in row or "." not in key:
+        return {**row, key: value}
+    top, rest = key.split(".", 1)
+    return {**row, top: _put(row[top] if isinstance(row.get(top), dict) else {}, rest, value)}
 
 
 def row_fields(row: dict, columns: Columns, default_prompt: str | None, number: int) -> dict:
