@@ -130,6 +130,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
         raw = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as editors on Windows write
     except OSError as exc:
         raise InputError(f"cannot read manifest {path}: {exc}", hint="check the path and permissions") from exc
+    _refuse_json_array(raw, path)
     base = Path(path).parent
     items: list[Request | BadInput] = []
     unknown: set[str] = set()
@@ -170,6 +171,29 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
     if not items:
         raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
     return items, warnings
+
+
+def _refuse_json_array(raw: bytes, path: str) -> None:
+    """A file holding one JSON array (VLM-R1's REC files) is not a manifest of one JSON object per line:
+    one error that says so and how to convert it, not an error for each of its lines."""
+    if not raw.lstrip().startswith(b"["):
+        return
+    first = raw.lstrip().split(b"\n", 1)[0]
+    try:
+        whole = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        whole = None
+        try:
+            json.loads(first.decode("utf-8"))
+            return  # a line of its own: said with that line
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            pass
+    if whole is None or isinstance(whole, list):
+        out = Path(path).with_suffix(".jsonl").name
+        raise InputError(f"{path} is a JSON array{'' if whole is not None else ' (that does not parse)'}, not a manifest "
+                         "(one JSON object per line)",
+                         hint=f"convert it first: vlmfast convert {path} --out {out} (add --image-root DIR when its "
+                              "image paths are under another folder), then give --manifest that file")
 
 
 def _bad_line(where: str, what: str, rid: str) -> BadInput:
