@@ -448,3 +448,13 @@ def test_a_dotted_image_key_reads_the_images_inside_a_struct(images, tmp_path, k
     _same_requests(got.requests, collect(manifest=_jsonl(tmp_path / "m.jsonl", _ours(images))).requests)
     # the struct travels with the row, its image as the label (not the bytes), its other fields as they are
     assert got.requests[3].record["media"] == {"picture": got.requests[3].images[0], "kind": "photo"}
+
+
+def test_a_dataset_without_a_prompt_column_is_one_error_naming_the_columns(images, tmp_path):
+    pq.write_table(_easyr1(images).rename_columns(["id", "question", "answer", "images"]), tmp_path / "q.parquet")
+    with pytest.raises(UsageError) as err:
+        collect(manifest=str(tmp_path / "q.parquet"))
+    assert err.value.message == f"{tmp_path / 'q.parquet'} has no prompt column (problem or prompt; columns: id, question, answer, images)"
+    assert "--prompt-key" in err.value.hint
+    assert [r.prompt for r in collect(manifest=str(tmp_path / "q.parquet"), keys=_keys("question")).requests] == QUESTIONS
+    assert [r.prompt for r in collect(manifest=str(tmp_path / "q.parquet"), prompt="Describe.").requests] == ["Describe."] * 4

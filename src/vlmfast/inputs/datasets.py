@@ -102,6 +102,10 @@ def read_dataset(path: str, default_prompt: str | None, keys: DatasetKeys | None
     if columns.image is None:
         raise UsageError(f"{path} has no image column (columns: {', '.join(column_names(parts[0]))})",
                          hint="give --image-key COLUMN")
+    if columns.prompt is None and not (default_prompt and default_prompt.strip()):  # not a problem of each row's
+        raise UsageError(f"{path} has no prompt column ({' or '.join(PROMPT_KEYS)}; columns: "
+                         f"{', '.join(column_names(parts[0]))})",
+                         hint="give --prompt-key COLUMN (or --prompt for one question for every row)")
     items: list[Request | BadInput] = []
     number = 0  # the row number across shards: the id of a row without one
     for part in parts:
