@@ -232,3 +232,20 @@ def test_convert_says_how_many_records_have_no_ground_truth(tmp_path):
                    + json.dumps({"image": "b.jpg", "problem": "q"}) + "\n")
     r = cli("convert", src, "--out", tmp_path / "m.jsonl")
     assert r.returncode == 0 and "1 of them without ground truth" in r.stderr
+
+
+@pytest.mark.parametrize("layout", ["indented", "one line"])
+def test_a_json_array_given_as_manifest_is_one_error_naming_convert(tmp_path, layout, grpo_ckpt):
+    """A VLM-R1 REC file (a JSON array) given to --manifest: one error that says what it is and the convert
+    command that makes a manifest of it, not an "invalid JSON" error for every line; and that command works."""
+    source = tmp_path / "refcoco_val.json"
+    text = json.dumps(json.loads((CONFIGS / "vlmr1_rec.example.json").read_text()), indent=2 if layout == "indented" else None)
+    source.write_text(text)
+    with pytest.raises(InputError) as err:
+        read_manifest(str(source), None)
+    assert err.value.message == f"{source} is a JSON array, not a manifest (one JSON object per line)"
+    assert f"vlmfast convert {source} --out refcoco_val.jsonl" in err.value.hint and not err.value.problems
+    r = cli("infer", "--ckpt", grpo_ckpt, "--manifest", source, "--out", tmp_path / "r.jsonl")
+    assert r.returncode == 2 and r.stderr.count("error:") == 1 and "invalid JSON" not in r.stderr
+    r = cli("convert", source, "--image-root", "/data/coco", "--out", tmp_path / "refcoco_val.jsonl")
+    assert r.returncode == 0 and len(read_manifest(str(tmp_path / "refcoco_val.jsonl"), None)[0]) == 4

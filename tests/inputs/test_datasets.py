@@ -425,3 +425,36 @@ def test_vlmr1_jsonl_is_read_as_it_is_like_its_converted_manifest(grpo_ckpt, ima
             ("r0", "Where is the red box?"), (f"00001_{images[1].stem}", "Which shape? A. circle B. square")]
     finally:
         os.remove(manifest)  # the images folder is shared by the session's tests
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_dotted_image_key_reads_the_images_inside_a_struct(images, tmp_path, kind):
+    """--image-key media.picture reads the field of a struct column, as a dotted --prompt-key or --answer-key does."""
+    table = pa.table({"id": ["a", "b", "c", "d"], "question": QUESTIONS,
+                      "media": [{"picture": _png(images[i]), "kind": "photo"} for i in range(4)],
+                      "label": [{"text": a} for a in ANSWERS]})
+    if kind == "parquet":
+        manifest = tmp_path / "nested.parquet"
+        pq.write_table(table, manifest, row_group_size=3)
+    else:
+        manifest = tmp_path / "saved"
+        manifest.mkdir()
+        with pa.OSFile(str(manifest / "data.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=3):
+                writer.write_batch(batch)
+        (manifest / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data.arrow"}]}))
+    got = collect(manifest=str(manifest), keys=_keys("question", "label.text", "media.picture"))
+    assert not got.bad
+    _same_requests(got.requests, collect(manifest=_jsonl(tmp_path / "m.jsonl", _ours(images))).requests)
+    # the struct travels with the row, its image as the label (not the bytes), its other fields as they are
+    assert got.requests[3].record["media"] == {"picture": got.requests[3].images[0], "kind": "photo"}
+
+
+def test_a_dataset_without_a_prompt_column_is_one_error_naming_the_columns(images, tmp_path):
+    pq.write_table(_easyr1(images).rename_columns(["id", "question", "answer", "images"]), tmp_path / "q.parquet")
+    with pytest.raises(UsageError) as err:
+        collect(manifest=str(tmp_path / "q.parquet"))
+    assert err.value.message == f"{tmp_path / 'q.parquet'} has no prompt column (problem or prompt; columns: id, question, answer, images)"
+    assert "--prompt-key" in err.value.hint
+    assert [r.prompt for r in collect(manifest=str(tmp_path / "q.parquet"), keys=_keys("question")).requests] == QUESTIONS
+    assert [r.prompt for r in collect(manifest=str(tmp_path / "q.parquet"), prompt="Describe.").requests] == ["Describe."] * 4

@@ -74,3 +74,63 @@ def test_a_tsv_gives_the_same_rows_and_accuracy_as_its_jsonl(sets, grpo_ckpt, tm
     assert not list(sets["tsv"].parent.glob("*.png"))  # nothing decoded to disk
     score = cli("score", tmp_path / "tsv.jsonl", "--manifest", sets["tsv"], "--json")
     assert score.returncode == 0 and json.loads(score.stdout)["accuracy"] == runs["tsv"][1]["accuracy"]
+
+
+def _write(path, lines):
+    path.write_bytes("".join(lines).encode("utf-8"))
+    return path
+
+
+def _b64(image):
+    return base64.b64encode(image.read_bytes()).decode()
+
+
+def test_a_quote_inside_a_field_is_a_quote_as_pandas_reads_it(images, tmp_path):
+    """pandas (VLMEvalKit's reader) opens a quoted field only at a field's start: a quote further in is text,
+    and every row after it is still a row of its own."""
+    from vlmfast.inputs.datasets import load_images
+    from vlmfast.inputs.requests import read_manifest
+
+    rows = [("0", 'Is the 6" ruler red?', "A"), ("1", "Is it blue?", "A"), ("2", 'How tall, 5" or 7"?', "B"),
+            ("3", '"Quoted" first, then 6" more?', "A")]
+    tsv = _write(tmp_path / "quotes.tsv", ["index\timage\tquestion\tA\tB\tanswer\n"]
+                 + [f"{i}\t{_b64(images[k])}\t{q}\tyes\tno\t{a}\n" for k, (i, q, a) in enumerate(rows)])
+    items, _ = read_manifest(str(tsv), None)
+    assert [(r.id, r.truth, r.scorer) for r in items] == [("0", "A", "choice"), ("1", "A", "choice"),
+                                                           ("2", "B", "choice"), ("3", "A", "choice")]
+    assert items[0].prompt.startswith('Question: Is the 6" ruler red?\n')
+    assert items[3].prompt.startswith('Question: Quoted first, then 6" more?\n')  # as pandas unquotes it
+    from PIL import Image
+
+    decoded = load_images(items)  # each row read again from its own byte offset
+    assert [decoded[(r.id, 0)].size for r in items] == [Image.open(images[k]).size for k in range(4)]
+
+
+@pytest.mark.parametrize("bad, line", [
+    ('1\txx\t"unclosed question\tyes\tno\tA\n', 3),  # a quoted field open to the end of the file
+    ('1\txx\tq?\tyes\tno\t"A\n2\txx\tq"\tyes\tno\tB\n', 3),  # a quoted field swallowing a row: too many fields
+])
+def test_rows_that_cannot_be_told_apart_are_an_error_naming_the_line(tmp_path, bad, line):
+    from vlmfast.errors import InputError
+    from vlmfast.inputs.requests import read_manifest
+
+    tsv = _write(tmp_path / "bad.tsv", ["index\timage\tquestion\tA\tB\tanswer\n", "0\txx\tfine?\tyes\tno\tA\n",
+                                        bad, "3\txx\tlast?\tyes\tno\tB\n"])
+    with pytest.raises(InputError) as caught:
+        read_manifest(str(tsv), None)
+    assert f"bad.tsv:{line}:" in str(caught.value) and "quote" in caught.value.hint
+
+
+def test_blank_lines_are_skipped_not_bad_rows(images, tmp_path, grpo_ckpt):
+    from vlmfast.inputs.requests import read_manifest
+
+    image = _b64(images[0])
+    tsv = _write(tmp_path / "blank.tsv", ["index\timage\tquestion\tanswer\r\n", f"0\t{image}\tOne?\t1\r\n", "\r\n",
+                                          f"1\t{image}\tTwo?\t2\r\n", "\r\n"])
+    items, _ = read_manifest(str(tsv), None)
+    assert [(type(r).__name__, r.id, r.truth) for r in items] == [("Request", "0", "1"), ("Request", "1", "2")]
+    out = tmp_path / "out.jsonl"
+    r = cli("infer", "--ckpt", grpo_ckpt, "--manifest", tsv, "--max-new-tokens", "2", "--device", "cpu",
+            "--skip-bad", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert [(row["id"], row["error"]) for row in read_jsonl(out)] == [("0", None), ("1", None)]

@@ -250,7 +250,8 @@ def read_truths(manifest: str, keys=None) -> dict[str, tuple[object, str | None]
 
 
 def _good_requests(manifest: str, keys=None) -> list[Request]:
-    items, _ = read_manifest(manifest, default_prompt="-", keys=keys)  # prompts do not matter for scoring
+    # prompts and images do not matter for scoring: a TSV's or dataset's images are not decoded or checked
+    items, _ = read_manifest(manifest, default_prompt="-", keys=keys, images=False)
     bad = [p for r in items if not isinstance(r, Request) for p in r.problems]
     if bad:
         raise InputError(f"{len(bad)} bad manifest record(s):\n" + "\n".join(f"  - {p}" for p in bad[:50]),

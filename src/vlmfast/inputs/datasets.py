@@ -33,7 +33,7 @@ from pathlib import Path
 from vlmfast.errors import InputError, UsageError
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
-                                     image_label, record_batches)
+                                     image_label, key_values, record_batches)
 from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_bytes, check_images, parse_messages,
                                    resolve_relative)
 
@@ -91,29 +91,35 @@ def pick_columns(available: list[str], keys: DatasetKeys, where: str, nested: di
 
 
 def read_dataset(path: str, default_prompt: str | None, keys: DatasetKeys | None = None,
-                 max_image_pixels: int | None = None) -> tuple[list[Request | BadInput], list[str]]:
+                 max_image_pixels: int | None = None, *, images: bool = True) -> tuple[list[Request | BadInput], list[str]]:
     """Requests (and bad rows) of a parquet file, a folder of parquet shards or a ``save_to_disk`` folder,
     in row order, one record batch in memory at a time. Embedded images are checked (header, pixel limit)
-    here and kept as :class:`EmbeddedImage` references; their requests come with ``image_sizes`` set."""
+    here and kept as :class:`EmbeddedImage` references; their requests come with ``image_sizes`` set.
+    ``images=False``: images are neither decoded nor checked (reading ground truths needs ids and answers)."""
     parts = dataset_parts(path)
     available, nested = _schema(parts[0])
     columns = pick_columns(available, keys or DatasetKeys(), path, nested)
     if columns.image is None:
         raise UsageError(f"{path} has no image column (columns: {', '.join(column_names(parts[0]))})",
                          hint="give --image-key COLUMN")
+    if columns.prompt is None and not (default_prompt and default_prompt.strip()):  # not a problem of each row's
+        raise UsageError(f"{path} has no prompt column ({' or '.join(PROMPT_KEYS)}; columns: "
+                         f"{', '.join(column_names(parts[0]))})",
+                         hint="give --prompt-key COLUMN (or --prompt for one question for every row)")
     items: list[Request | BadInput] = []
     number = 0  # the row number across shards: the id of a row without one
     for part in parts:
         file_row = 0
         for chunk, start, batch in record_batches(part):
             names = batch.schema.names
-            rows = batch.select([n for n in names if n != columns.image]).to_pylist()
-            images = batch.column(columns.image) if columns.image in names else None
+            rows = batch.select([n for n in names if n != columns.image]).to_pylist()  # a dotted key's bytes: in its struct
+            pictures = key_values(batch, columns.image)
             for i, row in enumerate(rows):
-                value = images[i].as_py() if images is not None else None  # one row's images at a time
+                value = pictures[i].as_py() if pictures is not None else None  # one row's images at a time
                 where = f"{part.path}#row={file_row}"
                 ref = (part, chunk, start + i, file_row, isinstance(value, list))
-                items.append(_row_request(row, value, where, ref, number, columns, default_prompt, max_image_pixels))
+                items.append(_row_request(row, value, where, ref, number, columns, default_prompt, max_image_pixels,
+                                          check=images))
                 file_row += 1
                 number += 1
     if not items:
@@ -140,15 +146,15 @@ def _schema(part: Part) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns: Columns,
-                 default_prompt: str | None, max_image_pixels: int | None) -> Request | BadInput:
-    """One dataset row → a request (or the row's problems), its images checked."""
+                 default_prompt: str | None, max_image_pixels: int | None, *, check: bool = True) -> Request | BadInput:
+    """One dataset row → a request (or the row's problems), its images checked (``check``) or not."""
     part, chunk, offset, file_row, is_list = ref
     try:
         fields = row_fields(row, columns, default_prompt, number)
     except ValueError as exc:
         return BadInput(id=str(row.get("id", where)), problems=(Problem(where, str(exc)),))
     entries = image_entries(value)
-    if not entries:
+    if not entries and check:
         return BadInput(id=fields["id"], problems=(Problem(where, f'no image in column "{columns.image}"'),))
     base = Path(part.path).parent
     labels, data, sizes, problems = [], [], [], []
@@ -156,27 +162,36 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
         if isinstance(entry, bytes):
             label = image_label(part, file_row, k)
             data.append(EmbeddedImage(part.path, part.kind, chunk, offset, columns.image, k if is_list else None))
-            size, problem = check_image_bytes(entry, max_image_pixels)
+            size, problem = check_image_bytes(entry, max_image_pixels) if check else (None, None)
         elif isinstance(entry, str):
             label = resolve_relative(entry, base)
             data.append(None)
-            found, failed = check_images([label], max_image_pixels)
+            found, failed = check_images([label], max_image_pixels) if check else ({}, {})
             size, problem = found.get(label), failed.get(label)
         else:
-            label, size, problem = image_label(part, file_row, k), None, "neither image bytes nor a path"
+            label, size = image_label(part, file_row, k), None
+            problem = "neither image bytes nor a path" if check else None
             data.append(None)
         labels.append(label)
         sizes.append(size)
         if problem is not None:
             problems.append(Problem(label, problem))
-    record = {**row, columns.image: labels if is_list else labels[0]}  # labels, not bytes: rows stay small
+    record = _put(row, columns.image, labels if is_list or not labels else labels[0])  # labels, not bytes: rows stay small
     request = Request(id=fields["id"], images=tuple(labels), prompt=fields["prompt"], system=fields["system"],
                       truth=truth_text(fields["truth"]), scorer=fields["scorer"], data_source=fields["data_source"],
                       manifest_truth=fields["truth"], record=record,
                       image_data=tuple(data) if any(d is not None for d in data) else None)
     if problems:
         return BadInput(id=request.id, problems=tuple(problems), request=request)
-    return dataclasses.replace(request, image_sizes=tuple(sizes))
+    return dataclasses.replace(request, image_sizes=tuple(sizes)) if check else request
+
+
+def _put(row: dict, key: str, value) -> dict:
+    """``row`` with ``key`` set to ``value``; a dotted key's value set inside (copies of) its structs."""
+    if key in row or "." not in key:
+        return {**row, key: value}
+    top, rest = key.split(".", 1)
+    return {**row, top: _put(row[top] if isinstance(row.get(top), dict) else {}, rest, value)}
 
 
 def row_fields(row: dict, columns: Columns, default_prompt: str | None, number: int) -> dict:

@@ -132,6 +132,25 @@ def image_entries(value) -> list:
     return out
 
 
+def top_column(key: str, names: list[str]) -> str:
+    """The top-level column holding ``key``: itself, or for a dotted key (``media.picture``) its struct."""
+    return key if key in names else key.split(".", 1)[0]
+
+
+def key_values(batch, key: str):
+    """The values of ``key`` in a record batch: a column, or a dotted key's field reached through its
+    struct columns (a null struct gives a null value); None when the batch has neither."""
+    names = batch.schema.names
+    if key in names:
+        return batch.column(key)
+    top, *fields = key.split(".")
+    if top not in names or not fields:
+        return None
+    import pyarrow.compute as pc
+
+    return pc.struct_field(batch.column(top), fields)
+
+
 def fetch_bytes(refs: list[EmbeddedImage]) -> dict[EmbeddedImage, bytes]:
     """The bytes of every image in ``refs``: each chunk they lie in read once, a record batch at a time
     (only the image column), stopping after the last row wanted; nothing else is kept."""
@@ -142,7 +161,7 @@ def fetch_bytes(refs: list[EmbeddedImage]) -> dict[EmbeddedImage, bytes]:
     for (path, kind, column, chunk), mine in wanted.items():
         last = max(r.offset for r in mine)
         for start, batch in _chunk_batches(Part(path, kind), chunk, column):
-            values = batch.column(0)
+            values = key_values(batch, column)
             for ref in mine:
                 if start <= ref.offset < start + batch.num_rows:
                     entries = image_entries(values[ref.offset - start].as_py())  # this row's images only
@@ -157,20 +176,20 @@ def fetch_bytes(refs: list[EmbeddedImage]) -> dict[EmbeddedImage, bytes]:
 
 
 def _chunk_batches(part: Part, chunk: int, column: str) -> Iterator[tuple[int, object]]:
-    """``(first row, batch)`` of one chunk's ``column``: a parquet row group streamed, or the Arrow file's
-    ``chunk``-th record batch (the stream walked to it, memory-mapped)."""
+    """``(first row, batch)`` of one chunk's ``column`` (a dotted key's whole top-level column): a parquet row
+    group streamed, or the Arrow file's ``chunk``-th record batch (the stream walked to it, memory-mapped)."""
     pa = require_pyarrow()
     if part.kind == "parquet":
         pf = pa.parquet.ParquetFile(part.path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-        start = 0
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[chunk], columns=[column], use_threads=False):
+        start, top = 0, top_column(column, pf.schema_arrow.names)
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[chunk], columns=[top], use_threads=False):
             yield start, batch
             start += batch.num_rows
         return
     with pa.memory_map(part.path) as source:
         for k, batch in enumerate(pa.ipc.open_stream(source)):
             if k == chunk:
-                yield 0, batch.select([column])
+                yield 0, batch.select([top_column(column, batch.schema.names)])
                 return
 
 

@@ -106,23 +106,25 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     return text
 
 
-def read_manifest(path: str, default_prompt: str | None, keys=None,
-                  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[list[Request | BadInput], list[str]]:
+def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+                  *, images: bool = True) -> tuple[list[Request | BadInput], list[str]]:
     """Parse a manifest into requests and bad lines, in file order. A JSONL file's records are ours —
     ``{"id", "image"|"images", "prompt", "system", "solution"|"answer", "scorer"}`` —, ms-swift's —
     ``{"messages": [...], "images": [...]}`` — or R1-V's — ``{"image_path", "question", "ground_truth"}``.
     A parquet file, a folder of parquet shards or a ``save_to_disk`` folder is read by
     :func:`vlmfast.inputs.datasets.read_dataset` (``keys``: its :class:`~vlmfast.inputs.datasets.DatasetKeys`).
     Relative image paths resolve against the manifest's directory first, then the working directory.
+    ``images=False``: a dataset's or TSV's images are neither decoded nor checked (a JSONL's never are
+    here: :func:`collect` checks them), for reading ids and ground truths only.
     """
     from vlmfast.inputs.datasets import is_dataset, is_r1v, is_vlmr1, r1v_view, read_dataset, vlmr1_row, vlmr1_view
 
     from vlmfast.inputs.tsv import is_tsv, read_tsv
 
     if is_dataset(path):
-        return read_dataset(path, default_prompt, keys, max_image_pixels)
+        return read_dataset(path, default_prompt, keys, max_image_pixels, images=images)
     if is_tsv(path) and not (keys is not None and keys.given):
-        return read_tsv(path, default_prompt, max_image_pixels)
+        return read_tsv(path, default_prompt, max_image_pixels, images=images)
     if keys is not None and keys.given:
         raise UsageError("--prompt-key, --answer-key and --image-key apply to parquet and Arrow datasets",
                          hint=f"drop them for the JSONL manifest {path}")
@@ -130,6 +132,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
         raw = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as editors on Windows write
     except OSError as exc:
         raise InputError(f"cannot read manifest {path}: {exc}", hint="check the path and permissions") from exc
+    _refuse_json_array(raw, path)
     base = Path(path).parent
     items: list[Request | BadInput] = []
     unknown: set[str] = set()
@@ -170,6 +173,29 @@ def read_manifest(path: str, default_prompt: str | None, keys=None,
     if not items:
         raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
     return items, warnings
+
+
+def _refuse_json_array(raw: bytes, path: str) -> None:
+    """A file holding one JSON array (VLM-R1's REC files) is not a manifest of one JSON object per line:
+    one error that says so and how to convert it, not an error for each of its lines."""
+    if not raw.lstrip().startswith(b"["):
+        return
+    first = raw.lstrip().split(b"\n", 1)[0]
+    try:
+        whole = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        whole = None
+        try:
+            json.loads(first.decode("utf-8"))
+            return  # a line of its own: said with that line
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            pass
+    if whole is None or isinstance(whole, list):
+        out = Path(path).with_suffix(".jsonl").name
+        raise InputError(f"{path} is a JSON array{'' if whole is not None else ' (that does not parse)'}, not a manifest "
+                         "(one JSON object per line)",
+                         hint=f"convert it first: vlmfast convert {path} --out {out} (add --image-root DIR when its "
+                              "image paths are under another folder), then give --manifest that file")
 
 
 def _bad_line(where: str, what: str, rid: str) -> BadInput:

@@ -16,6 +16,10 @@ with ``answer`` as the truth and the ``choice`` scorer. A row without options is
 VQA datasets' prompt: the question as it is), scored by the manifest's default scorer. The id is the
 ``index``. Images are kept as references (the row's byte offset in the file) and decoded from base64
 when their batch is prepared; nothing is written to disk.
+
+Rows are split as pandas' ``read_csv(sep="\\t")`` splits them (VLMEvalKit reads these files so), with
+:mod:`csv`'s same rules, a line at a time so that each record keeps its byte offset: a quote opens a quoted
+field only at a field's start, a quote inside a field is text, blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import ast
 import base64
 import binascii
 import csv
-import io
 import string
 import sys
 from dataclasses import replace
@@ -60,52 +63,95 @@ def _given(value) -> bool:
     return value is not None and value.strip() not in ("", "nan", "NaN", "None", "null", "NA", "N/A")
 
 
-def _records(path: Path):
-    """``(byte offset, raw record)`` of every record after the header, a record running over several lines
-    while a quoted field is open (an even count of quote characters closes it)."""
-    with open(path, "rb") as f:
-        f.readline()  # the header
-        offset, pending, start = f.tell(), b"", None
-        for line in iter(f.readline, b""):
-            if start is None:
-                start = offset
-            pending += line
-            offset += len(line)
-            if pending.count(b'"') % 2 == 0:
-                yield start, pending
-                pending, start = b"", None
-        if pending.strip():
-            yield start, pending
+class _Unreadable(Exception):
+    """Where the file's records cannot be told apart: its line, and what is wrong there."""
+
+    def __init__(self, line: int, what: str):
+        super().__init__(what)
+        self.line, self.what = line, what
 
 
-def _parse(raw: bytes, columns: list[str]) -> dict:
+def _records(f):
+    """``(first line, byte offset, fields, lines)`` of every record from the file's position on (the header
+    first when it starts at 0), read as pandas' ``read_csv(sep="\\t")`` reads it: a quote opens a quoted
+    field only at the start of a field (a quoted field may run over several lines, ``""`` inside it is
+    one quote); anywhere else it is a quote. A quoted field still open at the end of the file raises
+    :class:`_Unreadable` naming the line it opened on, rather than losing the rows after it."""
     csv.field_size_limit(sys.maxsize)  # a base64 image is megabytes in one cell
-    values = next(csv.reader(io.StringIO(raw.decode("utf-8")), delimiter="\t"), [])
-    return dict(zip(columns, values))
+    offset, line = f.tell(), 1
+    read = {"bytes": 0, "lines": 0, "ended": False}
+
+    def lines():
+        for raw in iter(f.readline, b""):
+            text = raw.decode("utf-8")
+            if read["bytes"] == 0 and offset == 0:
+                text = text.removeprefix("\ufeff")  # a byte-order mark
+            read["bytes"] += len(raw)
+            read["lines"] += 1
+            yield text
+        read["ended"] = True
+
+    reader = csv.reader(lines(), delimiter="\t")
+    while True:
+        try:
+            fields = next(reader, None)
+        except csv.Error as exc:
+            raise _Unreadable(line, f"not a tab-separated record ({exc})") from exc
+        if fields is None:
+            return
+        if read["ended"]:  # csv hands over what it holds when the input ends inside a quoted field
+            raise _Unreadable(line, f"a field opened with a quote (\") here is still open at the end of the file "
+                                    f"({read['lines']} lines read as one row)")
+        yield line, offset, fields, read["lines"]
+        offset += read["bytes"]
+        line += read["lines"]
+        read["bytes"] = read["lines"] = 0
 
 
-def _header(path: Path) -> list[str]:
-    with open(path, "rb") as f:
-        first = f.readline().decode("utf-8-sig")
-    return next(csv.reader(io.StringIO(first), delimiter="\t"), [])
+def _blank(fields: list[str]) -> bool:
+    """An empty line (pandas skips them, as the JSONL reader does)."""
+    return len(fields) <= 1 and not "".join(fields).strip()
 
 
-def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None = None) -> tuple[list, list[str]]:
-    """Requests (and bad rows) of a VLMEvalKit TSV file, in row order (see the module docstring)."""
+_UNREADABLE_HINT = ("a quote (\") at the start of a field opens a quoted field that runs to the next quote, as "
+                    "pandas reads it for VLMEvalKit: double a quote inside a quoted field (\"6\"\" ruler\"), or quote "
+                    "the whole field")
+
+
+def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None = None, *,
+             images: bool = True) -> tuple[list, list[str]]:
+    """Requests (and bad rows) of a VLMEvalKit TSV file, in row order (see the module docstring).
+    ``images=False``: the images are neither decoded nor checked (reading ground truths needs ids and
+    answers only)."""
     p = Path(path)
+    rows, joined = [], []  # joined: where a quoted field holds whole lines with tabs (rows read as one?)
+    # rows: (row, byte offset, the image cell when it is short: maybe another row's index, the images' check)
     try:
-        columns = _header(p)
-        records = list(_records(p))
+        with open(p, "rb") as f:
+            records = _records(f)
+            columns = next(records, (0, 0, []))[2]
+            if "image" not in columns:
+                raise InputError(f"{path} has no image column (columns: {', '.join(columns)})",
+                                 hint="VLMEvalKit TSVs hold base64 images in an 'image' column")
+            for line, offset, fields, lines in records:
+                if _blank(fields):
+                    continue
+                if len(fields) > len(columns):  # a quote that opened a field by mistake and ran into later rows
+                    raise _Unreadable(line, f"{len(fields)} fields where the header has {len(columns)}"
+                                            + (f" ({lines} lines read as one row)" if lines > 1 else ""))
+                if lines > 1 and any("\t" in v and "\n" in v for v in fields):
+                    joined.append(line)
+                row = dict(zip(columns, fields))
+                cell = row.pop("image", None) or ""
+                short = cell.strip() if len(cell.strip()) < 64 else None
+                rows.append((row, offset, short, None if short is not None else _checked(cell, images, max_image_pixels)))
+    except _Unreadable as exc:
+        raise InputError(f"{path}:{exc.line}: {exc.what}; the rows after it cannot be told apart", hint=_UNREADABLE_HINT) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read manifest {path}: {exc}", hint="give a UTF-8, tab-separated VLMEvalKit file") from exc
-    if "image" not in columns:
-        raise InputError(f"{path} has no image column (columns: {', '.join(columns)})",
-                         hint="VLMEvalKit TSVs hold base64 images in an 'image' column")
-    rows = [(offset, _parse(raw, columns)) for offset, raw in records]
-    by_index = {row.get("index"): offset for offset, row in rows if row.get("index")}
-    cells = {offset: row.get("image") or "" for offset, row in rows}
+    by_index = {row.get("index"): k for k, (row, *_) in enumerate(rows) if row.get("index")}
     items, extra = [], sorted(set(columns) - {"index", "image", "image_path", *TEXT_COLUMNS})
-    for number, (offset, row) in enumerate(rows):
+    for number, (row, offset, short, checks) in enumerate(rows):
         where = f"{path}#row={number}"
         rid = row.get("index") or str(number)
         prompt, mcq = build_prompt(row)
@@ -113,40 +159,47 @@ def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None
         if not prompt:
             items.append(BadInput(rid, (Problem(where, "no question in the row (--prompt gives one for all)"),)))
             continue
-        images, source = _images(row.get("image") or "", offset, by_index, cells)
-        labels = tuple(f"{path}#row={number}/image={k}" for k in range(len(images)))
-        refs = tuple(EmbeddedImage(str(p), "tsv", source, number, "image", k if len(images) > 1 else None)
-                     for k in range(len(images)))
-        problems, sizes = [], []
-        for label, data in zip(labels, images):
-            size, problem = check_image_bytes(data, max_image_pixels) if data is not None else (None, "not base64")
-            sizes.append(size)
-            if problem is not None:
-                problems.append(Problem(label, problem))
-        if not images:
+        source = offset
+        if short is not None and short in by_index:  # MMBench: a repeated image names the row that holds it
+            held = rows[by_index[short]]
+            source, checks = held[1], held[3] if held[3] is not None else _checked(held[2], images, max_image_pixels)
+        elif short is not None:
+            checks = _checked(short, images, max_image_pixels)
+        labels = tuple(f"{path}#row={number}/image={k}" for k in range(len(checks)))
+        refs = tuple(EmbeddedImage(str(p), "tsv", source, number, "image", k if len(checks) > 1 else None)
+                     for k in range(len(checks)))
+        problems = [Problem(label, problem) for label, (_, problem) in zip(labels, checks) if problem is not None]
+        if not checks and images:
             problems.append(Problem(where, "no image in column \"image\""))
         answer = row.get("answer") if _given(row.get("answer")) else None
-        record = {k: v for k, v in row.items() if k not in ("image",)}
         request = Request(id=rid, images=labels, prompt=prompt, system=None, truth=truth_text(answer),
                           scorer="choice" if mcq and answer is not None else None, data_source=None,
-                          manifest_truth=answer, record=record, image_data=refs or None)
+                          manifest_truth=answer, record=row, image_data=refs or None)
         if problems:
             items.append(BadInput(rid, tuple(problems), request))
             continue
-        items.append(replace(request, image_sizes=tuple(sizes)))
+        items.append(replace(request, image_sizes=tuple(size for size, _ in checks)) if images else request)
     if not items:
         raise InputError(f"manifest {path} holds no rows", hint="give a TSV with a header and at least one row")
-    return items, ([f"{path}: columns kept in the rows, not in the prompt: {', '.join(extra)}"] if extra else [])
+    notes = [f"{path}: columns kept in the rows, not in the prompt: {', '.join(extra)}"] if extra else []
+    if joined:  # pandas reads them so too; said, as a stray quote at a field's start gives the same
+        notes.append(f"{path}: a quoted field holding tabs runs over several lines, read as one row as pandas reads it "
+                     f"(line {', '.join(map(str, joined[:5]))}{' …' if len(joined) > 5 else ''}): a stray quote (\") at "
+                     "the start of a field?")
+    return items, notes
 
 
-def _images(cell: str, offset: int, by_index: dict, cells: dict) -> tuple[list[bytes | None], int]:
-    """The row's images as bytes (None where a value is not base64) and the byte offset of the row that
-    holds them (MMBench names another row's ``index`` for a repeated image)."""
-    cell = cell.strip()
-    if len(cell) < 64 and cell in by_index:
-        offset = by_index[cell]
-        cell = cells[offset].strip()
-    return [_decode(v) for v in _as_list(cell)], offset
+def _checked(cell: str, images: bool, max_image_pixels: int | None) -> list[tuple]:
+    """``(size, problem)`` of each image of an image cell: decoded from base64 and checked, or with
+    ``images=False`` only counted (``(None, None)`` each)."""
+    values = _as_list(cell.strip())
+    if not images:
+        return [(None, None)] * len(values)
+    out = []
+    for value in values:
+        data = _decode(value)
+        out.append(check_image_bytes(data, max_image_pixels) if data is not None else (None, "not base64"))
+    return out
 
 
 def _as_list(cell: str) -> list[str]:
@@ -172,9 +225,15 @@ def fetch_tsv_bytes(refs: list[EmbeddedImage]) -> dict[EmbeddedImage, bytes]:
     found = {}
     columns: dict[str, list[str]] = {}
     for ref in refs:
-        if ref.path not in columns:
-            columns[ref.path] = _header(Path(ref.path))
-        row = _parse(_record_at(Path(ref.path), ref.chunk), columns[ref.path])
+        try:
+            with open(ref.path, "rb") as f:
+                if ref.path not in columns:
+                    columns[ref.path] = next(_records(f), (0, 0, []))[2]
+                f.seek(ref.chunk)
+                fields = next(_records(f), (0, 0, []))[2]
+        except (OSError, UnicodeDecodeError, _Unreadable) as exc:
+            raise InputError(f"cannot read {ref.path}: {exc}", hint="the file changed since the run started") from exc
+        row = dict(zip(columns[ref.path], fields))
         values = _as_list((row.get(ref.column) or "").strip())
         data = _decode(values[ref.index or 0]) if len(values) > (ref.index or 0) else None
         if data is None:
@@ -182,14 +241,3 @@ def fetch_tsv_bytes(refs: list[EmbeddedImage]) -> dict[EmbeddedImage, bytes]:
                              hint="the file changed since the run started")
         found[ref] = data
     return found
-
-
-def _record_at(path: Path, offset: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        pending = b""
-        for line in iter(f.readline, b""):
-            pending += line
-            if pending.count(b'"') % 2 == 0:
-                break
-    return pending
