@@ -422,3 +422,21 @@ def test_a_long_untagged_text_equal_to_the_truth_scores_as_such():
     assert score_row({"text": "Something else entirely, " * 4}, truth, "exact")["correct"] is False
     long_choice = score_row({"text": "Let me look at each option carefully before I decide which one fits " * 2}, "B", "choice")
     assert long_choice["parse_failed"] is True  # still no answer read from a long text for a choice
+
+
+def test_a_choice_answered_by_its_option_s_text_counts_as_vlmevalkit_counts_it():
+    """VLMEvalKit's can_infer falls back to can_infer_text: no letter in the answer, but exactly one option's
+    text (case-insensitive), read from the multiple-choice prompt its TSVs build."""
+    from vlmfast.evaluation.scoring import score_row
+
+    prompt = ("Question: What color is the box?\nOptions:\nA. red\nB. blue\nC. dark green\n"
+              "Please select the correct answer from the options above. \n")
+
+    def correct(text, truth="A"):
+        return score_row({"text": text, "prompt": prompt}, truth, "choice")["correct"]
+
+    assert correct("<think>…</think><answer>Red</answer>") and correct("dark green", truth="C")
+    assert not correct("<think>…</think><answer>blue</answer>")  # B's text: B, not A
+    assert not correct("red or blue") and not correct("<answer>purple</answer>")  # two options, or none
+    assert not score_row({"text": "<answer>red</answer>"}, "A", "choice")["correct"]  # no options to read
+    assert correct("<answer>A</answer>") and not correct("<answer>B. red</answer>")  # a letter still decides

@@ -277,6 +277,23 @@ def parse_choice(text: str) -> str | None:
     return None
 
 
+_OPTION_LINE = re.compile(r"^([A-Z])\. (.*)$", re.M)
+
+
+def option_by_text(answer, prompt) -> str | None:
+    """The letter of the one option whose text ``answer`` contains, the options read from a multiple-choice
+    ``prompt`` as VLMEvalKit writes them ("Options:" then "A. text" lines): its ``can_infer_text``, which
+    it falls back to when no letter is found — case-insensitive, and not for an answer over twice as long
+    as the options' texts together. None when no option, or several, match."""
+    if not isinstance(answer, str) or not isinstance(prompt, str) or "Options:\n" not in prompt:
+        return None
+    options = dict(_OPTION_LINE.findall(prompt.split("Options:\n", 1)[1]))
+    if not options or len(answer) > 2 * sum(len(text) for text in options.values()):
+        return None
+    found = [letter for letter, text in options.items() if text.strip() and text.lower() in answer.lower()]
+    return found[0] if len(found) == 1 else None
+
+
 def _score_bbox(answer: str, truth, threshold: float, image_size, model_size, bbox_space: str) -> Score:
     want = parse_box(truth)
     got = parse_box(answer)
@@ -334,6 +351,8 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
     s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
                      model_size=_first_size(row.get("model_image_sizes")),
                      bbox_space=row_bbox_space(row, bbox_space), **opts)
+    if s.scorer == "choice" and s.parse_failed and (letter := option_by_text(answer or text, row.get("prompt"))):
+        s = score_answer(letter, truth, "choice")  # no letter, but one option's text: VLMEvalKit's can_infer_text
     fields.update(score=s.score, correct=s.correct, scorer=s.scorer, parse_failed=s.parse_failed)
     if s.scorer == "bbox":
         fields.update(iou=round(s.iou, 6), bbox_unmapped=s.bbox_unmapped)
