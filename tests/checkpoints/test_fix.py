@@ -316,6 +316,9 @@ def test_merge_lora_writes_a_checkpoint_doctor_passes(layouts, tmp_path):
         assert (out / name).read_bytes() == (info.base / name).read_bytes()
     with pytest.raises(FixError, match="not empty"):
         merge_lora(info.model_dir, out)
+    from_run = merge_lora(info.root, tmp_path / "from-run")  # the run dir, as doctor and infer take it
+    assert (tmp_path / "from-run" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    assert from_run.base == str(info.base)
 
 
 def test_a_base_without_im_end_still_gets_it_and_fixing_settles(base_ckpt, grpo_ckpt, tmp_path):

@@ -335,6 +335,11 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     from vlmfast.checkpoints.lora import load_adapter_model, require_adapter_whole, resolve_base
 
     adapter_dir, out = Path(adapter_dir), Path(out_dir)
+    if not is_adapter_dir(adapter_dir) and adapter_dir.is_dir():  # a run dir: its adapter, as doctor and infer find it
+        try:
+            adapter_dir = require(locate(str(adapter_dir)), "adapter").path
+        except CheckpointError:
+            pass
     if not is_adapter_dir(adapter_dir):
         raise FixError(f"{adapter_dir}: not a LoRA adapter dir (no adapter_config.json)", hint="point at the adapter dir")
     require_adapter_whole(adapter_dir)  # a cut adapter file: said before the base loads
