@@ -277,8 +277,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     from vlmfast.run.sweep_record import forget_if_changed
 
     weights_id = weights_fingerprint(found, options.infer.fingerprint, options.infer.base)
-    changed = forget_if_changed(out, weights_id)
-    if changed:
+    if changed := forget_if_changed(out, weights_id):
         say(changed)
         notes.append(changed)
     models.how = None
