@@ -207,3 +207,18 @@ def test_first_use_slips_in_inputs(images, tmp_path):
     c = collect(images=[str(folder), "https://example.com/cat.png"], prompt="p")
     assert [r.id for r in c.requests] == [str(folder / "x.png")]
     assert [b.error for b in c.bad] == ["https://example.com/cat.png: a URL: images are read from local files (download it first)"]
+
+
+def test_a_vlmr1_line_whose_image_is_elsewhere_names_it_once_and_says_how_to_point_at_its_folder(tmp_path, monkeypatch):
+    """VLM-R1 joins its --image_folders to a line's image; here the folder is the manifest's: a missing image
+    is named against it once (not joined twice), and the hint says how to write the paths for another folder."""
+    folder = tmp_path / "jsonl"
+    folder.mkdir()
+    line = {"id": 1, "image": "a.png", "conversations": [{"from": "human", "value": "<image>Which?"},
+                                                          {"from": "gpt", "value": "<answer>B</answer>"}]}
+    (folder / "m.jsonl").write_text(json.dumps(line) + "\n")
+    monkeypatch.chdir(tmp_path)  # the manifest named relatively, as users do
+    with pytest.raises(InputError) as err:
+        raise_for_problems(collect(manifest="jsonl/m.jsonl"))
+    assert "  - jsonl/a.png: file not found" in str(err.value) and "jsonl/jsonl" not in str(err.value)
+    assert "vlmfast convert FILE --image-root DIR" in err.value.hint

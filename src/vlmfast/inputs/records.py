@@ -95,8 +95,8 @@ def content_text(content) -> str:
 
 def resolve_relative(image: str, base: Path) -> str:
     """A relative image path against ``base`` (the manifest's folder) when it exists there or nowhere else."""
-    if os.path.isabs(image) or base == Path("."):
-        return image
+    if os.path.isabs(image) or base == Path(".") or image.startswith(str(base) + os.sep):
+        return image  # resolved already (a VLM-R1 line's images are, before the request is built)
     candidate = base / image
     return str(candidate) if candidate.exists() or not os.path.exists(image) else image
 

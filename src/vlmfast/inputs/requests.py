@@ -326,6 +326,9 @@ def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
     hint = ("fix or remove them, or pass --skip-bad to record an error row for each and run the rest" if collected.requests
             else "fix them: there is no other input to run" + (" (--skip-bad keeps error rows beside inputs that run; "
                                                                "no model was loaded)" if skip_bad else ""))
+    if sum("file not found" in str(p) for p in problems) * 2 > len(problems):  # most images are elsewhere
+        hint += ("; a manifest's relative image paths are read against its own folder: for images in another folder "
+                 "(VLM-R1's --image_folders), vlmfast convert FILE --image-root DIR --out m.jsonl writes them so")
     if collected.fatal:
         unique = "ids must be unique (they key the results file and resume)"
         hint = (f"{unique}: give each record its own \"id\"" if not collected.bad
