@@ -239,9 +239,8 @@ def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward
     from vlmfast.errors import UsageError
     from vlmfast.run.sweep_record import manifest_state, manifest_unchanged, remember_manifest
 
-    now = manifest_state(options.manifest)
-    if now is None or manifest_unchanged(out, options.manifest):
-        return []
+    if not options.manifest or not Path(options.manifest).exists() or manifest_unchanged(out, options.manifest):
+        return []  # the common resume reads the manifest once, to tell that it did not change
     by_id = {r.id: r for r in requests}
     kept = [row for row in existing.values() if row.get("error") is None and str(row["id"]) in by_id]
     other = sorted({str(row["id"]) for row in kept if _asked_otherwise(row, by_id[str(row["id"])])})
@@ -262,7 +261,7 @@ def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward
     for row, scored in zip(kept, fields):
         row.update(scored)
     if write:
-        remember_manifest(out, now)
+        remember_manifest(out, manifest_state(options.manifest))
     changed = sum(a != row.get("correct") for a, row in zip(before, kept))
     return [f"{out}: {options.manifest} changed since the kept answers were written: they were scored again against "
             f"its ground truth, and {changed} changed verdict"] if changed else []
