@@ -219,7 +219,7 @@ def test_progress_counts_answers_against_answers_and_restarts_per_run(small, cap
     """With --n 3 the bar's total is requests × 3 (it counted answers against requests: 12/4); a second run on
     the same bar (a sweep's next checkpoint) starts its own count and rate."""
     from vlmfast.engines.rows import GenerationSettings
-    from vlmfast.report.terminal import ProgressBar
+    from vlmfast.report.progress import ProgressBar
 
     bar = ProgressBar(enabled=True)
     bar.live = False  # plain lines, as in a CI log
@@ -337,7 +337,7 @@ def test_the_rate_counts_from_the_mark_not_from_the_load(monkeypatch, capsys):
     """A benchmark marks where its timed runs begin: the tokens/s shown leave out the load and warm-up."""
     import time
 
-    from vlmfast.report.terminal import ProgressBar
+    from vlmfast.report.progress import ProgressBar
 
     clock = iter([0.0, 100.0, 101.0, 102.0])  # start, mark (after 100 s of load and warm-up), two runs
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))

@@ -25,7 +25,8 @@ def bench(
     def run():
         from vlmfast.run.bench import run_bench
         from vlmfast.report.bench_report import render_bench, write_bench_dir
-        from vlmfast.report.terminal import ProgressBar, print_json, render_note
+        from vlmfast.report.progress import ProgressBar
+        from vlmfast.report.terminal import print_json, render_note
 
         options = parsed.build()
         if report_dir is not None:

@@ -27,6 +27,7 @@ def score(
     reward_threshold: RewardThreshold = 1.0,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="--reward: a row whose reward function raises gets reward_error instead of stopping the command.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL; replaced if it exists; the results file itself rescores it in place).")] = None,
+    by: Annotated[Optional[str], typer.Option("--by", metavar="COLUMN", help="Also the accuracy per value of this manifest column (a TSV's category, a dataset's data_source; dotted for a nested one), or of the rows' own field where the manifest has none.")] = None,
     json_out: Json = False,
 ):
     """Score an existing results file against a manifest's ground truth — no model, no GPU."""
@@ -47,7 +48,7 @@ def score(
                                threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
                                bbox_space=bbox_space, out=out, reward=scoring, skip_bad=skip_bad,
-                               keys=DatasetKeys(prompt_key, answer_key, image_key))  # the columns infer read
+                               keys=DatasetKeys(prompt_key, answer_key, image_key), by=by)  # the columns infer read
         render_scores(str(results), summary)
         if json_out:
             print_json(summary)

@@ -23,7 +23,8 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     from vlmfast.inputs.requests import collect
     from rich.markup import escape
 
-    from vlmfast.report.terminal import ProgressBar, render_infer, stderr
+    from vlmfast.report.progress import ProgressBar
+    from vlmfast.report.terminal import render_infer, stderr
     from vlmfast.run.options import InferOptions
     from vlmfast.run.runner import infer
     from vlmfast.engines.hf.scheduler import Scheduler

@@ -17,7 +17,8 @@ def infer(ctx: typer.Context, parsed, json_out: Json = False):
 
     def run():
         from vlmfast.report.parity import render_parity
-        from vlmfast.report.terminal import ProgressBar, print_json, render_infer
+        from vlmfast.report.progress import ProgressBar
+        from vlmfast.report.terminal import print_json, render_infer
         from vlmfast.run.parallel import is_main_process
         from vlmfast.run.runner import infer as run_infer
 

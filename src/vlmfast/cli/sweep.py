@@ -19,7 +19,8 @@ def sweep(ctx: typer.Context, parsed, json_out: Json = False):
 
     def run():
         from vlmfast.report.parity import render_parity
-        from vlmfast.report.terminal import ProgressBar, print_json, render_note, render_sweep
+        from vlmfast.report.progress import ProgressBar
+        from vlmfast.report.terminal import print_json, render_note, render_sweep
         from vlmfast.report.trackers import Trackers
         from vlmfast.run.sweep import publish, sweep as run_sweep, write_sweep_dir
 

@@ -91,6 +91,32 @@ def reward_means(rows: list[dict]) -> dict:
     return means
 
 
+def by_value(rows: list[dict], values: dict[str, object], column: str) -> dict:
+    """Accuracy per value of a manifest column (``values``: id → the record's value; VLMEvalKit's
+    ``category``, a dataset's ``data_source``): each group's figures as :func:`summarize` gives them per
+    scorer, over the rows scored, groups in order of size. A list value (several categories) puts the
+    row in each; ``rows_without_value`` counts the rows whose record has none (in no group)."""
+    groups: dict[str, list[dict]] = {}
+    missing = 0
+    for row in rows:
+        value = values.get(str(row.get("id")))
+        names = [_group_name(v) for v in (value if isinstance(value, list) else [value]) if v is not None and v != ""]
+        missing += not names
+        for name in dict.fromkeys(names):
+            groups.setdefault(name, []).append(row)
+    scored = {name: [r for r in members if r.get("error") is None and r.get("score") is not None]
+              for name, members in groups.items()}
+    order = sorted(groups, key=lambda name: (-len(scored[name]), name))
+    return {"column": column, "rows_without_value": missing,
+            "groups": {name: {"rows": len(groups[name]), **_score_stats(scored[name])} for name in order}}
+
+
+def _group_name(value) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 def _score_stats(scored: list[dict]) -> dict:
     return {
         "scored": len(scored),

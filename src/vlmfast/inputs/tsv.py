@@ -181,7 +181,8 @@ def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None
         items.append(replace(request, image_sizes=tuple(size for size, _ in checks)) if images else request)
     if not items:
         raise InputError(f"manifest {path} holds no rows", hint="give a TSV with a header and at least one row")
-    notes = [f"{path}: columns kept in the rows, not in the prompt: {', '.join(extra)}"] if extra else []
+    notes = [f"{path}: columns not in the prompt, handed to reward functions: {', '.join(extra)} (the accuracy per "
+             f"value: vlmfast score --by {extra[0]})"] if extra else []
     if joined:  # pandas reads them so too; said, as a stray quote at a field's start gives the same
         notes.append(f"{path}: a quoted field holding tabs runs over several lines, read as one row as pandas reads it "
                      f"(line {', '.join(map(str, joined[:5]))}{' …' if len(joined) > 5 else ''}): a stray quote (\") at "

@@ -1,4 +1,4 @@
-"""The only module that renders tables: Rich output on stderr, JSON on stdout, progress bars."""
+"""The only module that renders tables: Rich output on stderr, JSON on stdout (progress bars: :mod:`vlmfast.report.progress`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 _TRAILING = re.compile(r"[ \t]+(?=\n)")
@@ -290,6 +289,8 @@ def render_scores(source: str, summary: dict) -> None:
         table.add_row(name, str(g.get("scored") or 0), _pct(g.get("accuracy")), _fmt(g.get("mean_score"), "", 3),
                       str(g.get("answer_parse_failures") or 0))
     stderr.print(table)
+    if summary.get("by"):
+        _render_groups(summary["by"])
     stderr.print(f"accuracy over answers in <answer> tags: {_pct(summary.get('tagged_accuracy'))} of "
                  f"{plural(summary.get('tagged_rows', 0), 'row')}")
     stderr.print(f"format ok (<think>…</think><answer>…</answer>): {_pct(summary.get('format_rate'))} · "
@@ -315,69 +316,19 @@ def render_scores(source: str, summary: dict) -> None:
         render_note(note)
 
 
-class ProgressBar:
-    """Answers and tokens/s on stderr: a live bar on a terminal, one plain line per batch otherwise (CI logs
-    show progress without control characters). Each :meth:`start` begins a new count (a sweep starts one
-    per checkpoint); the rate is the current one, over the last ``RATE_WINDOW_S`` seconds."""
-
-    RATE_WINDOW_S = 10.0
-
-    def __init__(self, enabled: bool | None = None, unit: str = "answers"):
-        self.enabled = True if enabled is None else enabled
-        self.unit = unit
-        self.live = self.enabled and stderr.is_terminal
-        self._progress = None
-        self._task = None
-        self._done = self._total = 0
-        self._title = ""
-        self._recent: list[tuple[float, int]] = []  # (time, tokens so far) of recent batches
-
-    def start(self, total: int, title: str = "") -> None:
-        """A new count of ``total`` answers (requests × answers per request), under ``title`` (e.g. a step)."""
-        import time
-
-        self.stop()  # the previous count's bar goes before the next one's starts
-        self._total, self._done, self._title = total, 0, title
-        self._recent = [(time.perf_counter(), 0)]
-        if not self.live:
-            return
-        self._progress = Progress(
-            TextColumn(f"[bold]{escape(title) or 'generating'}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn(self.unit), TextColumn("{task.fields[tps]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=stderr, transient=True,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task("generate", total=total, tps="")
-
-    def advance(self, answers: int, new_tokens: int) -> None:
-        import time
-
-        self._done += answers
-        now = time.perf_counter()
-        self._recent.append((now, self._recent[-1][1] + new_tokens))
-        while len(self._recent) > 2 and now - self._recent[1][0] > self.RATE_WINDOW_S:
-            self._recent.pop(0)
-        (t0, k0), (t1, k1) = self._recent[0], self._recent[-1]
-        tps = f"{(k1 - k0) / (t1 - t0):,.1f} tokens/s" if t1 > t0 else ""
-        if self._progress is not None:
-            self._progress.update(self._task, advance=answers, tps=tps)
-        elif self.enabled:
-            title = f"{self._title}: " if self._title else ""
-            print(f"progress: {title}{self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
-
-    def mark(self) -> None:
-        """The rate counts from now (a benchmark's timed runs begin, after its load and warm-up); the count goes on."""
-        import time
-        self._recent = [(time.perf_counter(), self._recent[-1][1] if self._recent else 0)]
-
-    def note(self, text: str) -> None:
-        """A line above the live bar (or a plain line): a sweep names each checkpoint as it starts."""
-        (self._progress.console if self._progress is not None else stderr).print(f"[yellow]note:[/yellow] {escape(text)}")
-
-    def stop(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+def _render_groups(by: dict, shown: int = 40) -> None:
+    """``score --by``: accuracy per value of a column, the largest groups first."""
+    table = Table(title=f"by {escape(by['column'])}", title_justify="left")
+    for column in (by["column"], "rows", "scored", "accuracy", "answer not parsed"):
+        table.add_column(escape(column), justify="left" if column == by["column"] else "right")
+    groups = list(by["groups"].items())
+    for name, g in groups[:shown]:
+        table.add_row(escape(name), str(g["rows"]), str(g["scored"]), _pct(g.get("accuracy")), str(g["answer_parse_failures"]))
+    stderr.print(table)
+    if len(groups) > shown:
+        stderr.print(f"… and {plural(len(groups) - shown, 'smaller group')} (all in --json)")
+    if by.get("rows_without_value"):
+        stderr.print(f"{plural(by['rows_without_value'], 'row')} without a {escape(by['column'])}: in no group")
 
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

@@ -16,7 +16,7 @@ from vlmfast.inputs.convert import read_reward_truths, read_truths
 from vlmfast.errors import InputError
 from vlmfast.files import atomic_write
 from vlmfast.evaluation.scoring import BBOX_SPACES, rescore, row_bbox_space
-from vlmfast.evaluation.stats import summarize
+from vlmfast.evaluation.stats import by_value, summarize
 
 MAX_LISTED = 50  # bad lines listed in one error (all are counted): enough to see the pattern
 ROWS_HINT = ('write one JSON object per line with "id" (the manifest\'s id) and "text" (the model\'s whole '
@@ -119,7 +119,7 @@ def _check_matches(rows: list[dict], truths: dict, results: Path, manifest: str,
 
 
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
-                 out: Path | None = None, reward=None, skip_bad: bool = False, keys=None) -> dict:
+                 out: Path | None = None, reward=None, skip_bad: bool = False, keys=None, by: str | None = None) -> dict:
     """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
     ``manifest``: the summary (:func:`vlmfast.evaluation.stats.summarize`) plus what was matched. ``bbox_space``
     None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
@@ -127,7 +127,9 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     every other field unchanged). ``reward`` (a :class:`vlmfast.evaluation.rewards.RewardSet` or ``Reward``) scores
     instead of the built-in scorers, as ``infer --reward`` does, each function handed the manifest line's own
     ground truth, columns and data source; ``skip_bad`` records its failures in the rows. ``keys``: a parquet or
-    Arrow manifest's columns (:class:`~vlmfast.inputs.datasets.DatasetKeys`), the run's own."""
+    Arrow manifest's columns (:class:`~vlmfast.inputs.datasets.DatasetKeys`), the run's own. ``by``: a column
+    (dotted for a nested one) of the manifest's records, or else of the result rows, to give the accuracy
+    per value of (``summary["by"]``, :func:`vlmfast.evaluation.stats.by_value`)."""
     results = Path(results)
     if out is not None:
         from vlmfast.files import refuse_inputs_as_out
@@ -139,8 +141,9 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     rows, notes = read_result_rows(results)
     truths = read_truths(manifest, keys)
     _check_matches(rows, truths, results, manifest, keys)
+    lines = read_reward_truths(manifest, keys) if reward is not None or by else None
+    values = _column_values(by, lines, rows, manifest, results) if by else None  # checked before anything is written
     if reward is not None:
-        lines = read_reward_truths(manifest, keys)
         scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, lines, skip_bad=skip_bad))]
         notes += [n for n in [getattr(reward, "note", None)] if n]  # several functions: what decides "correct"
     else:
@@ -176,4 +179,23 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
                    rows_not_in_manifest=len(unknown),
                    bbox_spaces=dict(Counter(row_bbox_space(r, bbox_space) for r in scored if r.get("scorer") == "bbox")),
                    notes=notes)
+    if by:
+        summary["by"] = by_value(scored, values, by)
     return summary
+
+
+def _column_values(column: str, lines: dict[str, dict], rows: list[dict], manifest: str, results: Path) -> dict[str, object]:
+    """id → the value of ``column`` in each manifest record, or in the result rows where no record has it
+    (a results file from another tool may carry it); an error naming the columns there are when neither does."""
+    from vlmfast.inputs.datasets import dig
+
+    records = {rid: line.get("record") for rid, line in lines.items()}
+    values = {rid: dig(record, column) for rid, record in records.items() if isinstance(record, dict)}
+    if any(v is not None for v in values.values()):
+        return values
+    values = {str(row.get("id")): dig(row, column) for row in rows}
+    if any(v is not None for v in values.values()):
+        return values
+    first = next((r for r in records.values() if isinstance(r, dict)), {})
+    raise InputError(f"--by {column}: no record of {manifest} and no row of {results} has it",
+                     hint="name one of the manifest's columns: " + (", ".join(sorted(map(str, first))) or "(none)"))

@@ -1,0 +1,65 @@
+"""``vlmfast score --by COLUMN``: the accuracy per value of a manifest column (VLMEvalKit's ``category``, a
+dataset's ``data_source``), read from the manifest's records, or from the rows where the manifest has none."""
+
+import base64
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from conftest import cli
+
+
+def _results(path, answers):
+    path.write_text("".join(json.dumps({"id": rid, "text": f"<answer>{a}</answer>"}) + "\n" for rid, a in answers))
+    return path
+
+
+def test_accuracy_per_tsv_category(images, tmp_path):
+    image = base64.b64encode(images[0].read_bytes()).decode()
+    tsv = tmp_path / "mmb.tsv"
+    tsv.write_text("index\timage\tquestion\tA\tB\tanswer\tcategory\n"
+                   f"0\t{image}\tRed?\tyes\tno\tA\tcolor\n"
+                   f"1\t0\tBlue?\tyes\tno\tB\tcolor\n"
+                   f"2\t0\tHow many?\tone\ttwo\tA\tcount\n"
+                   f"3\t0\tLeft?\tyes\tno\tA\t\n")
+    results = _results(tmp_path / "results.jsonl", [("0", "A"), ("1", "A"), ("2", "A"), ("3", "B")])
+    r = cli("score", results, "--manifest", tsv, "--by", "category", "--json")
+    assert r.returncode == 0, r.stderr
+    by = json.loads(r.stdout)["by"]
+    assert by["column"] == "category" and by["rows_without_value"] == 1
+    assert list(by["groups"]) == ["color", "count"]  # the largest group first
+    assert by["groups"]["color"] == {"rows": 2, "scored": 2, "accuracy": 0.5, "mean_score": 0.5, "answer_parse_failures": 0}
+    assert by["groups"]["count"]["accuracy"] == 1.0
+    assert "by category" in r.stderr and "1 row without a category" in r.stderr
+
+
+def test_accuracy_per_nested_dataset_column(images, tmp_path):
+    table = pa.table({"id": ["a", "b", "c"], "problem": ["Q1", "Q2", "Q3"], "answer": ["1", "2", "3"],
+                      "images": [[{"bytes": images[0].read_bytes(), "path": None}]] * 3,
+                      "extra_info": [{"split": "geo"}, {"split": "geo"}, {"split": "chart"}]})
+    pq.write_table(table, tmp_path / "val.parquet")
+    results = _results(tmp_path / "results.jsonl", [("a", "1"), ("b", "0"), ("c", "3")])
+    r = cli("score", results, "--manifest", tmp_path / "val.parquet", "--by", "extra_info.split", "--json")
+    assert r.returncode == 0, r.stderr
+    groups = json.loads(r.stdout)["by"]["groups"]
+    assert {k: (g["scored"], g["accuracy"]) for k, g in groups.items()} == {"geo": (2, 0.5), "chart": (1, 1.0)}
+
+
+def test_a_column_the_rows_carry_and_one_no_one_has(tmp_path):
+    manifest = tmp_path / "val.jsonl"
+    manifest.write_text("".join(json.dumps({"id": str(k), "image": "x.png", "prompt": "Q", "solution": str(k)}) + "\n"
+                                for k in range(3)))
+    rows = [{"id": "0", "text": "<answer>0</answer>", "split": "a"}, {"id": "1", "text": "<answer>9</answer>", "split": "a"},
+            {"id": "2", "text": "<answer>2</answer>", "split": "b"}]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cli("score", results, "--manifest", manifest, "--by", "split", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {k: g["accuracy"] for k, g in json.loads(r.stdout)["by"]["groups"].items()} == {"a": 0.5, "b": 1.0}
+
+    out = tmp_path / "scored.jsonl"
+    r = cli("score", results, "--manifest", manifest, "--by", "category", "--out", out, "--json")
+    assert r.returncode == 2
+    assert "--by category" in r.stderr and "solution" in r.stderr  # the columns there are
+    assert not out.exists()  # nothing written
+    assert json.loads(r.stdout)["error"]
