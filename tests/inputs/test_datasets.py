@@ -458,3 +458,18 @@ def test_a_dataset_without_a_prompt_column_is_one_error_naming_the_columns(image
     assert "--prompt-key" in err.value.hint
     assert [r.prompt for r in collect(manifest=str(tmp_path / "q.parquet"), keys=_keys("question")).requests] == QUESTIONS
     assert [r.prompt for r in collect(manifest=str(tmp_path / "q.parquet"), prompt="Describe.").requests] == ["Describe."] * 4
+
+
+def test_relative_image_paths_of_a_dataset_are_read_under_the_image_root(images, tmp_path):
+    """EasyR1's data.image_dir: a dataset's relative image paths are under a folder of their own."""
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for k, path in enumerate(images[:2]):
+        Image.open(path).save(root / f"{k}.png")
+    pq.write_table(pa.table({"id": ["a", "b"], "problem": ["Q1", "Q2"], "answer": ["1", "2"],
+                             "images": [["0.png"], ["1.png"]]}), tmp_path / "val.parquet")
+    alone = collect(manifest=str(tmp_path / "val.parquet"))
+    assert len(alone.bad) == 2 and all("file not found" in b.error for b in alone.bad)  # beside the parquet: none
+    got = collect(manifest=str(tmp_path / "val.parquet"), image_root=str(root))
+    assert not got.bad and [r.images for r in got.requests] == [(str(root / "0.png"),), (str(root / "1.png"),)]
+    assert [r.image_sizes for r in got.requests] == [(Image.open(p).size,) for p in images[:2]]

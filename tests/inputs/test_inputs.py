@@ -1,4 +1,5 @@
 import json
+import shutil
 import os
 
 import pytest
@@ -193,7 +194,6 @@ def test_a_cut_jpeg_and_an_aspect_ratio_the_processor_refuses_fail_the_check_not
 def test_first_use_slips_in_inputs(images, tmp_path):
     """An empty --prompt (an unset shell variable) is refused; a manifest saved with a byte-order mark reads; a
     directory's hidden files (macOS's ._x.png) are no inputs; a URL is said to be one."""
-    import shutil
 
     with pytest.raises(UsageError, match="--prompt is empty"):
         collect(images=[str(images[0])], prompt="  ")
@@ -209,7 +209,7 @@ def test_first_use_slips_in_inputs(images, tmp_path):
     assert [b.error for b in c.bad] == ["https://example.com/cat.png: a URL: images are read from local files (download it first)"]
 
 
-def test_a_vlmr1_line_whose_image_is_elsewhere_names_it_once_and_says_how_to_point_at_its_folder(tmp_path, monkeypatch):
+def test_a_vlmr1_line_whose_image_is_elsewhere_names_it_once_and_says_how_to_point_at_its_folder(images, tmp_path, monkeypatch):
     """VLM-R1 joins its --image_folders to a line's image; here the folder is the manifest's: a missing image
     is named against it once (not joined twice), and the hint says how to write the paths for another folder."""
     folder = tmp_path / "jsonl"
@@ -221,4 +221,8 @@ def test_a_vlmr1_line_whose_image_is_elsewhere_names_it_once_and_says_how_to_poi
     with pytest.raises(InputError) as err:
         raise_for_problems(collect(manifest="jsonl/m.jsonl"))
     assert "  - jsonl/a.png: file not found" in str(err.value) and "jsonl/jsonl" not in str(err.value)
-    assert "vlmfast convert FILE --image-root DIR" in err.value.hint
+    assert "give --image-root DIR" in err.value.hint
+    shutil.copy(images[0], tmp_path / "a.png")  # the images' folder, given: the line's image is found there
+    collected = collect(manifest="jsonl/m.jsonl", image_root=str(tmp_path))
+    assert [r.images for r in collected.requests] == [(str(tmp_path / "a.png"),)] and not collected.bad
+    assert collected.requests[0].record["image_path"] == [str(tmp_path / "a.png")]  # what VLM-R1's rewards are handed

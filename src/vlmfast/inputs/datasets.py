@@ -91,11 +91,13 @@ def pick_columns(available: list[str], keys: DatasetKeys, where: str, nested: di
 
 
 def read_dataset(path: str, default_prompt: str | None, keys: DatasetKeys | None = None,
-                 max_image_pixels: int | None = None, *, images: bool = True) -> tuple[list[Request | BadInput], list[str]]:
+                 max_image_pixels: int | None = None, *, images: bool = True,
+                 image_root: str | None = None) -> tuple[list[Request | BadInput], list[str]]:
     """Requests (and bad rows) of a parquet file, a folder of parquet shards or a ``save_to_disk`` folder,
     in row order, one record batch in memory at a time. Embedded images are checked (header, pixel limit)
     here and kept as :class:`EmbeddedImage` references; their requests come with ``image_sizes`` set.
-    ``images=False``: images are neither decoded nor checked (reading ground truths needs ids and answers)."""
+    ``images=False``: images are neither decoded nor checked (reading ground truths needs ids and answers).
+    Relative image paths are read under ``image_root`` (EasyR1's ``data.image_dir``), else the file's folder."""
     parts = dataset_parts(path)
     available, nested = _schema(parts[0])
     columns = pick_columns(available, keys or DatasetKeys(), path, nested)
@@ -119,7 +121,7 @@ def read_dataset(path: str, default_prompt: str | None, keys: DatasetKeys | None
                 where = f"{part.path}#row={file_row}"
                 ref = (part, chunk, start + i, file_row, isinstance(value, list))
                 items.append(_row_request(row, value, where, ref, number, columns, default_prompt, max_image_pixels,
-                                          check=images))
+                                          check=images, image_root=image_root))
                 file_row += 1
                 number += 1
     if not items:
@@ -146,7 +148,8 @@ def _schema(part: Part) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns: Columns,
-                 default_prompt: str | None, max_image_pixels: int | None, *, check: bool = True) -> Request | BadInput:
+                 default_prompt: str | None, max_image_pixels: int | None, *, check: bool = True,
+                 image_root: str | None = None) -> Request | BadInput:
     """One dataset row → a request (or the row's problems), its images checked (``check``) or not."""
     part, chunk, offset, file_row, is_list = ref
     try:
@@ -156,7 +159,7 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
     entries = image_entries(value)
     if not entries and check:
         return BadInput(id=fields["id"], problems=(Problem(where, f'no image in column "{columns.image}"'),))
-    base = Path(part.path).parent
+    base = Path(image_root) if image_root else Path(part.path).parent
     labels, data, sizes, problems = [], [], [], []
     for k, entry in enumerate(entries):
         if isinstance(entry, bytes):

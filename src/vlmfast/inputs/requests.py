@@ -107,13 +107,14 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
 
 
 def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-                  *, images: bool = True) -> tuple[list[Request | BadInput], list[str]]:
+                  *, images: bool = True, image_root: str | None = None) -> tuple[list[Request | BadInput], list[str]]:
     """Parse a manifest into requests and bad lines, in file order. A JSONL file's records are ours —
     ``{"id", "image"|"images", "prompt", "system", "solution"|"answer", "scorer"}`` —, ms-swift's —
     ``{"messages": [...], "images": [...]}`` — or R1-V's — ``{"image_path", "question", "ground_truth"}``.
     A parquet file, a folder of parquet shards or a ``save_to_disk`` folder is read by
     :func:`vlmfast.inputs.datasets.read_dataset` (``keys``: its :class:`~vlmfast.inputs.datasets.DatasetKeys`).
-    Relative image paths resolve against the manifest's directory first, then the working directory.
+    Relative image paths resolve against ``image_root`` (default: the manifest's directory) first, then the
+    working directory.
     ``images=False``: a dataset's or TSV's images are neither decoded nor checked (a JSONL's never are
     here: :func:`collect` checks them), for reading ids and ground truths only.
     """
@@ -122,7 +123,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
     from vlmfast.inputs.tsv import is_tsv, read_tsv
 
     if is_dataset(path):
-        return read_dataset(path, default_prompt, keys, max_image_pixels, images=images)
+        return read_dataset(path, default_prompt, keys, max_image_pixels, images=images, image_root=image_root)
     if is_tsv(path) and not (keys is not None and keys.given):
         return read_tsv(path, default_prompt, max_image_pixels, images=images)
     if keys is not None and keys.given:
@@ -133,7 +134,7 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
     except OSError as exc:
         raise InputError(f"cannot read manifest {path}: {exc}", hint="check the path and permissions") from exc
     _refuse_json_array(raw, path)
-    base = Path(path).parent
+    base = Path(image_root) if image_root else Path(path).parent
     items: list[Request | BadInput] = []
     unknown: set[str] = set()
     decoded = 0  # JSON values read so far: a VLM-R1 line without an id is named by its position, as convert names it
@@ -248,10 +249,12 @@ def collect(
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     keys=None,
     format_prompt: str | None = None,
+    image_root: str | None = None,
 ) -> Collected:
     """Build and validate every request. Problems are gathered, not raised: the caller decides
     between failing on all of them at once (the default) and recording error rows (``--skip-bad``).
-    ``format_prompt``: a Jinja file each prompt is rendered through (EasyR1's), in place of ``template``."""
+    ``format_prompt``: a Jinja file each prompt is rendered through (EasyR1's), in place of ``template``.
+    ``image_root``: the folder the manifest's relative image paths are under (see :func:`read_manifest`)."""
     if not images and not manifest:
         raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE "
                                            "(.jsonl, .parquet or a dataset folder)")
@@ -280,7 +283,7 @@ def collect(
             warnings.append(f"--images named {twice} image(s) more than once (e.g. by a folder and a glob of it): "
                             "each runs once")
     if manifest:
-        items, m_warnings = read_manifest(manifest, base_prompt, keys, max_image_pixels)
+        items, m_warnings = read_manifest(manifest, base_prompt, keys, max_image_pixels, image_root=image_root)
         entries += [dataclasses.replace(e, system=e.system or system) if isinstance(e, Request) else e for e in items]
         warnings.extend(m_warnings)
     if not entries:
@@ -328,7 +331,7 @@ def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
                                                                "no model was loaded)" if skip_bad else ""))
     if sum("file not found" in str(p) for p in problems) * 2 > len(problems):  # most images are elsewhere
         hint += ("; a manifest's relative image paths are read against its own folder: for images in another folder "
-                 "(VLM-R1's --image_folders), vlmfast convert FILE --image-root DIR --out m.jsonl writes them so")
+                 "(VLM-R1's --image_folders), give --image-root DIR")
     if collected.fatal:
         unique = "ids must be unique (they key the results file and resume)"
         hint = (f"{unique}: give each record its own \"id\"" if not collected.bad

@@ -288,6 +288,6 @@ def _workload(options: BenchOptions, scratch: str):
         size = options.synthetic_size
         images += [str(p) for p in make_images(scratch, n=options.synthetic, sizes=[(size, size)])]
     collected = collect(images=images or None, prompt=options.prompt or "Describe this image.",
-                        manifest=options.manifest, template=options.template)
+                        manifest=options.manifest, template=options.template, image_root=options.image_root)
     raise_for_problems(collected)
     return collected.requests, collected.image_sizes

@@ -27,6 +27,7 @@ class BenchOptions:
     compare_base: str | None = option(None, help="Base model (dir or hub id) run on the same workload.", panel=MODEL)
     images: list[str] | None = like(InferOptions, "images")
     manifest: str | None = like(InferOptions, "manifest")
+    image_root: str | None = like(InferOptions, "image_root")
     synthetic: int | None = option(None, help="Generate N synthetic images as the workload.", panel=INPUT)
     synthetic_size: int = option(224, help="Side of synthetic images in pixels.", panel=INPUT)
     prompt: str | None = like(InferOptions, "prompt", help='Prompt for every image (default here: "Describe this image."; '

@@ -43,6 +43,9 @@ class InferOptions:
     prompt: str | None = option(None, help="Prompt applied to every image.", panel=INPUT)
     prompt_file: str | None = option(None, help="File holding the prompt for every image.", panel=INPUT)
     manifest: str | None = option(None, help=MANIFEST_HELP, panel=INPUT)
+    image_root: str | None = option(None, help="The folder a --manifest's relative image paths are under (VLM-R1's "
+                                    "--image_folders, EasyR1's data.image_dir; default: the manifest's folder, then the "
+                                    "working directory).", panel=INPUT)
     # a parquet / Arrow dataset's columns (None: EasyR1's problem/answer/images, then verl's; vlmfast.inputs.datasets)
     prompt_key: str | None = option(None, help="Parquet/Arrow --manifest: the prompt column (default: problem, as "
                                     "EasyR1; else verl's prompt chat messages).", panel=INPUT)

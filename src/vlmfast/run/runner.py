@@ -205,6 +205,7 @@ def check_inputs(options: InferOptions) -> Collected:
         images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
         template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
         keys=DatasetKeys(options.prompt_key, options.answer_key, options.image_key), format_prompt=options.format_prompt,
+        image_root=options.image_root,
     )
     raise_for_problems(collected, skip_bad=options.skip_bad)
     return collected

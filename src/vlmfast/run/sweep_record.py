@@ -42,6 +42,7 @@ def settings_of(infer, *, digest: bool = True) -> dict:
         "scorer": infer.scorer, "iou": infer.iou, "bbox_space": infer.bbox_space, "reward": infer.reward,
         "reward_weights": infer.reward_weights, "reward_kwargs": infer.reward_kwargs,
         "reward_threshold": infer.reward_threshold, "engine": infer.engine,
+        **({"image_root": infer.image_root} if infer.image_root else {}),  # absent unless given: earlier sweeps resume
     }
 
 
