@@ -226,3 +226,24 @@ def test_a_vlmr1_line_whose_image_is_elsewhere_names_it_once_and_says_how_to_poi
     collected = collect(manifest="jsonl/m.jsonl", image_root=str(tmp_path))
     assert [r.images for r in collected.requests] == [(str(tmp_path / "a.png"),)] and not collected.bad
     assert collected.requests[0].record["image_path"] == [str(tmp_path / "a.png")]  # what VLM-R1's rewards are handed
+
+
+def test_lines_without_an_id_asking_about_one_image_are_named_by_its_rank(images, tmp_path):
+    """R1-V and ms-swift files ask several questions of one image without ids: the first line keeps the
+    image as its id (as every id-less line always had), the later ones get IMAGE#2, IMAGE#3, … — stable
+    when lines are appended; an explicit id that collides with one is still a duplicate."""
+    image = str(images[0])
+    lines = [{"image_path": image, "question": "Q1", "ground_truth": "1"},
+             {"image_path": image, "question": "Q2", "ground_truth": "2"},
+             {"image_path": str(images[1]), "question": "Q3", "ground_truth": "3"},
+             {"messages": [{"role": "user", "content": "<image>Q4"}], "images": [image]}]
+    m = tmp_path / "r1v.jsonl"
+    m.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    c = collect(manifest=str(m))
+    assert [(r.id, r.prompt, r.truth) for r in c.requests] == [
+        (image, "Q1", "1"), (f"{image}#2", "Q2", "2"), (str(images[1]), "Q3", "3"), (f"{image}#3", "Q4", None)]
+    assert not c.fatal and any(f"({image}#2, …)" in w for w in c.warnings)
+    with m.open("a") as f:
+        f.write(json.dumps({"id": f"{image}#2", "image": image, "prompt": "Q5"}) + "\n")
+    with pytest.raises(InputError, match="duplicate id"):
+        raise_for_problems(collect(manifest=str(m)))

@@ -138,6 +138,9 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
     items: list[Request | BadInput] = []
     unknown: set[str] = set()
     decoded = 0  # JSON values read so far: a VLM-R1 line without an id is named by its position, as convert names it
+    # a line without an id is named by its first image; another line asking about the same image (an R1-V or
+    # ms-swift file asking several questions of one image) by the image and its rank: IMAGE#2, IMAGE#3, …
+    by_image: dict[str, int] = {}
     for lineno, line in enumerate(raw.splitlines(), start=1):
         where = f"{path}:{lineno}"
         # an unreadable line's id: the file's name and line, the same however the path was spelled (a resume
@@ -167,10 +170,16 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
             unknown.update(set(record) - MANIFEST_KEYS)
         try:
             request = _record_to_request(record, where, base, default_prompt)
+            if "id" not in record:
+                by_image[request.id] = rank = by_image.get(request.id, 0) + 1
+                request = request if rank == 1 else dataclasses.replace(request, id=f"{request.id}#{rank}")
             items.append(request if line is record else dataclasses.replace(request, record=line))
         except ValueError as exc:
             items.append(_bad_line(where, str(exc), str(record.get("id", line_id))))
     warnings = [f"{path}: ignored unknown manifest fields: {', '.join(sorted(unknown))}"] if unknown else []
+    if shared := [image for image, n in by_image.items() if n > 1]:
+        warnings.append(f"{path}: {len(shared)} image(s) asked about by several lines without an \"id\" (e.g. {shared[0]}): "
+                        f"the later lines' ids are the image and their rank ({shared[0]}#2, …)")
     if not items:
         raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
     return items, warnings
