@@ -133,6 +133,7 @@ def test_too_long_prompts_fail_before_running_or_become_error_rows(small, tmp_pa
     (dict(overwrite=True, retry_errors=True, out="r.jsonl"), "--retry-errors resumes"),
     (dict(retry_errors=True), "act on a results file"),
     (dict(engine="vllm", device="cpu"), "--device applies to vlmfast's own engine"),
+    (dict(engine="vllm", allow_missing=["visual.blocks.1"]), "--allow-missing applies to vlmfast's own engine"),
     (dict(decoder="fast"), "--decoder fast: unknown"),
     (dict(batch_size=0), "--batch-size 0"),
     (dict(iou=1.5), "--iou 1.5"),

@@ -43,7 +43,7 @@ ENGINES: dict[str, EngineEntry] = {
     "vllm": EngineEntry(
         "vlmfast.engines.vllm.backend:open_vllm",
         refuses=("device", "attn", "decoder", "batching", "cuda_graphs", "compile", "overlap", "max_batch_tokens",
-                 "allow_pickle", "threads"),
+                 "allow_pickle", "allow_missing", "threads"),
         refusal="{flags} {verb} to vlmfast's own engine (--engine hf), not to --engine vllm",
         hint="drop them; vLLM picks its own device, attention and CUDA graphs"),
 }

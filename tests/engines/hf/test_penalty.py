@@ -54,6 +54,20 @@ def test_settings_the_loop_does_not_apply_are_said(loaded, monkeypatch):
     assert not any("repetition penalty" in n for n in engine.notes) and engine.penalty == 1.0
 
 
+def test_settings_neither_decoder_applies_are_said_for_both(loaded, monkeypatch):
+    """min_new_tokens, suppress_tokens …: vlmfast hands generate its own length, stop and ban lists, so
+    --decoder hf does not apply them either; the checkpoint's top_k only matters when sampling."""
+    config = loaded.model.generation_config
+    for name, value in (("min_new_tokens", 6), ("suppress_tokens", [5]), ("top_k", 1)):
+        monkeypatch.setattr(config, name, value)
+    for decoder in ("vlmfast", "hf"):
+        greedy = [n for n in Engine(loaded, GenerationSettings(max_new_tokens=4), decoder=decoder).notes
+                  if "which vlmfast does not apply" in n]
+        assert len(greedy) == 1 and "min_new_tokens=6, suppress_tokens=[5]" in greedy[0] and "top_k" not in greedy[0]
+    sampled = Engine(loaded, GenerationSettings(max_new_tokens=4, temperature=0.8)).notes
+    assert any("min_new_tokens=6, suppress_tokens=[5], top_k=1, which vlmfast does not apply" in n for n in sampled)
+
+
 def test_the_option_overrides_the_checkpoint_both_ways_in_both_decoders(loaded, images, monkeypatch):
     reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:2]]
     settings = GenerationSettings(max_new_tokens=16, ignore_eos=True)

@@ -118,6 +118,34 @@ def test_a_resumed_run_draws_what_an_uninterrupted_one_drew(grpo_ckpt, images, t
     assert len({r["text"] for r in read_jsonl(whole)}) > 1
 
 
+def test_a_swapped_checkpoint_decodes_with_its_own_repetition_penalty(images, tmp_path):
+    """Weights swapped in place: the next checkpoint's generation config brings its repetition penalty (a
+    sweep kept the first checkpoint's), so each step's rows equal a fresh infer of that checkpoint."""
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.runner import infer
+    from vlmfast.run.sweep import SweepOptions, sweep
+
+    for step in (100, 200):  # the same weights; step 200's generation config adds a penalty
+        build_checkpoint(tmp_path / "run" / f"checkpoint-{step}", preset="tiny", like="grpo", seed=1)
+    config = tmp_path / "run" / "checkpoint-200" / "generation_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "repetition_penalty": 1.8}))
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": str(p), "prompt": "Describe.", "solution": "x"})
+                                + "\n" for i, p in enumerate(images[:3])))
+    options = InferOptions(ckpt=str(tmp_path / "run"), manifest=str(manifest), device="cpu",
+                           generation=GenerationSettings(max_new_tokens=24))
+    report = sweep(SweepOptions(run_dir=str(tmp_path / "run"), out_dir=str(tmp_path / "sweep"), infer=options))
+    assert "swap_s" in report["checkpoints"][1]  # swapped in, not loaded afresh
+    swept = {step: [r["text"] for r in read_jsonl(tmp_path / "sweep" / f"step-{step}.jsonl")] for step in (100, 200)}
+    fresh = tmp_path / "fresh-200.jsonl"
+    infer(dataclasses.replace(options, ckpt=str(tmp_path / "run" / "checkpoint-200"), out=str(fresh)))
+    assert swept[200] == [r["text"] for r in read_jsonl(fresh)]
+    assert swept[200] != swept[100]  # the penalty changed the answers: the test can tell
+    record = json.loads((tmp_path / "sweep" / "step-200.run.json").read_text())
+    assert record["runtime"]["repetition_penalty"] == 1.8
+
+
 def test_a_swapped_checkpoint_draws_what_a_fresh_load_of_it_draws(images, tmp_path):
     """A sweep swaps weights into one engine: its sampled rows of each checkpoint equal a fresh infer of
     that checkpoint with the same seed, and a sweep of that step alone (--steps)."""

@@ -152,9 +152,17 @@ class HfBackend:
         plan = plan_swap(self.loaded, found.path) if found.is_local else None
         if plan is not None and plan.files is not None:
             swapped = swap_into(self.loaded, found, plan)
-            if swapped.eos_token_ids != self.loaded.eos_token_ids:
-                self.engine.forget_shapes()  # decode states hold the EOS list
-            self.loaded = self.engine.loaded = swapped
+            # the checkpoint's own repetition penalty (its generation config's, unless --repetition-penalty)
+            from vlmfast.engines.hf.sampling import generation_config_processors
+
+            engine = self.engine
+            penalty, said = generation_config_processors(swapped.model, engine.decoder_name, engine.settings.repetition_penalty,
+                                                         sampling=not engine.settings.greedy)
+            if swapped.eos_token_ids != self.loaded.eos_token_ids or penalty != engine.penalty:
+                engine.forget_shapes()  # decode states hold the EOS list and the penalty
+            engine.notes = [n for n in engine.notes if n not in engine.config_notes] + said
+            engine.penalty, engine.config_notes = penalty, said
+            self.loaded = engine.loaded = swapped
             self.notes = list(swapped.notes)
             return Switched("swap", swapped.load_s, None)
         from vlmfast.checkpoints.load import load

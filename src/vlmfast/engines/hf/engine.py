@@ -102,8 +102,9 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         self.settings = settings
         from vlmfast.engines.hf.sampling import generation_config_processors
 
-        self.penalty, said = generation_config_processors(loaded.model, decoder, settings.repetition_penalty)
-        self.notes = self.notes + said
+        self.penalty, self.config_notes = generation_config_processors(loaded.model, decoder, settings.repetition_penalty,
+                                                                       sampling=not settings.greedy)
+        self.notes = self.notes + self.config_notes
         self.device = loaded.runtime.device
         self.on_cuda = self.device.startswith("cuda")
         self.decoder_name = decoder

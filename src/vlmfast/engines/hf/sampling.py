@@ -115,9 +115,14 @@ def mark_seen(seen: torch.Tensor, chosen: torch.Tensor, running: torch.Tensor) -
 # with the value that leaves them off
 UNAPPLIED = {"no_repeat_ngram_size": 0, "bad_words_ids": None, "sequence_bias": None, "min_length": 0,
              "encoder_repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+# ... and those neither decoder applies (--decoder hf hands generate vlmfast's own stop and ban lists and length)
+NEVER_APPLIED = {"min_new_tokens": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+                 "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None}
+# sampling settings of the generation config: a run samples with --temperature and --top-p alone
+UNSAMPLED = {"top_k": (None, 0, 50), "min_p": (None, 0.0), "typical_p": (None, 1.0)}
 
 
-def generation_config_processors(model, decoder: str, wanted: float | None = None) -> tuple[float, list[str]]:
+def generation_config_processors(model, decoder: str, wanted: float | None = None, sampling: bool = False) -> tuple[float, list[str]]:
     """The repetition penalty a run applies (1.0: none): ``wanted`` (``--repetition-penalty``), else the
     checkpoint's, as plain generate and vLLM apply it — Qwen2-VL and Qwen2.5-VL Instruct checkpoints ship 1.05,
     and runs trained from them keep it; and notes naming it and any setting of the generation config the loop
@@ -131,9 +136,14 @@ def generation_config_processors(model, decoder: str, wanted: float | None = Non
                      "vLLM apply it; --repetition-penalty 1 turns it off)")
     elif wanted is not None and penalty != theirs:
         notes.append(f"--repetition-penalty {penalty:g} over the checkpoint's generation config ({theirs:g})")
-    unapplied = [f"{name}={getattr(config, name)!r}" for name, off in UNAPPLIED.items()
-                 if getattr(config, name, off) not in (off, None)]
-    if unapplied and decoder == "vlmfast":
+    def set_(names: dict) -> list[str]:
+        return [f"{name}={getattr(config, name)!r}" for name, off in names.items()
+                if getattr(config, name, None) not in (off if isinstance(off, tuple) else (off, None))]
+
+    if (unapplied := set_(UNAPPLIED)) and decoder == "vlmfast":
         notes.append(f"the generation config sets {', '.join(unapplied)}, which vlmfast's decoder does not apply "
                      "(plain generate does: --decoder hf)")
+    if never := set_(NEVER_APPLIED) + (set_(UNSAMPLED) if sampling else []):
+        notes.append(f"the generation config sets {', '.join(never)}, which vlmfast does not apply (its EOS list, "
+                     "--max-new-tokens, --temperature and --top-p decide; the vision placeholders alone are suppressed)")
     return penalty, notes

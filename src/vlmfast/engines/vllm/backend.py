@@ -33,6 +33,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 
+from vlmfast.checkpoints.families import family_for
 from vlmfast.checkpoints.locate import located
 from vlmfast.engines.contract import Switched
 from vlmfast.errors import UsageError
@@ -152,11 +153,13 @@ class VllmBackend(Preparer):
             generation = GenerationConfig.from_pretrained(self.model_dir)
         except OSError:  # no generation_config.json: generate derives one from config.json
             generation = GenerationConfig.from_model_config(self.config)
+        self.saved_penalty = float(getattr(generation, "repetition_penalty", None) or 1.0)  # what vLLM would default to
         self.eos_token_ids, eos_note = eos_list(generation.eos_token_id, self.tokenizer)
         if eos_note:
             self.notes.append(eos_note)
         self.suppress_token_ids = vision_placeholder_ids(self.config)
         self.image_token_id = getattr(self.config, "image_token_id", None)
+        self.bbox_space = getattr(family_for(getattr(self.config, "model_type", None)), "bbox_space", None)  # as the HF engine's rows
         super().__init__(processor, self.max_model_len or getattr(self.config.get_text_config(), "max_position_embeddings", None),
                          min_pixels=min_pixels, max_pixels=max_pixels)
         if self.on_cpu:
@@ -182,7 +185,7 @@ class VllmBackend(Preparer):
             gpu_memory_utilization=self.parallel.gpu_memory_utilization,
             enforce_eager=self.enforce_eager, trust_remote_code=self.trust_remote_code,
             disable_log_stats=False,  # V1 fills RequestOutput.metrics only with stats on (the timing needs them)
-            seed=self.seed,
+            seed=self.seed % 2**32,  # vLLM seeds numpy with it (below 2**32); draws are keyed by the whole seed
             mm_processor_kwargs={"min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
             limit_mm_per_prompt={"image": max(1, self.max_images_per_prompt), "video": 0},
         )
@@ -223,13 +226,12 @@ class VllmBackend(Preparer):
         from vllm import SamplingParams
 
         s = self.settings
-        default = self.llm.get_default_sampling_params() if self.llm is not None else None
         try:
             return SamplingParams(
                 n=1 if s.greedy else s.n,  # greedy answers are all alike: decoded once, n rows (see _results)
                 max_tokens=s.max_new_tokens, ignore_eos=s.ignore_eos,
                 temperature=0.0 if s.greedy else s.temperature, top_p=1.0 if s.greedy else s.top_p, top_k=0,
-                seed=None, repetition_penalty=s.repetition_penalty or getattr(default, "repetition_penalty", 1.0) or 1.0,
+                seed=None, repetition_penalty=s.repetition_penalty or self.saved_penalty,
                 stop_token_ids=[] if s.ignore_eos else list(self.eos_token_ids),
                 skip_special_tokens=True, detokenize=False,  # rows are decoded by the checkpoint's tokenizer below
                 **self.ban_kwargs,
@@ -329,7 +331,7 @@ class VllmBackend(Preparer):
         return [result_row(request, list(c.token_ids), eos_ids=[] if self.settings.ignore_eos else self.eos_token_ids,
                            tokenizer=self.tokenizer, n_prompt=len(prompt_ids),
                            n_image=sum(1 for t in prompt_ids if t == self.image_token_id),
-                           model_sizes=[list(im.size) for im in images], sample=k if n > 1 else None)
+                           model_sizes=[list(im.size) for im in images], sample=k if n > 1 else None, bbox_space=self.bbox_space)
                 for k, c in enumerate(completions)]
 
     def switch_to(self, found, canary: int | None = None) -> Switched:
