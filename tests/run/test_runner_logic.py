@@ -501,3 +501,38 @@ def test_a_resume_scores_kept_answers_against_today_s_truth_and_refuses_answers_
     write(["A", "B", "B", "B"], order=(1, 0, 2, 3))  # rows reordered: q0 and q1 name each other's images
     with pytest.raises(UsageError, match=r"than 2 id\(s\) name now \(q0, q1\)"):
         infer(options, backend=FakeBackend())
+
+
+def test_a_manifest_left_as_it_was_or_appended_to_is_unchanged_for_a_resume(tmp_path):
+    """The state recorded beside the rows (a shortened digest and the size): the same file, or the same
+    with lines appended, is unchanged; a line edited in place is not."""
+    from vlmfast.run.sweep_record import manifest_state, manifest_unchanged, sidecar
+
+    manifest, out = tmp_path / "m.jsonl", tmp_path / "r.jsonl"
+    manifest.write_text('{"id": "a"}\n{"id": "b"}\n')
+    sidecar(out).write_text(json.dumps({"manifest": manifest_state(manifest)}))
+    assert manifest_unchanged(out, manifest)
+    with manifest.open("a") as f:
+        f.write('{"id": "c"}\n')
+    assert manifest_unchanged(out, manifest)
+    manifest.write_text('{"id": "a"}\n{"id": "B"}\n{"id": "c"}\n')
+    assert not manifest_unchanged(out, manifest)
+
+
+def test_kept_answers_a_reward_cannot_score_again_keep_their_scores(small, tmp_path):
+    """Kept rows carry no token ids: a reward reading completion_ids raises on them when a changed manifest
+    has them scored again. The resume goes on and their earlier rewards stand, said."""
+    reward = tmp_path / "ids.py"
+    reward.write_text("def by_ids(completions, completion_ids, **kwargs):\n"
+                      "    return [len(ids) / 100 for ids in completion_ids]\n")
+    manifest, out = tmp_path / "m.jsonl", tmp_path / "r.jsonl"
+    lines = [json.dumps({"id": f"q{k}", "image": str(small[k]), "prompt": "Which?", "answer": "A"}) for k in range(3)]
+    manifest.write_text("\n".join(lines[:2]) + "\n")
+    options = InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), reward=f"{reward}:by_ids")
+    infer(options, backend=FakeBackend())
+    kept = [r["score"] for r in read_jsonl(out)]
+    assert all(s is not None for s in kept)
+    manifest.write_text("\n".join([lines[0].replace('"A"', '"B"'), lines[1], lines[2]]) + "\n")  # edited in place
+    report = infer(options, backend=FakeBackend())
+    assert report.samples == 1 and [r["score"] for r in read_jsonl(out)][:2] == kept
+    assert any("the reward function raised on 2 kept answer(s)" in n for n in report.notes)

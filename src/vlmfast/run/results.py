@@ -251,8 +251,10 @@ def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward
                          "another --out (ids by row position move when rows are removed or reordered: give records an id)")
     truths = {str(row["id"]): by_id[str(row["id"])].truth_record() for row in kept}
     before = [row.get("correct") for row in kept]
-    if reward is not None:
-        fields = reward.score_rows(kept, truths, skip_bad=options.skip_bad)
+    if reward is not None:  # a row it raises on keeps its earlier score (a function reading completion_ids, …)
+        fields = reward.score_rows(kept, truths, skip_bad=True)
+        failed = sum(f.get("reward_error") is not None for f in fields)
+        fields = [{} if f.get("reward_error") is not None else f for f in fields]
     else:
         from vlmfast.evaluation.scoring import score_row
 
@@ -263,8 +265,12 @@ def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward
     if write:
         remember_manifest(out, manifest_state(options.manifest))
     changed = sum(a != row.get("correct") for a, row in zip(before, kept))
-    return [f"{out}: {options.manifest} changed since the kept answers were written: they were scored again against "
-            f"its ground truth, and {changed} changed verdict"] if changed else []
+    notes = [f"{out}: {options.manifest} changed since the kept answers were written: they were scored again against "
+             f"its ground truth, and {changed} changed verdict"] if changed else []
+    if reward is not None and failed:
+        notes.append(f"{out}: the reward function raised on {failed} kept answer(s) scored again (rows keep no token ids): "
+                     "their earlier scores stand")
+    return notes
 
 
 def _asked_otherwise(row: dict, request) -> bool:
