@@ -137,3 +137,15 @@ def test_sigterm_ends_a_command_as_ctrl_c_does_after_the_write_in_progress(tmp_p
         guarded(terminated)
     assert exc.value.exit_code == EXIT_INTERRUPTED
     assert signal.getsignal(signal.SIGTERM) == before  # restored after the command
+
+
+def test_a_whole_last_row_whose_newline_was_cut_is_kept_and_the_next_append_starts_a_line(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text(json.dumps(_row(0)) + "\n" + json.dumps(_row(1)))  # a write cut between the row and its newline
+    rows, note = read_existing(out)
+    assert list(rows) == [_row(0)["id"], _row(1)["id"]] and note is None
+    assert out.read_text().endswith("\n")
+    writer = ResultsWriter(out)
+    writer.write([_row(2)], [2])
+    writer.close()
+    assert [r["id"] for r in read_jsonl(out)] == [_row(k)["id"] for k in range(3)]  # three rows, none glued

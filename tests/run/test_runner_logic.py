@@ -536,3 +536,35 @@ def test_kept_answers_a_reward_cannot_score_again_keep_their_scores(small, tmp_p
     report = infer(options, backend=FakeBackend())
     assert report.samples == 1 and [r["score"] for r in read_jsonl(out)][:2] == kept
     assert any("the reward function raised on 2 kept answer(s)" in n for n in report.notes)
+
+
+def test_vllm_data_parallel_is_refused_before_anything_loads():
+    """vLLM's LLM raises on data_parallel_size > 1 in one process (after the checkpoint is read): said first."""
+    from vlmfast.engines.vllm.support import VllmSettings
+
+    with pytest.raises(UsageError, match="--data-parallel-size 2: vLLM's offline engine runs one data-parallel rank"):
+        VllmSettings(data_parallel_size=2)
+
+
+def test_a_full_disk_is_one_error_saying_what_was_kept_and_how_to_resume(small, tmp_path, monkeypatch):
+    import errno
+
+    from vlmfast.errors import VlmfastError
+    from vlmfast.run.results import ResultsWriter
+
+    write = ResultsWriter.write
+    calls = []
+
+    def full(self, rows, positions):
+        calls.append(len(rows))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, rows, positions)
+
+    monkeypatch.setattr(ResultsWriter, "write", full)
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(VlmfastError) as err:
+        infer(_options(small, out, batch_size=2), backend=FakeBackend())
+    assert err.value.message == f"cannot write to {out}: No space left on device (2 answer(s) written before)"
+    assert "rerun the same command to resume" in err.value.hint and err.value.exit_code == 1
+    assert len(read_jsonl(out)) == 2

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 
-from vlmfast.errors import UsageError
+import traceback
+from pathlib import Path
+
+from vlmfast.errors import EXIT_FAILURE, UsageError, VlmfastError
 
 
 def launched_world_size() -> int:
@@ -94,3 +97,23 @@ def check_devices(world: int, cuda: bool, device_count: int) -> None:
             f"{world} processes but this machine has {device_count} CUDA device(s): one process per GPU",
             hint=f"launch with --num_processes {device_count} (or fewer)",
         )
+
+
+class RunFailed(VlmfastError):
+    """A process of a parallel run failed; every process stops at the same batch boundary."""
+
+    exit_code = EXIT_FAILURE
+
+
+def fail_together(dist: Distributed, failure: BaseException | None, out: Path | None, overwrite: bool = False):
+    """Every process raises the same RunFailed naming the process that failed and why; the failing
+    process also prints its traceback (its own stderr, once)."""
+    from vlmfast.run.results import resume_hint
+
+    if failure is not None and not isinstance(failure, VlmfastError):
+        traceback.print_exception(failure)
+    said = f"{type(failure).__name__}: {getattr(failure, 'message', failure)}" if failure is not None else None
+    reasons = [(rank, text) for rank, text in enumerate(dist.gather(said)) if text is not None]
+    listing = "; ".join(f"process {rank}: {text}" for rank, text in reasons)
+    raise RunFailed(f"{len(reasons)} of {dist.world} processes failed ({listing}); every process stopped",
+                    hint=f"finished batches are kept{f' beside {out}' if out else ''}; " + resume_hint(overwrite))

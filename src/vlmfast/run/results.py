@@ -36,6 +36,12 @@ def _parts(out: Path) -> list[Path]:
     return sorted(out.parent.glob(glob.escape(f".{out.name}.part") + "*"))
 
 
+def resume_hint(overwrite: bool) -> str:
+    """How to go on from the rows on disk: the same command — less ``--overwrite``, which would redo them."""
+    return ("rerun the same command without --overwrite to resume where it stopped (with it, the finished rows "
+            "are redone)" if overwrite else "rerun the same command to resume where it stopped")
+
+
 def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], str | None]:
     """Rows already in ``path`` keyed by :func:`~vlmfast.engines.rows.row_key` (id, and sample when there are
     several answers per request), and a note if a torn last line was found (and, with
@@ -66,6 +72,9 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
             ) from None
         rows[row_key(row["id"], row.get("sample"))] = row
         good_bytes += len(line) + 1
+    if repair and data and not data.endswith(b"\n"):  # a whole last row whose newline was cut: the next append goes after it
+        with open(path, "ab") as f:
+            f.write(b"\n")
     return rows, None
 
 
@@ -180,8 +189,11 @@ class ResultsWriter:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError:  # the write that failed (a full disk) raised already: its error is the one to report
+                pass
 
 
 def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -> list[dict]:

@@ -13,19 +13,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vlmfast.errors import EXIT_FAILURE, Interrupted, UsageError, VlmfastError
+from vlmfast.errors import Interrupted, UsageError, VlmfastError
 from vlmfast.files import refuse_inputs_as_out
 from vlmfast.inputs.datasets import DatasetKeys
 from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, collect, raise_for_problems
 from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
-from vlmfast.run.parallel import Distributed
+from vlmfast.run.parallel import Distributed, fail_together
 from vlmfast.evaluation.rewards import load_rewards
-from vlmfast.run.results import (ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing,
+from vlmfast.run.results import (ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing, resume_hint,
                                  recheck_kept, renamed_legacy_ids)
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
@@ -51,12 +50,6 @@ class Work:
     skipped: int
     notes: list[str]
     answered: frozenset[str] = frozenset()  # row keys of answers an earlier run gave to requests still to do
-
-
-class RunFailed(VlmfastError):
-    """A process of a parallel run failed; every process stops at the same batch boundary."""
-
-    exit_code = EXIT_FAILURE
 
 
 def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None) -> InferReport:
@@ -317,7 +310,11 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
         if not rows:  # a timing alone (continuous batching: an admission): nothing written, no progress
             return
         score_rows(rows, truths, options, reward)  # a reward function that raises: nothing of the batch is written
-        writer.write([r.record() for r in rows], [position[r.id] * n + (r.sample or 0) for r in rows])
+        try:
+            writer.write([r.record() for r in rows], [position[r.id] * n + (r.sample or 0) for r in rows])
+        except OSError as exc:  # a full disk, a folder gone: the rows before are whole on disk
+            raise VlmfastError(f"cannot write to {out}: {exc.strerror or exc} ({len(results)} answer(s) written before)",
+                               hint="free space (or give another --out), then " + resume_hint(options.overwrite)) from exc
         results.extend(rows)
         if progress:
             progress.advance(len(rows), new_tokens)
@@ -347,16 +344,10 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
         finally:
             writer.close()
     if dist.world > 1 and dist.any(failure is not None):
-        _fail_together(dist, failure, out, options.overwrite)
+        fail_together(dist, failure, out, options.overwrite)
     elif failure is not None:
         raise failure
     return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(backend.device))
-
-
-def _resume_hint(overwrite: bool) -> str:
-    """How to go on from the rows on disk: the same command — less ``--overwrite``, which would redo them."""
-    return ("rerun the same command without --overwrite to resume where it stopped (with it, the finished rows "
-            "are redone)" if overwrite else "rerun the same command to resume where it stopped")
 
 
 def _interrupted(written: int, out: Path | None, held: int = 0, overwrite: bool = False) -> Interrupted:
@@ -368,19 +359,7 @@ def _interrupted(written: int, out: Path | None, held: int = 0, overwrite: bool 
                            hint="rerun with --out FILE to be able to resume")
     if not written:
         return Interrupted(f"interrupted before this run wrote a row to {out}", hint="rerun the same command")
-    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}", hint=_resume_hint(overwrite))
-
-
-def _fail_together(dist: Distributed, failure: BaseException | None, out: Path | None, overwrite: bool = False):
-    """Every process raises the same RunFailed naming the process that failed and why; the failing
-    process also prints its traceback (its own stderr, once)."""
-    if failure is not None and not isinstance(failure, VlmfastError):
-        traceback.print_exception(failure)
-    said = f"{type(failure).__name__}: {getattr(failure, 'message', failure)}" if failure is not None else None
-    reasons = [(rank, text) for rank, text in enumerate(dist.gather(said)) if text is not None]
-    listing = "; ".join(f"process {rank}: {text}" for rank, text in reasons)
-    raise RunFailed(f"{len(reasons)} of {dist.world} processes failed ({listing}); every process stopped",
-                    hint=f"finished batches are kept{f' beside {out}' if out else ''}; " + _resume_hint(overwrite))
+    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}", hint=resume_hint(overwrite))
 
 
 def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, reward=None) -> None:

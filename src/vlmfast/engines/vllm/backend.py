@@ -396,7 +396,7 @@ def open_vllm(options, found, loaded=None, dist=None) -> VllmBackend:
     processes: under accelerate (``dist.world`` > 1) it is refused."""
     if dist is not None and dist.world > 1:
         raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
-                         hint="use --data-parallel-size N and/or --tensor-parallel-size N")
+                         hint="use --tensor-parallel-size N")
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
                        min_pixels=options.min_pixels, max_pixels=options.max_pixels, parallel=options.vllm,
                        dtype=options.dtype, trust_remote_code=options.trust_remote_code)
