@@ -310,7 +310,8 @@ class _SwappingFake(FakeBackend):
 
 def test_sweep_reports_parity_once_from_the_run_and_adopts_it(tmp_path, image, monkeypatch):
     import vlmfast.engines.open
-    from vlmfast.run.sweep import SweepOptions, sweep, write_sweep_dir
+    from vlmfast.run.sweep import SweepOptions, sweep
+    from vlmfast.run.sweep_page import write_sweep_dir
 
     opened = []
     monkeypatch.setattr(vlmfast.engines.open, "open_backend",

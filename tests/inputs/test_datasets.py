@@ -346,7 +346,8 @@ def test_a_sweep_on_a_parquet_file_writes_the_rows_of_the_jsonl_manifest(grpo_ck
 
     from vlmfast.engines.rows import GenerationSettings
     from vlmfast.run.options import InferOptions
-    from vlmfast.run.sweep import SweepOptions, sweep, write_sweep_dir
+    from vlmfast.run.sweep import SweepOptions, sweep
+    from vlmfast.run.sweep_page import write_sweep_dir
 
     for step in (100, 200):
         shutil.copytree(grpo_ckpt, tmp_path / "run" / f"checkpoint-{step}")

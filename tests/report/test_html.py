@@ -141,7 +141,8 @@ def swept(tmp_path_factory, images):
     from vlmfast.checkpoints.tiny import build_checkpoint
     from vlmfast.engines.rows import GenerationSettings
     from vlmfast.run.options import InferOptions
-    from vlmfast.run.sweep import SweepOptions, sweep, write_sweep_dir
+    from vlmfast.run.sweep import SweepOptions, sweep
+    from vlmfast.run.sweep_page import write_sweep_dir
 
     root = tmp_path_factory.mktemp("html")
     for step, seed in ((100, 1), (200, 2), (300, 3)):

@@ -418,7 +418,8 @@ def test_a_checkpoint_without_weights_is_listed_as_not_evaluated(run, tmp_path):
 
 def test_the_best_step_holds_up_in_the_report_the_table_and_the_page(run, tmp_path):
     from vlmfast.report.terminal import sweep_table
-    from vlmfast.run.sweep import sweep, write_sweep_dir
+    from vlmfast.run.sweep import sweep
+    from vlmfast.run.sweep_page import write_sweep_dir
 
     report = sweep(_options(run, tmp_path / "s"))
     by_step = {c["step"]: c for c in report["checkpoints"]}
@@ -585,3 +586,43 @@ def test_retry_errors_redoes_only_the_error_rows_of_every_step(run, tmp_path, im
     assert _tokens(read_jsonl(tmp_path / "out" / "step-200.jsonl"))[1] == _tokens(run["fresh"][200])[1]
     with pytest.raises(UsageError, match="--overwrite starts afresh; --retry-errors"):
         dataclasses.replace(options, retry_errors=True, overwrite=True)
+
+
+def test_a_sweep_stopped_inside_a_checkpoint_reports_the_finished_ones_and_exits_130(run, tmp_path, monkeypatch):
+    """Ctrl-C inside a checkpoint's run (the runner's Interrupted) or between them: the finished checkpoints
+    are reported, the gate is not judged on part of a sweep, and the exit code says it stopped early —
+    except under --watch, whose way to stop is Ctrl-C."""
+    import vlmfast.run.runner as runner
+    from vlmfast.errors import Interrupted
+    from vlmfast.run.sweep import sweep
+
+    real = runner.infer
+
+    def stopped_at_200(options, *args, **kwargs):
+        if options.ckpt.endswith("checkpoint-200"):
+            raise Interrupted("interrupted: this run's 1 finished row(s) are in …", hint="rerun")
+        return real(options, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "infer", stopped_at_200)
+    report = sweep(_options(run, tmp_path / "s", fail_if_best_below=0.99))
+    assert [c["step"] for c in report["checkpoints"]] == [100]
+    assert report["interrupted"] and report["exit_code"] == 130 and report["gate"] is None
+    assert any(n.startswith("interrupted: the finished checkpoints are reported") for n in report["notes"])
+    watched = sweep(_options(run, tmp_path / "w", watch=True, poll_s=1.0))  # stopped in its first pass
+    assert watched["interrupted"] and watched["exit_code"] == 0 and [c["step"] for c in watched["checkpoints"]] == [100]
+
+
+def test_a_sweep_that_could_evaluate_no_checkpoint_is_an_error(run, tmp_path):
+    from vlmfast.errors import CheckpointError
+    from vlmfast.run.sweep import sweep
+
+    broken = tmp_path / "run" / "checkpoint-5"
+    shutil.copytree(run["run"] / "checkpoint-100", broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "model_type": "qwen9_vl"}))
+    options = _options(run, tmp_path / "s")
+    options = dataclasses.replace(options, run_dir=str(tmp_path / "run"),
+                                  infer=dataclasses.replace(options.infer, ckpt=str(tmp_path / "run")))
+    with pytest.raises(CheckpointError, match=r"no checkpoint of .*run could be evaluated:\n  - step 5: "):
+        sweep(options)
+    assert not (tmp_path / "s").exists()  # nothing written

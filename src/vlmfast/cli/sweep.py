@@ -22,7 +22,8 @@ def sweep(ctx: typer.Context, parsed, json_out: Json = False):
         from vlmfast.report.progress import ProgressBar
         from vlmfast.report.terminal import print_json, render_note, render_sweep
         from vlmfast.report.trackers import Trackers
-        from vlmfast.run.sweep import publish, sweep as run_sweep, write_sweep_dir
+        from vlmfast.run.sweep import publish, sweep as run_sweep
+        from vlmfast.run.sweep_page import write_sweep_dir
 
         # --base is the run's starting model (step 0), not a LoRA adapter's base; --overwrite clears the whole
         # out dir once, before the first checkpoint (each checkpoint's run resumes its own file)

@@ -188,6 +188,8 @@ def render_sweep(report: dict) -> None:
     else:
         stderr.print(f"best: {where} ({escape(best['path'])}), accuracy {_pct(best['accuracy'])}{held}" if best
                      else f"best: none ({failed} reward call(s) failed: see reward_error in the step files)" if failed
+                     else "best: none (interrupted before a checkpoint was evaluated)" if report.get("interrupted")
+                     and not report["checkpoints"] else "best: none (no checkpoint was evaluated)" if not report["checkpoints"]
                      else "best: none (no row had ground truth to score)")
     for f in report.get("flags", []):
         stderr.print(f"[yellow]flag {f['code']}:[/yellow] {escape(f['message'])}")

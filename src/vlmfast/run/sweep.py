@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.errors import EXIT_LESS_ACCURATE, CheckpointError
+from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.sweep_record import base_notes, same_weights_notes
 
@@ -147,7 +147,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     tables: dict[int, dict] = {}  # step → its per-request table (vlmfast.evaluation.flags.per_request)
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
                           for s in listing.skipped if not s.pending] + odd_base
-    searched = None
+    searched, interrupted = None, False
     refused: list[dict] = []  # checkpoints not evaluated: their weights are not whole
 
     def evaluate(entry: _Entry) -> float | None:
@@ -208,13 +208,20 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             seen |= {r["step"] for r in refused}
             for c in (c for c in looked.checkpoints if c.step not in seen):
                 evaluate(_Entry(c.step, c.path, c.layout))  # as the first pass: refused or failing to load, said and passed
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C (--watch's way to stop) between or inside a checkpoint's run
+        interrupted = True
         notes.append("interrupted: the finished checkpoints are reported; rerun the same command"
                      + (" without --overwrite (with it, their results are moved aside)" if options.overwrite else "")
                      + " to go on")
     finally:
         models.close()
+    if not figures and refused and not interrupted:  # not a sweep's result: every checkpoint was refused
+        listing_ = "\n".join(f"  - step {r['step']}: {r['reason']}" for r in refused[:20])
+        raise CheckpointError(f"no checkpoint of {options.run_dir} could be evaluated:\n{listing_}",
+                              hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)")
     report = _report(options, figures, notes, tables)
+    if interrupted:  # stopped by hand: exit 130 (the gate is not judged on part of a sweep), except --watch's stop
+        report.update(interrupted=True, gate=None, exit_code=0 if options.watch else EXIT_INTERRUPTED)
     from vlmfast.timing import versions
 
     # every checkpoint directory not evaluated: those the listing skipped (no weights yet, a save cut short)
@@ -253,7 +260,6 @@ def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], sa
     label = "base" if entry.label == "base" else f"step {entry.step}"
     notes.append(f"{label} not evaluated: {reason}")
     say(notes[-1])
-
 
 
 def _sleep(seconds: float) -> bool:
@@ -373,27 +379,3 @@ def publish(report: dict, options: SweepOptions, *, trackers=None) -> list[str]:
     if options.tensorboard is None and options.wandb is None:
         return []
     return log_trackers(report, tensorboard=options.tensorboard, wandb=options.wandb)
-
-
-def write_sweep_dir(report: dict, directory) -> list[str]:
-    """``report.json``, ``report.html`` and (with the plot extra) ``plot.png`` in the sweep's output dir; what
-    was written."""
-    import json
-
-    from vlmfast.files import atomic_write
-    from vlmfast.report.plot import plot_available, write_sweep_plot
-
-    directory = Path(directory)
-    atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
-    said = [f"wrote {directory / 'report.json'}"]
-    if report["checkpoints"]:
-        from vlmfast.run.sweep_page import write_sweep_html
-
-        said.append(f"wrote {write_sweep_html(report, directory / 'report.html')} (open it in a browser)")
-    if not any(c["accuracy"] is not None for c in report["checkpoints"]):
-        return said
-    if plot_available():
-        said.append(f"wrote {write_sweep_plot(report, directory / 'plot.png')}")
-    else:
-        said.append("no plot: matplotlib is not installed (pip install 'vlmfast[plot]')")
-    return said

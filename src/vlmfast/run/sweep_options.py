@@ -13,7 +13,7 @@ from vlmfast.run.options import InferOptions
 
 # infer's options a sweep sets itself, per checkpoint or for the whole sweep
 PER_CHECKPOINT = ("ckpt", "images", "out", "overwrite", "retry_errors", "max_image_pixels", "overlap",
-                  "trust_remote_code", "allow_pickle", "base", "merge")
+                  "trust_remote_code", "base", "merge")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What ``report.html`` shows of a sweep, gathered from its files: every step's rows (read back from their
 results files), the manifest's ground truth, each answer's predicted box in the image's pixels, and the
-requests that flipped against base. :func:`vlmfast.report.html.write_html_report` renders it."""
+requests that flipped against base. :func:`vlmfast.report.html.write_html_report` renders it; and
+:func:`write_sweep_dir` writes the sweep's own files (report.json, report.html, plot.png)."""
 
 from __future__ import annotations
 
@@ -111,3 +112,25 @@ def _text(value) -> str:
     import json
 
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def write_sweep_dir(report: dict, directory) -> list[str]:
+    """``report.json``, ``report.html`` and (with the plot extra) ``plot.png`` in the sweep's output dir; what
+    was written."""
+    import json
+
+    from vlmfast.files import atomic_write
+    from vlmfast.report.plot import plot_available, write_sweep_plot
+
+    directory = Path(directory)
+    atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
+    said = [f"wrote {directory / 'report.json'}"]
+    if report["checkpoints"]:
+        said.append(f"wrote {write_sweep_html(report, directory / 'report.html')} (open it in a browser)")
+    if not any(c["accuracy"] is not None for c in report["checkpoints"]):
+        return said
+    if plot_available():
+        said.append(f"wrote {write_sweep_plot(report, directory / 'plot.png')}")
+    else:
+        said.append("no plot: matplotlib is not installed (pip install 'vlmfast[plot]')")
+    return said
