@@ -63,3 +63,30 @@ def test_a_column_the_rows_carry_and_one_no_one_has(tmp_path):
     assert "--by category" in r.stderr and "solution" in r.stderr  # the columns there are
     assert not out.exists()  # nothing written
     assert json.loads(r.stdout)["error"]
+
+
+def test_score_out_keeps_rows_the_manifest_lacks_refuses_another_runs_file_and_makes_its_folder(tmp_path):
+    manifest = tmp_path / "val.jsonl"
+    manifest.write_text("".join(json.dumps({"id": str(k), "image": "x.png", "prompt": "Q", "solution": str(k)}) + "\n"
+                                for k in range(2)))
+    rows = [{"id": "0", "text": "<answer>0</answer>"}, {"id": "1", "text": "<answer>9</answer>"},
+            {"id": "7", "text": "<answer>7</answer>", "score": 1.0, "correct": True, "scorer": "number"}]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cli("score", results, "--manifest", manifest, "--out", results, "--json")  # in place, with a smaller manifest
+    assert r.returncode == 0, r.stderr
+    got = {row["id"]: row for row in map(json.loads, results.read_text().splitlines())}
+    assert got["7"]["score"] == 1.0 and got["7"]["correct"] is True  # scored against another manifest: kept as it was
+    assert got["0"]["correct"] is True and got["1"]["correct"] is False
+    assert json.loads(r.stdout)["accuracy"] == 0.5  # row 7 is not in the figures
+
+    other = tmp_path / "other.jsonl"  # another run's results file, with its record beside it
+    other.write_text(json.dumps({"id": "0", "text": "x"}) + "\n")
+    (tmp_path / "other.run.json").write_text("{}")
+    r = cli("score", results, "--manifest", manifest, "--out", other, "--json")
+    assert r.returncode == 2 and "is another run's results file" in r.stderr
+    assert other.read_text() == json.dumps({"id": "0", "text": "x"}) + "\n"
+
+    r = cli("score", results, "--manifest", manifest, "--out", tmp_path / "new" / "dir" / "s.jsonl", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len((tmp_path / "new" / "dir" / "s.jsonl").read_text().splitlines()) == 3

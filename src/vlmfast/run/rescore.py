@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from vlmfast.inputs.convert import read_reward_truths, read_truths
-from vlmfast.errors import InputError
+from vlmfast.errors import InputError, UsageError
 from vlmfast.files import atomic_write
 from vlmfast.evaluation.scoring import BBOX_SPACES, rescore, row_bbox_space
 from vlmfast.evaluation.stats import by_value, summarize
@@ -135,6 +135,7 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         from vlmfast.files import refuse_inputs_as_out
 
         refuse_inputs_as_out("--out", Path(out), [Path(manifest)])  # the ground truth (the results may be rescored in place)
+        _refuse_another_runs_file(Path(out), results)
     if not results.is_file():
         raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
                          'with "id" and "text" per row')
@@ -148,13 +149,16 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         notes += [n for n in [getattr(reward, "note", None)] if n]  # several functions: what decides "correct"
     else:
         scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)
-    if out is not None:
-        atomic_write(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored).encode("utf-8"))
+    if out is not None:  # a row the manifest does not hold is written as it was (scored against another manifest?)
+        kept = [row if str(row["id"]) not in truths else new for row, new in zip(rows, scored)]
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept).encode("utf-8"))
     unknown = [str(r["id"]) for r in scored if str(r["id"]) not in truths]
     if unknown:
         shown = ", ".join(unknown[:5]) + (" …" if len(unknown) > 5 else "")
         notes.append(f"{len(unknown)} of {len(scored)} row id(s) are not in {manifest} ({shown}): left unscored; ids must be "
-                     "the manifest's \"id\" (or its image path where a record has no id)")
+                     "the manifest's \"id\" (or its image path where a record has no id)" + (f"; {out} keeps them as they were"
+                                                                           if out is not None else ""))
     answered = {str(r["id"]) for r in scored}
     missing = [rid for rid in truths if rid not in answered]  # a partial results file (a run still going, or cut short)
     if missing:
@@ -182,6 +186,18 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     if by:
         summary["by"] = by_value(scored, values, by)
     return summary
+
+
+def _refuse_another_runs_file(out: Path, results: Path) -> None:
+    """``--out`` naming another run's results file (one with a record of its settings beside it): rescored rows
+    there would be resumed as that run's answers."""
+    from vlmfast.run.sweep_record import sidecar
+
+    same = out.exists() and results.exists() and out.resolve() == results.resolve()
+    if not same and sidecar(out).is_file():
+        raise UsageError(f"--out {out} is another run's results file ({sidecar(out).name} beside it records how its rows "
+                         "were made): rows written there would be resumed as that run's answers",
+                         hint=f"give another --out, or --out {results} to rescore the results file in place")
 
 
 def _column_values(column: str, lines: dict[str, dict], rows: list[dict], manifest: str, results: Path) -> dict[str, object]:
