@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -117,3 +118,40 @@ def publish_directory(tmp: Path, out: Path, *, replace: bool = True) -> None:
             raise FileExistsError(f"{out} appeared while building")
         out.unlink()
     os.replace(tmp, out)
+
+
+@contextlib.contextmanager
+def held_alone(path: Path, option: str):
+    """``path`` (a results file, a sweep's folder) written by this process alone while the block runs: an
+    exclusive lock on a hidden ``.NAME.lock`` beside it, removed after. A second
+    run onto the same path is refused (a UsageError naming the process that holds it) instead of mixing its
+    rows with the first's. Where the folder does not exist yet, nothing is locked (nothing to mix with yet)."""
+    import fcntl
+
+    from vlmfast.errors import UsageError
+
+    path = Path(path)
+    lock = path.absolute().with_name(f".{path.absolute().name}.lock")
+    if not lock.parent.is_dir():
+        yield
+        return
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only place: the run says so itself, where it writes
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "another process"
+            raise UsageError(f"{option} {path} is being written by another vlmfast run (process {holder})",
+                             hint=f"wait for it to finish, or give another {option}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # before the lock goes: a run waiting on it finds a fresh file
+    finally:
+        os.close(fd)

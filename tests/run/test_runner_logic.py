@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import pytest
 from PIL import Image
@@ -568,3 +569,17 @@ def test_a_full_disk_is_one_error_saying_what_was_kept_and_how_to_resume(small, 
     assert err.value.message == f"cannot write to {out}: No space left on device (2 answer(s) written before)"
     assert "rerun the same command to resume" in err.value.hint and err.value.exit_code == 1
     assert len(read_jsonl(out)) == 2
+
+
+def test_a_second_run_onto_the_same_results_file_is_refused_while_the_first_runs(small, tmp_path):
+    """Two runs appending to one --out mixed their rows under one record; the second is refused, naming the
+    process that holds it, and nothing is left behind once the first is done."""
+    from vlmfast.files import held_alone
+
+    out = tmp_path / "r.jsonl"
+    with held_alone(out, "--out"):  # the first run, here
+        with pytest.raises(UsageError, match=rf"--out {out} is being written by another vlmfast run \(process {os.getpid()}\)"):
+            infer(_options(small, out), backend=FakeBackend())
+        assert not out.exists()
+    assert infer(_options(small, out), backend=FakeBackend()).samples == len(small)
+    assert not list(tmp_path.glob(".*lock"))  # no lock file left

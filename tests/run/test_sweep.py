@@ -626,3 +626,14 @@ def test_a_sweep_that_could_evaluate_no_checkpoint_is_an_error(run, tmp_path):
     with pytest.raises(CheckpointError, match=r"no checkpoint of .*run could be evaluated:\n  - step 5: "):
         sweep(options)
     assert not (tmp_path / "s").exists()  # nothing written
+
+
+def test_a_second_sweep_into_the_same_folder_is_refused_while_the_first_runs(run, tmp_path):
+    from vlmfast.errors import UsageError
+    from vlmfast.files import held_alone
+    from vlmfast.run.sweep import sweep
+
+    with held_alone(tmp_path / "s", "--out-dir"):
+        with pytest.raises(UsageError, match="--out-dir .*s is being written by another vlmfast run"):
+            sweep(_options(run, tmp_path / "s"))
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".*lock"))

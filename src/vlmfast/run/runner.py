@@ -54,11 +54,21 @@ class Work:
 
 def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None) -> InferReport:
     """Run the whole ``infer`` flow. Raises :class:`~vlmfast.errors.VlmfastError` subclasses for anything
-    the user can fix; nothing is written when inputs are bad (unless ``skip_bad``).
+    the user can fix; nothing is written when inputs are bad (unless ``skip_bad``). A second run onto the
+    same ``out`` is refused while this one runs (:func:`vlmfast.files.held_alone`).
 
     Launched with several processes (``accelerate launch``), each process runs its share and the main
     process returns the combined report (the others return their own). ``loaded``: a model already loaded
     for these options; ``backend``: an engine already opened (any :class:`~vlmfast.engines.contract.Backend`)."""
+    from vlmfast.files import held_alone
+    from vlmfast.run.parallel import is_main_process
+
+    alone = options.out is not None and is_main_process()
+    with held_alone(Path(options.out), "--out") if alone else contextlib.nullcontext():
+        return _infer(options, progress, loaded, backend)
+
+
+def _infer(options: InferOptions, progress: Progress | None, loaded, backend) -> InferReport:
     from vlmfast.engines.open import open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate

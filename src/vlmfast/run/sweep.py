@@ -99,7 +99,15 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     """Evaluate every checkpoint of the run (and ``base`` as step 0); the sweep report (``SCHEMA``).
     ``wait(seconds)`` (``watch`` only) returns False to stop watching; by default it sleeps. ``on_report``
     (``watch`` only) gets the report so far after the first pass and after each look that found new
-    checkpoints (trackers log them while the trainer runs)."""
+    checkpoints (trackers log them while the trainer runs). A second sweep into the same ``out_dir`` is refused
+    while this one runs."""
+    from vlmfast.files import held_alone
+
+    with held_alone(Path(options.out_dir), "--out-dir"):
+        return _checked_sweep(options, progress, say, wait, on_report)
+
+
+def _checked_sweep(options: SweepOptions, progress, say, wait, on_report) -> dict:
     from vlmfast.checkpoints.runs import find_run_checkpoints
     from vlmfast.run.parity import prepare
     from vlmfast.run.runner import check_inputs, fixed_seed
