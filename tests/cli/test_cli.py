@@ -204,3 +204,23 @@ def test_tables_in_a_log_keep_every_number_on_its_line(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     row = next(line for line in r.stderr.splitlines() if "0.12 %" in line)
     assert all(f"{i}.12 % (0.10–0.90)" in row for i in range(8)), r.stderr
+
+
+def test_with_json_a_command_line_click_refuses_is_one_json_error_and_exit_codes_pass_through(tmp_path):
+    """CI scripts read stdout as JSON whatever happened: an unknown option, a bad value or a missing one is
+    the same error object as vlmfast's own errors (exit 2); a command's own exit code reaches the shell."""
+    for args, words in ((("infer", "--bogus"), "No such option: --bogus"),
+                        (("infer", "--ckpt", "x", "--max-new-tokens", "abc"), "Invalid value for '--max-new-tokens'"),
+                        (("infer",), "Missing option '--ckpt'")):
+        r = vlmfast(*args, "--json")
+        assert r.returncode == 2 and words in json.loads(r.stdout)["error"]["message"], (args, r.stdout, r.stderr)
+        assert words in r.stderr
+    r = vlmfast("score", tmp_path / "none.jsonl", "--manifest", tmp_path / "m.jsonl", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["exit_code"] == 2
+    manifest, results = tmp_path / "m.jsonl", tmp_path / "r.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "image": "x.png", "prompt": "Q", "solution": "1"}) + "\n")
+    results.write_text(json.dumps({"id": "a", "text": "<answer>1</answer>"}) + "\n")
+    r = vlmfast("score", results, "--manifest", manifest, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["accuracy"] == 1.0
+    r = vlmfast("infer", "--help", "--json")
+    assert r.returncode == 0 and "Usage: vlmfast infer" in r.stdout

@@ -30,4 +30,28 @@ def spread_multi_value(argv: list[str], options=MULTI_VALUE_OPTIONS) -> list[str
 def main() -> None:
     import sys
 
-    app(args=spread_multi_value(sys.argv[1:]), prog_name="vlmfast")
+    args = spread_multi_value(sys.argv[1:])
+    if "--json" not in args:
+        app(args=args, prog_name="vlmfast")
+        return
+    from vlmfast.report.terminal import print_json
+
+    try:  # --json: a command line click refuses is one JSON error object on stdout too, as every other error
+        code = app(args=args, prog_name="vlmfast", standalone_mode=False)
+    except Exception as exc:  # click's own classes (typer may bring its own click): told by what they carry
+        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+            raise
+        try:
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)
+        except (ImportError, AttributeError):  # typer without rich rendering: click's own words
+            exc.show()
+        print_json({"error": {"message": exc.format_message(), "hint": "see --help", "problems": [],
+                              "exit_code": exc.exit_code}})
+        sys.exit(exc.exit_code)
+    except BaseException as exc:
+        if type(exc).__name__ == "Abort":  # Ctrl-C while click itself was reading the command line
+            sys.exit(130)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)

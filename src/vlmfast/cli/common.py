@@ -112,6 +112,9 @@ def guarded(fn, json_out: bool = False):
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted[/yellow] before any result was written; rerun the same command.")
+        if json_out and is_main_process():
+            print_json({"error": {"message": "interrupted before any result was written", "hint": "rerun the same command",
+                                  "problems": [], "exit_code": EXIT_INTERRUPTED}})
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
