@@ -247,3 +247,15 @@ def test_lines_without_an_id_asking_about_one_image_are_named_by_its_rank(images
         f.write(json.dumps({"id": f"{image}#2", "image": image, "prompt": "Q5"}) + "\n")
     with pytest.raises(InputError, match="duplicate id"):
         raise_for_problems(collect(manifest=str(m)))
+
+
+def test_a_prompt_that_is_not_utf8_and_one_no_record_uses_are_said_before_loading(images, tmp_path):
+    with pytest.raises(UsageError, match="--prompt is not valid UTF-8 text"):
+        collect(images=[str(images[0])], prompt="bad \udcff byte")  # what Python makes of a \xff on the command line
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "Own?"}) + "\n")
+    c = collect(manifest=str(m), prompt="Override?")
+    assert [r.prompt for r in c.requests] == ["Own?"] and any("so it is not used" in w for w in c.warnings)
+    m.write_text(json.dumps({"id": "a", "image": str(images[0])}) + "\n")
+    c = collect(manifest=str(m), prompt="Fallback?")
+    assert [r.prompt for r in c.requests] == ["Fallback?"] and not any("not used" in w for w in c.warnings)

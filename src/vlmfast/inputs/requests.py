@@ -96,6 +96,11 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     if prompt_file is None:
         if prompt is not None and not prompt.strip():  # e.g. --prompt "$Q" with Q unset
             raise UsageError("--prompt is empty", hint='give the question, e.g. --prompt "How many cars are there?"')
+        try:  # bytes that are not UTF-8 reach Python as surrogates; the tokenizer would raise after the model loads
+            prompt is None or prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError("--prompt is not valid UTF-8 text", hint="write it in UTF-8 (or put it in a UTF-8 file: "
+                                                                       "--prompt-file)") from None
         return prompt
     try:
         text = Path(prompt_file).read_text(encoding="utf-8").strip()
@@ -293,6 +298,9 @@ def collect(
                             "each runs once")
     if manifest:
         items, m_warnings = read_manifest(manifest, base_prompt, keys, max_image_pixels, image_root=image_root)
+        if base_prompt is not None and not images and not any(getattr(e, "prompt", None) == base_prompt for e in items):
+            m_warnings.append(f"--prompt is for records without a prompt of their own; every record of {manifest} has "
+                              "one, so it is not used")
         entries += [dataclasses.replace(e, system=e.system or system) if isinstance(e, Request) else e for e in items]
         warnings.extend(m_warnings)
     if not entries:

@@ -40,7 +40,8 @@ class InferOptions:
                        flag="--ckpt")
     images: list[str] | None = option(
         None, help="Image files, directories or globs (repeat or list after one flag).", panel=INPUT, flag="--images")
-    prompt: str | None = option(None, help="Prompt applied to every image.", panel=INPUT)
+    prompt: str | None = option(None, help="Prompt for every --images file, and for manifest records without one of "
+                                "their own.", panel=INPUT)
     prompt_file: str | None = option(None, help="File holding the prompt for every image.", panel=INPUT)
     manifest: str | None = option(None, help=MANIFEST_HELP, panel=INPUT)
     image_root: str | None = option(None, help="The folder a --manifest's relative image paths are under (VLM-R1's "
