@@ -51,6 +51,11 @@ def _eos_differs(ctx):
     return d, {"base": ctx.base}
 
 
+def _eos_short(ctx):
+    d, _ = _eos_differs(ctx)  # <|endoftext|> gone, and no base to compare with: the family's list says it
+    return d, {}
+
+
 def _delete(*names):
     def make(ctx):
         d = _copy(ctx.base, ctx.tmp / "c")
@@ -226,6 +231,7 @@ CASES = {
                                ("warning", "config.json: text_config.use_cache")]),
     "eos-missing-im-end": (_eos_missing, [("error", "generation_config.json: eos_token_id")]),
     "eos-differs-from-base": (_eos_differs, [("warning", "generation_config.json: eos_token_id")]),
+    "eos-short-of-family": (_eos_short, [("warning", "generation_config.json: eos_token_id")]),
     "processor-missing": (_delete("preprocessor_config.json", "processor_config.json"), [("error", "preprocessor_config.json")]),
     "tokenizer-missing": (_delete("tokenizer.json", "vocab.json", "merges.txt"), [("error", "tokenizer.json (or vocab.json + merges.txt)")]),
     "chat-template-missing": (_no_template, [("warning", "chat_template.jinja")]),

@@ -330,3 +330,17 @@ def test_a_base_without_im_end_still_gets_it_and_fixing_settles(base_ckpt, grpo_
     apply_fix(plan_fix(d, processor_from=base))
     assert json.loads((d / "generation_config.json").read_text())["eos_token_id"] == [eos[1], eos[0]]
     assert plan_fix(d, processor_from=base).empty and plan_fix(d).empty
+
+
+def test_an_eos_list_short_of_the_familys_is_said_and_completed_without_a_base(base_ckpt, tmp_path):
+    """<|im_end|> kept, <|endoftext|> lost: no base to compare with, the family's released list says what is
+    missing (an answer ending with <|endoftext|> ran on to the cap); fix completes it."""
+    d = tmp_path / "c"
+    shutil.copytree(base_ckpt, d)
+    full = json.loads((d / "generation_config.json").read_text())["eos_token_id"]
+    edit_json(d / "generation_config.json", lambda c: c.update(eos_token_id=[full[0]]))
+    (found,) = [f for f in diagnose(d) if f.code == "eos-short-of-family"]
+    assert f"lacks {full[1:]}" in found.message
+    apply_fix(plan_fix(d))
+    assert set(json.loads((d / "generation_config.json").read_text())["eos_token_id"]) == set(full)
+    assert "eos-short-of-family" not in {f.code for f in diagnose(d)}

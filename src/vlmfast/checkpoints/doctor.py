@@ -105,6 +105,11 @@ def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
     if base_eos and set(eos) != set(base_eos):
         return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",
                         f"{fix} (takes the base's list)")]
+    full = family_eos(d, config, eos, stop_id) if stop_id is not None and not base_eos else eos
+    if missing := [i for i in full if i not in eos]:  # e.g. <|endoftext|> lost, <|im_end|> kept
+        return [Finding("warning", "eos-short-of-family", where, f"EOS list {eos} lacks {missing}, which the family's "
+                        "released generation config stops on: an answer ending with it runs on to the token cap",
+                        f"{fix} (sets it to {full})")]
     return []
 
 

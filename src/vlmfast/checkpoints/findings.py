@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 SEVERITIES = ("error", "warning", "info")
 CODES = (  # every finding code diagnose can return; stable: scripts and docs depend on them
-    "resolved", "cache-off", "eos-missing-im-end", "eos-differs-from-base", "processor-missing",
+    "resolved", "cache-off", "eos-missing-im-end", "eos-differs-from-base", "eos-short-of-family", "processor-missing",
     "tokenizer-missing", "chat-template-missing", "unknown-class", "fsdp-unmerged", "weights-missing",
     "pickle-weights", "weights-unreadable", "float32-weights", "remote-code", "vocab-mismatch",
     "vocab-differs-from-base", "tie-embeddings-differs-from-base", "lora-adapter", "lora-base-missing",

@@ -226,7 +226,7 @@ def _generation_edits(d: Path, config: dict, base: Path | None, copies: list[Fil
     if base_eos:
         target = base_eos + ([im_end] if im_end is not None and im_end not in base_eos else [])
     else:
-        target = family_eos(d, config, eos, im_end) if im_end is not None and im_end not in eos else eos
+        target = family_eos(d, config, eos, im_end) if im_end is not None else eos  # the family's, completed
     wanted = target if set(target) != set(eos) else None  # order does not matter to stopping: no churn
     if gen is None:
         # lost in a merge: the base's file (its EOS list and sampling settings) where it says what is wanted
