@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+from conftest import cli
 from vlmfast.errors import CheckpointError
 from vlmfast.checkpoints.locate import locate, require
 
@@ -158,3 +159,15 @@ def test_a_mistyped_local_path_says_no_such_directory_first(tmp_path):
     r = cli("infer", "--ckpt", "outs/my-run", "--images", tmp_path / "im.png", "--prompt", "p")
     assert r.returncode == 2 and "outs/my-run: no such directory" in r.stderr
 
+
+
+def test_a_path_an_option_named_is_said_with_the_option(grpo_ckpt, tmp_path):
+    """Four commands take a second checkpoint; an error about it names the flag, and a command that reads
+    local directories only does not offer hub ids."""
+    for args, said in ((["doctor", grpo_ckpt, "--base", tmp_path / "nope"], "--base"),
+                       (["fix", grpo_ckpt, "--processor-from", tmp_path / "nope"], "--processor-from")):
+        r = cli(*args)
+        assert r.returncode == 2 and f"{said} {tmp_path / 'nope'}: no such directory" in r.stderr, r.stderr
+        assert "hub ids" not in r.stderr
+    with pytest.raises(CheckpointError, match=rf"^--compare-base {tmp_path / 'nope'}: no such directory"):
+        locate(tmp_path / "nope", hub=True, option="--compare-base")

@@ -68,7 +68,7 @@ def _ordered(found: list[Finding]) -> list[Finding]:
 
 
 def _base_dir(base) -> Path:
-    return require(locate(base), "model", "fsdp", "incomplete").path  # a base to compare with, not an adapter
+    return require(locate(base, option="--base"), "model", "fsdp", "incomplete").path  # a base to compare with, not an adapter
 
 
 def _fix_cmd(d: Path, base: Path | None = None) -> str:

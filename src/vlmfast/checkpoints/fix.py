@@ -23,7 +23,7 @@ from vlmfast.checkpoints.readers import (
 )
 from vlmfast.errors import CheckpointError
 from vlmfast.files import atomic_write, publish_directory
-from vlmfast.checkpoints.locate import Located, locate, located, require
+from vlmfast.checkpoints.locate import Located, locate, require
 
 
 class FixError(CheckpointError):
@@ -89,9 +89,9 @@ class FixResult:
     copied: list[Path] = field(default_factory=list)
 
 
-def _local_dir(spec) -> Path:
+def _local_dir(spec, option: str | None = None) -> Path:
     """The directory to fix: a local model (or its config-only save), never a hub id or an adapter."""
-    return require(located(spec), "model", "fsdp", "incomplete").path
+    return require(spec if isinstance(spec, Located) else locate(spec, option=option), "model", "fsdp", "incomplete").path
 
 
 def step_name(d: Path) -> str:
@@ -130,7 +130,7 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     base model dir) also supplies processor, tokenizer and chat-template files the checkpoint lacks.
     """
     d = _local_dir(ckpt)
-    base = _local_dir(processor_from) if processor_from is not None else None
+    base = _local_dir(processor_from, "--processor-from") if processor_from is not None else None
     plan = FixPlan(d, others=_cache_off_siblings(ckpt, d))
     if base is not None:
         plan.copies, created = _missing_files(d, base)
@@ -345,7 +345,8 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     require_adapter_whole(adapter_dir)  # a cut adapter file: said before the base loads
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FixError(f"{out}: exists and is not empty", hint="choose a new output directory")
-    found = require(locate(resolve_base(adapter_dir, base, option="--processor-from"), hub=True), "model", "hub")
+    found = require(locate(resolve_base(adapter_dir, base, option="--processor-from"), hub=True,
+                           option="--processor-from" if base else None), "model", "hub")
     base_dir = found.path
 
     def base_file(name: str) -> Path | None:

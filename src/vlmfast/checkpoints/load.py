@@ -249,7 +249,7 @@ def _load_with_adapter(found: Located, base: str | None, merge: bool, **load_kwa
 
     adapter_dir = found.path
     require_adapter_whole(adapter_dir)  # a cut adapter file: said before the base loads
-    base_found = require(locate(resolve_base(adapter_dir, base), hub=True), "model", "hub")  # not another adapter
+    base_found = require(locate(resolve_base(adapter_dir, base), hub=True, option="--base" if base else None), "model", "hub")  # not another adapter
     loaded = load(base_found, **load_kwargs)
     loaded.base_source = loaded.source
     loaded.model = load_adapter_model(loaded.model, adapter_dir, merge)

@@ -48,10 +48,21 @@ class Located:
         return self.path is not None
 
 
-def locate(spec, *, hub: bool = False) -> Located:
+def locate(spec, *, hub: bool = False, option: str | None = None) -> Located:
     """The checkpoint ``spec`` names. Directories are walked down to the model they hold
     (:func:`walk`); a hub id is accepted only with ``hub`` (and then probed once, quickly: a missing
-    repo and an unreachable hub are different errors). Raises CheckpointError otherwise."""
+    repo and an unreachable hub are different errors). Raises CheckpointError otherwise, its message
+    led by ``option`` (the flag that named it, e.g. ``--base``) when given."""
+    try:
+        return _locate(spec, hub)
+    except CheckpointError as exc:
+        if option:
+            exc.message = f"{option} {exc.message}"
+            exc.args = (exc.message,)
+        raise
+
+
+def _locate(spec, hub: bool) -> Located:
     text = str(spec)
     path = Path(text).expanduser()
     if path.is_dir():
@@ -68,7 +79,7 @@ def locate(spec, *, hub: bool = False) -> Located:
                 hint=f"check the path; for a hub model: huggingface-cli download {text} --local-dir DIR, then pass DIR",
             )
         return probe_hub(text)
-    raise CheckpointError(f"{text}: no such directory", hint="check the path; hub ids look like org/name")
+    raise CheckpointError(f"{text}: no such directory", hint="check the path" + ("; hub ids look like org/name" if hub else ""))
 
 
 def is_hub_id(spec: str) -> bool:

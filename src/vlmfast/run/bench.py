@@ -130,7 +130,7 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     from vlmfast.timing import versions
 
     found = locate(options.ckpt, hub=True)
-    base_found = locate(options.compare_base, hub=True) if options.compare_base else None
+    base_found = locate(options.compare_base, hub=True, option="--compare-base") if options.compare_base else None
     requests, sizes = _workload(options, scratch)
     bench = _Bench(options, requests, sizes, progress, say, truths={r.id: (r.truth, r.scorer) for r in requests})
     compile_cache = prepare_cache(options.decoder, True) if options.compile else None  # before the model loads

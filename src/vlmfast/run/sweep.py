@@ -143,7 +143,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
-    base = locate(options.base, hub=True) if options.base else None  # a directory or a hub id, as every --base takes
+    base = locate(options.base, hub=True, option="--base") if options.base else None  # a directory or a hub id, as every --base takes
     entries = [_Entry(0, base.path or base.source, "base", base)] if base else []
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     for k, entry in enumerate(entries if len(entries) > 1 else []):
