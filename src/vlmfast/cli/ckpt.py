@@ -149,7 +149,7 @@ def make_images(
 def demo(
     workdir: Annotated[Optional[Path], typer.Option(help="Where to build the demo checkpoint and images (reused).")] = None,
     max_new_tokens: MaxNew = 64,
-    batch_size: Annotated[int, typer.Option(help="Samples per batch.", rich_help_panel=GEN)] = 8,
+    batch_size: Annotated[int, typer.Option(help="Decode rows: answers decoded at once.", rich_help_panel=GEN)] = 8,
 ):
     """Build (or reuse) a GRPO-like demo checkpoint and images, then run infer on them — offline, CPU-friendly."""
 

@@ -11,7 +11,8 @@ from vlmfast.cli.common import (AnswerKey, BboxSpace, Command, ImageKey, Iou, Js
                                 RewardThreshold, RewardWeights, Scorer, choice, command, guarded)
 
 
-@command(cls=Command, epilog="Exit codes: 0 ok · 2 unreadable results or manifest.")
+@command(cls=Command, epilog="Exit codes: 0 ok · 1 a --reward function raised (without --skip-bad) · 2 unreadable results or "
+                              "manifest, bad options · 130 interrupted.")
 def score(
     results: Annotated[Path, typer.Argument(help="A results JSONL: one object per line with \"id\" and \"text\" (vlmfast infer's --out, or another tool's rows).", show_default=False)],
     manifest: Annotated[str, typer.Option(help="The manifest with ground truth (solution / answer, optional scorer per row), or the trainer's parquet / save_to_disk dataset (see infer --manifest).")],

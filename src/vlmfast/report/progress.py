@@ -58,7 +58,8 @@ class ProgressBar:
             self._progress.update(self._task, advance=answers, tps=tps)
         elif self.enabled:
             title = f"{self._title}: " if self._title else ""
-            print(f"progress: {title}{self._done}/{self._total} {self.unit}, {tps}", file=sys.stderr, flush=True)
+            print(f"progress: {title}{self._done}/{self._total} {self.unit}, {tps}{f' (last {self.RATE_WINDOW_S:g} s)' if tps else ''}",
+                  file=sys.stderr, flush=True)
 
     def mark(self) -> None:
         """The rate counts from now (a benchmark's timed runs begin, after its load and warm-up); the count goes on."""
