@@ -235,11 +235,11 @@ def rebase_images(rows: list[dict], source: str, out_path: str) -> list[dict]:
 
 def write_manifest(rows: list[dict], out_path: str) -> Path:
     """Write rows as JSONL (UTF-8, one record a line). Written whole or not at all."""
+    from vlmfast.files import atomic_write
+
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    os.replace(tmp, out)
+    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))  # a unique temp file
     return out
 
 
