@@ -185,3 +185,23 @@ def test_a_killed_vllm_sweep_resumes(run, images, tmp_path):
         ids = [json.loads(line)["id"] for line in (tmp_path / f"step-{step}.jsonl").read_text().splitlines()]
         assert sorted(ids) == sorted(set(ids)) and len(ids) == len(images)
     assert [c["step"] for c in again["checkpoints"]] == [100, 200]
+
+
+def test_a_reloaded_checkpoint_decodes_with_its_own_repetition_penalty(run, images, tmp_path, vllm_processes):
+    """vLLM caches its default sampling parameters per engine: a checkpoint reloaded in place kept the first
+    one's repetition penalty (and the canary, comparing with a fresh engine, cried wolf). Same weights, the
+    second checkpoint's generation config adds a penalty: its rows differ, the canary agrees, the record says it.
+    The rows carry the family's box space, as the HF engine's do."""
+    other = tmp_path / "run"
+    for step in (100, 200):
+        shutil.copytree(run / "checkpoint-100", other / f"checkpoint-{step}")
+    config = other / "checkpoint-200" / "generation_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "repetition_penalty": 1.8}))
+    report = _sweep(other, tmp_path / "out", images)
+    said = " ".join(report["notes"])
+    assert "canary: 4 request(s) decoded the same" in said, said
+    assert _tokens(tmp_path / "out" / "step-200.jsonl") != _tokens(tmp_path / "out" / "step-100.jsonl")
+    record = json.loads((tmp_path / "out" / "step-200.run.json").read_text())
+    assert record["runtime"]["repetition_penalty"] == 1.8
+    rows = [json.loads(line) for line in (tmp_path / "out" / "step-100.jsonl").read_text().splitlines()]
+    assert {r["bbox_space"] for r in rows} == {"resized"}

@@ -42,7 +42,7 @@ from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, draw_key, error_row, result_row, run_seed
 from vlmfast.engines.vllm.reload import ReloadState, run_canary, switch
 from vlmfast.engines.vllm.support import (VllmSettings, check_cpu_head_size, chunk_timing, close_stacks, import_vllm,
-                                          quiet_known_warnings, shutdown, validation_errors, vllm_version)
+                                          quiet_known_warnings, shutdown, validation_errors, vision_ban, vllm_version)
 
 VLLM_CHUNK = {"cpu": 8, "cuda": 512}  # requests per LLM.generate call: vLLM batches inside; a chunk is what a kill can lose
 CPU_KV_CACHE_GIB = 4.0  # vLLM's own CPU default reserves 92 % of RAM (gpu_memory_utilization) for the worker
@@ -120,8 +120,10 @@ class VllmBackend(Preparer):
             self.saved_cache = saved_cache_report(self.found)
             self.model_dir, self.notes = self._prepare_checkpoint(stack)
             self._load_processor(self._requested["min_pixels"], self._requested["max_pixels"])
-            self.ban_mechanism, self.ban_kwargs = self._vision_ban()
+            self.ban_mechanism, self.ban_kwargs = vision_ban(self.tokenizer, self.suppress_token_ids)
             self.sampling_params = self._sampling_params()  # invalid settings fail here, before vLLM starts
+            if not self.settings.greedy and self.settings.temperature < 0.01:  # vLLM raises it to its floor, quietly
+                self.notes.append(f"--temperature {self.settings.temperature:g}: vLLM samples at 0.01 at least")
         except BaseException:
             self._stacks.remove(stack)
             stack.close()  # the overlay goes with a failed construction
@@ -164,18 +166,6 @@ class VllmBackend(Preparer):
                          min_pixels=min_pixels, max_pixels=max_pixels)
         if self.on_cpu:
             check_cpu_head_size(self.config, self.ckpt)
-
-    def _vision_ban(self) -> tuple[str, dict]:
-        """How vision placeholder ids are kept out of the output. ``bad_words`` masks a one-token word to
-        -inf at every step (vLLM tokenizes each word without special tokens); that holds when each
-        placeholder's text encodes to exactly its own id, checked here. Otherwise ``logit_bias`` -100."""
-        ids = list(self.suppress_token_ids)
-        if not ids:
-            return "none", {}
-        words = self.tokenizer.convert_ids_to_tokens(ids)
-        if all(isinstance(w, str) and self.tokenizer.encode(w, add_special_tokens=False) == [i] for w, i in zip(words, ids)):
-            return "bad_words", {"bad_words": list(words)}
-        return "logit_bias", {"logit_bias": {i: -100.0 for i in ids}}
 
     def engine_args(self) -> dict:
         """The ``vllm.LLM`` keyword arguments :meth:`start` uses."""
@@ -246,9 +236,12 @@ class VllmBackend(Preparer):
         return [list(range(i, min(i + batch_size, len(requests)))) for i in range(0, len(requests), max(1, batch_size))]
 
     def ready(self, requests: Sequence[Request], image_sizes: dict, requested: int | None) -> tuple[int, str | None]:
-        """Start vLLM, sized for the requests' images; the chunk size (requests per ``LLM.generate`` call)."""
+        """Start vLLM, sized for the requests' images (and after a sweep's first in-place reload, run the canary:
+        before the run's clock starts); the chunk size (requests per ``LLM.generate`` call)."""
         if requests:
             self.start(requests)
+            if self.reload.canary_due:
+                run_canary(self, requests)
         return requested or VLLM_CHUNK[self.device], None
 
     # -- running ----------------------------------------------------------------------------

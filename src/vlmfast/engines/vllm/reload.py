@@ -226,8 +226,11 @@ def reload_weights(llm, weights_dir) -> None:
 
 def run_canary(backend, requests) -> None:
     """The first reload's check: the canary requests (the first N ids of the workload, in id order)
-    decoded greedily on the reloaded engine and on a fresh engine of the same checkpoint. Equal: the fresh
-    engine goes. Different: in-place reloads stop for the sweep, and the fresh engine takes over."""
+    decoded greedily on the reloaded engine and on a fresh engine of the same checkpoint. The reloaded engine
+    stops before the fresh one starts (a GPU holds one engine's memory share at a time), and the fresh engine
+    takes over. Different tokens: in-place reloads stop for the rest of the sweep."""
+    from vlmfast.engines.vllm.support import shutdown
+
     state = backend.reload
     state.canary_due, state.checked = False, True
     picks = sorted(requests, key=lambda r: r.id)[:state.canary_requests]
@@ -235,12 +238,13 @@ def run_canary(backend, requests) -> None:
     greedy = dataclasses.replace(backend.settings, temperature=0.0, n=1, seed=None,
                                  max_new_tokens=min(backend.settings.max_new_tokens, CANARY_NEW_TOKENS))
     reloaded = _decode(backend, picks, greedy)
+    shutdown(backend.llm)
+    backend.llm = None  # should the fresh engine fail to start, the next run starts one for this checkpoint
     fresh = type(backend)(backend.found, greedy, **backend.rebuild_kwargs())
     try:
         fresh.start(requests)
         differs = first_differing_id(reloaded, _decode(fresh, picks, greedy))
-        if differs is not None:
-            _take_over(backend, fresh)
+        _take_over(backend, fresh)
     finally:
         fresh.close()
     state.canary_s = time.perf_counter() - start

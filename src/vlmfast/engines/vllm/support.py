@@ -189,3 +189,16 @@ def check_cpu_head_size(config, name: str) -> None:
         raise UsageError(f"vLLM's CPU attention supports head sizes {supported}; {name} has {head_dim}",
                          hint="use the HF engine for this model (vlmfast's 'tiny' preset has head_dim 16; "
                               "build test checkpoints with --preset demo)")
+
+
+def vision_ban(tokenizer, suppress_token_ids) -> tuple[str, dict]:
+    """How vision placeholder ids are kept out of vLLM's output. ``bad_words`` masks a one-token word to
+    -inf at every step (vLLM tokenizes each word without special tokens); that holds when each
+    placeholder's text encodes to exactly its own id, checked here. Otherwise ``logit_bias`` -100."""
+    ids = list(suppress_token_ids)
+    if not ids:
+        return "none", {}
+    words = tokenizer.convert_ids_to_tokens(ids)
+    if all(isinstance(w, str) and tokenizer.encode(w, add_special_tokens=False) == [i] for w, i in zip(words, ids)):
+        return "bad_words", {"bad_words": list(words)}
+    return "logit_bias", {"logit_bias": {i: -100.0 for i in ids}}
