@@ -259,3 +259,22 @@ def test_a_prompt_that_is_not_utf8_and_one_no_record_uses_are_said_before_loadin
     m.write_text(json.dumps({"id": "a", "image": str(images[0])}) + "\n")
     c = collect(manifest=str(m), prompt="Fallback?")
     assert [r.prompt for r in c.requests] == ["Fallback?"] and not any("not used" in w for w in c.warnings)
+
+
+def test_a_manifest_is_read_again_only_when_its_files_changed(images, tmp_path, monkeypatch):
+    """A sweep reads its inputs for every checkpoint: the same manifest, unchanged, is parsed once (a TSV's
+    images were decoded anew each time); an edit, even one of the same size, is read."""
+    import vlmfast.inputs.requests as requests
+
+    parsed = []
+    real = requests._read_manifest
+    monkeypatch.setattr(requests, "_read_manifest", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "One?"}) + "\n")
+    first = collect(manifest=str(m))
+    second = collect(manifest=str(m))
+    assert len(parsed) == 1 and [r.prompt for r in second.requests] == [r.prompt for r in first.requests] == ["One?"]
+    m.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "Two?"}) + "\n")  # the same size
+    assert [r.prompt for r in collect(manifest=str(m)).requests] == ["Two?"] and len(parsed) == 2
+    collect(manifest=str(m), prompt="Other?")  # another reading of it: read again
+    assert len(parsed) == 3

@@ -111,8 +111,43 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     return text
 
 
+_LAST_READ: dict = {}  # the last manifest read, by its files' state and the reading's settings → (items, warnings)
+
+
 def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
                   *, images: bool = True, image_root: str | None = None) -> tuple[list[Request | BadInput], list[str]]:
+    """:func:`_read_manifest`, read again only when the manifest's files changed (a sweep reads its inputs
+    for every checkpoint: a VLMEvalKit TSV's images were decoded anew each time, seconds per checkpoint)."""
+    key = (_files_state(path), default_prompt, keys, max_image_pixels, images, image_root)
+    if key[0] is None or key not in _LAST_READ:
+        _LAST_READ.clear()
+        result = _read_manifest(path, default_prompt, keys, max_image_pixels, images=images, image_root=image_root)
+        if key[0] is None:
+            return result
+        _LAST_READ[key] = result
+    items, warnings = _LAST_READ[key]
+    return list(items), list(warnings)
+
+
+def _files_state(path: str, whole_below: int = 8 << 20) -> tuple | None:
+    """(path, size, modification time) of the manifest's files (a dataset folder's, sorted), and their bytes'
+    digest when they are small (an edit within one tick of the file system's clock keeps the time); None when
+    unreadable."""
+    import hashlib
+
+    try:
+        p = Path(path).absolute()
+        files = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file())
+        state = [(str(q), st.st_size, st.st_mtime_ns) for q in files for st in [q.stat()]]
+        if sum(size for _, size, _ in state) < whole_below:
+            state.append(tuple(hashlib.sha1(q.read_bytes()).hexdigest() for q in files))
+        return tuple(state) or None
+    except OSError:
+        return None
+
+
+def _read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+                   *, images: bool = True, image_root: str | None = None) -> tuple[list[Request | BadInput], list[str]]:
     """Parse a manifest into requests and bad lines, in file order. A JSONL file's records are ours —
     ``{"id", "image"|"images", "prompt", "system", "solution"|"answer", "scorer"}`` —, ms-swift's —
     ``{"messages": [...], "images": [...]}`` — or R1-V's — ``{"image_path", "question", "ground_truth"}``.
