@@ -366,7 +366,8 @@ class VllmBackend(Preparer):
             device=self.device, dtype=described["dtype"], attn="vllm", decoder="vllm", cuda_graphs=not self.enforce_eager,
             compiled=False, max_pixels=self.max_pixels, max_pixels_capped=self.max_pixels_capped, settings=described,
             repetition_penalty=getattr(self.sampling_params, "repetition_penalty", None), versions={"vllm": self.vllm_version},
-            peak_mem_kind=None if self.on_cpu else "this process only (vLLM's engine process not counted)", notes=described["notes"],
+            peak_mem_kind=None if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # its engine in this process
+            else "this process only (vLLM's engine process not counted)", notes=described["notes"],
         )
 
     def close(self) -> None:
