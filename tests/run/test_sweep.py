@@ -4,6 +4,7 @@ each one's rows equal to a fresh infer of it, the best step, resume, weight swap
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -637,3 +638,35 @@ def test_a_second_sweep_into_the_same_folder_is_refused_while_the_first_runs(run
         with pytest.raises(UsageError, match="--out-dir .*s is being written by another vlmfast run"):
             sweep(_options(run, tmp_path / "s"))
     assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".*lock"))
+
+
+def test_sweep_by_a_column_gives_each_checkpoint_s_accuracy_per_value_and_the_best_step_of_each(run, tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from vlmfast.report import terminal
+    from vlmfast.run.sweep import sweep
+
+    lines = run["manifest"].read_text().splitlines()
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({**json.loads(line), "meta": {"kind": "even" if k % 2 == 0 else "odd"}}) + "\n"
+                                for k, line in enumerate(lines)))
+    options = _options(run, tmp_path / "s", steps=(100, 200), by="meta.kind")
+    options = dataclasses.replace(options, infer=dataclasses.replace(options.infer, manifest=str(manifest)))
+    report = sweep(options)
+    assert report["by"] == "meta.kind"
+    for c in report["checkpoints"]:
+        rows = read_jsonl(Path(c["results"]))
+        want = {kind: sum(r["correct"] for k, r in enumerate(rows) if (k % 2 == 0) == (kind == "even")) / 2
+                for kind in ("even", "odd")}
+        assert {k: g["accuracy"] for k, g in c["by"].items()} == want and all(g["scored"] == 2 for g in c["by"].values())
+    assert report["checkpoints"][1]["by"] == {"even": {"scored": 2, "accuracy": 1.0}, "odd": {"scored": 2, "accuracy": 1.0}}
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=120, highlight=False))
+    terminal.render_sweep(report)
+    said = out.getvalue()
+    assert "accuracy by meta.kind" in said and "best step by meta.kind: even: 200 (100.0%) · odd: 200 (100.0%)" in said, said
+    with pytest.raises(Exception, match="--by category: no record of"):
+        sweep(dataclasses.replace(options, by="category", out_dir=str(tmp_path / "t")))
+    assert not (tmp_path / "t").exists()

@@ -169,6 +169,8 @@ def render_sweep(report: dict) -> None:
     """``vlmfast sweep``: one line per checkpoint (with its difference from base, its health and its flags), the
     engine's switches, the best one, the flags' messages, the gate, on stderr."""
     stderr.print(sweep_table(report))
+    if report.get("by"):
+        _sweep_groups(report)
     # the engine's switches of this run: a checkpoint read back keeps the figures of the run that evaluated it
     switched = _switches([c for c in report["checkpoints"] if not c.get("read_back")])
     if switched:
@@ -201,6 +203,38 @@ def render_sweep(report: dict) -> None:
                     "--reward-threshold (the total also weights other sub-scores)")
     for note in report["notes"]:
         render_note(note)
+
+
+def _sweep_groups(report: dict, shown: int = 6) -> None:
+    """``sweep --by``: each checkpoint's accuracy per value of the column (the largest groups), and the best step
+    of each value."""
+    from rich import box
+
+    checkpoints = [c for c in report["checkpoints"] if c.get("by")]
+    sizes: dict[str, int] = {}
+    for c in checkpoints:
+        for name, g in c["by"].items():
+            sizes[name] = max(sizes.get(name, 0), g["scored"])
+    names = sorted(sizes, key=lambda n: (-sizes[n], n))[:shown]
+    if not names:
+        return
+    table = Table(title=f"accuracy by {escape(report['by'])}", title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False)
+    table.add_column("step")
+    for name in names:
+        table.add_column(f"{escape(name)} ({sizes[name]})", justify="right")
+    label = lambda c: "base" if c["label"] == "base" else str(c["step"])  # noqa: E731
+    for c in checkpoints:
+        table.add_row(label(c), *[_pct((c["by"].get(n) or {}).get("accuracy")) for n in names])
+    stderr.print(table)
+    best = []
+    for name in names:
+        scored = [c for c in checkpoints if (c["by"].get(name) or {}).get("accuracy") is not None]
+        if scored:
+            top = max(scored, key=lambda c: (c["by"][name]["accuracy"], -c["step"]))
+            best.append(f"{escape(name)}: {label(top)} ({_pct(top['by'][name]['accuracy'])})")
+    stderr.print(f"best step by {escape(report['by'])}: " + " · ".join(best)
+                 + (f" · {len(sizes) - shown} smaller group(s) in report.json" if len(sizes) > shown else ""))
 
 
 def sweep_table(report: dict) -> Table:

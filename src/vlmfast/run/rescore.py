@@ -200,18 +200,28 @@ def _refuse_another_runs_file(out: Path, results: Path) -> None:
                          hint=f"give another --out, or --out {results} to rescore the results file in place")
 
 
-def _column_values(column: str, lines: dict[str, dict], rows: list[dict], manifest: str, results: Path) -> dict[str, object]:
-    """id → the value of ``column`` in each manifest record, or in the result rows where no record has it
-    (a results file from another tool may carry it); an error naming the columns there are when neither does."""
+def manifest_column(column: str, manifest: str, keys=None, lines: dict[str, dict] | None = None) -> dict[str, object]:
+    """id → the value of ``column`` (dotted for a nested one) in each record of ``manifest`` (``lines``: its
+    :func:`read_reward_truths`, when read already); an error naming the columns there are when no record has it."""
     from vlmfast.inputs.datasets import dig
 
-    records = {rid: line.get("record") for rid, line in lines.items()}
+    records = {rid: line.get("record") for rid, line in (lines or read_reward_truths(manifest, keys)).items()}
     values = {rid: dig(record, column) for rid, record in records.items() if isinstance(record, dict)}
     if any(v is not None for v in values.values()):
         return values
-    values = {str(row.get("id")): dig(row, column) for row in rows}
-    if any(v is not None for v in values.values()):
-        return values
     first = next((r for r in records.values() if isinstance(r, dict)), {})
-    raise InputError(f"--by {column}: no record of {manifest} and no row of {results} has it",
+    raise InputError(f"--by {column}: no record of {manifest} has it",
                      hint="name one of the manifest's columns: " + (", ".join(sorted(map(str, first))) or "(none)"))
+
+
+def _column_values(column: str, lines: dict[str, dict], rows: list[dict], manifest: str, results: Path) -> dict[str, object]:
+    """:func:`manifest_column`, else the value in the result rows (a results file from another tool may carry it)."""
+    from vlmfast.inputs.datasets import dig
+
+    try:
+        return manifest_column(column, manifest, lines=lines)
+    except InputError as exc:
+        values = {str(row.get("id")): dig(row, column) for row in rows}
+        if any(v is not None for v in values.values()):
+            return values
+        raise InputError(f"--by {column}: no record of {manifest} and no row of {results} has it", hint=exc.hint) from None

@@ -127,11 +127,18 @@ def _checked_sweep(options: SweepOptions, progress, say, wait, on_report) -> dic
     if (said := options.truth_note()) is not None:  # no ground truth in the manifest: said at once
         say(said)
         earlier.append(said)
+    from vlmfast.inputs.datasets import DatasetKeys
+    from vlmfast.run.rescore import manifest_column
+
+    # --by: the column's values, or an error naming the columns there are, before any work
+    i = options.infer
+    by = manifest_column(options.by, i.manifest, DatasetKeys(i.prompt_key, i.answer_key, i.image_key)) if options.by else None
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        report = _sweep(options, listing, out_dir, progress, say, wait, settings, on_report)
+        report = _sweep(options, listing, out_dir, progress, say, wait, settings, on_report, by)
         report["notes"][:0], report["parity"] = earlier + ([seed_note] if seed_note else []), parity
+        report.update({"by": options.by} if options.by else {})
         return report
     except BaseException:
         if created and not any(out_dir.iterdir()):  # failed before writing anything: leave no empty dir
@@ -139,7 +146,7 @@ def _checked_sweep(options: SweepOptions, progress, say, wait, on_report) -> dic
         raise
 
 
-def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, settings: dict, on_report) -> dict:
+def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, settings: dict, on_report, by) -> dict:
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
@@ -162,7 +169,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         if _refuse(entry, options, refused, notes, say):
             return None
         try:
-            figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes))
+            figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes, by))
         except CheckpointError as exc:  # it does not load (an unknown model type, a broken config): go on without it
             _not_evaluated(entry, exc, refused, notes, say)
             return None
@@ -198,7 +205,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                 watched = len(figures)
                 say(f"watching {options.run_dir}: {watched} checkpoint(s) evaluated, looking every {options.poll_s:g} s "
                     "(Ctrl-C ends the sweep)")
-            if not (wait or _sleep)(options.poll_s):
+            if not (wait or (lambda s: time.sleep(s) or True))(options.poll_s):
                 break
             seen = {f["step"] for f in figures}
             looked = find_run_checkpoints(options.run_dir, complete_only=True)
@@ -270,13 +277,8 @@ def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], sa
     say(notes[-1])
 
 
-def _sleep(seconds: float) -> bool:
-    time.sleep(seconds)
-    return True
-
-
 def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say, tables,
-              settings: dict, notes: list[str]) -> dict:
+              settings: dict, notes: list[str], by: dict | None = None) -> dict:
     """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
     table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
     from vlmfast.checkpoints.locate import locate
@@ -308,6 +310,11 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     if same:
         notes.append(f"step {entry.step}: {same}")
     figures = _figures(entry, out, rows, report, how, seconds)
+    if by is not None:  # --by: accuracy per value of the column, answers a reward raised on counted wrong as above
+        from vlmfast.evaluation.stats import by_value
+
+        figures["by"] = {name: {"scored": g["scored"], "accuracy": g["accuracy"]}
+                         for name, g in by_value(rows, by, options.by)["groups"].items()}
     from vlmfast.run.sweep_record import MEASURED, fingerprint_figures, measured, record
     figures.update(fingerprint_figures(weights_id))  # an adapter's covers its base's weights, or says it does not
 

@@ -37,6 +37,9 @@ class SweepOptions:
     watch: bool = option(False, help="Keep polling RUN_DIR and evaluate new checkpoints as the trainer writes them (once "
                          "their weights are complete), until Ctrl-C.", panel=INPUT)
     poll_s: float = option(60.0, help="--watch: seconds between looks at RUN_DIR.", panel=INPUT, flag="--poll")
+    by: str | None = option(None, help="Also each checkpoint's accuracy per value of this manifest column (a TSV's "
+                            "category, a dataset's data_source; dotted for a nested one), and the best step per value.",
+                            panel=INPUT)
     # --engine vllm: requests checked against a fresh engine after the first in-place reload
     canary: int = option(8, help="--engine vllm: after the first in-place weight reload, check N requests against a "
                          "fresh engine (0: no check).", panel=INPUT)
