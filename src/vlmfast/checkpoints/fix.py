@@ -23,7 +23,7 @@ from vlmfast.checkpoints.readers import (
 )
 from vlmfast.errors import CheckpointError
 from vlmfast.files import atomic_write, publish_directory
-from vlmfast.checkpoints.locate import Located, locate, require
+from vlmfast.checkpoints.locate import Located, locate, located, require
 
 
 class FixError(CheckpointError):
@@ -91,7 +91,7 @@ class FixResult:
 
 def _local_dir(spec, option: str | None = None) -> Path:
     """The directory to fix: a local model (or its config-only save), never a hub id or an adapter."""
-    return require(spec if isinstance(spec, Located) else locate(spec, option=option), "model", "fsdp", "incomplete").path
+    return require(located(spec, option=option), "model", "fsdp", "incomplete").path
 
 
 def step_name(d: Path) -> str:

@@ -87,10 +87,10 @@ def is_hub_id(spec: str) -> bool:
     return bool(HUB_ID.match(spec)) and not Path(spec.split("/")[0]).is_dir()
 
 
-def located(spec, *, hub: bool = False) -> Located:
+def located(spec, *, hub: bool = False, option: str | None = None) -> Located:
     """``spec`` itself when it is already :class:`Located` (a checkpoint is located once, where a run
     starts, and travels down), else :func:`locate` of it."""
-    return spec if isinstance(spec, Located) else locate(spec, hub=hub)
+    return spec if isinstance(spec, Located) else locate(spec, hub=hub, option=option)
 
 
 def require(found: Located, *kinds: str) -> Located:
