@@ -7,11 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 from conftest import cli
-
-
-def _results(path, answers):
-    path.write_text("".join(json.dumps({"id": rid, "text": f"<answer>{a}</answer>"}) + "\n" for rid, a in answers))
-    return path
+from test_truths import _results
 
 
 def test_accuracy_per_tsv_category(images, tmp_path):
