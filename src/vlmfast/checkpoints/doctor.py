@@ -15,14 +15,14 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import (
     NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
-    has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index, text_setting,
+    has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index,
     incomplete_said,
 )
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
 from vlmfast.checkpoints.config_family import as_saved
 from vlmfast.checkpoints.findings import (CODES, SEVERITIES, Finding, findings_as_dicts,  # noqa: F401 - importable here
                                           strict_exit_code)
-from vlmfast.checkpoints.weight_findings import adapter_findings, whole_findings
+from vlmfast.checkpoints.weight_findings import adapter_findings, vocab_findings, whole_findings
 from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
 
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
@@ -58,7 +58,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     found += _weights(target, base_dir, float32_min_bytes)
     found += whole_findings(target, config, base_dir)
     found += _remote_code(d)
-    found += _vocab(d, config, base_dir, base_cfg)
+    found += vocab_findings(d, config, base_dir, base_cfg)
     found += _parity(d, evaluation) + _trainer_leftovers(d)
     return _ordered(found)
 
@@ -322,43 +322,6 @@ def _remote_code(d: Path) -> list[Finding]:
                                "it runs only with --trust-remote-code",
                                "read the .py files before passing --trust-remote-code; the Qwen-VL families need no "
                                "remote code: delete auto_map to use transformers' own classes"))
-    return out
-
-
-def _embed_rows(index: dict) -> tuple[str, int] | None:
-    for name, (_, shape, _) in index.items():
-        if name.endswith("embed_tokens.weight") and "visual" not in name:
-            return name, shape[0]
-    return None
-
-
-def _vocab(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) -> list[Finding]:
-    out = []
-    vocab = text_setting(config, "vocab_size")
-    try:
-        index, base_index = tensor_index(d), (tensor_index(base_dir) if base_dir else {})
-    except (OSError, ValueError, KeyError, TypeError):
-        index, base_index = {}, {}  # reported by _weights
-    embed = _embed_rows(index)
-    if embed and vocab and embed[1] != vocab:
-        out.append(Finding("error", "vocab-mismatch", "config.json: vocab_size",
-                           f"vocab_size {vocab} but {embed[0]} has {embed[1]} rows: the model will not load",
-                           "set vocab_size to the embedding's row count, or re-save the model"))
-    if base_cfg is None:
-        return out
-    base_vocab, base_embed = text_setting(base_cfg, "vocab_size"), _embed_rows(base_index)
-    mine, theirs = (embed[1] if embed else vocab), (base_embed[1] if base_embed else base_vocab)
-    if mine and theirs and mine != theirs:
-        out.append(Finding("warning", "vocab-differs-from-base", "config.json: vocab_size",
-                           f"embedding/vocabulary size {mine} differs from the base's {theirs}: tokens were added or "
-                           "the wrong base is compared", "check the tokenizer files match these weights (compare added_tokens)"))
-    tie, base_tie = text_setting(config, "tie_word_embeddings"), text_setting(base_cfg, "tie_word_embeddings")
-    head, base_head = "lm_head.weight" in index, "lm_head.weight" in base_index
-    if (tie is not None and base_tie is not None and tie != base_tie) or (index and base_index and head != base_head):
-        out.append(Finding("warning", "tie-embeddings-differs-from-base", "config.json: tie_word_embeddings",
-                           f"tie_word_embeddings {tie} (lm_head saved: {head}) but the base has {base_tie} "
-                           f"(lm_head saved: {base_head}): the output layer may be the wrong matrix",
-                           "set tie_word_embeddings as in the base's config.json"))
     return out
 
 

@@ -1,6 +1,6 @@
 """doctor's findings on a checkpoint's weights: an adapter's weight file cut short, two sets of weight files,
 an LM head saved while config.json ties it, the tensors the model class expects against the saved ones, and
-the saved ones against a base's (:mod:`vlmfast.checkpoints.weights`)."""
+the saved ones against a base's (:mod:`vlmfast.checkpoints.weights`); the embedding's rows against the vocabulary."""
 
 from __future__ import annotations
 
@@ -93,3 +93,44 @@ def _tied_head(d: Path, config: dict, check) -> list[Finding]:
         return [Finding("info", "tied-head-saved", where, head.what(), head.fix())]
     return [Finding("error", "tied-head-saved", where, head.what() + "; vlmfast infer runs the saved head on either "
                     "transformers line (the vLLM engine refuses the checkpoint)", head.fix())]
+
+
+def embed_rows(index: dict) -> tuple[str, int] | None:
+    for name, (_, shape, _) in index.items():
+        if name.endswith("embed_tokens.weight") and "visual" not in name:
+            return name, shape[0]
+    return None
+
+
+def vocab_findings(d: Path, config: dict, base_dir: Path | None, base_cfg: dict | None) -> list[Finding]:
+    """The saved embedding's rows against config.json's vocab_size, and with a base, the vocabulary and the
+    head's tying against the base's."""
+    from vlmfast.checkpoints.readers import tensor_index, text_setting
+
+    out = []
+    vocab = text_setting(config, "vocab_size")
+    try:
+        index, base_index = tensor_index(d), (tensor_index(base_dir) if base_dir else {})
+    except (OSError, ValueError, KeyError, TypeError):
+        index, base_index = {}, {}  # reported by _weights
+    embed = embed_rows(index)
+    if embed and vocab and embed[1] != vocab:
+        out.append(Finding("error", "vocab-mismatch", "config.json: vocab_size",
+                           f"vocab_size {vocab} but {embed[0]} has {embed[1]} rows: the model will not load",
+                           "set vocab_size to the embedding's row count, or re-save the model"))
+    if base_cfg is None:
+        return out
+    base_vocab, base_embed = text_setting(base_cfg, "vocab_size"), embed_rows(base_index)
+    mine, theirs = (embed[1] if embed else vocab), (base_embed[1] if base_embed else base_vocab)
+    if mine and theirs and mine != theirs:
+        out.append(Finding("warning", "vocab-differs-from-base", "config.json: vocab_size",
+                           f"embedding/vocabulary size {mine} differs from the base's {theirs}: tokens were added or "
+                           "the wrong base is compared", "check the tokenizer files match these weights (compare added_tokens)"))
+    tie, base_tie = text_setting(config, "tie_word_embeddings"), text_setting(base_cfg, "tie_word_embeddings")
+    head, base_head = "lm_head.weight" in index, "lm_head.weight" in base_index
+    if (tie is not None and base_tie is not None and tie != base_tie) or (index and base_index and head != base_head):
+        out.append(Finding("warning", "tie-embeddings-differs-from-base", "config.json: tie_word_embeddings",
+                           f"tie_word_embeddings {tie} (lm_head saved: {head}) but the base has {base_tie} "
+                           f"(lm_head saved: {base_head}): the output layer may be the wrong matrix",
+                           "set tie_word_embeddings as in the base's config.json"))
+    return out
