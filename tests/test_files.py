@@ -32,3 +32,29 @@ def _umask():
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_the_lock_covers_a_folder_it_makes_and_steps_aside_on_a_file_system_without_locks(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from vlmfast.errors import UsageError
+    from vlmfast.files import held_alone
+
+    out = tmp_path / "new" / "deeper" / "r.jsonl"  # its folder does not exist yet: the first run makes it
+    with held_alone(out, "--out"):
+        with pytest.raises(UsageError, match="is being written by another vlmfast run"):
+            with held_alone(out, "--out"):
+                pass
+    assert not (tmp_path / "new").exists()  # made for the lock, left empty: removed
+    with held_alone(out, "--out"):
+        out.write_text("rows\n")
+    assert out.read_text() == "rows\n" and not list(out.parent.glob(".*lock"))  # what the run wrote stays
+
+    def no_locks(fd, how):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with held_alone(out, "--out"):  # Lustre without -o flock: unlocked, as before locks
+        pass
+    assert not list(out.parent.glob(".*lock"))

@@ -123,35 +123,45 @@ def publish_directory(tmp: Path, out: Path, *, replace: bool = True) -> None:
 @contextlib.contextmanager
 def held_alone(path: Path, option: str):
     """``path`` (a results file, a sweep's folder) written by this process alone while the block runs: an
-    exclusive lock on a hidden ``.NAME.lock`` beside it, removed after. A second
-    run onto the same path is refused (a UsageError naming the process that holds it) instead of mixing its
-    rows with the first's. Where the folder does not exist yet, nothing is locked (nothing to mix with yet)."""
+    exclusive lock on a hidden ``.NAME.lock`` beside it, removed after. A second run onto the same path is
+    refused (a UsageError naming the process that holds it) instead of mixing its rows with the first's.
+    Folders made for the lock are removed after if nothing else was written into them; where nothing can
+    be written, or the file system has no locks (Lustre without ``-o flock``, some FUSE and SMB mounts),
+    the block runs unlocked, as it did before locks."""
     import fcntl
 
     from vlmfast.errors import UsageError
 
-    path = Path(path)
-    lock = path.absolute().with_name(f".{path.absolute().name}.lock")
-    if not lock.parent.is_dir():
-        yield
-        return
+    lock = Path(path).absolute()
+    lock = lock.with_name(f".{lock.name}.lock")
+    made = [d for d in [lock.parent, *lock.parent.parents] if not d.exists()]  # the deepest first
     try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:  # a read-only place: the run says so itself, where it writes
-        yield
-        return
+        fd = None
+    mine = False  # the lock file is this run's to remove (not another run's, which holds it)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "another process"
-            raise UsageError(f"{option} {path} is being written by another vlmfast run (process {holder})",
-                             hint=f"wait for it to finish, or give another {option}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        try:
-            yield
-        finally:
-            lock.unlink(missing_ok=True)  # before the lock goes: a run waiting on it finds a fresh file
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                mine = True
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "another process"
+                raise UsageError(f"{option} {path} is being written by another vlmfast run (process {holder})",
+                                 hint=f"wait for it to finish, or give another {option}") from None
+            except OSError:  # no locks here
+                mine = True
+        yield
     finally:
-        os.close(fd)
+        if fd is not None:
+            if mine:
+                lock.unlink(missing_ok=True)  # before the lock goes: a later run finds a fresh file
+            os.close(fd)
+        for folder in made:
+            try:
+                folder.rmdir()  # only when empty: what the run wrote stays
+            except OSError:
+                break

@@ -344,3 +344,6 @@ def test_an_eos_list_short_of_the_familys_is_said_and_completed_without_a_base(b
     apply_fix(plan_fix(d))
     assert set(json.loads((d / "generation_config.json").read_text())["eos_token_id"]) == set(full)
     assert "eos-short-of-family" not in {f.code for f in diagnose(d)}
+    edit_json(d / "generation_config.json", lambda c: c.update(eos_token_id=full + [10 ** 6]))  # copied from elsewhere
+    (found,) = [f for f in diagnose(d) if f.code == "eos-short-of-family"]
+    assert f"holds {[10 ** 6]}, outside the vocabulary" in found.message  # what fix then drops is said first

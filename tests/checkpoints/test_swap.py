@@ -30,3 +30,25 @@ def test_a_swap_keeps_an_untied_head_untied_and_takes_the_next_generation_config
     assert torch.equal(head, fresh.get_output_embeddings().weight)
     assert not torch.equal(head, model.get_input_embeddings().weight)
     assert swapped.model.generation_config.repetition_penalty == 1.25 and swapped.model.generation_config.use_cache
+
+
+def test_a_swap_into_a_checkpoint_without_a_generation_config_derives_it_from_its_config(tmp_path):
+    """No generation_config.json saved: the next checkpoint runs with what its config.json gives (as a fresh
+    load of it does), not with the last checkpoint's repetition penalty."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.swap import plan_swap, swap_into
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    first = build_checkpoint(tmp_path / "a", preset="tiny", like="grpo", seed=1)
+    gen = json.loads((first / "generation_config.json").read_text())
+    (first / "generation_config.json").write_text(json.dumps({**gen, "repetition_penalty": 1.8}))
+    second = build_checkpoint(tmp_path / "b", preset="tiny", like="grpo", seed=2)
+    (second / "generation_config.json").unlink()
+    loaded = load(locate(first), device="cpu", dtype="float32")
+    assert loaded.model.generation_config.repetition_penalty == 1.8
+    swapped = swap_into(loaded, locate(second), plan_swap(loaded, second))
+    fresh = load(locate(second), device="cpu", dtype="float32").model.generation_config
+    ours = swapped.model.generation_config.repetition_penalty
+    assert ours == fresh.repetition_penalty and (ours or 1.0) == 1.0  # None on transformers 5: no penalty
+    assert swapped.model.generation_config.use_cache

@@ -135,6 +135,7 @@ def test_too_long_prompts_fail_before_running_or_become_error_rows(small, tmp_pa
     (dict(retry_errors=True), "act on a results file"),
     (dict(engine="vllm", device="cpu"), "--device applies to vlmfast's own engine"),
     (dict(engine="vllm", allow_missing=["visual.blocks.1"]), "--allow-missing applies to vlmfast's own engine"),
+    (dict(image_root="/no/such/folder"), "--image-root /no/such/folder: no such folder"),
     (dict(decoder="fast"), "--decoder fast: unknown"),
     (dict(batch_size=0), "--batch-size 0"),
     (dict(iou=1.5), "--iou 1.5"),
@@ -583,3 +584,24 @@ def test_a_second_run_onto_the_same_results_file_is_refused_while_the_first_runs
         assert not out.exists()
     assert infer(_options(small, out), backend=FakeBackend()).samples == len(small)
     assert not list(tmp_path.glob(".*lock"))  # no lock file left
+
+
+def test_a_reader_gone_from_stdout_is_not_called_a_full_disk(small, monkeypatch):
+    from vlmfast.run.results import ResultsWriter
+
+    def gone(self, rows, positions):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(ResultsWriter, "write", gone)
+    with pytest.raises(BrokenPipeError):
+        infer(_options(small), backend=FakeBackend())
+
+
+def test_the_image_root_is_recorded_resolved_and_compared_given_or_not(tmp_path, monkeypatch):
+    from vlmfast.run.sweep_record import settings_of
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "B").mkdir()
+    given = settings_of(InferOptions(ckpt="x", manifest="m.jsonl", image_root="B"), digest=False)
+    assert given["image_root"] == str(tmp_path / "B")
+    assert settings_of(InferOptions(ckpt="x", manifest="m.jsonl"), digest=False)["image_root"] is None

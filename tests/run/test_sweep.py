@@ -611,6 +611,8 @@ def test_a_sweep_stopped_inside_a_checkpoint_reports_the_finished_ones_and_exits
     assert any(n.startswith("interrupted: the finished checkpoints are reported") for n in report["notes"])
     watched = sweep(_options(run, tmp_path / "w", watch=True, poll_s=1.0))  # stopped in its first pass
     assert watched["interrupted"] and watched["exit_code"] == 0 and [c["step"] for c in watched["checkpoints"]] == [100]
+    gated = sweep(_options(run, tmp_path / "g", watch=True, poll_s=1.0, fail_if_best_below=0.99))  # --watch's stop
+    assert gated["gate"]["failed"] and gated["exit_code"] == 5  # judged on the checkpoints evaluated
 
 
 def test_a_sweep_that_could_evaluate_no_checkpoint_is_an_error(run, tmp_path):

@@ -106,9 +106,11 @@ def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
         return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",
                         f"{fix} (takes the base's list)")]
     full = family_eos(d, config, eos, stop_id) if stop_id is not None and not base_eos else eos
-    if missing := [i for i in full if i not in eos]:  # e.g. <|endoftext|> lost, <|im_end|> kept
-        return [Finding("warning", "eos-short-of-family", where, f"EOS list {eos} lacks {missing}, which the family's "
-                        "released generation config stops on: an answer ending with it runs on to the token cap",
+    missing, outside = [i for i in full if i not in eos], [i for i in eos if i not in full]  # outside the vocabulary
+    if missing or outside:  # e.g. <|endoftext|> lost, <|im_end|> kept; or ids copied from another model
+        said = [f"lacks {missing}, which the family's released generation config stops on: an answer ending with it "
+                "runs on to the token cap"] * bool(missing) + [f"holds {outside}, outside the vocabulary"] * bool(outside)
+        return [Finding("warning", "eos-short-of-family", where, f"EOS list {eos} {'; it '.join(said)}",
                         f"{fix} (sets it to {full})")]
     return []
 

@@ -156,6 +156,8 @@ def _swap_generation_config(model, directory: Path) -> None:
 
     if (Path(directory) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(directory))
+    else:  # none saved: derived from its config.json, as a fresh load derives it (not the last checkpoint's)
+        model.generation_config = GenerationConfig.from_model_config(model.config)
     model.generation_config.use_cache = True
 
 

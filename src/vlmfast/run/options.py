@@ -6,6 +6,7 @@ errors, before anything loads. Each field that is an option carries its help, pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, nested, option
 from vlmfast.engines.hf import BATCHING, DECODERS
@@ -152,6 +153,9 @@ class InferOptions:
         check_choice("--fingerprint", self.fingerprint, ("sampled", "full"))
         check_choice("--scorer", self.scorer, SCORERS)
         check_choice("--template", self.template, tuple(TEMPLATES))
+        if self.image_root is not None and not Path(self.image_root).is_dir():  # else every image reads "file not found"
+            raise UsageError(f"--image-root {self.image_root}: no such folder", hint="give the folder the manifest's "
+                             "relative image paths are under")
         if self.format_prompt is not None and self.template != "plain":
             raise UsageError(f"--format-prompt and --template {self.template} both shape the prompt",
                              hint="drop one of them")

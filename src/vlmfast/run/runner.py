@@ -323,6 +323,8 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
         try:
             writer.write([r.record() for r in rows], [position[r.id] * n + (r.sample or 0) for r in rows])
         except OSError as exc:  # a full disk, a folder gone: the rows before are whole on disk
+            if out is None or isinstance(exc, BrokenPipeError):  # rows to stdout, its reader gone: not a disk's matter
+                raise
             raise VlmfastError(f"cannot write to {out}: {exc.strerror or exc} ({len(results)} answer(s) written before)",
                                hint="free space (or give another --out), then " + resume_hint(options.overwrite)) from exc
         results.extend(rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def settings_of(infer, *, digest: bool = True) -> dict:
         "scorer": infer.scorer, "iou": infer.iou, "bbox_space": infer.bbox_space, "reward": infer.reward,
         "reward_weights": infer.reward_weights, "reward_kwargs": infer.reward_kwargs,
         "reward_threshold": infer.reward_threshold, "engine": infer.engine,
-        **({"image_root": infer.image_root} if infer.image_root else {}),  # absent unless given: earlier sweeps resume
+        # resolved (a resume from another directory names the same folder); records written before it have no key: not compared
+        "image_root": os.path.abspath(infer.image_root) if infer.image_root else None,
     }
 
 
