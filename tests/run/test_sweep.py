@@ -281,6 +281,28 @@ def test_answers_a_reward_raised_on_count_as_wrong_so_steps_are_judged_on_the_sa
     assert read_jsonl(tmp_path / "s" / "step-200.jsonl")[0]["correct"] is None  # the rows as written: unscored
 
 
+def test_a_step_whose_every_answer_a_working_reward_raised_on_ranks_as_all_wrong(run, tmp_path):
+    """The function scores step 200's answers and raises on every one of step 100's (unparsable to it): step
+    100's answers count as wrong, as one step's raised answers do, instead of leaving it out of the ranking."""
+    from vlmfast.run.sweep import sweep
+
+    strict = tmp_path / "strict.py"
+    strict.write_text("def accuracy(completions, solution, **kwargs):\n"
+                      "    if any(c[0]['content'] != s for c, s in zip(completions, solution)):\n"
+                      "        raise ValueError('cannot parse it')\n"
+                      "    return [1.0] * len(completions)\n")
+    options = _options(run, tmp_path / "s", steps=(100, 200))
+    options = dataclasses.replace(options, infer=dataclasses.replace(options.infer, reward=[f"{strict}:accuracy"],
+                                                                     skip_bad=True))
+    report = sweep(options, say=lambda _: None)
+    steps = {c["step"]: c for c in report["checkpoints"]}
+    assert (steps[100]["accuracy"], steps[100]["scored"], steps[100]["reward_errors"]) == (0.0, 4, 4)
+    assert steps[200]["accuracy"] == 1.0 and report["best"]["step"] == 200
+    assert steps[100]["vs_best"]["n"] == 4  # paired with the best over every request
+    assert ("step 100: the reward function raised on every answer (--skip-bad), where it scored other checkpoints': "
+            "they count as wrong") in report["notes"]
+
+
 def test_the_report_carries_health_paired_figures_and_flags(run, tmp_path):
     from vlmfast.evaluation.flags import compare, per_request
     from vlmfast.run.sweep import sweep

@@ -61,11 +61,12 @@ def per_request(rows: list[dict]) -> dict[str, tuple[float, bool, bool]]:
     return out
 
 
-def reward_errors_as_wrong(rows: list[dict]) -> tuple[list[dict], int]:
+def reward_errors_as_wrong(rows: list[dict], scored_elsewhere: bool = False) -> tuple[list[dict], int]:
     """``rows`` with every answer the reward function raised on (``--skip-bad``: ``reward_error``) judged
     wrong with a score of 0, and how many: checkpoints compared on the requests each one's function could
-    score would be compared on different requests."""
-    if not any(r.get("correct") is not None for r in rows):  # the function scored none: broken, not the answers
+    score would be compared on different requests. Where it scored none of ``rows``, they stay as they are
+    (the function is broken, not the answers) unless it scored other checkpoints' (``scored_elsewhere``)."""
+    if not scored_elsewhere and not any(r.get("correct") is not None for r in rows):
         return rows, 0
     raised = [r.get("error") is None and r.get("reward_error") is not None for r in rows]
     return [{**r, "score": 0.0, "correct": False} if bad else r for r, bad in zip(rows, raised)], sum(raised)
