@@ -278,3 +278,15 @@ def test_a_manifest_is_read_again_only_when_its_files_changed(images, tmp_path, 
     assert [r.prompt for r in collect(manifest=str(m)).requests] == ["Two?"] and len(parsed) == 2
     collect(manifest=str(m), prompt="Other?")  # another reading of it: read again
     assert len(parsed) == 3
+
+
+def test_a_bad_line_without_an_id_keeps_its_rank_so_mending_it_moves_no_other_id(images, tmp_path):
+    image = str(images[0])
+    m = tmp_path / "m.jsonl"
+    lines = [{"image": image, "prompt": "Q1", "scorer": "exactt"}, {"image": image, "prompt": "Q2"}]
+    m.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    c = collect(manifest=str(m))
+    assert [b.id for b in c.bad] == [image] and [r.id for r in c.requests] == [f"{image}#2"]
+    lines[0]["scorer"] = "exact"  # mended: the ids stay
+    m.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert [r.id for r in collect(manifest=str(m)).requests] == [image, f"{image}#2"]

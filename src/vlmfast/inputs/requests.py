@@ -208,14 +208,16 @@ def _read_manifest(path: str, default_prompt: str | None, keys=None, max_image_p
             record = vlmr1_view(line, decoded - 1)
         else:
             unknown.update(set(record) - MANIFEST_KEYS)
+        rid = record.get("id")
+        if rid is None and (first := _first_image(record)) is not None:  # ranked whether or not the line is good:
+            by_image[first] = rank = by_image.get(first, 0) + 1  # mending a bad line moves no other line's id
+            rid = first if rank == 1 else f"{first}#{rank}"
         try:
             request = _record_to_request(record, where, base, default_prompt)
-            if "id" not in record:
-                by_image[request.id] = rank = by_image.get(request.id, 0) + 1
-                request = request if rank == 1 else dataclasses.replace(request, id=f"{request.id}#{rank}")
+            request = request if rid is None or request.id == str(rid) else dataclasses.replace(request, id=str(rid))
             items.append(request if line is record else dataclasses.replace(request, record=line))
         except ValueError as exc:
-            items.append(_bad_line(where, str(exc), str(record.get("id", line_id))))
+            items.append(_bad_line(where, str(exc), str(rid if rid is not None else line_id)))
     warnings = [f"{path}: ignored unknown manifest fields: {', '.join(sorted(unknown))}"] if unknown else []
     if shared := [image for image, n in by_image.items() if n > 1]:
         warnings.append(f"{path}: {len(shared)} image(s) asked about by several lines without an \"id\" (e.g. {shared[0]}): "
@@ -223,6 +225,14 @@ def _read_manifest(path: str, default_prompt: str | None, keys=None, max_image_p
     if not items:
         raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
     return items, warnings
+
+
+def _first_image(record: dict) -> str | None:
+    """The first image a record names as it writes it (a line without an id is named by it), or None."""
+    images = record.get("images", record.get("image"))
+    first = images[0] if isinstance(images, list) and images else images
+    first = first.get("path") if isinstance(first, dict) else first
+    return first if isinstance(first, str) and first else None
 
 
 def _refuse_json_array(raw: bytes, path: str) -> None:

@@ -304,7 +304,7 @@ def judge_all_raised(figures: list[dict], tables: dict) -> list[str]:
         return []
     said = []
     for f in figures:
-        answered = f["rows"] - f["errors"]
+        answered = f.get("rows", 0) - f.get("errors", 0)
         if f["accuracy"] is None and answered and f.get("reward_errors") == answered and Path(f["results"]).is_file():
             rows, raised = reward_errors_as_wrong(list(read_existing(Path(f["results"]), repair=False)[0].values()), True)
             tables[f["step"]] = per_request(rows)
