@@ -86,3 +86,31 @@ def test_score_out_keeps_rows_the_manifest_lacks_refuses_another_runs_file_and_m
     r = cli("score", results, "--manifest", manifest, "--out", tmp_path / "new" / "dir" / "s.jsonl", "--json")
     assert r.returncode == 0, r.stderr
     assert len((tmp_path / "new" / "dir" / "s.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_column_is_read_past_a_bad_record_and_score_reads_images_under_the_image_root(images, tmp_path):
+    """sweep --by with --skip-bad: a bad record (its error row in no group) does not stop reading the column;
+    score --image-root hands a reward function the image paths infer --image-root did (VLM-R1's image_path)."""
+    from vlmfast.run.rescore import manifest_column
+
+    root = tmp_path / "imgs"
+    root.mkdir()
+    (root / "a.png").write_bytes(images[0].read_bytes())
+    lines = [{"id": "a", "image": "a.png", "conversations": [{"from": "human", "value": "<image>Q?"},
+                                                            {"from": "gpt", "value": "<answer>1</answer>"}], "kind": "x"},
+             {"id": "b", "image": "a.png", "prompt": "Q", "scorer": "exactt", "kind": "y"}]  # a bad scorer
+    manifest = tmp_path / "m" / "val.jsonl"
+    manifest.parent.mkdir()
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert manifest_column("kind", str(manifest)) == {"a": "x"}
+    manifest.write_text(json.dumps(lines[0]) + "\n")
+    reward = tmp_path / "seen.py"
+    reward.write_text("import os\n\ndef seen(completions, image_path, **kwargs):\n"
+                      "    return [float(os.path.exists(p[0])) for p in image_path]\n")
+    results = _results(tmp_path / "r.jsonl", [("a", "1")])
+    r = cli("score", results, "--manifest", manifest, "--reward", f"{reward}:seen", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["accuracy"] == 0.0  # under the manifest's folder: not there
+    r = cli("score", results, "--manifest", manifest, "--image-root", root, "--reward", f"{reward}:seen", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["accuracy"] == 1.0, r.stderr
+    r = cli("score", results, "--manifest", manifest, "--image-root", tmp_path / "nope", "--json")
+    assert r.returncode == 2 and "no such folder" in r.stderr

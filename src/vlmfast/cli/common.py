@@ -71,12 +71,13 @@ def _declared():
     from vlmfast.engines.rows import GenerationSettings
     from vlmfast.run.options import InferOptions
 
-    names = ("prompt_key", "answer_key", "image_key", "scorer", "iou", "bbox_space", "reward", "reward_weights",
-             "reward_kwargs", "reward_threshold")
+    names = ("prompt_key", "answer_key", "image_key", "image_root", "scorer", "iou", "bbox_space", "reward",
+             "reward_weights", "reward_kwargs", "reward_threshold")
     return (*annotated(InferOptions, *names), *annotated(GenerationSettings, "max_new_tokens"))
 
 
-PromptKey, AnswerKey, ImageKey, Scorer, Iou, BboxSpace, Reward, RewardWeights, RewardKwargs, RewardThreshold, MaxNew = _declared()
+(PromptKey, AnswerKey, ImageKey, ImageRoot, Scorer, Iou, BboxSpace, Reward, RewardWeights, RewardKwargs, RewardThreshold,
+ MaxNew) = _declared()
 
 
 def _version(value: bool):

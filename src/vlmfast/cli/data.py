@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vlmfast.cli.common import (AnswerKey, BboxSpace, Command, ImageKey, Iou, Json, PromptKey, Reward, RewardKwargs,
+from vlmfast.cli.common import (AnswerKey, BboxSpace, Command, ImageKey, ImageRoot, Iou, Json, PromptKey, Reward, RewardKwargs,
                                 RewardThreshold, RewardWeights, Scorer, choice, command, guarded)
 
 
@@ -19,6 +19,7 @@ def score(
     prompt_key: PromptKey = None,
     answer_key: AnswerKey = None,
     image_key: ImageKey = None,
+    image_root: ImageRoot = None,
     scorer: Scorer = "auto",
     iou: Iou = 0.5,
     bbox_space: BboxSpace = None,
@@ -42,14 +43,18 @@ def score(
         from vlmfast.files import check_output_file
         from vlmfast.inputs.datasets import DatasetKeys
 
+        from vlmfast.run.options import check_image_root
+
         if out is not None:
             check_output_file("--out", out)
+        check_image_root(image_root)
         check_reward_options(reward, weights=reward_weights, kwargs=reward_kwargs, threshold=reward_threshold)
         scoring = load_rewards(reward, weights=reward_weights, kwargs=reward_kwargs,
                                threshold=reward_threshold) if reward else None
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
                                bbox_space=bbox_space, out=out, reward=scoring, skip_bad=skip_bad,
-                               keys=DatasetKeys(prompt_key, answer_key, image_key), by=by)  # the columns infer read
+                               keys=DatasetKeys(prompt_key, answer_key, image_key), by=by,  # the columns and images infer read
+                               image_root=image_root)
         render_scores(str(results), summary)
         if json_out:
             print_json(summary)

@@ -243,20 +243,20 @@ def write_manifest(rows: list[dict], out_path: str) -> Path:
     return out
 
 
-def read_truths(manifest: str, keys=None) -> dict[str, tuple[object, str | None]]:
+def read_truths(manifest: str, keys=None, image_root: str | None = None) -> dict[str, tuple[object, str | None]]:
     """id → (truth, scorer) for every record of a manifest, read exactly as a run reads it (same ids,
     same ground-truth fields; ``keys``: a dataset's columns, as the run's ``--prompt-key`` … gave them)."""
-    return {r.id: (r.truth, r.scorer) for r in _good_requests(manifest, keys)}
+    return {r.id: (r.truth, r.scorer) for r in _good_requests(manifest, keys, image_root)}
 
 
-def _good_requests(manifest: str, keys=None) -> list[Request]:
+def _good_requests(manifest: str, keys=None, image_root: str | None = None, skip_bad: bool = False) -> list[Request]:
     # prompts and images do not matter for scoring: a TSV's or dataset's images are not decoded or checked
-    items, _ = read_manifest(manifest, default_prompt="-", keys=keys, images=False)
+    items, _ = read_manifest(manifest, default_prompt="-", keys=keys, images=False, image_root=image_root)
     bad = [p for r in items if not isinstance(r, Request) for p in r.problems]
-    if bad:
+    if bad and not skip_bad:
         raise InputError(f"{len(bad)} bad manifest record(s):\n" + "\n".join(f"  - {p}" for p in bad[:50]),
                          hint=f"fix them (scorers are: {', '.join(SCORERS)})", problems=[str(p) for p in bad])
-    return items
+    return [r for r in items if isinstance(r, Request)]
 
 
 def truth_fields(manifest: str, keys=None) -> tuple[str, str, str]:
@@ -286,9 +286,10 @@ def truth_fields(manifest: str, keys=None) -> tuple[str, str, str]:
     return looked, ", ".join(f'"{k}"' for k in first) or "no fields", hint
 
 
-def read_reward_truths(manifest: str, keys=None) -> dict[str, dict]:
+def read_reward_truths(manifest: str, keys=None, image_root: str | None = None, skip_bad: bool = False) -> dict[str, dict]:
     """id → what a trainer's reward function is handed of each manifest record: ``manifest_truth`` (the
     ground truth byte for byte as the line holds it), ``record`` (the line itself), ``data_source`` and
-    ``ground_truth``/``scorer`` as :func:`read_truths` gives them. Same records, same ids as a run."""
-    return {r.id: r.truth_record() for r in _good_requests(manifest, keys)}
+    ``ground_truth``/``scorer`` as :func:`read_truths` gives them. Same records, same ids as a run (its
+    ``image_root`` too: VLM-R1's rewards get the image paths). ``skip_bad``: bad records left out, not raised."""
+    return {r.id: r.truth_record() for r in _good_requests(manifest, keys, image_root, skip_bad)}
 

@@ -64,6 +64,9 @@ class BenchOptions:
         None, help="Exit 5 when ckpt accuracy < base accuracy − X (needs ground truth in --manifest).", panel=GATES)
 
     def __post_init__(self):
+        from vlmfast.run.options import check_image_root
+
+        check_image_root(self.image_root)
         self.batch_sizes = _batch_sizes(self.batch_sizes)
         self.engines = _engines(self.engines)
         if self.synthetic is not None and self.synthetic < 1:

@@ -153,9 +153,7 @@ class InferOptions:
         check_choice("--fingerprint", self.fingerprint, ("sampled", "full"))
         check_choice("--scorer", self.scorer, SCORERS)
         check_choice("--template", self.template, tuple(TEMPLATES))
-        if self.image_root is not None and not Path(self.image_root).is_dir():  # else every image reads "file not found"
-            raise UsageError(f"--image-root {self.image_root}: no such folder", hint="give the folder the manifest's "
-                             "relative image paths are under")
+        check_image_root(self.image_root)
         if self.format_prompt is not None and self.template != "plain":
             raise UsageError(f"--format-prompt and --template {self.template} both shape the prompt",
                              hint="drop one of them")
@@ -195,3 +193,10 @@ def _batch_size(value) -> int | None:
     if isinstance(number, bool) or not isinstance(number, int) or number < 1:
         raise UsageError(f"--batch-size {value}: expected a positive integer or auto", hint="e.g. --batch-size 8")
     return number
+
+
+def check_image_root(image_root: str | None) -> None:
+    """A UsageError when ``--image-root`` names no folder (else every image would read "file not found")."""
+    if image_root is not None and not Path(image_root).is_dir():
+        raise UsageError(f"--image-root {image_root}: no such folder",
+                         hint="give the folder the manifest's relative image paths are under")

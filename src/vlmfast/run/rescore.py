@@ -119,7 +119,8 @@ def _check_matches(rows: list[dict], truths: dict, results: Path, manifest: str,
 
 
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
-                 out: Path | None = None, reward=None, skip_bad: bool = False, keys=None, by: str | None = None) -> dict:
+                 out: Path | None = None, reward=None, skip_bad: bool = False, keys=None, by: str | None = None,
+                 image_root: str | None = None) -> dict:
     """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
     ``manifest``: the summary (:func:`vlmfast.evaluation.stats.summarize`) plus what was matched. ``bbox_space``
     None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
@@ -140,9 +141,9 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
                          'with "id" and "text" per row')
     rows, notes = read_result_rows(results)
-    truths = read_truths(manifest, keys)
+    truths = read_truths(manifest, keys, image_root)
     _check_matches(rows, truths, results, manifest, keys)
-    lines = read_reward_truths(manifest, keys) if reward is not None or by else None
+    lines = read_reward_truths(manifest, keys, image_root) if reward is not None or by else None
     values = _column_values(by, lines, rows, manifest, results) if by else None  # checked before anything is written
     if reward is not None:
         scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, lines, skip_bad=skip_bad))]
@@ -201,11 +202,12 @@ def _refuse_another_runs_file(out: Path, results: Path) -> None:
 
 
 def manifest_column(column: str, manifest: str, keys=None, lines: dict[str, dict] | None = None) -> dict[str, object]:
-    """id → the value of ``column`` (dotted for a nested one) in each record of ``manifest`` (``lines``: its
-    :func:`read_reward_truths`, when read already); an error naming the columns there are when no record has it."""
+    """id → the value of ``column`` (dotted for a nested one) in each good record of ``manifest`` (``lines``:
+    its :func:`read_reward_truths`, when read already; a bad record is in no group, as its error row is in none);
+    an error naming the columns there are when no record has it."""
     from vlmfast.inputs.datasets import dig
 
-    records = {rid: line.get("record") for rid, line in (lines or read_reward_truths(manifest, keys)).items()}
+    records = {rid: line.get("record") for rid, line in (lines or read_reward_truths(manifest, keys, skip_bad=True)).items()}
     values = {rid: dig(record, column) for rid, record in records.items() if isinstance(record, dict)}
     if any(v is not None for v in values.values()):
         return values
