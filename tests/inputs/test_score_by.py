@@ -114,3 +114,22 @@ def test_a_column_is_read_past_a_bad_record_and_score_reads_images_under_the_ima
     assert r.returncode == 0 and json.loads(r.stdout)["accuracy"] == 1.0, r.stderr
     r = cli("score", results, "--manifest", manifest, "--image-root", tmp_path / "nope", "--json")
     assert r.returncode == 2 and "no such folder" in r.stderr
+
+
+def test_score_refuses_rows_that_answered_other_requests_than_their_ids_name_now(images, tmp_path):
+    """A line inserted at the top of a manifest whose lines have no ids moves the ids of the later lines about the
+    same image: the rows (which carry their prompt and images) are refused, not judged against other truths."""
+    image = str(images[0])
+    manifest = tmp_path / "m.jsonl"
+    lines = [{"image": image, "prompt": q, "solution": a} for q, a in (("What color?", "red"), ("How many?", "2"))]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = [{"id": image, "text": "<answer>red</answer>", "prompt": "What color?", "images": [image]},
+            {"id": f"{image}#2", "text": "<answer>2</answer>", "prompt": "How many?", "images": [image]}]
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cli("score", results, "--manifest", manifest, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["accuracy"] == 1.0
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in [{"image": image, "prompt": "Light?", "solution": "no"}]
+                                + lines))
+    r = cli("score", results, "--manifest", manifest, "--json")
+    assert r.returncode == 2 and "answered other requests than" in r.stderr, r.stderr

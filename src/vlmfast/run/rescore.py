@@ -118,6 +118,33 @@ def _check_matches(rows: list[dict], truths: dict, results: Path, manifest: str,
                          f"{looked}; the records have {found}", hint=hint)
 
 
+def _refuse_other_requests(rows: list[dict], manifest: str, keys, image_root, results: Path) -> None:
+    """An InputError when rows that carry their prompt or images (vlmfast's do) answered other requests than
+    their ids name in ``manifest`` now: a line added or removed moves the ids given by position (or by an
+    image's rank), and scoring them would judge answers against other questions' truths."""
+    import os
+
+    from vlmfast.inputs.convert import _good_requests
+
+    asked = {r.id: r for r in _good_requests(manifest, keys, image_root)}  # read once: the reader keeps the last
+    other = []
+    for row in rows:
+        request, prompt, images = asked.get(str(row["id"])), row.get("prompt"), row.get("images")
+        if request is None:
+            continue
+        question = request.prompt.strip() if request.prompt != "-" else ""  # "-": the record had no prompt of its own
+        names = [os.path.basename(str(p)) for p in images] if isinstance(images, list) else None
+        if (question and isinstance(prompt, str) and question not in prompt) or (
+                names is not None and request.images and names != [os.path.basename(p) for p in request.images]):
+            other.append(str(row["id"]))
+    if other:
+        other = list(dict.fromkeys(other))
+        raise InputError(f"{len(other)} row id(s) of {results} answered other requests than {manifest} names by them now "
+                         f"({', '.join(other[:5])}{' …' if len(other) > 5 else ''}): another prompt or other images",
+                         hint="give the manifest the results were made from (ids by position move when lines are added "
+                              "or removed)")
+
+
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
                  out: Path | None = None, reward=None, skip_bad: bool = False, keys=None, by: str | None = None,
                  image_root: str | None = None) -> dict:
@@ -143,6 +170,7 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     rows, notes = read_result_rows(results)
     truths = read_truths(manifest, keys, image_root)
     _check_matches(rows, truths, results, manifest, keys)
+    _refuse_other_requests(rows, manifest, keys, image_root, results)
     lines = read_reward_truths(manifest, keys, image_root) if reward is not None or by else None
     values = _column_values(by, lines, rows, manifest, results) if by else None  # checked before anything is written
     if reward is not None:
