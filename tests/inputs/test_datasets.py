@@ -474,3 +474,21 @@ def test_relative_image_paths_of_a_dataset_are_read_under_the_image_root(images,
     got = collect(manifest=str(tmp_path / "val.parquet"), image_root=str(root))
     assert not got.bad and [r.images for r in got.requests] == [(str(root / "0.png"),), (str(root / "1.png"),)]
     assert [r.image_sizes for r in got.requests] == [(Image.open(p).size,) for p in images[:2]]
+
+
+def test_verl_rows_of_two_sources_sharing_an_index_are_named_by_source_and_index(images, tmp_path):
+    """verl's preprocessing restarts extra_info.index for each dataset; a file joining two of them held
+    duplicate ids and could not run."""
+    png = images[0].read_bytes()
+    pq.write_table(pa.table({
+        "data_source": ["geo3k", "geo3k", "chartqa", "chartqa"],
+        "prompt": [[{"role": "user", "content": f"<image>Q{k}"}] for k in range(4)],
+        "images": [[{"bytes": png, "path": None}]] * 4,
+        "reward_model": [{"ground_truth": str(k)} for k in range(4)],
+        "extra_info": [{"index": k % 2} for k in range(4)]}), tmp_path / "test.parquet")
+    got = collect(manifest=str(tmp_path / "test.parquet"))
+    assert not got.fatal and [r.id for r in got.requests] == ["geo3k:0", "geo3k:1", "chartqa:0", "chartqa:1"]
+    pq.write_table(pa.table({"data_source": ["geo3k"] * 2, "prompt": [[{"role": "user", "content": "<image>Q"}]] * 2,
+                             "images": [[{"bytes": png, "path": None}]] * 2, "reward_model": [{"ground_truth": "1"}] * 2,
+                             "extra_info": [{"index": 0}, {"index": 1}]}), tmp_path / "one.parquet")
+    assert [r.id for r in collect(manifest=str(tmp_path / "one.parquet")).requests] == ["0", "1"]  # unique: as before

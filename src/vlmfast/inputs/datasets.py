@@ -126,7 +126,24 @@ def read_dataset(path: str, default_prompt: str | None, keys: DatasetKeys | None
                 number += 1
     if not items:
         raise InputError(f"manifest {path} holds no rows", hint="give a dataset with at least one row")
-    return items, []
+    return _ids_by_source(items), []
+
+
+def _ids_by_source(items: list) -> list:
+    """verl's rows are named by ``extra_info.index``, which restarts for each dataset a file joins: where two
+    rows share one, each is named ``data_source:index`` (an explicit ``id`` column repeated stays a duplicate)."""
+    from collections import Counter
+
+    seen = Counter(item.id for item in items)
+
+    def renamed(item):
+        request = item if isinstance(item, Request) else getattr(item, "request", None)
+        record = getattr(request, "record", None) or {}
+        if seen[item.id] < 2 or "id" in record or request is None or not request.data_source:
+            return item
+        return dataclasses.replace(item, id=f"{request.data_source}:{item.id}")
+
+    return [renamed(item) for item in items]
 
 
 def _schema(part: Part) -> tuple[list[str], dict[str, list[str]]]:
