@@ -24,7 +24,7 @@ def test_accuracy_per_tsv_category(images, tmp_path):
     by = json.loads(r.stdout)["by"]
     assert by["column"] == "category" and by["rows_without_value"] == 1
     assert list(by["groups"]) == ["color", "count"]  # the largest group first
-    assert by["groups"]["color"] == {"rows": 2, "scored": 2, "accuracy": 0.5, "mean_score": 0.5, "answer_parse_failures": 0}
+    assert by["groups"]["color"] == {"rows": 2, "requests": 2, "scored": 2, "accuracy": 0.5, "mean_score": 0.5, "answer_parse_failures": 0}
     assert by["groups"]["count"]["accuracy"] == 1.0
     assert "by category" in r.stderr and "1 row without a category" in r.stderr
 

@@ -100,3 +100,14 @@ def test_a_sweep_where_every_checkpoint_scores_the_same_names_no_best(monkeypatc
     lines = out.getvalue().splitlines()
     assert "best: a tie — every checkpoint scored 0.0%; none is better than another" in lines
     assert not any(line.startswith("best: base") for line in lines)
+
+
+def test_sweep_by_names_a_tie_not_a_best_step(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=120, highlight=False, soft_wrap=True))
+    checkpoints = [{"step": s, "label": "hf-trainer", "by": {"shape": {"requests": 2, "scored": 4, "accuracy": 0.0},
+                                                              "color": {"requests": 2, "scored": 4, "accuracy": a}}}
+                   for s, a in ((100, 0.25), (200, 0.5))]
+    terminal._sweep_groups({"by": "category", "checkpoints": checkpoints})
+    said = out.getvalue()
+    assert "best step by category: color: 200 (50.0%) · shape: a tie (0.0%)" in said and "shape (2)" in said, said

@@ -685,7 +685,8 @@ def test_sweep_by_a_column_gives_each_checkpoint_s_accuracy_per_value_and_the_be
         want = {kind: sum(r["correct"] for k, r in enumerate(rows) if (k % 2 == 0) == (kind == "even")) / 2
                 for kind in ("even", "odd")}
         assert {k: g["accuracy"] for k, g in c["by"].items()} == want and all(g["scored"] == 2 for g in c["by"].values())
-    assert report["checkpoints"][1]["by"] == {"even": {"scored": 2, "accuracy": 1.0}, "odd": {"scored": 2, "accuracy": 1.0}}
+    assert report["checkpoints"][1]["by"] == {"even": {"requests": 2, "scored": 2, "accuracy": 1.0},
+                                                  "odd": {"requests": 2, "scored": 2, "accuracy": 1.0}}
     out = io.StringIO()
     monkeypatch.setattr(terminal, "stderr", Console(file=out, width=120, highlight=False))
     terminal.render_sweep(report)

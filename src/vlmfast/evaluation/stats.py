@@ -108,7 +108,8 @@ def by_value(rows: list[dict], values: dict[str, object], column: str) -> dict:
               for name, members in groups.items()}
     order = sorted(groups, key=lambda name: (-len(scored[name]), name))
     return {"column": column, "rows_without_value": missing,
-            "groups": {name: {"rows": len(groups[name]), **_score_stats(scored[name])} for name in order}}
+            "groups": {name: {"rows": len(groups[name]), "requests": len({str(r.get("id")) for r in groups[name]}),
+                              **_score_stats(scored[name])} for name in order}}
 
 
 def _group_name(value) -> str:

@@ -214,7 +214,7 @@ def _sweep_groups(report: dict, shown: int = 6) -> None:
     sizes: dict[str, int] = {}
     for c in checkpoints:
         for name, g in c["by"].items():
-            sizes[name] = max(sizes.get(name, 0), g["scored"])
+            sizes[name] = max(sizes.get(name, 0), g.get("requests", g["scored"]))  # requests, not answers (--n)
     names = sorted(sizes, key=lambda n: (-sizes[n], n))[:shown]
     if not names:
         return
@@ -230,7 +230,9 @@ def _sweep_groups(report: dict, shown: int = 6) -> None:
     best = []
     for name in names:
         scored = [c for c in checkpoints if (c["by"].get(name) or {}).get("accuracy") is not None]
-        if scored:
+        if len({c["by"][name]["accuracy"] for c in scored}) == 1 and len(scored) > 1:  # nothing to choose
+            best.append(f"{escape(name)}: a tie ({_pct(scored[0]['by'][name]['accuracy'])})")
+        elif scored:
             top = max(scored, key=lambda c: (c["by"][name]["accuracy"], -c["step"]))
             best.append(f"{escape(name)}: {label(top)} ({_pct(top['by'][name]['accuracy'])})")
     stderr.print(f"best step by {escape(report['by'])}: " + " · ".join(best)

@@ -315,7 +315,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
     if by is not None:  # --by: accuracy per value of the column, answers a reward raised on counted wrong as above
         from vlmfast.evaluation.stats import by_value
 
-        figures["by"] = {name: {"scored": g["scored"], "accuracy": g["accuracy"]}
+        figures["by"] = {name: {"requests": g["requests"], "scored": g["scored"], "accuracy": g["accuracy"]}
                          for name, g in by_value(rows, by, options.by)["groups"].items()}
     from vlmfast.run.sweep_record import MEASURED, fingerprint_figures, measured, record
     figures.update(fingerprint_figures(weights_id))  # an adapter's covers its base's weights, or says it does not
