@@ -26,7 +26,8 @@ def main(out: Path) -> None:
     from vlmfast.engines.rows import GenerationSettings
     from vlmfast.evaluation.scoring import score_row
     from vlmfast.run.options import InferOptions
-    from vlmfast.run.sweep import SweepOptions, sweep, write_sweep_dir
+    from vlmfast.run.sweep import SweepOptions, sweep
+    from vlmfast.run.sweep_page import write_sweep_dir
 
     out = out.resolve()
     with tempfile.TemporaryDirectory() as tmp:
