@@ -83,6 +83,14 @@ def parse_messages(messages, system=None):
     return question.replace("<image>", "").strip(), system, reply
 
 
+def first_image(record: dict) -> str | None:
+    """The first image a manifest record names, as it writes it (a line without an id is named by it), or None."""
+    images = record.get("images", record.get("image"))
+    first = images[0] if isinstance(images, list) and images else images
+    first = first.get("path") if isinstance(first, dict) else first
+    return first if isinstance(first, str) and first else None
+
+
 def content_text(content) -> str:
     """The text of a chat turn's content: a string, or OpenAI-style parts (text parts joined)."""
     if isinstance(content, str):

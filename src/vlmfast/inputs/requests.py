@@ -21,7 +21,7 @@ from vlmfast.evaluation.scoring import SCORERS, truth_text
 # the records every input reader makes (this module's JSONL and folders, and the datasets reader), kept
 # importable from here, where callers found them
 from vlmfast.inputs.records import (DEFAULT_MAX_IMAGE_PIXELS, BadInput, Problem, Request, check_images,  # noqa: F401
-                                    content_text, parse_messages, resolve_relative)
+                                    content_text, first_image, parse_messages, resolve_relative)
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
@@ -119,12 +119,11 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
     """:func:`_read_manifest`, read again only when the manifest's files changed (a sweep reads its inputs
     for every checkpoint: a VLMEvalKit TSV's images were decoded anew each time, seconds per checkpoint)."""
     key = (_files_state(path), default_prompt, keys, max_image_pixels, images, image_root)
-    if key[0] is None or key not in _LAST_READ:
+    if key[0] is None:  # its files cannot be told: read each time
+        return _read_manifest(path, default_prompt, keys, max_image_pixels, images=images, image_root=image_root)
+    if key not in _LAST_READ:
         _LAST_READ.clear()
-        result = _read_manifest(path, default_prompt, keys, max_image_pixels, images=images, image_root=image_root)
-        if key[0] is None:
-            return result
-        _LAST_READ[key] = result
+        _LAST_READ[key] = _read_manifest(path, default_prompt, keys, max_image_pixels, images=images, image_root=image_root)
     items, warnings = _LAST_READ[key]
     return list(items), list(warnings)
 
@@ -209,7 +208,7 @@ def _read_manifest(path: str, default_prompt: str | None, keys=None, max_image_p
         else:
             unknown.update(set(record) - MANIFEST_KEYS)
         rid = record.get("id")
-        if rid is None and (first := _first_image(record)) is not None:  # ranked whether or not the line is good:
+        if rid is None and (first := first_image(record)) is not None:  # ranked whether or not the line is good:
             by_image[first] = rank = by_image.get(first, 0) + 1  # mending a bad line moves no other line's id
             rid = first if rank == 1 else f"{first}#{rank}"
         try:
@@ -225,14 +224,6 @@ def _read_manifest(path: str, default_prompt: str | None, keys=None, max_image_p
     if not items:
         raise InputError(f"manifest {path} holds no records", hint="write one JSON object per line")
     return items, warnings
-
-
-def _first_image(record: dict) -> str | None:
-    """The first image a record names as it writes it (a line without an id is named by it), or None."""
-    images = record.get("images", record.get("image"))
-    first = images[0] if isinstance(images, list) and images else images
-    first = first.get("path") if isinstance(first, dict) else first
-    return first if isinstance(first, str) and first else None
 
 
 def _refuse_json_array(raw: bytes, path: str) -> None:
