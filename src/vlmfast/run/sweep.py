@@ -19,7 +19,8 @@ from pathlib import Path
 
 from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted
 from vlmfast.run.sweep_options import SweepOptions
-from vlmfast.run.sweep_record import base_notes, judge_all_raised, same_weights_notes
+from vlmfast.run.rescore import judge_all_raised
+from vlmfast.run.sweep_record import base_notes, same_weights_notes
 
 SCHEMA = "vlmfast.sweep/1"
 

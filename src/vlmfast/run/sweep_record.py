@@ -291,31 +291,6 @@ def same_weights_notes(figures: list[dict]) -> list[str]:
 
 
 
-def judge_all_raised(figures: list[dict], tables: dict) -> list[str]:
-    """A checkpoint whose every answer the reward function raised on (``--skip-bad``) has no accuracy of its
-    own. Where the function scored other checkpoints' answers, it works, and these are answers it could not
-    take: judged wrong as other steps' raised answers are (figures and per-request table updated in place),
-    so the step ranks with the rest. Returns what to say."""
-    from vlmfast.evaluation.flags import per_request, reward_errors_as_wrong
-    from vlmfast.evaluation.samples import request_interval
-    from vlmfast.run.results import read_existing
-
-    if not any(f["accuracy"] is not None for f in figures):
-        return []
-    said = []
-    for f in figures:
-        answered = f.get("rows", 0) - f.get("errors", 0)
-        if f["accuracy"] is None and answered and f.get("reward_errors") == answered and Path(f["results"]).is_file():
-            rows, raised = reward_errors_as_wrong(list(read_existing(Path(f["results"]), repair=False)[0].values()), True)
-            tables[f["step"]] = per_request(rows)
-            low, high = request_interval([score for score, _, _ in tables[f["step"]].values()])
-            f.update(scored=raised, accuracy=0.0, ci_low=None if low is None else round(low, 4),
-                     ci_high=None if high is None else round(high, 4))
-            said.append(f"{'base' if f['label'] == 'base' else 'step ' + str(f['step'])}: the reward function raised on "
-                        "every answer (--skip-bad), where it scored other checkpoints': they count as wrong")
-    return said
-
-
 def manifest_state(manifest) -> dict | None:
     """What a resume needs to tell whether ``manifest`` changed: its digest, and a file's size (None: no manifest)."""
     if not manifest or not Path(manifest).exists():
