@@ -140,7 +140,8 @@ def test_a_clear_difference_keeps_a_small_p_value():
     ckpt = [{"id": f"q{i}", "correct": True, "error": None} for i in range(100)]
     got = compare(ckpt, base)
     assert got["p_value"] == float(f"{2 / 2 ** 100:.4g}") and got["p_value"] > 0  # not rounded away to 0.0
-    assert (got["difference"], got["ci_low"], got["ci_high"]) == (1.0, 1.0, 1.0)
+    # 100 of 100 flipped up: the exact interval's low end is 2·0.025^(1/100) − 1, not the bootstrap's 1.0
+    assert (got["difference"], got["ci_low"], got["ci_high"]) == (1.0, round(2 * 0.025 ** 0.01 - 1, 4), 1.0)
 
 
 def test_without_base_only_the_rules_that_need_none():
@@ -180,3 +181,27 @@ def test_collapse_after_peak_bounds():
     flags = flag_run(run((100, 0.5), (200, 0.8), (300, 0.69)), {}, base_step=None)
     assert [(f["code"], f["step"], f["figure"], f["threshold"]) for f in flags] == [("collapse_after_peak", 300, 0.69, 0.7)]
     assert flag_run(run((100, 0.2), (200, 0.8)), {}, base_step=None) == []  # before the peak: still learning
+
+
+def test_with_several_answers_the_test_judges_the_mean_the_steps_are_ranked_by():
+    """--n: the best is ranked by mean correctness; a step 0.6 points below it (interval −12 … +11 points) whose
+    majority votes are right on 13 more requests and wrong on none must not be "told apart and below it"."""
+    from vlmfast.evaluation.best import ALPHA
+
+    def answers(spec):
+        return [{"id": f"q{i}", "sample": s, "text": f"<answer>{'A' if s < c else 'B'}</answer>", "correct": s < c,
+                 "score": float(s < c), "format_ok": True, "error": None} for i, c in enumerate(spec) for s in range(4)]
+
+    best, later = answers([4] * 20 + [1] * 20), answers([3] * 33 + [0] * 7)  # means 0.625 and 0.619
+    got = compare(later, best)
+    assert got["difference"] < 0 and got["wrong_to_right"] == 13 and got["right_to_wrong"] == 0
+    assert got["p_value"] >= ALPHA
+    figures = [{"step": 100, "accuracy": 0.625, "ci_low": None}, {"step": 200, "accuracy": 0.6188, "ci_low": None}]
+    assert not [f for f in flag_run(figures, {100: best, 200: later}) if f["code"] == "collapse_after_peak"]
+
+
+def test_with_one_answer_per_request_the_test_is_still_mcnemar():
+    from vlmfast.evaluation.stats import mcnemar_exact, sign_flip_exact
+
+    assert sign_flip_exact([1.0] * 9 + [-1.0] * 2 + [0.0] * 5) == pytest.approx(mcnemar_exact(9, 2))
+    assert sign_flip_exact([0.25, 0.5, -0.25]) == pytest.approx(6 / 8)  # of the 8 sign flips, 6 reach |0.5|

@@ -187,3 +187,17 @@ def test_bench_pairs_requests_not_answers():
     rows = [{"id": "a", "sample": 0, "score": 1.0}, {"id": "a", "sample": 1, "score": 0.0},
             {"id": "b", "sample": 0, "score": None}, {"id": "b", "sample": 1, "score": None}]
     assert request_means(rows) == {"a": 0.5, "b": None}
+
+
+@pytest.mark.parametrize("texts, truth, scorer", [
+    (["6", "5", "5.0", "5 apples"], "5", "number"),
+    (["B", "(A)", "A. cat", "Option A"], "A", "choice"),
+])
+def test_majority_vote_counts_answers_that_score_as_one_as_one(texts, truth, scorer):
+    """3 of 4 answers say the right number / option, spelled three ways: the majority answer is right."""
+    from vlmfast.evaluation.scoring import score_row
+
+    rows = [{"id": "q", "sample": i, "text": f"<answer>{t}</answer>",
+             **score_row({"id": "q", "text": f"<answer>{t}</answer>"}, truth, scorer)} for i, t in enumerate(texts)]
+    assert [r["correct"] for r in rows] == [False, True, True, True]
+    assert majority_correct(rows)

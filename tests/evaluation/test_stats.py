@@ -64,12 +64,14 @@ def test_paired_comparison_binary():
     assert r["n"] == 20
     assert (r["accuracy_a"], r["accuracy_b"]) == (0.75, 0.45)
     assert r["difference"] == pytest.approx(0.3)
-    assert r["ci_low"] < r["difference"] < r["ci_high"]
-    # normal approximation: 0.3 ± 1.96·sqrt(0.31/20) ≈ [0.056, 0.544]
-    assert r["ci_low"] == pytest.approx(0.056, abs=0.06) and r["ci_high"] == pytest.approx(0.544, abs=0.06)
     assert r["discordant"] == {"a_better": 7, "b_better": 1}
     # exact McNemar: 2 · (C(8,0) + C(8,1)) / 2^8 = 18/256
     assert r["p_value"] == pytest.approx(18 / 256)
+    # the interval that test inverts (Clopper–Pearson of 7 of 8, statsmodels' "beta": [0.4735, 0.9968], as
+    # 8/20 · (2·share − 1)); p > 0.05, so it holds 0 — a bootstrap's [0.1, 0.5] (or the normal
+    # approximation's [0.056, 0.544]) would call the difference clear where the exact test does not
+    assert r["ci_low"] == pytest.approx(-0.02121, abs=1e-4) and r["ci_high"] == pytest.approx(0.39745, abs=1e-4)
+    assert r["ci_low"] < 0 < r["difference"] < r["ci_high"]
     assert paired_comparison(a, b, resamples=2000, seed=1) == r  # deterministic for a seed
 
 
@@ -78,7 +80,8 @@ def test_paired_comparison_edges():
     assert empty["n"] == 0
     assert all(empty[k] is None for k in ("accuracy_a", "accuracy_b", "difference", "ci_low", "ci_high", "p_value", "discordant"))
     one = paired_comparison({"x": 1}, {"x": 0}, resamples=50)
-    assert (one["n"], one["difference"], one["ci_low"], one["ci_high"]) == (1, 1.0, 1.0, 1.0)
+    assert (one["n"], one["difference"], one["ci_high"]) == (1, 1.0, 1.0)
+    assert one["ci_low"] == pytest.approx(-0.95)  # one request flipped up tells little: 2·0.025 − 1
     assert one["p_value"] == 1.0  # one discordant pair: 2 · ½ = 1
     graded = paired_comparison({"x": 0.5, "y": 1.0, "z": None}, {"x": 0.25, "y": 1.0, "z": 1.0}, resamples=50)
     assert graded["n"] == 2 and graded["p_value"] is None and graded["difference"] == pytest.approx(0.125)
@@ -93,6 +96,18 @@ def test_mcnemar_exact(a_only, b_only, p):
     assert mcnemar_exact(a_only, b_only) == pytest.approx(p)
 
 
+def test_the_binary_interval_agrees_with_the_exact_test():
+    """For 0/1 scores the interval leaves out 0 exactly when McNemar's exact p is below 0.05, at every split of
+    up to 60 discordant requests; and it matches Clopper–Pearson at thousands of them."""
+    for m in range(1, 61):
+        for up in range(m + 1):
+            r = paired_comparison({i: int(i < up) for i in range(m)}, {i: int(i >= up) for i in range(m)})
+            assert (r["ci_low"] > 0 or r["ci_high"] < 0) == (r["p_value"] < 0.05), (up, m - up)
+    big = paired_comparison({i: int(i < 5100) for i in range(10_000)}, {i: int(i >= 5100) for i in range(10_000)})
+    # statsmodels' proportion_confint(5100, 10000, method="beta") = (0.50015, 0.51984), as 2·share − 1
+    assert big["ci_low"] == pytest.approx(0.00030, abs=1e-5) and big["ci_high"] == pytest.approx(0.03969, abs=1e-5)
+
+
 def test_mcnemar_large_counts_do_not_underflow():
     p = mcnemar_exact(1500, 1400)
     assert 0 < p < 1 and math.isfinite(p)
@@ -104,16 +119,17 @@ def test_bootstrap_by_counts_matches_resampling_items(monkeypatch):
     a difference the same on every pair has no spread; each is deterministic for its seed."""
     import sys
 
-    pattern = [(1, 0)] * 60 + [(0, 1)] * 20 + [(1, 1)] * 200 + [(0, 0)] * 120
+    # per-request means of two answers (the bootstrap's case; 0/1 scores get the exact interval)
+    pattern = [(1, 0.5)] * 60 + [(0.5, 1)] * 20 + [(1, 1)] * 200 + [(0.5, 0.5)] * 120
     a = {i: x for i, (x, _) in enumerate(pattern)}
     b = {i: y for i, (_, y) in enumerate(pattern)}
-    # mean 0.1, sd of the differences sqrt(0.2 − 0.01): the 95 % half-width 1.96 · sqrt(0.19 / 400) ≈ 0.0427
+    # mean 0.05, sd of the differences sqrt(0.05 − 0.0025): the 95 % half-width 1.96 · sqrt(0.0475 / 400) ≈ 0.0214
     by_counts = paired_comparison(a, b, resamples=4000, seed=3)
     monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy now raises ImportError
     by_items = paired_comparison(a, b, resamples=4000, seed=3)
     assert by_items == paired_comparison(a, b, resamples=4000, seed=3)
     for r in (by_counts, by_items):
-        assert r["difference"] == pytest.approx(0.1)
-        assert r["ci_low"] == pytest.approx(0.1 - 0.0427, abs=0.006) and r["ci_high"] == pytest.approx(0.1 + 0.0427, abs=0.006)
-    same = paired_comparison({i: 1 for i in range(50)}, {i: 0 for i in range(50)}, resamples=100)
-    assert (same["ci_low"], same["ci_high"]) == (1.0, 1.0)
+        assert r["difference"] == pytest.approx(0.05)
+        assert r["ci_low"] == pytest.approx(0.05 - 0.0214, abs=0.004) and r["ci_high"] == pytest.approx(0.05 + 0.0214, abs=0.004)
+    same = paired_comparison({i: 0.5 for i in range(50)}, {i: 0.25 for i in range(50)}, resamples=100)
+    assert (same["ci_low"], same["ci_high"]) == (0.25, 0.25)

@@ -3,7 +3,7 @@
 Per request (a request with several answers counts once): its score is the mean correctness of its
 answers, it is *right* when its answers' majority vote is correct (the one answer, with one), and it is
 *format-valid* when at least half of its answers are. :func:`compare` pairs two checkpoints over the
-requests both scored: the difference of their scores with its paired bootstrap interval
+requests both scored: the difference of their scores with its interval
 (:func:`vlmfast.evaluation.stats.paired_comparison`), how many requests flipped each way (right/wrong by the
 majority vote), and the exact McNemar p-value of those flips.
 
@@ -89,18 +89,27 @@ def flipped(a: list[dict] | dict, b: list[dict] | dict) -> dict[str, list[str]]:
 
 def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dict:
     """Checkpoint ``a`` against ``b`` (result rows or :func:`per_request` tables): ``n`` requests both scored,
-    ``difference`` (a − b, per-request mean correctness) with its paired bootstrap ``ci_low``/``ci_high`` (95 %,
-    10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
-    (:func:`flipped`) and ``p_value``: the exact McNemar test on those flips (4 significant digits) — with one
-    answer per request, the same as McNemar on the 0/1 scores."""
-    from vlmfast.evaluation.stats import mcnemar_exact, paired_comparison
+    ``difference`` (a − b, per-request mean correctness) with its ``ci_low``/``ci_high`` (95 %: exact for 0/1
+    scores, else a paired bootstrap of 10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
+    (:func:`flipped`) and ``p_value`` (4 significant digits): the paired test of ``difference`` — with one
+    answer per request the exact McNemar test on the flips; with several, the exact sign-flip test on the
+    per-request mean scores (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation),
+    so the test judges the figure the steps are ranked by, not the majority vote."""
+    from vlmfast.evaluation.stats import mcnemar_exact, paired_comparison, sign_flip_exact
 
     a, b = table_of(a), table_of(b)
     paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, seed=seed)
     flips = {k: len(v) for k, v in flipped(a, b).items()}
     rounded = {k: None if paired[k] is None else round(paired[k], 4) for k in ("difference", "ci_low", "ci_high")}
+    shared = [rid for rid in a if rid in b]
+    if not paired["n"]:
+        p = None
+    elif all(a[r][0] in (0.0, 1.0) and b[r][0] in (0.0, 1.0) for r in shared):
+        p = mcnemar_exact(flips["wrong_to_right"], flips["right_to_wrong"])
+    else:
+        p = sign_flip_exact([a[r][0] - b[r][0] for r in shared])
     # significant digits, not decimals: a clear difference over thousands of requests has p far below 1e-6
-    p_value = float(f"{mcnemar_exact(flips['wrong_to_right'], flips['right_to_wrong']):.4g}") if paired["n"] else None
+    p_value = None if p is None else float(f"{p:.4g}")
     return {"n": paired["n"], **rounded, "p_value": p_value, **flips}
 
 

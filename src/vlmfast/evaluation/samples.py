@@ -68,7 +68,7 @@ def majority_correct(samples: list[dict]) -> bool:
     for row in samples:
         text = row.get("text")
         answer = answer_in(text) if isinstance(text, str) else row.get("answer")
-        if isinstance(answer, str) and (key := normalize(answer)):
+        if isinstance(answer, str) and (key := _vote_key(answer, row.get("scorer"))):
             votes.setdefault(key, []).append(row)
     if not votes:
         return False
@@ -76,6 +76,19 @@ def majority_correct(samples: list[dict]) -> bool:
     voted = max(votes.values(), key=len)
     right = sum(1 for r in voted if r["correct"])
     return right * 2 > len(voted) or (right * 2 == len(voted) and bool(voted[0]["correct"]))
+
+
+def _vote_key(answer: str, scorer) -> str:
+    """What an answer votes for: the option letter (``choice``) or the number (``number``) its scorer reads, so
+    "(B)", "B. text" and "Option B", or "5", "5.0" and "5 apples", are one answer as they score as one; else its
+    normalized text."""
+    from vlmfast.evaluation.scoring import parse_choice, parse_number
+
+    if scorer == "choice" and (letter := parse_choice(answer)) is not None:
+        return f"choice:{letter}"
+    if scorer == "number" and (number := parse_number(answer)) is not None:
+        return f"number:{number[0]!r}:{number[1]}"
+    return normalize(answer)
 
 
 def summarize_samples(rows: list[dict]) -> dict:
