@@ -303,6 +303,34 @@ def test_a_step_whose_every_answer_a_working_reward_raised_on_ranks_as_all_wrong
             "they count as wrong") in report["notes"]
 
 
+def test_answers_a_step_failed_on_count_as_wrong_where_another_step_answered(run, tmp_path):
+    """A step whose run failed on some inputs (out of memory even alone, vLLM's unfinished rows) was ranked over
+    the requests it finished: 2 of 2 right beat 3 of 4. Where another step answered those requests, they count
+    as wrong; a request no step answered stays out of every step's figures."""
+    from vlmfast.run.sweep import sweep
+
+    out = tmp_path / "s"
+    options = _options(run, out, steps=(100, 200))
+    sweep(options, say=lambda _: None)
+    verdicts = {"step-100.jsonl": [1, 1, 1, 0], "step-200.jsonl": [1, 1, None, None]}  # None: the run failed on it
+    for name, marks in verdicts.items():
+        rows = read_jsonl(out / name)
+        for row, mark in zip(rows, marks):
+            row.update(score=None, correct=None, format_ok=None, text=None, error="out of memory even alone") if mark is None \
+                else row.update(score=float(mark), correct=bool(mark))
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = read_jsonl(out / "step-100.jsonl")  # q3: no step answers it
+    rows[3].update(score=None, correct=None, format_ok=None, text=None, error="out of memory even alone")
+    (out / "step-100.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = sweep(options, say=lambda _: None)  # read back, nothing generated
+    steps = {c["step"]: c for c in report["checkpoints"]}
+    assert (steps[100]["accuracy"], steps[100]["scored"]) == (1.0, 3)
+    assert (steps[200]["accuracy"], steps[200]["scored"], steps[200]["errors"]) == (round(2 / 3, 4), 3, 2)
+    assert report["best"]["step"] == 100 and steps[200]["vs_best"]["n"] == 3
+    assert any(n.startswith("step 200: 1 answer(s) the run failed on (e.g. q2: out of memory even alone) count as wrong")
+               for n in report["notes"])
+
+
 def test_the_report_carries_health_paired_figures_and_flags(run, tmp_path):
     from vlmfast.evaluation.flags import compare, per_request
     from vlmfast.run.sweep import sweep

@@ -262,9 +262,7 @@ def judge_all_raised(figures: list[dict], tables: dict) -> list[str]:
     own. Where the function scored other checkpoints' answers, it works, and these are answers it could not
     take: judged wrong as other steps' raised answers are (figures and per-request table updated in place),
     so the step ranks with the rest. Returns what to say."""
-    from vlmfast.evaluation.flags import per_request, reward_errors_as_wrong
-    from vlmfast.evaluation.samples import request_interval
-    from vlmfast.run.results import read_existing
+    from vlmfast.evaluation.flags import reward_errors_as_wrong
 
     if not any(f["accuracy"] is not None for f in figures):
         return []
@@ -272,11 +270,54 @@ def judge_all_raised(figures: list[dict], tables: dict) -> list[str]:
     for f in figures:
         answered = f.get("rows", 0) - f.get("errors", 0)
         if f["accuracy"] is None and answered and f.get("reward_errors") == answered and Path(f["results"]).is_file():
-            rows, raised = reward_errors_as_wrong(list(read_existing(Path(f["results"]), repair=False)[0].values()), True)
-            tables[f["step"]] = per_request(rows)
-            low, high = request_interval([score for score, _, _ in tables[f["step"]].values()])
-            f.update(scored=raised, accuracy=0.0, ci_low=None if low is None else round(low, 4),
-                     ci_high=None if high is None else round(high, 4))
-            said.append(f"{'base' if f['label'] == 'base' else 'step ' + str(f['step'])}: the reward function raised on "
-                        "every answer (--skip-bad), where it scored other checkpoints': they count as wrong")
+            _rejudge(f, tables, reward_errors_as_wrong(_rows_of(f), True)[0])
+            said.append(f"{_name(f)}: the reward function raised on every answer (--skip-bad), where it scored other "
+                        "checkpoints': they count as wrong")
     return said
+
+
+def judge_failed(figures: list[dict], tables: dict) -> list[str]:
+    """A checkpoint's error rows — the run failed on the input (out of memory even alone, vLLM's unfinished
+    rows) — on requests another checkpoint answered and was scored on count as wrong, as raised answers do:
+    ranking each step over the requests it happened to finish would compare steps on different requests (a
+    step with 8 of 9 right and 3 failures would rank above one with 9 of 12). Requests no step answered stay
+    out of every step's figures. Figures and per-request tables updated in place; returns what to say."""
+    from vlmfast.evaluation.flags import reward_errors_as_wrong
+
+    said = []
+    for f in figures:
+        if not f.get("errors") or not Path(f["results"]).is_file():
+            continue
+        elsewhere = set().union(*(set(t) for step, t in tables.items() if step != f["step"]))
+        rows = _rows_of(f)
+        failed = [r for r in rows if r.get("error") is not None and str(r.get("id")) in elsewhere]
+        if not failed:
+            continue
+        rows = [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False} if r.get("error") is not None
+                and str(r.get("id")) in elsewhere else r for r in rows]
+        _rejudge(f, tables, reward_errors_as_wrong(rows, True)[0])
+        said.append(f"{_name(f)}: {len(failed)} answer(s) the run failed on (e.g. {failed[0].get('id')}: "
+                    f"{str(failed[0]['error'])[:80]}) count as wrong, as other checkpoints answered those requests")
+    return said
+
+
+def _rows_of(figures: dict) -> list[dict]:
+    from vlmfast.run.results import read_existing
+
+    return list(read_existing(Path(figures["results"]), repair=False)[0].values())
+
+
+def _rejudge(f: dict, tables: dict, rows: list[dict]) -> None:
+    """A step's accuracy, interval and per-request table again, from its rows as judged now."""
+    from vlmfast.evaluation.flags import per_request
+    from vlmfast.evaluation.samples import request_interval
+
+    scored = [r for r in rows if r.get("error") is None and r.get("correct") is not None]
+    tables[f["step"]] = per_request(rows)
+    low, high = request_interval([score for score, _, _ in tables[f["step"]].values()])
+    f.update(scored=len(scored), accuracy=round(sum(bool(r["correct"]) for r in scored) / len(scored), 4) if scored else None,
+             ci_low=None if low is None else round(low, 4), ci_high=None if high is None else round(high, 4))
+
+
+def _name(f: dict) -> str:
+    return "base" if f["label"] == "base" else f"step {f['step']}"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted
 from vlmfast.run.sweep_options import SweepOptions
-from vlmfast.run.rescore import judge_all_raised
+from vlmfast.run.rescore import judge_all_raised, judge_failed
 from vlmfast.run.sweep_record import base_notes, same_weights_notes
 
 SCHEMA = "vlmfast.sweep/1"
@@ -360,7 +360,7 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
     from vlmfast.evaluation.best import held_up, undistinguished_note, unscored_note
     from vlmfast.evaluation.flags import compare, flag_run
 
-    notes = notes + judge_all_raised(figures, tables)  # a step whose every answer a working function raised on: wrong
+    notes = notes + judge_all_raised(figures, tables) + judge_failed(figures, tables)  # as wrong: ranked on one request set
     ranked = [f for f in figures if f["accuracy"] is not None]
     best = max(ranked, key=lambda f: (f["accuracy"], -f["step"])) if ranked else None  # ties: the earlier step
     base = next((f for f in figures if f["label"] == "base"), None)
