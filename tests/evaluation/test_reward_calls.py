@@ -388,3 +388,19 @@ def test_summed_accuracy_and_format_rewards_judge_correctness_by_the_accuracy(tm
     unnamed = load_rewards([f"{path}:format_reward", f"{path}:length_reward"])  # no accuracy among them: the total, said
     assert unnamed.judge is None and "none of them is named as an accuracy" in unnamed.note
     assert load_rewards([f"{path}:accuracy_reward"]).note is None
+
+
+def test_an_accuracy_function_that_returns_none_leaves_the_row_unjudged(tmp_path):
+    """TRL's accuracy_reward returns None when the truth does not parse (its nanmean leaves the row out): the
+    format reward's 1.0 alone must not make the answer right; the row is unjudged and out of the accuracy."""
+    from vlmfast.evaluation.stats import summarize
+
+    path = tmp_path / "trl_rewards.py"
+    path.write_text(ACCURACY_AND_FORMAT.replace("    return [float(m is not None and m.group(1).strip() == s)",
+                                                "    return [None if s == 'unparsable' else float(m is not None and m.group(1).strip() == s)"))
+    rows = [{"id": i, "text": "<think>a</think><answer>B</answer>", "error": None} for i in range(2)]
+    truths = {"0": {"ground_truth": "unparsable"}, "1": {"ground_truth": "B"}}
+    got = load_rewards([f"{path}:accuracy_reward", f"{path}:format_reward"]).score_rows(rows, truths)
+    assert [(g["score"], g["correct"]) for g in got] == [(1.0, None), (2.0, True)]
+    summary = summarize([{**row, **g} for row, g in zip(rows, got)])
+    assert summary["accuracy"] == 1.0  # over the one judged row, not 1 of 2

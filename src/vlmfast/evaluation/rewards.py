@@ -225,10 +225,12 @@ class RewardSet:
         # a reward that returns its accuracy beside a total weighting the format (EasyR1: 0.9·accuracy +
         # 0.1·format) says whether the answer is right by that sub-score: a right answer without the format is right
         # several functions summed (VLM-R1, TRL: accuracy + format): the accuracy function's own value decides
+        # an accuracy function that returns None (TRL's accuracy_reward when the truth does not parse) does not
+        # judge the row: no correctness, left out of accuracy as TRL's nanmean leaves it; the format reward alone
+        # must not make it right
         key, judge = accuracy_key(subscores), self.judge
-        judged = subscores[key] if key is not None else total if judge is None or values[judge] is None \
-            else values[judge]
-        fields.update(score=total, correct=judged >= self.threshold)
+        judged = subscores[key] if key is not None else total if judge is None else values[judge]
+        fields.update(score=total, correct=None if judged is None else judged >= self.threshold)
 
 
 def _truth_record(value) -> tuple[bool, object, Mapping | None, str | None]:

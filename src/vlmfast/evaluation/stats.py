@@ -122,7 +122,7 @@ def _group_name(value) -> str:
 def _score_stats(scored: list[dict]) -> dict:
     return {
         "scored": len(scored),
-        "accuracy": mean(bool(r.get("correct")) for r in scored),
+        "accuracy": mean(bool(r["correct"]) for r in scored if r.get("correct") is not None),  # None: not judged
         "mean_score": mean(r["score"] for r in scored),
         "answer_parse_failures": sum(1 for r in scored if r.get("parse_failed")),
     }
