@@ -71,3 +71,12 @@ def test_collapse_after_peak_uses_the_same_test_as_the_set():
     assert 300 in keep and 400 not in keep  # ... yet not told apart from it
     flagged = [f["step"] for f in flag_run(checkpoints, tables) if f["code"] == "collapse_after_peak"]
     assert flagged == [400]
+
+
+def test_the_note_names_the_base_as_base_not_step_0():
+    from vlmfast.evaluation.best import undistinguished_note
+
+    figures = [{"step": 0, "label": "base"}, {"step": 100, "label": "hf-trainer"}, {"step": 200, "label": "hf-trainer"}]
+    held = {"indistinguishable": [0, 100, 200], "p_best": {100: 0.6}, "holm_p": {0: 0.5, 200: 0.5}, "alpha": 0.05}
+    (note,) = undistinguished_note(figures[1], figures, held)
+    assert "not distinguishable from base, step 200:" in note and "step(s) 0" not in note

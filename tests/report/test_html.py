@@ -240,3 +240,56 @@ def test_the_x_axis_labels_every_step_that_fits_and_never_skips_one_it_has_room_
     labels = _x_labels(render(page))
     assert labels[0][2] == "100" and labels[-1][2] == "5000" and 4 < len(labels) < 50
     assert all(a[1] < b[0] for a, b in zip(labels, labels[1:]))  # no two labels overlap
+
+
+# An HTML answer cut short inside a comment, and a prompt that holds a <script> tag: "<!--" then "<script" inside
+# the data block put the HTML parser in its "double-escaped" state, where the block's own </script> no longer
+# ends it: the page's script is swallowed and the sample browser stays empty.
+COMMENT_THEN_SCRIPT = "<html><head><!-- navigation bar, then the <script> loader"
+
+
+def test_an_open_comment_then_a_script_tag_in_the_data_cannot_swallow_the_pages_script():
+    page = _page(samples=[dict(_page()["samples"][0], prompt="Write the page. <script>init()</script>")],
+                 answers={0: [[COMMENT_THEN_SCRIPT, 0, 0.0, None]], 100: [["<!--", 0, 0.0, None]]})
+    text = render(page)
+    payload = re.search(r"id='vlmfast-data'>(.*?)</script>", text, re.S).group(1)
+    assert "<" not in payload  # no tag, comment or end tag can start inside the data block
+    data = _data(text)
+    assert data["steps"][0]["answers"][0][0] == COMMENT_THEN_SCRIPT
+    assert data["samples"][0]["prompt"] == "Write the page. <script>init()</script>"
+
+
+def test_an_open_comment_then_a_script_tag_renders_in_chromium(tmp_path):
+    from browser import dump_dom
+
+    page = _page(samples=[dict(_page()["samples"][0], prompt="Write the page. <script>init()</script>")],
+                 answers={0: [[COMMENT_THEN_SCRIPT, 0, 0.0, None]], 100: [["ok", 1, 1.0, None]]})
+    path = tmp_path / "report.html"
+    path.write_text(render(page), encoding="utf-8")
+    dom = dump_dom(path.as_uri(), tmp_path / "profile")
+    assert 'data-ready="1"' in dom and 'data-errors="[]"' in dom
+    assert "&lt;!-- navigation bar, then the &lt;script&gt; loader" in dom  # the answer, shown as text
+
+
+def test_a_page_written_from_another_directory_still_finds_the_images_beside_the_manifest(tmp_path, monkeypatch):
+    """Rows keep an image path as the run that wrote them resolved it (relative to its working directory, the
+    manifest's folder here); a sweep resumed from elsewhere writes the page there: the thumbnails are still found."""
+    from PIL import Image
+
+    from vlmfast.run.sweep_page import page_data
+    from vlmfast.report.html import _thumbnails
+
+    data = tmp_path / "data"
+    (data / "imgs").mkdir(parents=True)
+    Image.new("RGB", (40, 30), "red").save(data / "imgs" / "a.png")
+    (data / "m.jsonl").write_text(json.dumps({"id": "a", "image": "imgs/a.png", "prompt": "p", "solution": "1"}) + "\n")
+    row = {"id": "a", "images": ["imgs/a.png"], "image_sizes": [[40, 30]], "prompt": "p", "text": "1", "answer": "1",
+           "score": 1.0, "correct": True}
+    report = {"run_dir": "run", "manifest": str(data / "m.jsonl"), "settings": {}, "flags": [], "notes": [],
+              "checkpoints": [{"step": 100, "label": "hf-trainer", "results": str(tmp_path / "none.jsonl")}]}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    page = page_data(report, rows_by_step={100: [row]})
+    images, _ = _thumbnails(page["samples"])
+    assert images[0].startswith("data:image/jpeg;base64,")

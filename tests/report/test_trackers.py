@@ -12,8 +12,9 @@ import pytest
 
 from conftest import cli
 from vlmfast.errors import UsageError
+from vlmfast.evaluation.flags import CODES as FLAG_CODES
 from vlmfast.report.trackers import (check_trackers, log_to_tensorboard, log_to_wandb, log_trackers,
-                                     parse_wandb_target, scalars)
+                                     parse_wandb_target, scalars, with_flags)
 
 
 def _checkpoint(step, accuracy, **extra):
@@ -43,9 +44,14 @@ EXPECTED = {  # step → every figure sent, by name
 }
 
 
-def _figures(checkpoint: dict) -> dict:
-    """A checkpoint's figures by name, without the prefix."""
-    return {name.removeprefix("eval/vlmfast/"): value for name, value in scalars(checkpoint).items()}
+# what the trackers log: every figure, and each flag code of the sweep as 0/1 at every step (REPORT flags none)
+LOGGED = {step: {**figures, **{f"flags/{code}": 0 for code in FLAG_CODES}} for step, figures in EXPECTED.items()}
+
+
+def _figures(checkpoint: dict, report: dict | None = None) -> dict:
+    """A checkpoint's figures by name, without the prefix (with ``report``: its flags too, as the trackers log them)."""
+    shown = with_flags(checkpoint, report) if report is not None else checkpoint
+    return {name.removeprefix("eval/vlmfast/"): value for name, value in scalars(shown).items()}
 
 
 def test_every_numeric_figure_flattened_strings_none_and_nan_left_out_bools_as_0_1():
@@ -77,7 +83,7 @@ def test_tensorboard_holds_each_figure_at_each_step_beside_the_trainers_files(tm
     trainer.write_bytes(b"the trainer's own curves")
     written = log_to_tensorboard(REPORT, tmp_path)
     assert written.parent == tmp_path / "vlmfast-sweep-val" and written.name.startswith("events.out.tfevents.")
-    assert _read_tensorboard(written.parent) == _by_tag(EXPECTED)
+    assert _read_tensorboard(written.parent) == _by_tag(LOGGED)
     assert trainer.read_bytes() == b"the trainer's own curves"
     assert sorted(p.name for p in tmp_path.iterdir()) == [trainer.name, "vlmfast-sweep-val"]
 
@@ -87,7 +93,7 @@ def test_a_rerun_replaces_the_event_file_one_point_per_step(tmp_path):
     again = log_to_tensorboard(REPORT, tmp_path, prefix="eval/x", name="s")
     assert not first.exists() or first == again
     assert list((tmp_path / "s").iterdir()) == [again]
-    assert _read_tensorboard(tmp_path / "s") == _by_tag(EXPECTED, prefix="eval/x")
+    assert _read_tensorboard(tmp_path / "s") == _by_tag(LOGGED, prefix="eval/x")
 
 
 def _wandb_records(run_file: Path):
@@ -147,7 +153,7 @@ def wandb_offline(tmp_path, monkeypatch):
 
 def _expected_history(prefix="eval/vlmfast"):
     return {step: {**{f"{prefix}/{k}": v for k, v in figures.items()}, f"{prefix}/step": step}
-            for step, figures in EXPECTED.items()}
+            for step, figures in LOGGED.items()}
 
 
 def test_wandb_offline_run_holds_each_figure_at_each_step(wandb_offline):
@@ -280,7 +286,7 @@ def _run_dir(tmp_path, checkpoints, *steps) -> Path:
 
 
 def _history_of(report: dict) -> dict[int, dict]:
-    return {c["step"]: {**scalars(c), "eval/vlmfast/step": c["step"]} for c in report["checkpoints"]}
+    return {c["step"]: {**scalars(with_flags(c, report)), "eval/vlmfast/step": c["step"]} for c in report["checkpoints"]}
 
 
 def test_a_real_sweep_lands_in_tensorboard_and_wandb_at_its_steps(tmp_path, checkpoints, wandb_offline):
@@ -290,7 +296,7 @@ def test_a_real_sweep_lands_in_tensorboard_and_wandb_at_its_steps(tmp_path, chec
             "--wandb", "vlmfast-tests/cli")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    expected = {c["step"]: _figures(c) for c in report["checkpoints"]}
+    expected = {c["step"]: _figures(c, report) for c in report["checkpoints"]}
     assert sorted(expected) == [100, 200] and "accuracy" in expected[100] and "load_s" in expected[100]
     assert _read_tensorboard(tmp_path / "logs" / "vlmfast-sweep-val") == _by_tag(expected)
     (run_dir,) = wandb_offline.glob("offline-run-*-cli")
@@ -339,4 +345,33 @@ def test_watch_logs_each_new_checkpoint_as_it_is_evaluated(tmp_path, checkpoints
     history = _wandb_history(run_dir)
     assert sorted(history) == [100, 200] and history[200] == _history_of(report)[200]
     assert _read_tensorboard(tmp_path / "logs" / "vlmfast-sweep-val") == _by_tag(
-        {c["step"]: _figures(c) for c in report["checkpoints"]})
+        {c["step"]: _figures(c, report) for c in report["checkpoints"]})
+
+
+def test_a_step_below_the_last_logged_one_is_logged_too_and_said(wandb_offline):
+    """--search coarse, then a plain sweep filling the steps in between (or a broken checkpoint saved again whole
+    under --watch): the W&B run gets the step it lacks, at its own x-axis value, without touching the others'
+    rows, and the line says which step was logged (not that W&B holds every step already)."""
+    from vlmfast.report.trackers import Trackers
+
+    coarse = {**REPORT, "checkpoints": [c for c in REPORT["checkpoints"] if c["step"] != 100]}
+    trackers = Trackers(wandb="vlmfast-tests/fill")
+    try:
+        first = trackers.log(coarse)
+        second = trackers.log(REPORT)
+        where = Path(trackers._run.dir)
+    finally:
+        trackers.close()
+    assert "logged step(s) 0, 200 to W&B" in first[0] and "logged step(s) 100 to W&B" in second[0]
+    rows = {row["eval/vlmfast/step"]: row for row in _wandb_history(where.parent).values()}
+    assert rows == _expected_history()  # each step's figures once, none merged into another step's row
+
+
+def test_each_flag_is_a_0_1_curve_at_every_step(tmp_path):
+    """sweep.md: "flags as 0/1": a flag code is 1 at the steps it flags and 0 at the others."""
+    flagged = {**REPORT, "flags": [{"code": "truncation", "step": 200, "figure": 0.5, "threshold": 0.05, "message": "m"},
+                                   {"code": "length_blowup", "step": 100, "figure": 2.5, "threshold": 2.0, "message": "m"}]}
+    held = _read_tensorboard(log_to_tensorboard(flagged, tmp_path).parent)
+    assert held["eval/vlmfast/flags/truncation"] == [(0, 0.0), (100, 0.0), (200, 1.0)]
+    assert held["eval/vlmfast/flags/length_blowup"] == [(0, 0.0), (100, 1.0), (200, 0.0)]
+    assert held["eval/vlmfast/flags/repetition"] == [(0, 0.0), (100, 0.0), (200, 0.0)]

@@ -658,6 +658,7 @@ def test_a_sweep_stopped_inside_a_checkpoint_reports_the_finished_ones_and_exits
     report = sweep(_options(run, tmp_path / "s", fail_if_best_below=0.99))
     assert [c["step"] for c in report["checkpoints"]] == [100]
     assert report["interrupted"] and report["exit_code"] == 130 and report["gate"] is None
+    assert report["error"]["exit_code"] == 130 and report["error"]["message"].startswith("interrupted:")  # as --json's errors
     assert any(n.startswith("interrupted: the finished checkpoints are reported") for n in report["notes"])
     watched = sweep(_options(run, tmp_path / "w", watch=True, poll_s=1.0))  # stopped in its first pass
     assert watched["interrupted"] and watched["exit_code"] == 0 and [c["step"] for c in watched["checkpoints"]] == [100]

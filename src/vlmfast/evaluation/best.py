@@ -106,8 +106,10 @@ def undistinguished_note(best: dict | None, figures: list[dict], held: dict | No
     if not tied:
         return []
     label = "base" if best["label"] == "base" else f"step {best['step']}"
+    bases = {f["step"] for f in figures if f.get("label") == "base"}  # named as the table and the best line name it
+    named = [("base" if s in bases else f"step {s}") for s in tied]
     return [f"the best ({label}, P(best) {held['p_best'].get(best['step'], 0):.0%}) is not distinguishable from "
-            f"step(s) {', '.join(map(str, tied))}: their paired test against it, Holm-corrected over "
+            f"{', '.join(named)}: their paired test against it, Holm-corrected over "
             f"{len(held['holm_p'])} step(s), gives p >= {held['alpha']} (more evaluation rows would tell them apart)"]
 
 

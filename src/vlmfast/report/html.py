@@ -82,7 +82,10 @@ def render(page: dict) -> str:
         "then at the best step</span></div>" + _linked_note(images) + "<div class='browser'><select id='list' size='24'></select>"
         "<div id='detail'></div></div>",
     ]
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    # every "<" as its JSON escape: inside a <script> element "</script", and "<!--" followed later by "<script"
+    # (an HTML answer cut short, a code prompt) would end the element early or make it swallow the page's own
+    # script; JSON.parse reads \u003c back as "<"
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>vlmfast sweep: "
             f"{_e(page['run_dir'])}</title><style>{CSS}</style></head><body>" + "\n".join(body) +
             f"<script type='application/json' id='vlmfast-data'>{payload}</script><script>{JS}</script></body></html>")

@@ -38,10 +38,12 @@ def _console() -> Console:
     and lines carry no trailing padding (on a terminal the padding clears what a live bar drew)."""
     import os
 
-    console = Console(stderr=True, highlight=False, soft_wrap=True)  # notes and hints: one line each, greppable
+    # notes and hints: one line each, greppable; no emoji codes: an id or a path is printed as written
+    # ("coco:train:12" is not "coco🚋12")
+    console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     if not console.is_terminal:
         width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 200
-        console = Console(file=_TrimmedStderr(), highlight=False, soft_wrap=True, width=width)
+        console = Console(file=_TrimmedStderr(), highlight=False, soft_wrap=True, width=width, emoji=False)
     return console
 
 

@@ -33,6 +33,16 @@ def scalars(figures: dict, prefix: str = PREFIX) -> dict[str, float | int]:
     return out
 
 
+def with_flags(checkpoint: dict, report: dict) -> dict:
+    """A checkpoint's figures and, under ``flags``, each flag code of the sweep (``report["flags"]``) as 1 at the
+    steps it flags and 0 at the others: a flag over steps is a curve too."""
+    from vlmfast.evaluation.flags import CODES
+
+    codes = list(dict.fromkeys([*CODES, *(f["code"] for f in report.get("flags") or [])]))
+    raised = {f["code"] for f in report.get("flags") or [] if f.get("step") == checkpoint["step"]}
+    return {**checkpoint, "flags": {code: code in raised for code in codes}}
+
+
 def _flatten(value, name: str, out: dict) -> None:
     if isinstance(value, bool):  # before int: bool is an int subclass
         out[name] = int(value)
@@ -132,7 +142,7 @@ def log_to_tensorboard(report: dict, log_dir, *, prefix: str = PREFIX, name: str
     writer = SummaryWriter(log_dir=str(directory))
     try:
         for checkpoint in _ordered(report):
-            for tag, value in scalars(checkpoint, prefix).items():
+            for tag, value in scalars(with_flags(checkpoint, report), prefix).items():
                 writer.add_scalar(tag, value, global_step=checkpoint["step"])
     finally:
         writer.close()
@@ -154,7 +164,7 @@ def log_to_wandb(report: dict, target: str, *, prefix: str = PREFIX) -> str:
     offline runs know nothing of earlier ones, and log everything again."""
     run = _open_wandb(report, target, prefix)
     try:
-        _log_wandb(run, report, prefix, run.summary.get(f"{prefix}/step"))
+        _log_wandb(run, report, prefix, _held_steps(run, prefix, report))
         return run.url or run.dir
     finally:
         run.finish()
@@ -175,18 +185,34 @@ def _open_wandb(report: dict, target: str, prefix: str):
     return run
 
 
-def _log_wandb(run, report: dict, prefix: str, last: int | None) -> int | None:
-    """The report's checkpoints after step ``last`` into ``run``; the last step it now holds."""
+def _held_steps(run, prefix: str, report: dict) -> set[int]:
+    """The checkpoint steps ``run`` holds already: the list a sweep keeps in its summary, or (a run logged before
+    that list was kept) the report's steps up to the last one logged."""
+    held = run.summary.get(f"{prefix}/logged_steps")
+    if held is not None:
+        return {int(s) for s in held}
+    last = run.summary.get(f"{prefix}/step")
+    return set() if last is None else {c["step"] for c in report["checkpoints"] if c["step"] <= last}
+
+
+def _log_wandb(run, report: dict, prefix: str, held: set[int]) -> set[int]:
+    """The report's checkpoints ``run`` does not hold yet (``held``: their steps) into it, a step lower than
+    the run's own too (``--search coarse`` then a plain sweep fills steps in between; a mended checkpoint under
+    ``--watch``): ``PREFIX/step`` is their x-axis. Returns the steps it now holds."""
+    held = set(held)
     for checkpoint in _ordered(report):
         step = checkpoint["step"]
-        if last is not None and step <= last:
+        if step in held:
             continue
-        run.log({**scalars(checkpoint, prefix), f"{prefix}/step": step}, step=step if step >= run.step else None)
-        last = step
+        # committed at once: a later row without a step of its own must not merge into this one
+        run.log({**scalars(with_flags(checkpoint, report), prefix), f"{prefix}/step": step},
+                step=step if step >= run.step else None, commit=True)
+        held.add(step)
+    run.summary[f"{prefix}/logged_steps"] = sorted(held)
     if report.get("best"):
         run.summary[f"{prefix}/best/step"] = report["best"]["step"]
         run.summary[f"{prefix}/best/accuracy"] = report["best"]["accuracy"]
-    return last
+    return held
 
 
 class Trackers:
@@ -199,7 +225,7 @@ class Trackers:
         if check:  # False: already checked (SweepOptions checks its own)
             check_trackers(None if tensorboard is None else str(tensorboard), wandb)
         self.tensorboard, self.wandb, self.prefix = tensorboard, wandb, prefix
-        self._run, self._last = None, None
+        self._run, self._held = None, set()
 
     def __bool__(self) -> bool:
         return self.tensorboard is not None or self.wandb is not None
@@ -219,10 +245,10 @@ class Trackers:
             with _said_on_failure("W&B", "wandb login (or WANDB_MODE=offline, then wandb sync)"):
                 if self._run is None:
                     self._run = _open_wandb(report, self.wandb, self.prefix)
-                    self._last = self._run.summary.get(f"{self.prefix}/step")
-                before = self._last
-                self._last = _log_wandb(self._run, report, self.prefix, before)
-            steps = [c["step"] for c in _ordered(report) if before is None or c["step"] > before]
+                    self._held = _held_steps(self._run, self.prefix, report)
+                before = self._held
+                self._held = _log_wandb(self._run, report, self.prefix, before)
+            steps = [c["step"] for c in _ordered(report) if c["step"] not in before]
             said.append(f"logged step(s) {', '.join(map(str, steps))} to W&B: {self._run.url or self._run.dir}"
                         if steps else f"W&B holds every step already: {self._run.url or self._run.dir}")
         return said

@@ -236,10 +236,10 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         raise CheckpointError(f"no checkpoint of {options.run_dir} could be evaluated:\n{listing_}",
                               hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)")
     report = _report(options, figures, notes, tables)
-    if interrupted and not options.watch:  # stopped by hand: exit 130, the gate not judged on part of a sweep
-        report.update(interrupted=True, gate=None, exit_code=EXIT_INTERRUPTED)
-    elif interrupted:  # --watch ends so: the gate judged on the checkpoints evaluated
-        report["interrupted"] = True
+    if interrupted and not options.watch:  # stopped by hand: exit 130 and --json's error object, the gate not judged
+        report.update(interrupted=True, gate=None, exit_code=EXIT_INTERRUPTED, error={"message": notes[-1], "problems": [],
+                      "hint": "rerun the same command to go on", "exit_code": EXIT_INTERRUPTED})
+    report["interrupted"] = report.get("interrupted") or interrupted  # --watch ends so: its gate judged as it stands
     from vlmfast.timing import versions
 
     # every checkpoint directory not evaluated: those the listing skipped (no weights yet, a save cut short)

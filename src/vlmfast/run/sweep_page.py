@@ -40,7 +40,7 @@ def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None, t
             rid = str(row["id"])
             if rid not in index:
                 index[rid] = len(samples)
-                samples.append(_sample(row, truths.get(rid)))
+                samples.append(_sample(row, truths.get(rid), _image_bases(report)))
     answers = {c["step"]: _answers(rows_by_step.get(c["step"], []), index) for c in report["checkpoints"]}
     base = next((c for c in report["checkpoints"] if c["label"] == "base"), None)
     flips = {}
@@ -70,7 +70,25 @@ def _truths(manifest: str | None, settings: dict | None = None) -> dict:
         return {}
 
 
-def _sample(row: dict, truth) -> dict:
+def _image_bases(report: dict) -> list[Path]:
+    """Where a row's relative image path may lie besides the working directory: the rows keep it as the run that
+    wrote them resolved it (against its own working directory), and a resumed sweep or a page written later may
+    run elsewhere: the manifest's folder and --image-root."""
+    bases = [Path((report.get("settings") or {}).get("image_root") or "")]
+    if report.get("manifest"):
+        bases.append(Path(report["manifest"]).parent)
+    return [b for b in bases if str(b) not in ("", ".")]
+
+
+def _on_disk(path: str | None, bases: list[Path]) -> str | None:
+    """``path`` where it is found: as written, else under the first of ``bases`` that holds it; as written when
+    none does (the page links it and says so)."""
+    if not path or Path(path).is_absolute() or Path(path).exists():
+        return path
+    return next((str(b / path) for b in bases if (b / path).exists()), path)
+
+
+def _sample(row: dict, truth, bases: list[Path] = ()) -> dict:
     from vlmfast.evaluation.scoring import parse_box
 
     images = row.get("images") or []
@@ -79,7 +97,7 @@ def _sample(row: dict, truth) -> dict:
                                               and parse_box(truth) is not None and row.get("scorer") in (None, "bbox"))
     return {"id": str(row["id"]), "prompt": cut(row.get("prompt") or "", PROMPT_CHARS, "the manifest"),
             "truth": cut(_text(truth), PROMPT_CHARS, "the manifest"),
-            "image_path": images[0] if images else None, "size": sizes[0] if sizes else None,
+            "image_path": _on_disk(images[0], list(bases)) if images else None, "size": sizes[0] if sizes else None,
             "truth_box": parse_box(truth) if is_box else None}
 
 
