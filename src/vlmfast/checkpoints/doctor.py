@@ -18,6 +18,7 @@ from vlmfast.checkpoints.readers import (
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index,
     incomplete_said,
 )
+from vlmfast.checkpoints.weight_files import zero_said
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
 from vlmfast.checkpoints.config_family import as_saved
 from vlmfast.checkpoints.findings import (CODES, SEVERITIES, Finding, findings_as_dicts,  # noqa: F401 - importable here
@@ -282,6 +283,8 @@ def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> 
         out.append(Finding("error", "fsdp-unmerged", str(d.parent),
                            f"{len(target.shards)} FSDP shards ({target.shards[0].name}, ...) are not merged: {d} has no weights",
                            fsdp_merge_hint(target)))
+    elif target.kind == "incomplete" and (zero := zero_said(d)) is not None:
+        out.append(Finding("error", "weights-missing", str(d), zero[0], zero[1]))
     elif target.kind == "incomplete":
         out.append(Finding("error", "weights-missing", str(d), "config.json but no weights (*.safetensors / *.bin)",
                            "the save is incomplete: save again, or point at a checkpoint-N that holds weights"))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import (adapter_base_or_none, has_weights, is_adapter_dir, read_json_object,
                                          weights_complete)
+from vlmfast.checkpoints.weight_files import zero_said
 from vlmfast.errors import CheckpointError
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -110,6 +111,8 @@ def require(found: Located, *kinds: str) -> Located:
             f"{found.path} has config.json but no weights",
             hint=fsdp_merge_hint(found),
         )
+    if found.kind == "incomplete" and (zero := zero_said(found.path)) is not None:
+        raise CheckpointError(f"{found.path}: {zero[0]}", hint=zero[1])
     if found.kind == "incomplete":
         raise CheckpointError(
             f"{found.path}: config.json but no weights (*.safetensors / *.bin)",
@@ -137,7 +140,17 @@ def walk(path: Path) -> Located:
     ``global_step_N/actor/huggingface``; ms-swift ``vX-*/checkpoint-N`` (highest version with weights).
     Raises CheckpointError when nothing there looks like a checkpoint."""
     if (path / "config.json").is_file() and has_weights(path):
-        inside = [d.name for _, d in numbered_subdirs(path, CHECKPOINT_DIR)]  # a trainer's final save at the top
+        numbered = numbered_subdirs(path, CHECKPOINT_DIR)
+        inside = [d.name for _, d in numbered]  # a trainer's final save at the top
+        if numbered and not weights_complete(path):  # the final save still being written (or cut short): the
+            try:  # highest complete checkpoint-N, as for a run without a final save, and the top one said skipped
+                found = _highest(path, numbered, "checkpoint-N")
+            except CheckpointError:
+                found = None
+            if found is not None and found.kind in ("model", "adapter"):
+                note = (f"{found.note}; skipped the model saved at the top of {path.name}/ (a trainer's final save): "
+                        "weights incomplete: a save cut short or still being written")
+                return Located(found.path, found.kind, note, found.shards)
         return Located(path, "model", f"using the model saved at the top of {path.name}/ (a trainer's final save), not "
                        f"its {', '.join(inside[:3])}{' …' if len(inside) > 3 else ''} (give one as --ckpt for it)"
                        if inside else None)
@@ -180,7 +193,8 @@ def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Locate
             located.append((n, child, walk(child)))
         except CheckpointError:
             why[child.name] = "no config.json"
-    why.update({d.name: SKIP_REASONS[f.kind] for _, d, f in located if f.kind in SKIP_REASONS})
+    why.update({d.name: "DeepSpeed ZeRO shards not consolidated" if f.kind == "incomplete" and zero_said(f.path)
+                else SKIP_REASONS[f.kind] for _, d, f in located if f.kind in SKIP_REASONS})
     cut = {d.name for _, d, f in located if f.kind in ("model", "adapter") and not weights_complete(f.path)}
     why.update({name: "weights incomplete: a save cut short or still being written" for name in cut})
     for _, d, f in located:  # a config file cut short: a save interrupted as surely as cut weights

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vlmfast.errors import CheckpointError
 from vlmfast.checkpoints.families import CHAT_STOP, family_of
-from vlmfast.checkpoints.weight_files import loaded_safetensors, require_one_set
+from vlmfast.checkpoints.weight_files import loaded_safetensors, names_read_by_v4, require_one_set
 
 IM_END = CHAT_STOP
 ADAPTER_CONFIG = "adapter_config.json"
@@ -257,11 +257,12 @@ def tensor_index(d: Path) -> dict[str, tuple[str, list[int], int]]:
     """name → (dtype, shape, bytes) over the full-model safetensors files transformers loads from the dir
     (:func:`vlmfast.checkpoints.weight_files.loaded_files`: a stale set beside them is not counted)."""
     index = {}
+    named = names_read_by_v4(Path(d))
     for file in loaded_safetensors(d):
         if not file.is_file():
             continue  # a shard the index names and the dir lacks: incomplete_weights says so
         for name, meta in safetensors_header(file).items():
-            if name != "__metadata__":
+            if name != "__metadata__" and (named is None or name in named):
                 index[name] = (meta["dtype"], meta["shape"], meta["data_offsets"][1] - meta["data_offsets"][0])
     return index
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import (corrupt_weights, has_weights, incomplete_adapter, incomplete_said, is_adapter_dir,
                                          maybe_json, weights_complete)
+from vlmfast.checkpoints.weight_files import zero_said
 from vlmfast.errors import CheckpointError, InputError
 from vlmfast.checkpoints.locate import (CHECKPOINT_DIR, FSDP_SHARDS, GLOBAL_STEP_DIR, SWIFT_RUN_DIR, Located, fsdp_merge_hint,
                      numbered_subdirs, walk)
@@ -146,6 +147,8 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
         return Skipped(d, step, "no config.json and no weights", pending=complete_only)
     if found.kind == "fsdp":
         return _unmerged(step, d, found)
+    if found.kind == "incomplete" and (zero := zero_said(found.path)) is not None:
+        return Skipped(d, step, zero[0], zero[1])  # never written by the trainer: nothing to wait for
     if found.kind not in ("model", "adapter"):
         return Skipped(d, step, "config.json but no weights (*.safetensors / *.bin)",
                        "the save was interrupted or is still being written", pending=complete_only)
@@ -175,8 +178,14 @@ def _final_model(root: Path, checkpoints: list, skipped: list, complete_only: bo
     step = maybe_json(root / "trainer_state.json").get("global_step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     if step is not None and step not in {c.step for c in checkpoints}:
-        if not complete_only or weights_complete(root):
+        if weights_complete(root):
             checkpoints.append(RunCheckpoint(step, root, "hf-trainer"))
+        else:  # save_state() runs before save_model(): the step is recorded while the weights are still being written
+            corrupt = bool(corrupt_weights(root))
+            skipped.append(Skipped(root, step, f"the final model saved in the run dir: {incomplete_said(root) or 'its weights are incomplete'}",
+                                   "save it again" if corrupt else
+                                   "the save was interrupted or is still being written; rerun once it is complete",
+                                   pending=complete_only and not corrupt))
         return
     reason = (f"the final model saved in the run dir, the same step as checkpoint-{step}" if step is not None
               else "the final model saved in the run dir; no trainer_state.json records its step")

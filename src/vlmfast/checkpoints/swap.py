@@ -55,6 +55,10 @@ def plan_swap(loaded, directory: Path) -> SwapPlan:
     files_loaded = loaded_safetensors(directory)  # what from_pretrained would read (a stale set aside)
     if not files_loaded or (directory / "adapter_config.json").is_file():
         return SwapPlan(None, "not a full safetensors checkpoint")
+    from vlmfast.checkpoints.readers import weights_complete
+
+    if not weights_complete(directory):  # a cut file: the full load names it (CheckpointError), a copy would crash
+        return SwapPlan(None, "its weights are incomplete")
     if _weights_config(directory) != _weights_config(loaded.config_dir):
         return SwapPlan(None, "its config differs from the loaded model's (architecture, sizes or settings)")
     model = loaded.model

@@ -8,7 +8,9 @@ sharded save wins, and the index and its shards are never opened. vLLM's loader 
 an index is there it keeps only the files the index names), so such a directory runs one set of weights on
 one engine and the other set on the other. :func:`loaded_files` gives the files transformers reads (what
 the weights fingerprint and the whole-weights check look at); :func:`two_sets_said` says when a directory
-holds both safetensors sets, and :func:`require_one_set` refuses it.
+holds both safetensors sets, and :func:`require_one_set` refuses it. :func:`names_read_by_v4`: the tensors
+transformers 4.x reads from a sharded save (only those its index names); :func:`zero_said`: a checkpoint whose
+weights are DeepSpeed ZeRO shards, never consolidated.
 
 No torch, no transformers, no other vlmfast module but errors: the readers build on it.
 """
@@ -154,3 +156,48 @@ def require_one_set(d) -> None:
         from vlmfast.errors import CheckpointError
 
         raise CheckpointError(f"{d}: {said[0]}", hint=said[1])
+
+
+def names_read_by_v4(d: Path) -> set[str] | None:
+    """transformers 4.x loads from a sharded save only the tensors its index's ``weight_map`` names (one a shard
+    holds that the index does not name is initialised at random); 5.x loads every tensor of the named shards.
+    The names 4.x reads, where 4.x is installed and transformers reads the index; else None (no filter)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        if int(version("transformers").split(".")[0]) >= 5:
+            return None
+    except (PackageNotFoundError, ValueError):
+        return None
+    if (d / SAFE_SINGLE).is_file() or not (d / SAFE_INDEX).is_file():
+        return None
+    try:
+        weight_map = json.loads((d / SAFE_INDEX).read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(weight_map) if isinstance(weight_map, dict) and weight_map else None
+
+
+def zero_shards(directory) -> Path | None:
+    """The DeepSpeed ZeRO checkpoint dir (``global_stepN/`` holding ``*model_states.pt``, the one ``latest`` names
+    when it is there) inside a checkpoint dir, or None. HF Trainer under ZeRO-3 without
+    ``stage3_gather_16bit_weights_on_model_save`` saves config.json and these shards, never model weights."""
+    d = Path(directory)
+    try:
+        tag = (d / "latest").read_text(encoding="utf-8").strip() if (d / "latest").is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        tag = ""
+    candidates = [d / tag] if tag and "/" not in tag else sorted(d.glob("global_step*"))
+    return next((c for c in candidates if c.is_dir() and any(c.glob("*model_states.pt"))), None)
+
+
+def zero_said(directory) -> tuple[str, str] | None:
+    """(what, how to fix) for a checkpoint dir whose weights are DeepSpeed ZeRO shards not consolidated, else None."""
+    shards = zero_shards(directory)
+    if shards is None:
+        return None
+    d = Path(directory)
+    return (f"no model weights: DeepSpeed ZeRO shards in {shards.name}/ not consolidated (ZeRO-3 saves without "
+            "stage3_gather_16bit_weights_on_model_save)",
+            f"consolidate them into the checkpoint: python {d / 'zero_to_fp32.py'} {d} {d} --safe_serialization "
+            "(DeepSpeed's script, saved beside them), then rerun")

@@ -1,0 +1,104 @@
+"""What trainers leave on disk: a final save still being written, DeepSpeed ZeRO shards, an index that does not
+name every tensor of its shards (locate, runs, swap, doctor)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+
+import pytest
+
+from vlmfast.checkpoints.doctor import diagnose
+from vlmfast.checkpoints.locate import locate, require
+from vlmfast.checkpoints.readers import tensor_index
+from vlmfast.checkpoints.runs import find_run_checkpoints
+from vlmfast.errors import CheckpointError
+
+
+def _run_with_cut_final_save(grpo_ckpt, tmp_path):
+    """HF Trainer / open-r1: checkpoint-N dirs, then save_state() (trainer_state.json at the top, the last step)
+    and save_model() into the run dir itself, whose model.safetensors is still being written."""
+    run = tmp_path / "run"
+    for n in (5, 10):
+        shutil.copytree(grpo_ckpt, run / f"checkpoint-{n}")
+    for f in grpo_ckpt.iterdir():
+        shutil.copy(f, run / f.name)
+    whole = (grpo_ckpt / "model.safetensors").read_bytes()
+    (run / "model.safetensors").write_bytes(whole[: len(whole) // 3])
+    (run / "trainer_state.json").write_text(json.dumps({"global_step": 12, "log_history": []}))
+    return run
+
+
+def test_a_cut_final_save_is_skipped_not_listed(grpo_ckpt, tmp_path):
+    run = _run_with_cut_final_save(grpo_ckpt, tmp_path)
+    listing = find_run_checkpoints(run)
+    assert listing.steps == [5, 10]  # not step 12: its weights are a third written
+    (final,) = [s for s in listing.skipped if s.path == run]
+    assert final.step == 12 and "incomplete" in final.reason and not final.pending
+    assert find_run_checkpoints(run, complete_only=True).skipped[-1].pending  # --watch waits for it
+
+
+def test_locate_passes_over_a_cut_final_save(grpo_ckpt, tmp_path):
+    run = _run_with_cut_final_save(grpo_ckpt, tmp_path)
+    found = require(locate(str(run)), "model")
+    assert found.path == run / "checkpoint-10"
+    assert "skipped the model saved at the top of run/" in found.note
+    shutil.copy(grpo_ckpt / "model.safetensors", run / "model.safetensors")  # the save finished: taken
+    assert locate(str(run)).path == run
+
+
+def test_swap_does_not_copy_from_a_cut_file(loaded, grpo_ckpt, tmp_path):
+    from vlmfast.checkpoints.swap import plan_swap
+
+    cut = shutil.copytree(grpo_ckpt, tmp_path / "cut")
+    whole = (grpo_ckpt / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(whole[: len(whole) // 3])
+    plan = plan_swap(loaded, cut)
+    assert plan.files is None and "incomplete" in plan.reason  # a full load names the file instead of crashing
+    assert plan_swap(loaded, grpo_ckpt).files is not None
+
+
+def _zero3(grpo_ckpt, d):
+    """HF Trainer under ZeRO-3 without stage3_gather_16bit_weights_on_model_save: configs, the ZeRO shards, no weights."""
+    shutil.copytree(grpo_ckpt, d, ignore=shutil.ignore_patterns("model.safetensors"))
+    (d / "global_step30").mkdir()
+    (d / "global_step30" / "mp_rank_00_model_states.pt").write_bytes(b"pickle")
+    (d / "global_step30" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"pickle")
+    (d / "latest").write_text("global_step30")
+    (d / "zero_to_fp32.py").write_text("# DeepSpeed's script\n")
+    return d
+
+
+def test_deepspeed_zero_shards_are_named_with_their_fix(grpo_ckpt, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(grpo_ckpt, run / "checkpoint-20")
+    d = _zero3(grpo_ckpt, run / "checkpoint-30")
+    with pytest.raises(CheckpointError, match="DeepSpeed ZeRO shards in global_step30/ not consolidated") as err:
+        require(locate(str(d)), "model")
+    assert "zero_to_fp32.py" in err.value.hint
+    assert "checkpoint-30 (DeepSpeed ZeRO shards not consolidated)" in locate(str(run)).note
+    (skip,) = find_run_checkpoints(run, complete_only=True).skipped
+    assert "DeepSpeed" in skip.reason and "zero_to_fp32.py" in skip.hint and not skip.pending  # never written: no wait
+    (missing,) = [f for f in diagnose(d) if f.code == "weights-missing"]
+    assert "zero_to_fp32.py" in missing.fix and "save again" not in missing.fix
+
+
+def test_a_tensor_the_index_does_not_name_is_lost_on_v4(grpo_ckpt, tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    d = shutil.copytree(grpo_ckpt, tmp_path / "sharded", ignore=shutil.ignore_patterns("model.safetensors"))
+    state = load_file(str(grpo_ckpt / "model.safetensors"))
+    names = sorted(state)
+    weight_map = {}
+    for i, part in enumerate((names[::2], names[1::2])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({k: state[k] for k in part}, str(d / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, shard))
+    del weight_map["lm_head.weight"]  # in its shard, not in the index: 4.57 initialises it at random
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda n: "5.24.0" if n == "transformers" else real(n))
+    assert "lm_head.weight" in tensor_index(d)  # 5.x reads every tensor of the shards it opens
+    monkeypatch.setattr(importlib.metadata, "version", lambda n: "4.57.6" if n == "transformers" else real(n))
+    assert "lm_head.weight" not in tensor_index(d)
