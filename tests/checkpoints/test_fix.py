@@ -136,11 +136,12 @@ def test_dry_run_writes_nothing_and_shows_the_diff(base_ckpt, tmp_path):
 
 def test_dry_run_on_a_run_dir_names_the_checkpoint_it_changes_and_the_ones_it_leaves(grpo_ckpt, tmp_path):
     run = tmp_path / "run"
-    for n in (100, 200):
+    for n in (9, 100, 200):
         shutil.copytree(grpo_ckpt, run / f"checkpoint-{n}")
     result = apply_fix(plan_fix(run), dry_run=True)
     assert result.diff.startswith(f"# checkpoint: {run / 'checkpoint-200'}\n")
-    assert "# not changed, also cache-off: checkpoint-100 (run vlmfast fix on each)" in result.diff
+    # in step order, as the run wrote them: not checkpoint-100 before checkpoint-9
+    assert "# not changed, also cache-off: checkpoint-9, checkpoint-100 (run vlmfast fix on each)" in result.diff
     assert "# not changed" not in apply_fix(plan_fix(run / "checkpoint-200"), dry_run=True).diff  # named directly
 
 
@@ -347,3 +348,15 @@ def test_an_eos_list_short_of_the_familys_is_said_and_completed_without_a_base(b
     edit_json(d / "generation_config.json", lambda c: c.update(eos_token_id=full + [10 ** 6]))  # copied from elsewhere
     (found,) = [f for f in diagnose(d) if f.code == "eos-short-of-family"]
     assert f"holds {[10 ** 6]}, outside the vocabulary" in found.message  # what fix then drops is said first
+
+
+def test_an_eos_written_as_text_is_said_and_replaced_not_a_traceback(base_ckpt, tmp_path):
+    """"eos_token_id": "<|im_end|>" (a token, not its id): doctor and fix crashed in list("<|im_end|>");
+    it is no id, so the list lacks <|im_end|> (an error: answers run to the cap), and fix writes the ids."""
+    d = tmp_path / "c"
+    shutil.copytree(base_ckpt, d)
+    full = json.loads((d / "generation_config.json").read_text())["eos_token_id"]
+    edit_json(d / "generation_config.json", lambda c: c.update(eos_token_id="<|im_end|>"))
+    assert "eos-missing-im-end" in {f.code for f in diagnose(d)}
+    apply_fix(plan_fix(d))
+    assert set(json.loads((d / "generation_config.json").read_text())["eos_token_id"]) == set(full)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -111,7 +112,9 @@ def _cache_off_siblings(spec, d: Path) -> list[Path]:
     else:
         candidates = [p for p in d.parent.iterdir() if p.is_dir()]
     others = []
-    for sibling in sorted(c for c in candidates if c != d and (c / "config.json").is_file()):
+    # in step order (checkpoint-9 before checkpoint-10), as the run wrote them
+    steps = [c for c in candidates if c != d and (c / "config.json").is_file()]
+    for sibling in sorted(steps, key=lambda c: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(c))]):
         try:
             config, generation = read_configs(sibling)
         except Exception:  # noqa: BLE001 - an unreadable sibling is not this fix's business

@@ -154,7 +154,8 @@ def saved_eos(config: dict, generation: dict | None) -> tuple[list[int], str]:
                         ("config.json: text_config.eos_token_id", config.get("text_config"))):
         if isinstance(data, dict) and data.get("eos_token_id") is not None:
             value = data["eos_token_id"]
-            return ([value] if isinstance(value, int) else list(value)), where
+            values = value if isinstance(value, list) else [value]  # a token written as text is no id: left out
+            return [v for v in values if isinstance(v, int) and not isinstance(v, bool)], where
     return [], "generation_config.json: eos_token_id"
 
 
