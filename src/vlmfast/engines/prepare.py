@@ -58,8 +58,6 @@ class Preparer:
         """Decode and resize every image (Qwen's rule, our pixel limits). A file that passed the
         header check but fails to decode (truncated data) fails only its own request. Images embedded in a
         dataset file are read from it now, this batch's only, and decoded in memory."""
-        from qwen_vl_utils import fetch_image
-
         from vlmfast.inputs.datasets import load_images as embedded_images
 
         embedded = embedded_images(batch)
@@ -69,14 +67,33 @@ class Preparer:
             loaded = []
             for k, path in enumerate(r.images):
                 try:
-                    loaded.append(fetch_image({"image": embedded.get((r.id, k), path), "min_pixels": self.min_pixels,
-                                               "max_pixels": self.max_pixels}, image_patch_size=self.patch_size))
+                    loaded.append(self.resized(embedded.get((r.id, k), path)))
                 except Exception as exc:  # PIL raises many types for corrupt data
                     failed[r.id] = f"{path}: cannot decode image ({type(exc).__name__}: {exc})"
                     break
             else:
                 images[r.id] = loaded
         return images, failed
+
+    def resized(self, image):
+        """One image (a path or a PIL image) in RGB at the size Qwen's rule gives it: qwen-vl-utils' ``fetch_image``
+        (its RGB conversion, PIL's default resampling), with the size from the image processor's own
+        ``smart_resize`` — qwen-vl-utils' leaves out the processor's floor of one block per side, so a long thin
+        image under a small ``max_pixels`` came out 0 px high and failed as "cannot decode image"."""
+        from PIL import Image
+        from qwen_vl_utils.vision_process import to_rgb
+
+        from vlmfast.engines.batching import smart_resize
+
+        if isinstance(image, Image.Image):
+            image = to_rgb(image)
+        else:
+            with Image.open(image) as opened:
+                image = to_rgb(opened)
+        factor = self.patch_size * self.merge_size
+        height, width = smart_resize(image.height, image.width, factor=factor, min_pixels=self.min_pixels,
+                                     max_pixels=self.max_pixels)
+        return image.resize((width, height))
 
     def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
         """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id; a

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def convert_file(path: str, fmt: str = "auto", *, image_root: str | None = None)
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark, as --manifest accepts it
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {path}: {exc}", hint="give a readable UTF-8 JSON or JSONL file") from exc
     records, problems = read_records(text, str(path))
@@ -61,7 +62,9 @@ def read_records(text: str, name: str) -> tuple[list[tuple[str, object]], list[s
         except json.JSONDecodeError as exc:
             return [], [f"{name}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})"]
     records, problems = [], []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # JSON's line breaks only (as --manifest splits its bytes): str.splitlines also breaks at U+2028, U+0085, …,
+    # which a JSON string may hold as they are (json.dumps(..., ensure_ascii=False) writes them so)
+    for lineno, line in enumerate(re.split(r"\r\n|\r|\n", text), start=1):
         if not line.strip():
             continue
         try:
@@ -143,7 +146,9 @@ def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
     truth = record.get("solution", record.get("answer"))
     if truth is None and len(turns) > 1 and isinstance(turns[1], dict):
         truth = turns[1].get("value")
-    row = _row(record, index, images, prompt)
+    # VLM-R1's loader only drops the marks (grpo_jsonl.py: .replace('<image>', '')): the question keeps its
+    # whitespace, as --manifest reads the same line (vlmr1_row)
+    row = _row(record, index, images, prompt, strip=False)
     scorer = record.get("scorer") or VLMR1_SCORERS.get(record.get("accu_reward_method"))
     return _with_truth(row, truth, scorer)
 
@@ -174,7 +179,7 @@ def _images(record: dict, image_root: str | None) -> list[str]:
     return paths
 
 
-def _row(record: dict, index: int, images: list[str], prompt: str) -> dict:
+def _row(record: dict, index: int, images: list[str], prompt: str, strip: bool = True) -> dict:
     rid = record.get("id")
     if rid is None:
         rid = f"{index:05d}_{Path(images[0]).stem}"  # stable: position in the file + image name
@@ -182,7 +187,7 @@ def _row(record: dict, index: int, images: list[str], prompt: str) -> dict:
         raise ValueError('"id" must be a string or an integer')
     row = {"id": str(rid)}
     row.update({"image": images[0]} if len(images) == 1 else {"images": images})
-    row["prompt"] = prompt.replace("<image>", "").strip()
+    row["prompt"] = prompt.replace("<image>", "").strip() if strip else prompt.replace("<image>", "")
     return row
 
 

@@ -34,8 +34,8 @@ from vlmfast.errors import InputError, UsageError
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.embedded import (EmbeddedImage, Part, column_names, dataset_parts, fetch_bytes, image_entries,
                                      image_label, key_values, record_batches)
-from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_bytes, check_images, parse_messages,
-                                   resolve_relative)
+from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_bytes, check_image_marks, check_images,
+                                   content_text, parse_messages, resolve_relative)
 
 DATASET_SUFFIXES = (".parquet", ".arrow")
 PROMPT_KEYS = ("problem", "prompt")
@@ -174,6 +174,12 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
     except ValueError as exc:
         return BadInput(id=str(row.get("id", where)), problems=(Problem(where, str(exc)),))
     entries = image_entries(value)
+    raw = dig(row, columns.prompt) if columns.prompt else None
+    try:  # EasyR1 and verl give an image slot per mark: a row whose marks and images disagree never trained
+        check_image_marks([content_text(m.get("content")) for m in raw if isinstance(m, dict)] if isinstance(raw, list)
+                          else [raw], len(entries))
+    except ValueError as exc:
+        return BadInput(id=fields["id"], problems=(Problem(where, str(exc)),))
     if not entries and check:
         return BadInput(id=fields["id"], problems=(Problem(where, f'no image in column "{columns.image}"'),))
     base = Path(image_root) if image_root else Path(part.path).parent

@@ -83,6 +83,15 @@ def parse_messages(messages, system=None):
     return question.replace("<image>", "").strip(), system, reply
 
 
+def check_image_marks(texts, n_images: int) -> None:
+    """A ValueError when the texts hold ``<image>`` marks but not one per image: the trainers' processors refuse
+    such a row (one image slot per mark), and dropping the marks would silently ask another question."""
+    marks = sum(t.count("<image>") for t in texts if isinstance(t, str))
+    if marks and marks != n_images:
+        raise ValueError(f"{marks} <image> mark(s) in the text but {n_images} image(s): give one mark per image "
+                         "(or none: the images then go before the text)")
+
+
 def first_image(record: dict) -> str | None:
     """The first image a manifest record names, as it writes it (a line without an id is named by it), or None."""
     images = record.get("images", record.get("image"))

@@ -21,7 +21,7 @@ from vlmfast.evaluation.scoring import SCORERS, truth_text
 # the records every input reader makes (this module's JSONL and folders, and the datasets reader), kept
 # importable from here, where callers found them
 from vlmfast.inputs.records import (DEFAULT_MAX_IMAGE_PIXELS, BadInput, Problem, Request, check_images,  # noqa: F401
-                                    content_text, first_image, parse_messages, resolve_relative)
+                                    check_image_marks, content_text, first_image, parse_messages, resolve_relative)
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
@@ -269,6 +269,9 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
         images = [i.get("path") if isinstance(i, dict) else i for i in images]
     if not images or not all(isinstance(i, str) and i for i in images):
         raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
+    messages = record.get("messages") if isinstance(record.get("messages"), list) else []
+    check_image_marks([record.get("prompt")] + [content_text(m.get("content")) for m in messages if isinstance(m, dict)],
+                      len(images))
     if isinstance(prompt, str) and IMAGE_MARK in prompt:  # the image's place, as in every format read: images go first
         prompt = prompt.replace(IMAGE_MARK, "").strip()  # a prompt without a mark is kept as written
     prompt = prompt if prompt else default_prompt

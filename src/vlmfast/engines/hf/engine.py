@@ -223,6 +223,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         inputs = self.loaded.processor(
             text=[self.chat_text(r) for r in batch], images=flat or None, padding=True, return_tensors="pt",
             size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+            do_resize=False,  # resized already (load_images): Qwen's rule is not idempotent where a side is clamped
         )
         if self.on_cuda:
             for key, value in inputs.items():

@@ -1,0 +1,76 @@
+"""<image> marks that do not match the images: refused with file:line, never run as another question."""
+
+import json
+
+import numpy as np
+from PIL import Image
+
+
+def _png(path):
+    Image.fromarray(np.zeros((32, 40, 3), dtype=np.uint8)).save(path)
+    return path.name
+
+
+def test_jsonl_marks_must_match_images(tmp_path):
+    from vlmfast.inputs.requests import collect
+
+    a, b = _png(tmp_path / "a.png"), _png(tmp_path / "b.png")
+    lines = [{"id": "ok", "images": [a, b], "prompt": "<image><image>Which is larger?"},
+             {"id": "none", "images": [a, b], "prompt": "Which is larger?"},
+             {"id": "two-marks-one-image", "image": a, "prompt": "Compare <image> with <image>."},
+             {"id": "swift", "messages": [{"role": "user", "content": "<image><image>Compare"}], "images": [a]}]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    c = collect(manifest=str(manifest))
+    assert [r.id for r in c.requests] == ["ok", "none"]
+    bad = {b.id: b.error for b in c.bad}
+    assert set(bad) == {"two-marks-one-image", "swift"}
+    assert "m.jsonl:3" in bad["two-marks-one-image"] and "2 <image> mark(s)" in bad["two-marks-one-image"]
+
+
+def test_parquet_marks_must_match_images(tmp_path):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vlmfast.inputs.requests import collect
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((32, 40, 3), dtype=np.uint8)).save(buf, "PNG")
+    image = {"bytes": buf.getvalue(), "path": None}
+    pq.write_table(pa.table({"problem": ["<image>What?", "<image><image>Compare"], "answer": ["1", "2"],
+                             "images": [[image], [image]]}), tmp_path / "t.parquet")
+    c = collect(manifest=str(tmp_path / "t.parquet"))
+    assert [r.id for r in c.requests] == ["0"]
+    assert [b.id for b in c.bad] == ["1"] and "2 <image> mark(s)" in c.bad[0].error
+
+
+def test_convert_reads_what_manifest_reads(tmp_path):
+    """A byte-order mark and a U+2028 inside a string: --manifest reads both; convert must too."""
+    from vlmfast.inputs.convert import convert_file
+
+    a = _png(tmp_path / "a.png")
+    record = {"image": a, "problem": "Line one\u2028line two", "solution": [1, 2, 3, 4]}
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_bytes(b"\xef\xbb\xbf" + (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+    rows = convert_file(str(jsonl))
+    assert len(rows) == 1 and rows[0]["prompt"] == "Line one\u2028line two"
+    array = tmp_path / "x.json"
+    array.write_bytes(b"\xef\xbb\xbf" + json.dumps([record]).encode("utf-8"))
+    assert len(convert_file(str(array))) == 1
+
+
+def test_converted_vlmr1_lines_ask_what_the_lines_ask(tmp_path):
+    """vlmfast convert of VLM-R1 lines gives the prompts --manifest gives the lines themselves (the trainer's)."""
+    from vlmfast.inputs.convert import convert_file, write_manifest
+    from vlmfast.inputs.requests import collect
+
+    a = _png(tmp_path / "a.png")
+    line = {"image": a, "conversations": [{"from": "human", "value": "<image>\nHow many objects are there?"},
+                                          {"from": "gpt", "value": "3"}]}
+    source = tmp_path / "vlmr1.jsonl"
+    source.write_text(json.dumps(line) + "\n")
+    converted = write_manifest(convert_file(str(source)), str(tmp_path / "converted.jsonl"))
+    direct, via = collect(manifest=str(source)).requests, collect(manifest=str(converted)).requests
+    assert [(r.id, r.prompt) for r in via] == [(r.id, r.prompt) for r in direct]
