@@ -108,12 +108,15 @@ def test_easyr1_experiment_config_gives_the_parity_table(tmp_path):
     t = training_settings(ckpt)
     assert t.trainer == "easyr1" and t.files == [str(root / "experiment_config.json")]
     rows = parity(t, InferOptions(ckpt=str(ckpt)))
-    assert [r["setting"] for r in rows] == ["format prompt", "min pixels", "max pixels", "max new tokens", "temperature",
+    assert [r["setting"] for r in rows] == ["format prompt", "min pixels", "max pixels", "resize rule", "max new tokens", "temperature",
                                            "top p", "answers per prompt (n)", "reward function(s)", "reward kwargs"]
     got = _rows(rows)
     assert got["format_prompt"] == (MATH, "{prompt}", False, f"{tmp_path / 'format.jinja'} (data.format_prompt)")
     assert got["min_pixels"] == (262144, 3136, False, "experiment_config.json: data.min_pixels")
     assert got["max_pixels"] == (4194304, 1003520, False, "experiment_config.json: data.max_pixels")
+    # EasyR1 scales images into those bounds, then the processor resizes: not Qwen's rule within them
+    assert got["resize_rule"] == ("easyr1", "qwen", False, "experiment_config.json: data.min_pixels/max_pixels "
+                                  "(EasyR1's process_image)")
     assert got["max_new_tokens"] == (2048, 1024, False, "experiment_config.json: data.max_response_length")
     assert got["temperature"] == (0.6, 0.0, False, "experiment_config.json: worker.rollout.val_override_config.temperature")
     assert got["top_p"] == (0.95, 1.0, False, "experiment_config.json: worker.rollout.val_override_config.top_p")
@@ -172,12 +175,14 @@ def test_match_training_adopts_what_was_not_given_and_says_what_it_could_not(tmp
     g = options.generation
     assert (g.temperature, g.top_p, g.n, g.max_new_tokens) == (0.3, 0.95, 1, 2048)  # --temperature stays as given
     assert (options.min_pixels, options.max_pixels, options.template) == (262144, 4194304, "plain")
+    assert options.resize_rule == "easyr1"
     assert options.reward == [f"{tmp_path / 'r1v.py'}:compute_score"] and options.reward_kwargs == '{"format_weight": 0.1}'
     reward = tmp_path / "r1v.py"
     assert options.format_prompt == str(tmp_path / "format.jinja")  # rendered as the trainer renders it
     assert adopted == [f"--format-prompt {tmp_path / 'format.jinja'} (data.format_prompt)",
                        "--min-pixels 262144 (experiment_config.json: data.min_pixels)",
                        "--max-pixels 4194304 (experiment_config.json: data.max_pixels)",
+                       "--resize-rule easyr1 (experiment_config.json: data.min_pixels/max_pixels (EasyR1's process_image))",
                        "--max-new-tokens 2048 (experiment_config.json: data.max_response_length)",
                        "--top-p 0.95 (experiment_config.json: worker.rollout.val_override_config.top_p)",
                        "--n 1 (experiment_config.json: worker.rollout.val_override_config.n)",
@@ -233,7 +238,7 @@ def test_infer_report_carries_parity_and_runs_with_the_adopted_options(tmp_path,
     # without --match-training: the table says what differs, and how to adopt it
     plain = infer(InferOptions(ckpt=str(ckpt), images=[image], prompt="Q?"), backend=FakeBackend()).parity
     assert plain["adopted"] == [] and plain["notes"] == [
-        "evaluation differs from training in: format prompt, min pixels, max pixels, max new tokens, temperature, top p, "
+        "evaluation differs from training in: format prompt, min pixels, max pixels, resize rule, max new tokens, temperature, top p, "
         "reward function(s), reward kwargs (--match-training adopts the training's)"]
 
 
@@ -290,10 +295,11 @@ def test_doctor_lists_the_settings_that_differ(tmp_path):
     assert found[0].location == "../../../experiment_config.json"  # relative to the diagnosed dir, as doctor's are
     listed = found[0].message.removeprefix("vlmfast infer's settings differ from training in: ").split("; ")
     assert listed[0] == "format prompt (training {{ content | trim }} You FIRST think ab…, evaluation {prompt})"
-    assert listed[1:6] == ["min pixels (training 262144, evaluation 3136)", "max pixels (training 4194304, evaluation 1003520)",
+    assert listed[1:7] == ["min pixels (training 262144, evaluation 3136)", "max pixels (training 4194304, evaluation 1003520)",
+                           "resize rule (training easyr1, evaluation qwen)",
                            "max new tokens (training 2048, evaluation 1024)", "temperature (training 0.6, evaluation 0.0)",
                            "top p (training 0.95, evaluation 1.0)"]
-    assert listed[-1] == 'reward kwargs (training {"format_weight": 0.1}, evaluation none)' and len(listed) == 8
+    assert listed[-1] == 'reward kwargs (training {"format_weight": 0.1}, evaluation none)' and len(listed) == 9
     assert found[0].fix == f"vlmfast infer --ckpt {ckpt} --match-training (or give each setting)"
     assert not [f for f in diagnose(ckpt) if f.code == "train-eval-differs"]  # no evaluation given: no comparison
     result = cli("doctor", ckpt, "--json")

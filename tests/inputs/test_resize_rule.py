@@ -47,3 +47,46 @@ def test_thin_image_under_small_max_pixels_gets_the_processors_size(processor, t
                                     return_tensors="pt")["image_grid_thw"].tolist()
     assert grid == ref
     assert prep.image_tokens(4000, 25) == grid[0][1] * grid[0][2] // 4
+
+
+def _easyr1_process_image(path, min_pixels, max_pixels):
+    """EasyR1's process_image (verl/utils/dataset.py), as its dataset and rollout call it, written out here as
+    the reference: scaled into the bounds in the image's own mode, then RGB."""
+    import math
+
+    image = Image.open(path)
+    image.load()
+    if max_pixels is not None and image.width * image.height > max_pixels:
+        f = math.sqrt(max_pixels / (image.width * image.height))
+        image = image.resize((int(image.width * f), int(image.height * f)))
+    if min_pixels is not None and image.width * image.height < min_pixels:
+        f = math.sqrt(min_pixels / (image.width * image.height))
+        image = image.resize((int(image.width * f), int(image.height * f)))
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+@pytest.mark.parametrize("size,mode", [((400, 300), "RGB"), ((250, 180), "RGBA"), ((90, 70), "P"), ((3000, 2000), "RGB")])
+def test_easyr1_rule_gives_the_pixels_easyr1_trained_on(processor, tmp_path, size, mode):
+    """EasyR1's data.min_pixels / max_pixels are no smart_resize limits: the image is scaled into them, then the
+    processor resizes it within its own. Qwen's rule with the same numbers gave a 400×300 image a 32×44 grid
+    where EasyR1's gave 32×42; an RGBA image lost its alpha there, not laid on white."""
+    from vlmfast.engines.prepare import Preparer
+    from vlmfast.inputs.records import Request
+
+    lo, hi = 262144, 4194304  # EasyR1's examples/config.yaml
+    rng = np.random.default_rng(1)
+    channels = 4 if mode == "RGBA" else 3
+    im = Image.fromarray(rng.integers(0, 255, (size[1], size[0], channels), dtype=np.uint8))
+    im = im.convert(mode) if mode != "RGBA" else im
+    path = tmp_path / "x.png"
+    im.save(path)
+    prep = Preparer(processor, 100_000, min_pixels=lo, max_pixels=hi, resize_rule="easyr1")
+    images, failed = prep.load_images([Request(id="x", images=(str(path),), prompt="q")])
+    assert failed == {} and prep.processor_resizes
+    ours = processor.image_processor(images=images["x"], do_resize=True, return_tensors="pt",
+                                     size={"shortest_edge": prep.min_pixels, "longest_edge": prep.max_pixels})
+    theirs = processor.image_processor(images=[_easyr1_process_image(path, lo, hi)], return_tensors="pt")
+    assert ours["image_grid_thw"].tolist() == theirs["image_grid_thw"].tolist()
+    assert np.array_equal(ours["pixel_values"].numpy(), theirs["pixel_values"].numpy())
+    grid = theirs["image_grid_thw"][0].tolist()
+    assert prep.image_tokens(*size) == grid[1] * grid[2] // prep.merge_size ** 2

@@ -23,7 +23,7 @@ LOOKED_FOR = ("args.json (ms-swift), experiment_config.json or config.yaml (Easy
               "trainer_state.json (HF Trainer, TRL, VLM-R1)")
 # the settings compared, in table order, with how they are shown
 SETTINGS = {"format_prompt": "format prompt", "system": "system prompt", "min_pixels": "min pixels",
-            "max_pixels": "max pixels", "max_new_tokens": "max new tokens", "temperature": "temperature",
+            "max_pixels": "max pixels", "resize_rule": "resize rule", "max_new_tokens": "max new tokens", "temperature": "temperature",
             "top_p": "top p", "n": "answers per prompt (n)", "repetition_penalty": "repetition penalty",
             "reward": "reward function(s)",
             "reward_weights": "reward weights", "reward_kwargs": "reward kwargs", "eos": "stop words / EOS"}
@@ -175,6 +175,8 @@ def _easyr1(path: Path, c: dict):
                          "cannot be compared")
     _take(v, "min_pixels", path, c, ("data.min_pixels",), int)
     _take(v, "max_pixels", path, c, ("data.max_pixels",), int)
+    if "min_pixels" in v or "max_pixels" in v:  # its process_image scales images into them, then the processor resizes
+        v["resize_rule"] = Setting("easyr1", f"{path.name}: data.min_pixels/max_pixels (EasyR1's process_image)")
     _take(v, "max_new_tokens", path, c, ("data.max_response_length",), int)
     for name in ("temperature", "top_p"):  # validation's sampling: the rollout's, with val_override_config on top
         _take(v, name, path, c, (f"worker.rollout.val_override_config.{name}", f"worker.rollout.{name}"))

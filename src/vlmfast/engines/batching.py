@@ -33,6 +33,18 @@ def smart_resize(height: int, width: int, *, factor: int, min_pixels: int, max_p
     return h_bar, w_bar
 
 
+def easyr1_size(width: int, height: int, min_pixels: int | None, max_pixels: int | None) -> tuple[int, int]:
+    """The size EasyR1's ``process_image`` scales an image to: into ``max_pixels`` when above it, then up to
+    ``min_pixels`` when below it, each side ``int(side · sqrt(bound / area))`` (None: no bound that side)."""
+    if max_pixels is not None and width * height > max_pixels:
+        factor = math.sqrt(max_pixels / (width * height))
+        width, height = int(width * factor), int(height * factor)
+    if min_pixels is not None and width * height < min_pixels:
+        factor = math.sqrt(min_pixels / (width * height))
+        width, height = int(width * factor), int(height * factor)
+    return width, height
+
+
 def plan_batches(costs: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
     """Indices grouped into batches of at most ``batch_size`` — and, with ``max_tokens``, at most that
     many padded prefill tokens (batch length × its widest request) — most expensive first, so an

@@ -9,21 +9,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vlmfast.engines.batching import image_tokens
+from vlmfast.engines.batching import easyr1_size, image_tokens
 from vlmfast.errors import UsageError
 from vlmfast.inputs.requests import Request
 
 DEFAULT_MAX_PIXELS_CAP = 1280 * 28 * 28  # the real default (16384·28·28) OOMs on large images
+# How the pixel limits a run is given resize an image. qwen: Qwen's smart_resize within them (qwen-vl-utils,
+# ms-swift, VLM-R1, TRL). easyr1: EasyR1's data.min_pixels / max_pixels — its process_image first scales the
+# image into them (int(side · factor), in the image's own mode, then RGB without the alpha), and the processor
+# then resizes it within its own limits (the training's and the rollout's processor call).
+RESIZE_RULES = ("qwen", "easyr1")
 
 
 class Preparer:
     """Pixel limits (``min_pixels``, ``max_pixels``: the processor's own unless given, the maximum capped
-    at 1280·28·28), Qwen's patch and merge sizes, and the request-level steps built on them."""
+    at 1280·28·28), Qwen's patch and merge sizes, and the request-level steps built on them. With
+    ``resize_rule="easyr1"`` the given limits are EasyR1's pre-resize bounds (``bounds``) and ``min_pixels`` /
+    ``max_pixels`` the processor's own, the resize after them (the maximum capped only when none was given)."""
 
     def __init__(self, processor, context_limit: int | None, *, min_pixels: int | None = None,
-                 max_pixels: int | None = None):
+                 max_pixels: int | None = None, resize_rule: str = "qwen"):
+        from vlmfast.errors import check_choice
+
+        check_choice("--resize-rule", resize_rule, RESIZE_RULES)
         ip = processor.image_processor
         own_min, own_max = processor_pixel_limits(ip)
+        self.resize_rule = resize_rule
+        self.bounds = (min_pixels, max_pixels) if resize_rule == "easyr1" else None
+        if self.bounds is not None:  # EasyR1's scaling, then the processor's own limits
+            min_pixels, max_pixels = None, own_max if max_pixels is not None else None
         self.min_pixels = min_pixels if min_pixels is not None else own_min
         self.max_pixels = max_pixels if max_pixels is not None else min(own_max, DEFAULT_MAX_PIXELS_CAP)
         self.max_pixels_capped = max_pixels is None and own_max > DEFAULT_MAX_PIXELS_CAP
@@ -36,6 +50,8 @@ class Preparer:
         self.context_limit = context_limit
 
     def image_tokens(self, width: int, height: int) -> int:
+        if self.bounds is not None:
+            width, height = easyr1_size(width, height, *self.bounds)
         return image_tokens(width, height, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
                             patch_size=self.patch_size, merge_size=self.merge_size)
 
@@ -85,6 +101,8 @@ class Preparer:
 
         from vlmfast.engines.batching import smart_resize
 
+        if self.bounds is not None:
+            return self._easyr1_scaled(image)
         if isinstance(image, Image.Image):
             image = to_rgb(image)
         else:
@@ -94,6 +112,26 @@ class Preparer:
         height, width = smart_resize(image.height, image.width, factor=factor, min_pixels=self.min_pixels,
                                      max_pixels=self.max_pixels)
         return image.resize((width, height))
+
+    def _easyr1_scaled(self, image):
+        """EasyR1's ``process_image``: scaled into its bounds in the image's own mode (PIL's default resampling),
+        then RGB (the alpha dropped, not laid on white). The processor resizes it after (``processor_resizes``)."""
+        from PIL import Image
+
+        if not isinstance(image, Image.Image):
+            with Image.open(image) as opened:
+                opened.load()
+                image = opened.copy()
+        width, height = easyr1_size(image.width, image.height, *self.bounds)
+        if (width, height) != image.size:
+            image = image.resize((width, height))
+        return image if image.mode == "RGB" else image.convert("RGB")
+
+    @property
+    def processor_resizes(self) -> bool:
+        """Whether the processor resizes the images :meth:`load_images` gives it: after EasyR1's scaling, as
+        EasyR1's processor call does; never after Qwen's rule, which is not idempotent where a side is clamped."""
+        return self.bounds is not None
 
     def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
         """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id; a

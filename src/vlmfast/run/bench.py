@@ -146,7 +146,8 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
 
 def _engine_kwargs(options: BenchOptions, compile_cache) -> tuple[dict, dict]:
     """The keywords of the as-saved reference and of vlmfast's engine: per-step clocks on for both."""
-    common = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, record_steps=True)
+    common = dict(min_pixels=options.min_pixels, max_pixels=options.max_pixels, resize_rule=options.resize_rule,
+                  record_steps=True)
     fast = dict(common, decoder=options.decoder, cuda_graphs=options.cuda_graphs, compile=options.compile,
                 compile_cache=compile_cache)
     return common, fast
@@ -220,7 +221,8 @@ def _opened_scenarios(bench: _Bench, engine: str, found) -> None:
 def _run_options(o: BenchOptions, engine: str) -> InferOptions:
     """What ``infer --engine ENGINE`` would be given for this bench: its settings, less those the engine refuses."""
     settings = dict(device=o.device, dtype=o.dtype, attn=o.attn, decoder=o.decoder, cuda_graphs=o.cuda_graphs,
-                    compile=o.compile, min_pixels=o.min_pixels, max_pixels=o.max_pixels, template=o.template)
+                    compile=o.compile, min_pixels=o.min_pixels, max_pixels=o.max_pixels, template=o.template,
+                    resize_rule=o.resize_rule)
     refused = ENGINES[engine].refuses
     return InferOptions(ckpt=o.ckpt, engine=engine, generation=o.generation,
                         **{k: v for k, v in settings.items() if k not in refused})

@@ -10,6 +10,7 @@ from vlmfast.declared import FAST, GATES, GEN, INPUT, MODEL, like, nested, optio
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
 from vlmfast.engines.rows import GenerationSettings
+from vlmfast.engines.prepare import RESIZE_RULES
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.inputs.requests import TEMPLATES
 from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
@@ -35,6 +36,7 @@ class BenchOptions:
     template: str = like(InferOptions, "template")
     max_pixels: int | None = like(InferOptions, "max_pixels")
     min_pixels: int | None = like(InferOptions, "min_pixels")
+    resize_rule: str = like(InferOptions, "resize_rule")
     generation: GenerationSettings = nested(lambda: GenerationSettings(max_new_tokens=128))
     batch_sizes: tuple[int, ...] | str = option("8", help="Comma-separated batch sizes for ckpt (and base), e.g. 1,8.",
                                                 panel=GEN, type=str)
@@ -79,7 +81,7 @@ class BenchOptions:
         if self.compile and self.warmup < 1:
             raise UsageError("--compile needs a warm-up run to compile outside the clock", hint="use --warmup 1 or more")
         choices = [("--decoder", self.decoder, DECODERS), ("--scorer", self.scorer, SCORERS),
-                   ("--template", self.template, tuple(TEMPLATES))]
+                   ("--template", self.template, tuple(TEMPLATES)), ("--resize-rule", self.resize_rule, RESIZE_RULES)]
         for option, value, known in choices + ([("--bbox-space", self.bbox_space, BBOX_SPACES)] if self.bbox_space is not None else []):
             check_choice(option, value, known)
         self._check_gates()

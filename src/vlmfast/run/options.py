@@ -11,6 +11,7 @@ from pathlib import Path
 from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, nested, option
 from vlmfast.engines.hf import BATCHING, DECODERS
 from vlmfast.engines.open import ENGINES, check_engine_options
+from vlmfast.engines.prepare import RESIZE_RULES
 from vlmfast.engines.vllm.support import VllmSettings
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.evaluation.scoring import OWN_SCORERS, REFERENCE_SCORERS
@@ -66,6 +67,10 @@ class InferOptions:
     max_pixels: int | None = option(
         None, help="Max pixels per image (default: the processor's, capped at 1280·28·28).", panel=INPUT)
     min_pixels: int | None = option(None, help="Min pixels per image (default: the processor's).", panel=INPUT)
+    resize_rule: str = option("qwen", help="How --min-pixels/--max-pixels resize an image: qwen (Qwen's smart_resize "
+                              "within them, as qwen-vl-utils, ms-swift, VLM-R1 and TRL) | easyr1 (EasyR1's data.min_pixels"
+                              "/max_pixels: the image is scaled into them, then the processor resizes it within its own "
+                              "limits). --match-training picks the trainer's.", panel=INPUT)
     skip_bad: bool = option(False, help="Record an error row per bad input and run the rest (default: fail before "
                             "loading).", panel=INPUT)
     max_image_pixels: int = option(DEFAULT_MAX_IMAGE_PIXELS, help="Refuse images with more pixels than this "
@@ -153,6 +158,7 @@ class InferOptions:
         check_choice("--fingerprint", self.fingerprint, ("sampled", "full"))
         check_choice("--scorer", self.scorer, SCORERS)
         check_choice("--template", self.template, tuple(TEMPLATES))
+        check_choice("--resize-rule", self.resize_rule, RESIZE_RULES)
         check_image_root(self.image_root)
         if self.format_prompt is not None and self.template != "plain":
             raise UsageError(f"--format-prompt and --template {self.template} both shape the prompt",

@@ -12,6 +12,7 @@ from vlmfast.checkpoints.training import TrainingSettings, compare, format_templ
 
 # setting → the option (command-line name) that sets it
 OPTION_OF = {"format_prompt": "template", "system": "system", "min_pixels": "min_pixels", "max_pixels": "max_pixels",
+             "resize_rule": "resize_rule",
              "max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "n": "n",
              "repetition_penalty": "repetition_penalty",
              "reward": "reward", "reward_weights": "reward_weights", "reward_kwargs": "reward_kwargs"}
@@ -61,6 +62,7 @@ def evaluation_settings(options, where: Path | None = None) -> dict[str, tuple[o
         "system": flag("system", options.system, default_of(type(options), "system")),
         "min_pixels": (options.min_pixels, "--min-pixels") if options.min_pixels else lo,
         "max_pixels": (options.max_pixels, "--max-pixels") if options.max_pixels else hi,
+        "resize_rule": flag("resize_rule", options.resize_rule, default_of(type(options), "resize_rule")),
         **{name: generation(name) for name in GENERATION},
         "repetition_penalty": _penalty(g.repetition_penalty, where or _checkpoint_dir(options.ckpt)),
         "reward": (reward, "--reward") if reward else (None, f"vlmfast's scorer (--scorer {options.scorer})"),

@@ -40,6 +40,7 @@ def settings_of(infer, *, digest: bool = True) -> dict:
         "format_prompt": infer.format_prompt,
         "prompt_file": infer.prompt_file, "template": infer.template, "system": infer.system,
         "generation": generation, "min_pixels": infer.min_pixels, "max_pixels": infer.max_pixels,
+        "resize_rule": infer.resize_rule,
         "scorer": infer.scorer, "iou": infer.iou, "bbox_space": infer.bbox_space, "reward": infer.reward,
         "reward_weights": infer.reward_weights, "reward_kwargs": infer.reward_kwargs,
         "reward_threshold": infer.reward_threshold, "engine": infer.engine,

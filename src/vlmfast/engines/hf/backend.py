@@ -46,7 +46,7 @@ class HfBackend:
         self.loaded = loaded
         self.engine = Engine(loaded, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, decoder=o.decoder,
                              cuda_graphs=o.cuda_graphs, compile=o.compile, compile_cache=self.compile_cache,
-                             max_batch_tokens=o.max_batch_tokens)
+                             max_batch_tokens=o.max_batch_tokens, resize_rule=o.resize_rule)
         self.scheduler = Scheduler(self.engine, overlap=o.overlap)
 
     def context_problems(self, requests, image_sizes):

@@ -89,7 +89,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
     def __init__(self, loaded: Loaded, settings: GenerationSettings, *, min_pixels: int | None = None,
                  max_pixels: int | None = None, record_steps: bool = False, decoder: str = "vlmfast",
                  cuda_graphs: bool | None = None, compile: bool | None = False, sync_every: int | None = None,
-                 compile_cache=None, max_batch_tokens: int | None = None, compiler=None):
+                 compile_cache=None, max_batch_tokens: int | None = None, compiler=None, resize_rule: str = "qwen"):
         from vlmfast.checkpoints.families import decode_choice
 
         check_choice("--decoder", decoder, DECODERS)
@@ -121,7 +121,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         self.record_steps = record_steps
         self.max_batch_tokens = max_batch_tokens or PREFILL_TOKENS["cuda" if self.on_cuda else "cpu"]
         super().__init__(loaded.processor, getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None),
-                         min_pixels=min_pixels, max_pixels=max_pixels)
+                         min_pixels=min_pixels, max_pixels=max_pixels, resize_rule=resize_rule)
         self._text = self._bias = None
         # sampling draws are keyed by (seed, request id, sample): without --seed, one seed drawn for this engine
         self.seed = run_seed(settings.seed)
@@ -223,7 +223,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         inputs = self.loaded.processor(
             text=[self.chat_text(r) for r in batch], images=flat or None, padding=True, return_tensors="pt",
             size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
-            do_resize=False,  # resized already (load_images): Qwen's rule is not idempotent where a side is clamped
+            do_resize=self.processor_resizes,  # Qwen's rule applied already (load_images); EasyR1's scaling: not yet
         )
         if self.on_cuda:
             for key, value in inputs.items():

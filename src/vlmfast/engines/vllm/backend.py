@@ -68,11 +68,11 @@ class VllmBackend(Preparer):
 
     def __init__(self, ckpt, settings: GenerationSettings | None = None, *, base=None,
                  min_pixels: int | None = None, max_pixels: int | None = None, parallel: VllmSettings | None = None,
-                 dtype: str | None = None, enforce_eager: bool | None = None,
+                 dtype: str | None = None, enforce_eager: bool | None = None, resize_rule: str = "qwen",
                  max_model_len: int | None = None, kv_cache_gib: float | None = None,
                  trust_remote_code: bool = False, engine_kwargs: dict | None = None):
         # what a rebuild for another checkpoint of a sweep (or the canary's fresh engine) is constructed with
-        self._requested = dict(base=base, min_pixels=min_pixels, max_pixels=max_pixels, parallel=parallel, dtype=dtype,
+        self._requested = dict(base=base, min_pixels=min_pixels, max_pixels=max_pixels, resize_rule=resize_rule, parallel=parallel, dtype=dtype,
                                enforce_eager=enforce_eager, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
                                trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs)
         vllm = import_vllm()
@@ -163,7 +163,7 @@ class VllmBackend(Preparer):
         self.image_token_id = getattr(self.config, "image_token_id", None)
         self.bbox_space = getattr(family_for(getattr(self.config, "model_type", None)), "bbox_space", None)  # as the HF engine's rows
         super().__init__(processor, self.max_model_len or getattr(self.config.get_text_config(), "max_position_embeddings", None),
-                         min_pixels=min_pixels, max_pixels=max_pixels)
+                         min_pixels=min_pixels, max_pixels=max_pixels, resize_rule=self._requested["resize_rule"])
         if self.on_cpu:
             check_cpu_head_size(self.config, self.ckpt)
 
@@ -392,5 +392,5 @@ def open_vllm(options, found, loaded=None, dist=None) -> VllmBackend:
         raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
                          hint="use --tensor-parallel-size N")
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
-                       min_pixels=options.min_pixels, max_pixels=options.max_pixels, parallel=options.vllm,
+                       min_pixels=options.min_pixels, max_pixels=options.max_pixels, resize_rule=options.resize_rule, parallel=options.vllm,
                        dtype=options.dtype, trust_remote_code=options.trust_remote_code)
