@@ -270,3 +270,59 @@ def test_hundreds_of_stop_tokens_end_answers_where_a_few_do(spread, images):
     expected = {k: v.token_ids for k, v in few.items()}
     assert {k: v.token_ids for k, v in eager.items()} == expected == {k: v.token_ids for k, v in static.items()}
     assert any(len(t) < settings.max_new_tokens for t in expected.values())  # the real stops still end answers
+
+
+def test_the_decode_clock_stops_while_the_caller_handles_ended_answers(loaded, images):
+    """The runner scores (a --reward function may take seconds), writes and fsyncs each answer as it ends,
+    inside the stream's loop: that time is not decoding. A static batch's clock stops before its rows are
+    made; so must the continuous loop's, or decode_ms_per_token (and the compile decision) count the reward."""
+    import time
+
+    reqs = _requests(images)
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=3), sync_every=1)
+    length = max(engine.cost(r) for r in reqs) + 64 + 3
+    answers, pauses, last = 0, 0, None
+    for out, timing in stream(engine, reqs, 2, length):
+        if out:
+            answers += len(out)
+            pauses += 1
+            time.sleep(1.0)  # a slow reward function, a slow disk
+        if timing is not None and not timing.size:
+            last = timing
+    assert answers == len(reqs) and pauses >= 3
+    assert last.decode_s < 1.0, last.decode_s  # a few steps of a tiny model, not the caller's 3+ seconds
+
+
+def test_after_an_out_of_memory_error_the_steps_that_made_the_answers_given_still_count(loaded, images, monkeypatch):
+    """A CUDA out-of-memory error mid-run sends the answers not yet given to halved static batches; the answers
+    given before it were decoded by the continuous loop, whose steps must reach the report — else it shows
+    more answer tokens than row-steps (decode_row_utilization 2.0), "static" batching and a decode time
+    without those steps."""
+    from vlmfast.engines.hf import scheduler
+
+    class FakeOutOfMemory(RuntimeError):
+        pass
+
+    monkeypatch.setattr(scheduler, "is_out_of_memory", lambda exc: isinstance(exc, FakeOutOfMemory))
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=6), sync_every=1)
+    prefill, calls = engine.prefill, []
+
+    def failing_prefill(prepared):
+        calls.append(1)
+        if len(calls) == 3:
+            raise FakeOutOfMemory("CUDA out of memory (simulated)")
+        return prefill(prepared)
+
+    monkeypatch.setattr(engine, "prefill", failing_prefill)
+    reqs = _requests(images)
+    s = Scheduler(engine)
+    rows, timings, before = [], [], None
+    for _, out, timing in s.continuous(reqs, {}, list(range(len(reqs))), 2):
+        rows += out
+        timings += [timing] if timing is not None else []
+        if timing is not None and timing.size == 0 and before is None:
+            before = list(rows)  # the answers the continuous loop gave before the error
+    assert s.oom_splits == 1 and sorted(r.id for r in rows) == sorted(r.id for r in reqs)
+    loop = [t for t in timings if t.size == 0]
+    assert loop and before and loop[0].row_steps >= sum(r.n_new_tokens for r in before)
+    assert sum(t.row_steps for t in timings) >= sum(r.n_new_tokens for r in rows)  # utilization at most 1

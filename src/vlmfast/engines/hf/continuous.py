@@ -130,12 +130,14 @@ class Held:
 
 
 def stream(engine, requests: Sequence[Request], width: int, length: int, policy: AdmitPolicy | None = None,
-           overlap: bool = False) -> Iterator[tuple[list[SampleResult], BatchTiming | None]]:
+           overlap: bool = False, cut: list | None = None) -> Iterator[tuple[list[SampleResult], BatchTiming | None]]:
     """Every answer of ``requests`` through ``width`` decode rows of a ``length``-position cache: yields
     (result rows, None) as answers end, (error rows, None) for requests whose images fail, a timing per
     admission (its preparation and prefill) and, last, the decode loop's timing (its steps, row-steps
     and device read-backs). ``length`` grows by itself when a prompt turns out longer than planned.
-    ``overlap``: the images of the next requests are decoded by a worker meanwhile (:class:`Ahead`)."""
+    ``overlap``: the images of the next requests are decoded by a worker meanwhile (:class:`Ahead`). ``cut``:
+    where a run that fails (a CUDA out-of-memory error) leaves the decode loop's timing so far, for a caller
+    that goes on without the loop: the answers it gave were decoded in those steps."""
     policy = policy or AdmitPolicy.for_device(engine.on_cuda)
     waiting = deque(requests)
     state = decode_state(engine, width, length)
@@ -143,13 +145,13 @@ def stream(engine, requests: Sequence[Request], width: int, length: int, policy:
     try:
         if ahead is not None:
             ahead.refill()
-        yield from _loop(engine, state, waiting, policy, ahead)
+        yield from _loop(engine, state, waiting, policy, ahead, cut)
     finally:
         if ahead is not None:
             ahead.close()
 
 
-def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | None):
+def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | None, cut: list | None = None):
     import torch
 
     s, n = engine.settings, engine.settings.n
@@ -158,58 +160,72 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
     clock = StepTimes(engine.device) if engine.record_steps else None
     decode_s = admitted = first_tokens = syncs = answered = answer_tokens = seated_s = waited = 0
     t_last = None
-    with torch.inference_mode():
-        while waiting or parked or state.live():
-            if state.t % engine.sync_every == 0 or not state.live():
-                syncs += 1
-                rows = _finished(engine, state.harvest(), held)
-                answered, answer_tokens = answered + len(rows), answer_tokens + sum(r.n_new_tokens for r in rows)
-                yield rows, None
-                if engine.policy.undecided and state.t >= DECIDE_AFTER and t_last is not None:
-                    mean = answer_tokens / answered if answered else s.max_new_tokens / 2
-                    answers = len(waiting) * n + sum(len(p.pick) for p in parked) + state.live()
-                    remaining = steps_to_go(state, answers, mean, s.max_new_tokens)
-                    step_ms = (decode_s + now(engine.device) - t_last) * 1000 / state.t
-                    if engine.decide_compile_now(step_ms, remaining):
-                        state = decode_state(engine, state.batch, state.max_len, carry=state)
-                        t_last = now(engine.device)  # the compile is not decoding
-                state.pack()
-                free = state.free_rows()
-                if parked and free:  # answers prefilled earlier first: their rows cost a copy, no prefill
-                    t0 = now(engine.device)
-                    free, seated = _seat(state, parked, free)
-                    waited, seated_s = waited + seated, seated_s + now(engine.device) - t0
+
+    def loop_timing(decode_s: float) -> BatchTiming:
+        marks = clock.times() if clock is not None else []
+        return BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0, decode_s=decode_s, steps=state.t + 1, new_tokens=0,
+                           step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
+                           row_steps=state.row_steps + first_tokens, cache_fill_s=seated_s)
+
+    try:
+        with torch.inference_mode():
+            while waiting or parked or state.live():
+                if state.t % engine.sync_every == 0 or not state.live():
+                    syncs += 1
+                    ended = state.harvest()  # (the read-back waits for the steps queued: decoding)
+                    paused = now(engine.device)
+                    rows = _finished(engine, ended, held)
+                    answered, answer_tokens = answered + len(rows), answer_tokens + sum(r.n_new_tokens for r in rows)
+                    yield rows, None  # the caller scores, writes and fsyncs them: not decoding
                     if t_last is not None:
-                        t_last += now(engine.device) - t0  # (the copy is cache fill, not decoding)
-                if not parked and policy.due(len(free), state.batch, state.live(), len(waiting)):
-                    if t_last is not None:
-                        decode_s += now(engine.device) - t_last
-                    take = [waiting.popleft() for _ in range(policy.requests(len(free), state.batch, n, len(waiting)))]
-                    errors, timing, state, answers = _admit(engine, state, take, held, parked,
-                                                            ahead.take(take) if ahead else None)
-                    if ahead is not None:
-                        ahead.refill()
-                    admitted, first_tokens = admitted + (timing.size if timing else 0), first_tokens + answers
-                    yield errors, timing
+                        t_last += now(engine.device) - paused
+                    if engine.policy.undecided and state.t >= DECIDE_AFTER and t_last is not None:
+                        mean = answer_tokens / answered if answered else s.max_new_tokens / 2
+                        answers = len(waiting) * n + sum(len(p.pick) for p in parked) + state.live()
+                        remaining = steps_to_go(state, answers, mean, s.max_new_tokens)
+                        step_ms = (decode_s + now(engine.device) - t_last) * 1000 / state.t
+                        if engine.decide_compile_now(step_ms, remaining):
+                            state = decode_state(engine, state.batch, state.max_len, carry=state)
+                            t_last = now(engine.device)  # the compile is not decoding
+                    state.pack()
+                    free = state.free_rows()
+                    if parked and free:  # answers prefilled earlier first: their rows cost a copy, no prefill
+                        t0 = now(engine.device)
+                        free, seated = _seat(state, parked, free)
+                        waited, seated_s = waited + seated, seated_s + now(engine.device) - t0
+                        if t_last is not None:
+                            t_last += now(engine.device) - t0  # (the copy is cache fill, not decoding)
+                    if not parked and policy.due(len(free), state.batch, state.live(), len(waiting)):
+                        if t_last is not None:
+                            decode_s += now(engine.device) - t_last
+                            t_last = None  # the clock stops for the admission (it starts again after it)
+                        take = [waiting.popleft() for _ in range(policy.requests(len(free), state.batch, n, len(waiting)))]
+                        errors, timing, state, answers = _admit(engine, state, take, held, parked,
+                                                                ahead.take(take) if ahead else None)
+                        if ahead is not None:
+                            ahead.refill()
+                        admitted, first_tokens = admitted + (timing.size if timing else 0), first_tokens + answers
+                        yield errors, timing
+                        t_last = now(engine.device)
+                        continue  # the newcomers' first tokens may already have ended them
+                    if not state.live():
+                        continue  # the last answers just ended: nothing left to step
+                if t_last is None:
                     t_last = now(engine.device)
-                    continue  # the newcomers' first tokens may already have ended them
-                if not state.live():
-                    continue  # the last answers just ended: nothing left to step
-            if t_last is None:
-                t_last = now(engine.device)
-            if clock is not None:
-                clock()
-            state.step()
-            if clock is not None:
-                clock()
+                if clock is not None:
+                    clock()
+                state.step()
+                if clock is not None:
+                    clock()
+    except Exception:
+        if cut is not None:  # the steps decoded so far made the answers already given
+            cut.append(loop_timing(decode_s + (now(engine.device) - t_last if t_last is not None else 0.0)))
+        raise
     if t_last is not None:
         decode_s += now(engine.device) - t_last
     if state.t > 1:
         engine.policy.observe(engine.shape_key(engine.last_shape), decode_s * 1000 / state.t)
-    marks = clock.times() if clock is not None else []
-    yield [], BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0, decode_s=decode_s, steps=state.t + 1, new_tokens=0,
-                          step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
-                          row_steps=state.row_steps + first_tokens, cache_fill_s=seated_s)
+    yield [], loop_timing(decode_s)
     engine.admissions = (f"continuous batching: {admitted} request(s) admitted into {state.batch} decode rows as "
                          f"rows freed ({policy.name}; {waited} answer(s) waited, prefilled, for a row); "
                          f"{state.t} decode steps")

@@ -83,9 +83,9 @@ class Scheduler:
         index = {r.id: i for i, r in zip(order, todo)}
         length = max(engine.cost(r, image_sizes) for r in todo) + PROMPT_SLACK_TOKENS + engine.settings.max_new_tokens
         given: set[tuple[str, int | None]] = set()
-        failed = None
+        failed, cut = None, []
         try:
-            for rows, timing in stream(engine, todo, width, length, policy, overlap=self.overlap):
+            for rows, timing in stream(engine, todo, width, length, policy, overlap=self.overlap, cut=cut):
                 given.update((r.id, r.sample) for r in rows)
                 if rows or timing is not None:
                     yield [index[r.id] for r in rows], rows, timing
@@ -95,6 +95,8 @@ class Scheduler:
             failed = str(exc)
         if failed is None:
             return
+        if cut:  # the steps that decoded the answers already given: the report's decode figures count them
+            yield [], [], cut[0]
         free_device_cache()  # as in _resilient: the failed attempt's tensors go before anything retries
         engine.forget_shapes()
         self.oom_splits += 1
