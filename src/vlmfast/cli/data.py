@@ -28,7 +28,7 @@ def score(
     reward_kwargs: RewardKwargs = None,
     reward_threshold: RewardThreshold = 1.0,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="--reward: a row whose reward function raises gets reward_error instead of stopping the command.")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL; replaced if it exists; the results file itself rescores it in place).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Also write the rescored rows here (JSONL; replaced if it exists; the results file itself rescores it in place, and the record of its run beside it, results.run.json, then names this scoring).")] = None,
     by: Annotated[Optional[str], typer.Option("--by", metavar="COLUMN", help="Also the accuracy per value of this manifest column (a TSV's category, a dataset's data_source; dotted for a nested one), or of the rows' own field where the manifest has none.")] = None,
     json_out: Json = False,
 ):
@@ -54,7 +54,10 @@ def score(
         summary = rescore_file(results, manifest, scorer=choice("--scorer", scorer, SCORERS), iou=iou,
                                bbox_space=bbox_space, out=out, reward=scoring, skip_bad=skip_bad,
                                keys=DatasetKeys(prompt_key, answer_key, image_key), by=by,  # the columns and images infer read
-                               image_root=image_root)
+                               image_root=image_root,
+                               scoring={"scorer": scorer, "iou": iou, "bbox_space": bbox_space, "reward": reward or None,
+                                        "reward_weights": reward_weights, "reward_kwargs": reward_kwargs,
+                                        "reward_threshold": reward_threshold})
         render_scores(str(results), summary)
         if json_out:
             print_json(summary)

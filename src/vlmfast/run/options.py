@@ -38,8 +38,8 @@ REWARD_HELP = (
 class InferOptions:
     """``vlmfast infer``'s options (see ``vlmfast infer --help``); invalid combinations raise UsageError."""
 
-    ckpt: str = option(help="Checkpoint dir, trainer output dir (highest checkpoint-N wins) or hub id.", panel=MODEL,
-                       flag="--ckpt")
+    ckpt: str = option(help="Checkpoint dir, trainer output dir (its final save at the top, else the highest "
+                       "checkpoint-N with weights) or hub id.", panel=MODEL, flag="--ckpt")
     images: list[str] | None = option(
         None, help="Image files, directories or globs (repeat or list after one flag).", panel=INPUT, flag="--images")
     prompt: str | None = option(None, help="Prompt for every --images file, and for manifest records without one of "

@@ -147,7 +147,7 @@ def _refuse_other_requests(rows: list[dict], manifest: str, keys, image_root, re
 
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
                  out: Path | None = None, reward=None, skip_bad: bool = False, keys=None, by: str | None = None,
-                 image_root: str | None = None) -> dict:
+                 image_root: str | None = None, scoring: dict | None = None) -> dict:
     """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
     ``manifest``: the summary (:func:`vlmfast.evaluation.stats.summarize`) plus what was matched. ``bbox_space``
     None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
@@ -157,7 +157,11 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     ground truth, columns and data source; ``skip_bad`` records its failures in the rows. ``keys``: a parquet or
     Arrow manifest's columns (:class:`~vlmfast.inputs.datasets.DatasetKeys`), the run's own. ``by``: a column
     (dotted for a nested one) of the manifest's records, or else of the result rows, to give the accuracy
-    per value of (``summary["by"]``, :func:`vlmfast.evaluation.stats.by_value`)."""
+    per value of (``summary["by"]``, :func:`vlmfast.evaluation.stats.by_value`). ``scoring``: the scoring
+    settings as a run records them (``scorer``, ``iou``, ``bbox_space``, ``reward``, …); when ``out`` is the
+    results file itself and a record of its run lies beside it, the record is brought up to date with them, so
+    a later ``infer`` or ``sweep`` resuming onto these rows with other scoring stops and names it instead of
+    completing (or ranking) one file scored two ways."""
     results = Path(results)
     if out is not None:
         from vlmfast.files import refuse_inputs_as_out
@@ -182,6 +186,8 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         kept = [row if str(row["id"]) not in truths else new for row, new in zip(rows, scored)]
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept).encode("utf-8"))
+        if scoring is not None and Path(out).resolve() == results.resolve():
+            notes += _record_scoring(results, scoring)
     unknown = [str(r["id"]) for r in scored if str(r["id"]) not in truths]
     if unknown:
         shown = ", ".join(unknown[:5]) + (" …" if len(unknown) > 5 else "")
@@ -215,6 +221,30 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     if by:
         summary["by"] = by_value(scored, values, by)
     return summary
+
+
+def _record_scoring(results: Path, scoring: dict) -> list[str]:
+    """The rows of ``results`` were rescored in place: its run's record (``results.run.json``, an ``infer --out``
+    or a sweep's ``step-N.run.json``) now says how they are scored. Returns a note when that changed it."""
+    from vlmfast.files import atomic_write
+    from vlmfast.run.sweep_record import _differences, _norm, sidecar
+
+    path = sidecar(results)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    settings = data.get("settings") if isinstance(data, dict) else None
+    if not isinstance(settings, dict):
+        return []
+    changed = [line for key, value in scoring.items() if key in settings
+               for line in _differences(key, _norm(settings[key]), _norm(value))]
+    if not changed:
+        return []
+    settings.update({key: value for key, value in scoring.items() if key in settings})
+    atomic_write(path, (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
+    return [f"{path.name} now records this scoring ({'; '.join(changed)}): a rerun of the run that made {results.name} "
+            "with its earlier scoring stops and names the difference instead of adding rows scored the other way"]
 
 
 def _refuse_another_runs_file(out: Path, results: Path) -> None:

@@ -1,0 +1,44 @@
+"""``vlmfast score RESULTS --out RESULTS`` (rescoring in place) keeps the run's record beside the file true: a later
+``infer`` / ``sweep`` resume with the earlier scoring must stop and name the difference, not add or read back rows
+scored another way (a sweep ranked a step rescored with ``contains`` above steps scored with ``auto``)."""
+
+import json
+
+import pytest
+
+from conftest import cli
+from vlmfast.errors import UsageError
+from vlmfast.run.sweep_record import compare
+
+
+def _run_files(tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"r{i}", "image": "a.png", "prompt": "p", "answer": "e"}) + "\n"
+                                for i in range(3)))
+    results = tmp_path / "step-100.jsonl"
+    results.write_text("".join(json.dumps({"id": f"r{i}", "text": "the answer here", "score": 0.0, "correct": False,
+                                           "scorer": "exact"}) + "\n" for i in range(3)))
+    settings = {"manifest": str(manifest), "scorer": "auto", "iou": 0.5, "bbox_space": None, "reward": None,
+                "reward_weights": None, "reward_kwargs": None, "reward_threshold": 1.0}
+    (tmp_path / "step-100.run.json").write_text(json.dumps({"settings": settings, "versions": {}}))
+    return manifest, results, settings
+
+
+def test_rescoring_in_place_with_another_scorer_updates_the_record(tmp_path):
+    manifest, results, settings = _run_files(tmp_path)
+    out = cli("score", results, "--manifest", manifest, "--scorer", "contains", "--out", results)
+    assert out.returncode == 0, out.stderr
+    assert all(json.loads(line)["scorer"] == "contains" for line in results.read_text().splitlines())
+    record = json.loads((tmp_path / "step-100.run.json").read_text())
+    assert record["settings"]["scorer"] == "contains"
+    assert "now records this scoring" in out.stderr
+    with pytest.raises(UsageError, match='scorer: "contains" then, "auto" now'):  # the earlier run's resume stops
+        compare(tmp_path / "step-100.run.json", settings, "holds rows made with other settings", hint="")
+
+
+def test_rescoring_in_place_with_the_same_scoring_leaves_the_record(tmp_path):
+    manifest, results, _ = _run_files(tmp_path)
+    before = (tmp_path / "step-100.run.json").read_text()
+    out = cli("score", results, "--manifest", manifest, "--out", results)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "step-100.run.json").read_text() == before
