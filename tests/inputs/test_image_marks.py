@@ -74,3 +74,33 @@ def test_converted_vlmr1_lines_ask_what_the_lines_ask(tmp_path):
     converted = write_manifest(convert_file(str(source)), str(tmp_path / "converted.jsonl"))
     direct, via = collect(manifest=str(source)).requests, collect(manifest=str(converted)).requests
     assert [(r.id, r.prompt) for r in via] == [(r.id, r.prompt) for r in direct]
+
+
+def test_a_trl_conversational_prompt_is_read_as_its_turns(tmp_path):
+    """TRL's conversational format: "prompt" is a list of turns (an image part, a text part). It was refused as
+    'no prompt: give "prompt" in the record'; its last user turn is the prompt, as for ms-swift's messages."""
+    from vlmfast.inputs.requests import collect
+
+    a = _png(tmp_path / "a.png")
+    turns = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
+    lines = [{"id": "q", "image": a, "prompt": turns, "solution": "x"},
+             {"id": "two", "image": a, "prompt": [{"role": "user", "content": "<image><image>Compare"}]}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    c = collect(manifest=str(tmp_path / "m.jsonl"))
+    assert [(r.id, r.prompt, r.system, r.truth) for r in c.requests] == [("q", "What is this?", "Be brief.", "x")]
+    assert [b.id for b in c.bad] == ["two"] and "2 <image> mark(s)" in c.bad[0].error
+
+
+def test_a_data_uri_is_named_as_one_and_not_echoed_whole(tmp_path):
+    import base64
+    import io
+
+    from vlmfast.inputs.requests import collect
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 40, 3), dtype=np.uint8)).save(buf, "PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "u", "image": uri, "prompt": "What?"}) + "\n")
+    (bad,) = collect(manifest=str(tmp_path / "m.jsonl")).bad
+    assert "a data URI: images are read from local files" in bad.error and uri not in bad.error

@@ -112,8 +112,8 @@ def content_text(content) -> str:
 
 def resolve_relative(image: str, base: Path) -> str:
     """A relative image path against ``base`` (the manifest's folder) when it exists there or nowhere else."""
-    if os.path.isabs(image) or base == Path(".") or image.startswith(str(base) + os.sep):
-        return image  # resolved already (a VLM-R1 line's images are, before the request is built)
+    if os.path.isabs(image) or base == Path(".") or image.startswith(str(base) + os.sep) or image.startswith("data:"):
+        return image  # resolved already (a VLM-R1 line's images are, before the request is built), or no path
     candidate = base / image
     return str(candidate) if candidate.exists() or not os.path.exists(image) else image
 
@@ -162,6 +162,8 @@ def _own_pixel_limit(max_image_pixels: int | None):
 
 
 def _file_problem(path: str) -> str | None:
+    if path.startswith("data:"):
+        return "a data URI: images are read from local files (write it to a file first, or embed it in a parquet dataset)"
     if not os.path.exists(path):
         return "a URL: images are read from local files (download it first)" if "://" in path else "file not found"
     if not os.path.isfile(path):

@@ -257,8 +257,10 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     system = record.get("system")
     prompt = record.get("prompt")
     truth = record.get("solution", record.get("answer"))
-    if "messages" in record:  # ms-swift: the last user turn is the prompt; "<image>" marks are dropped
-        prompt, system, reply = parse_messages(record["messages"], system)
+    # ms-swift's "messages", TRL's conversational "prompt" (a list of turns): the last user turn is the prompt
+    turns = record["messages"] if "messages" in record else prompt if isinstance(prompt, list) else None
+    if turns is not None:
+        prompt, system, reply = parse_messages(turns, system)
         truth = reply if truth is None else truth
     if "image" in record and "images" in record:
         raise ValueError('give "image" or "images", not both')
@@ -269,9 +271,8 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
         images = [i.get("path") if isinstance(i, dict) else i for i in images]
     if not images or not all(isinstance(i, str) and i for i in images):
         raise ValueError('no image: give "image": "path" or "images": ["path", ...]')
-    messages = record.get("messages") if isinstance(record.get("messages"), list) else []
-    check_image_marks([record.get("prompt")] + [content_text(m.get("content")) for m in messages if isinstance(m, dict)],
-                      len(images))
+    texts = [content_text(m.get("content")) for m in turns if isinstance(m, dict)] if isinstance(turns, list) else []
+    check_image_marks([record.get("prompt")] + texts, len(images))  # "<image>" marks are dropped: one per image
     if isinstance(prompt, str) and IMAGE_MARK in prompt:  # the image's place, as in every format read: images go first
         prompt = prompt.replace(IMAGE_MARK, "").strip()  # a prompt without a mark is kept as written
     prompt = prompt if prompt else default_prompt
@@ -364,7 +365,8 @@ def collect(
         r = dataclasses.replace(r, prompt=render(r.prompt))
         # a manifest's image is named with the line that asks for it (the request's id, where it has one)
         said = f" ({r.source}{'' if r.id == r.source else f', id {r.id}'})" if r.source else ""
-        mine = tuple(Problem(p, image_problems[p] + said) for p in r.images if p in image_problems)
+        mine = tuple(Problem(p if len(p) <= 200 else p[:60] + f"… ({len(p)} characters)", image_problems[p] + said)
+                     for p in r.images if p in image_problems)  # a data URI's base64 is not echoed whole
         if mine:
             bad.append(BadInput(id=r.id, problems=mine, request=r))
         else:
