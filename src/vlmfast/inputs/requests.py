@@ -23,7 +23,7 @@ from vlmfast.evaluation.scoring import SCORERS, truth_text
 from vlmfast.inputs.records import (DEFAULT_MAX_IMAGE_PIXELS, BadInput, Problem, Request, check_images,  # noqa: F401
                                     check_image_marks, content_text, first_image, parse_messages, resolve_relative)
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jfif", ".jpe", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
 # VLM-R1's evaluation instruction (src/eval/test_rec_r1.py), appended to each question.
 R1_INSTRUCTION = (
