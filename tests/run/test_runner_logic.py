@@ -605,3 +605,19 @@ def test_the_image_root_is_recorded_resolved_and_compared_given_or_not(tmp_path,
     given = settings_of(InferOptions(ckpt="x", manifest="m.jsonl", image_root="B"), digest=False)
     assert given["image_root"] == str(tmp_path / "B")
     assert settings_of(InferOptions(ckpt="x", manifest="m.jsonl"), digest=False)["image_root"] is None
+
+
+def test_a_record_from_before_the_resize_rule_ran_with_qwens(tmp_path):
+    """Records written before --resize-rule existed have no such key: their rows were resized by Qwen's rule, so a
+    resume with --resize-rule easyr1 stops and names it instead of adding rows resized another way."""
+    from vlmfast.run.sweep_record import compare, settings_of
+
+    old = settings_of(InferOptions(ckpt="x", manifest="m.jsonl"), digest=False)
+    del old["resize_rule"]
+    record = tmp_path / "r.run.json"
+    record.write_text(json.dumps({"settings": old}))
+    same = settings_of(InferOptions(ckpt="x", manifest="m.jsonl"), digest=False)
+    compare(record, same, "other settings", hint="h")  # Qwen's rule now too: no error
+    with pytest.raises(UsageError, match='resize_rule: "qwen" then, "easyr1" now'):
+        compare(record, settings_of(InferOptions(ckpt="x", manifest="m.jsonl", resize_rule="easyr1"), digest=False),
+                "other settings", hint="h")

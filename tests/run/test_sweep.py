@@ -327,7 +327,7 @@ def test_answers_a_step_failed_on_count_as_wrong_where_another_step_answered(run
     assert (steps[100]["accuracy"], steps[100]["scored"]) == (1.0, 3)
     assert (steps[200]["accuracy"], steps[200]["scored"], steps[200]["errors"]) == (round(2 / 3, 4), 3, 2)
     assert report["best"]["step"] == 100 and steps[200]["vs_best"]["n"] == 3
-    assert any(n.startswith("step 200: 1 answer(s) the run failed on (e.g. q2: out of memory even alone) count as wrong")
+    assert any(n.startswith("step 200: 1 request(s) the run failed on (e.g. q2: out of memory even alone) count as wrong")
                for n in report["notes"])
 
 

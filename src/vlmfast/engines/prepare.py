@@ -25,7 +25,7 @@ class Preparer:
     """Pixel limits (``min_pixels``, ``max_pixels``: the processor's own unless given, the maximum capped
     at 1280·28·28), Qwen's patch and merge sizes, and the request-level steps built on them. With
     ``resize_rule="easyr1"`` the given limits are EasyR1's pre-resize bounds (``bounds``) and ``min_pixels`` /
-    ``max_pixels`` the processor's own, the resize after them (the maximum capped only when none was given)."""
+    ``max_pixels`` the processor's own, uncapped, the resize after them (as EasyR1's processor call)."""
 
     def __init__(self, processor, context_limit: int | None, *, min_pixels: int | None = None,
                  max_pixels: int | None = None, resize_rule: str = "qwen"):
@@ -36,8 +36,8 @@ class Preparer:
         own_min, own_max = processor_pixel_limits(ip)
         self.resize_rule = resize_rule
         self.bounds = (min_pixels, max_pixels) if resize_rule == "easyr1" else None
-        if self.bounds is not None:  # EasyR1's scaling, then the processor's own limits
-            min_pixels, max_pixels = None, own_max if max_pixels is not None else None
+        if self.bounds is not None:  # EasyR1's scaling, then the processor's own limits, as EasyR1's call (uncapped)
+            min_pixels, max_pixels = None, own_max
         self.min_pixels = min_pixels if min_pixels is not None else own_min
         self.max_pixels = max_pixels if max_pixels is not None else min(own_max, DEFAULT_MAX_PIXELS_CAP)
         self.max_pixels_capped = max_pixels is None and own_max > DEFAULT_MAX_PIXELS_CAP
@@ -126,6 +126,18 @@ class Preparer:
         if (width, height) != image.size:
             image = image.resize((width, height))
         return image if image.mode == "RGB" else image.convert("RGB")
+
+    def model_size(self, image) -> list[int]:
+        """``[width, height]`` the model sees for an image :meth:`load_images` gave: its own size, or, where the
+        processor resizes it after (``processor_resizes``: EasyR1's rule), the size the processor's rule gives it
+        (what a box in resized coordinates and a reward's ``image_grid_thw`` refer to)."""
+        if not self.processor_resizes:
+            return list(image.size)
+        from vlmfast.engines.batching import smart_resize
+
+        height, width = smart_resize(image.height, image.width, factor=self.patch_size * self.merge_size,
+                                     min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        return [width, height]
 
     @property
     def processor_resizes(self) -> bool:

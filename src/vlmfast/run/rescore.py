@@ -312,6 +312,8 @@ def judge_failed(figures: list[dict], tables: dict) -> list[str]:
     ranking each step over the requests it happened to finish would compare steps on different requests (a
     step with 8 of 9 right and 3 failures would rank above one with 9 of 12). Requests no step answered stay
     out of every step's figures. Figures and per-request tables updated in place; returns what to say."""
+    from collections import Counter
+
     from vlmfast.evaluation.flags import reward_errors_as_wrong
 
     said = []
@@ -323,11 +325,15 @@ def judge_failed(figures: list[dict], tables: dict) -> list[str]:
         failed = [r for r in rows if r.get("error") is not None and str(r.get("id")) in elsewhere]
         if not failed:
             continue
-        rows = [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False} if r.get("error") is not None
-                and str(r.get("id")) in elsewhere else r for r in rows]
+        # a failed request has one error row whatever --n: it stands for as many wrong answers as a request has
+        answers = Counter(str(r.get("id")) for r in rows if r.get("error") is None)
+        k = max(answers.values(), default=1)
+        rows = [judged for r in rows for judged in (
+            [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False, "sample": j if k > 1 else None}
+             for j in range(k)] if r.get("error") is not None and str(r.get("id")) in elsewhere else [r])]
         _rejudge(f, tables, reward_errors_as_wrong(rows, True)[0])
-        said.append(f"{_name(f)}: {len(failed)} answer(s) the run failed on (e.g. {failed[0].get('id')}: "
-                    f"{str(failed[0]['error'])[:80]}) count as wrong, as other checkpoints answered those requests")
+        said.append(f"{_name(f)}: {len(failed)} request(s) the run failed on (e.g. {failed[0].get('id')}: "
+                    f"{str(failed[0]['error'])[:80]}) count as wrong{f' ({k} answers each, as --n)' if k > 1 else ''}, as other checkpoints answered those requests")
     return said
 
 
@@ -347,6 +353,10 @@ def _rejudge(f: dict, tables: dict, rows: list[dict]) -> None:
     low, high = request_interval([score for score, _, _ in tables[f["step"]].values()])
     f.update(scored=len(scored), accuracy=round(sum(bool(r["correct"]) for r in scored) / len(scored), 4) if scored else None,
              ci_low=None if low is None else round(low, 4), ci_high=None if high is None else round(high, 4))
+    if f.get("samples") is not None:  # pass@k, maj@k, mean@k over the same answers as the accuracy
+        from vlmfast.evaluation.stats import summarize
+
+        f["samples"] = summarize(rows).get("samples", f["samples"])
 
 
 def _name(f: dict) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from vlmfast.errors import UsageError
 
 MEASURED = ("tokens_per_s", "load_s", "swap_s", "reload_s", "canary_s")
+ABSENT_MEANS = {"resize_rule": "qwen"}  # settings older records lack, and the value every run before them had
 SAME_BY_CONTENT = ("manifest",)  # compared by its digest: the same file named from another directory is the same
 
 
@@ -116,6 +117,7 @@ def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
     except (OSError, ValueError):
         return None
     then = earlier.get("settings", {}) if isinstance(earlier, dict) else {}
+    then = {**ABSENT_MEANS, **then}  # a record from before a setting existed ran with what it means now
     differs = [line for key, value in settings.items() if key not in SAME_BY_CONTENT and key in then
                for line in _differences(key, _norm(then[key]), _norm(value))]
     if differs:

@@ -198,7 +198,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
             ids, mask = g.inputs["input_ids"], g.inputs["attention_mask"]
             counts.update({r.id: (int(mask[i].sum()), int((ids[i] == image_id).sum()))
                            for i, r in enumerate(ok[g.start:g.end])})
-        sizes = {r.id: [list(im.size) for im in images[r.id]] for r in ok}
+        sizes = {r.id: [self.model_size(im) for im in images[r.id]] for r in ok}
         return Prepared(ok, groups, failed, sizes, counts)
 
     def prefill_groups(self, requests: Sequence[Request]) -> list[tuple[int, int]]:

@@ -8,9 +8,10 @@ loses at most one chunk.
 What matches the HF engine, and how:
 
 * prompt: the processor's chat template with one image part per image, then the prompt text
-  (:meth:`chat_text`, as ``Engine.chat_text``); images decoded and resized by ``qwen_vl_utils.fetch_image``
-  with the same min/max pixels, passed as PIL images in ``multi_modal_data``, and the same pixel limits in
-  ``mm_processor_kwargs`` so vLLM's processor does not resize again;
+  (:meth:`chat_text`, as ``Engine.chat_text``); images decoded and resized by ``Preparer.load_images``
+  with the same min/max pixels and resize rule, passed as PIL images in ``multi_modal_data``, with the same
+  pixel limits and ``do_resize`` in ``mm_processor_kwargs``, so vLLM's processor resizes exactly where the HF
+  engine's does (never after Qwen's rule; after EasyR1's scaling);
 * stopping: the checkpoint's EOS list plus ``<|im_end|>`` (``stop_token_ids``; none with ``ignore_eos``);
 * vision placeholders banned: ``SamplingParams.bad_words`` with each placeholder's own text — vLLM
   tokenizes each to its single special-token id and masks it to -inf every step, as HF's
@@ -279,7 +280,7 @@ class VllmBackend(Preparer):
         ok = [r for r in batch if r.id not in failed]
         if not ok:
             return [done[r.id] for r in batch], None
-        limits = {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+        limits = self.processor_kwargs()
         prompts = [{"prompt": self.chat_text(r), "multi_modal_data": {"image": images[r.id]}, "mm_processor_kwargs": limits}
                    for r in ok]
         params = self.sampling_params
@@ -310,6 +311,12 @@ class VllmBackend(Preparer):
                                  new_tokens=sum(row.n_new_tokens for row in rows), preprocess_exposed_s=t1 - t0)
         return [row for r in batch for row in done[r.id]], timing
 
+    def processor_kwargs(self) -> dict:
+        """Every prompt's ``mm_processor_kwargs``: the pixel limits, and ``do_resize`` as the HF engine's processor
+        call has it — Qwen's rule is applied already (:meth:`load_images`) and is not idempotent where a side is
+        clamped (4000x25 under 100352 px: 28x4004 once, 28x3780 again); after EasyR1's scaling the processor resizes."""
+        return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "do_resize": self.processor_resizes}
+
     def _results(self, request: Request, out, images: list) -> list[SampleResult]:
         """The request's rows: one per completion (``n``; greedy: the one completion n times)."""
         n = self.settings.n
@@ -324,7 +331,7 @@ class VllmBackend(Preparer):
         return [result_row(request, list(c.token_ids), eos_ids=[] if self.settings.ignore_eos else self.eos_token_ids,
                            tokenizer=self.tokenizer, n_prompt=len(prompt_ids),
                            n_image=sum(1 for t in prompt_ids if t == self.image_token_id),
-                           model_sizes=[list(im.size) for im in images], sample=k if n > 1 else None, bbox_space=self.bbox_space)
+                           model_sizes=[self.model_size(im) for im in images], sample=k if n > 1 else None, bbox_space=self.bbox_space)
                 for k, c in enumerate(completions)]
 
     def switch_to(self, found, canary: int | None = None) -> Switched:
