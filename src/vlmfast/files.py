@@ -165,3 +165,16 @@ def held_alone(path: Path, option: str):
                 folder.rmdir()  # only when empty: what the run wrote stays
             except OSError:
                 break
+
+
+def part_files(out: Path) -> list[Path]:
+    """The part files of a multi-process run beside ``out`` (``.NAME.partR``, one per process)."""
+    import glob
+
+    return sorted(Path(out).parent.glob(glob.escape(f".{Path(out).name}.part") + "*"))
+
+
+def holds_rows(out: Path) -> bool:
+    """Whether a resume onto ``out`` would keep rows: ``out`` itself, or the part files a parallel run that
+    failed or was interrupted left beside it (before a rerun folds them in, ``out`` may not exist yet)."""
+    return any(p.is_file() and p.stat().st_size for p in [Path(out), *part_files(out)])

@@ -95,7 +95,7 @@ def test_stdout_rows_come_out_in_input_order(capsys):
 def test_rows_held_for_input_order_are_printed_when_the_run_is_cut_short(capsys):
     """Ctrl-C with rows on stdout: finished rows still waiting for an earlier one are printed (out of input
     order, each with its id) rather than lost, and the message counts them."""
-    from vlmfast.run.runner import _interrupted
+    from vlmfast.run.results import interrupted as _interrupted
 
     w = ResultsWriter(None, stdout=True)
     w.write([_row(2), _row(1)], [2, 1])  # row 0 never finished

@@ -41,6 +41,10 @@ def main() -> None:
     except Exception as exc:  # click's own classes (typer may bring its own click): told by what they carry
         if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
             raise
+        from vlmfast.run.parallel import is_main_process
+
+        if not is_main_process():  # a parallel run: every process refuses the same line, rank 0 says it once
+            sys.exit(exc.exit_code)
         try:
             from typer import rich_utils
 

@@ -70,6 +70,9 @@ class _Noop:
 def run_bench(options: BenchOptions, progress=None, say=lambda text: None) -> dict:
     """Run every scenario and return the report dict (the ``--json`` schema), its CI gates evaluated:
     ``report["gates"]["exit_code"]`` is what the command exits with."""
+    from vlmfast.run.parallel import refuse_launched
+
+    refuse_launched("bench")
     progress = progress or _Noop()
     with tempfile.TemporaryDirectory(prefix="vlmfast-synthetic-") as scratch:  # synthetic images live as long as the run
         report = _run_bench(options, progress, say, scratch)

@@ -23,6 +23,18 @@ def launched_world_size() -> int:
         return 1
 
 
+def refuse_launched(command: str) -> None:
+    """``sweep`` and ``bench`` run in one process: under a launcher every process would run the whole command
+    (``bench``: N benchmarks timing each other, N reports; ``sweep``: the processes refused by each other's
+    lock on ``--out-dir``). Refused on every process before anything loads (rank 0 says it)."""
+    world = launched_world_size()
+    if world > 1:
+        raise UsageError(f"{command} runs in one process, but this one was launched as one of {world} "
+                         "(WORLD_SIZE is set by accelerate launch or torchrun)",
+                         hint=f"run `vlmfast {command}` without the launcher (several GPUs: `--engine vllm "
+                              "--tensor-parallel-size N`, or `accelerate launch … -m vlmfast infer` per checkpoint)")
+
+
 def is_main_process() -> bool:
     """Cheap check for the CLI: only rank 0 renders errors and reports."""
     return os.environ.get("RANK", "0") in ("", "0")
@@ -68,6 +80,22 @@ class Distributed:
         """True on every process when ``flag`` is true on any: the collective that lets one process's
         failure end the run everywhere at the next batch boundary instead of at a barrier's timeout."""
         return self.reduce_max(int(flag)) > 0
+
+    def settle(self, refusal: VlmfastError | None) -> None:
+        """After a step only the main process takes (the results file's checks): its refusal stops every
+        process here, each with its exit code (rank 0 says it), instead of the others meeting a collective
+        their main process left ("Connection closed by peer" tracebacks, or a hang until a timeout)."""
+        if self._state is None:
+            if refusal is not None:
+                raise refusal
+            return
+        code = self.reduce_max(refusal.exit_code if refusal is not None else 0)
+        if refusal is not None:
+            raise refusal
+        if code:
+            error = VlmfastError("the main process refused this run (it says why)")
+            error.exit_code = code
+            raise error
 
     def reduce_max(self, value: int) -> int:
         """The largest ``value`` over every process (a no-op for one process)."""

@@ -9,7 +9,6 @@ When the run completes, the file is rewritten atomically in input order.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import signal
@@ -19,8 +18,8 @@ from collections.abc import Iterable
 import re
 from pathlib import Path
 
-from vlmfast.errors import InputError
-from vlmfast.files import atomic_write
+from vlmfast.errors import InputError, Interrupted
+from vlmfast.files import atomic_write, part_files
 from vlmfast.engines.rows import row_key
 
 
@@ -32,8 +31,22 @@ def part_path(out: Path, rank: int) -> Path:
     return out.with_name(f".{out.name}.part{rank}")
 
 
-def _parts(out: Path) -> list[Path]:
-    return sorted(out.parent.glob(glob.escape(f".{out.name}.part") + "*"))
+def interrupted(written: int, out: Path | None, held: int = 0, overwrite: bool = False,
+                written_to: Path | None = None) -> Interrupted:
+    """What Ctrl-C left: the rows already on disk (each batch is written whole) or on stdout (``held`` of
+    them printed out of input order), and how to go on. ``written_to``: a parallel run's part file, where
+    this process's rows are until a rerun merges them into ``out``."""
+    if written_to is not None and out is not None:
+        return Interrupted(f"interrupted: the finished rows of this run are kept beside {out} ({written_to.name} "
+                           f"and the other processes' part files: {written} from this process); a rerun merges them",
+                           hint=resume_hint(overwrite))
+    if out is None:
+        late = f" ({held} of them out of input order: they finished before an earlier one)" if held else ""
+        return Interrupted(f"interrupted after {written} row(s) on stdout{late}",
+                           hint="rerun with --out FILE to be able to resume")
+    if not written:
+        return Interrupted(f"interrupted before this run wrote a row to {out}", hint="rerun the same command")
+    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}", hint=resume_hint(overwrite))
 
 
 def resume_hint(overwrite: bool) -> str:
@@ -96,18 +109,20 @@ def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[st
 
 def clear_out(out: Path) -> None:
     """Remove ``out`` and its part files: an ``--overwrite`` run about to write its first rows."""
-    for p in [out, *_parts(out)]:
+    for p in [out, *part_files(out)]:
         p.unlink(missing_ok=True)
 
 
 def merge_parts(out: Path, rows: dict[str, dict]) -> tuple[int, list[str]]:
-    """Append the rows of every part file next to ``out`` that ``out`` lacks (``rows``: what it holds,
-    updated in place), then delete the parts."""
+    """Append the rows of every part file next to ``out`` that ``out`` lacks or holds otherwise (``rows``: what
+    it holds, updated in place), then delete the parts. A part's row is the newer one (parts are written after
+    ``out`` was last merged: an error row retried with ``--retry-errors``); the file keeps both lines until
+    :func:`finalize`, and :func:`read_existing` takes the last."""
     merged, notes = 0, []
-    for part in _parts(out):
+    for part in part_files(out):
         part_rows, note = read_existing(part, repair=False)  # a torn tail is simply not taken
         notes += [note] if note else []
-        new = [r for key, r in part_rows.items() if key not in rows]
+        new = [r for key, r in part_rows.items() if rows.get(key) != r]
         if new:
             _append(out, new)
             rows.update((row_key(r["id"], r.get("sample")), r) for r in new)
@@ -203,7 +218,7 @@ def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -
     if rows is None:
         rows, _ = read_existing(out)
         merge_parts(out, rows)
-    for part in _parts(out):
+    for part in part_files(out):
         part.unlink()
     if not rows:
         return []

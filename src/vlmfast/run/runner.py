@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vlmfast.errors import Interrupted, UsageError, VlmfastError
+from vlmfast.errors import UsageError, VlmfastError
 from vlmfast.files import refuse_inputs_as_out
 from vlmfast.inputs.datasets import DatasetKeys
 from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, collect, raise_for_problems
 from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
 from vlmfast.run.parallel import Distributed, fail_together
 from vlmfast.evaluation.rewards import load_rewards
-from vlmfast.run.results import (ResultsWriter, clear_out, finalize, part_path, prepare_out, read_existing, resume_hint,
+from vlmfast.files import holds_rows
+from vlmfast.run.results import (ResultsWriter, clear_out, finalize, interrupted, part_path, prepare_out, read_existing,
+                                 resume_hint,
                                  recheck_kept, renamed_legacy_ids)
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
@@ -123,6 +125,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend) ->
         if options.overwrite and dist.is_main:  # inputs checked, the model ready: only now the old rows go
             clear_out(Path(options.out))
         runtime = {k: getattr(backend.facts(), k) for k in ("engine", "device", "dtype", "repetition_penalty")}
+        refusal = None
         if settings is not None and dist.is_main and (options.overwrite or not work.existing):
             from vlmfast.run.sweep_record import fingerprint_figures, manifest_state, record
 
@@ -132,8 +135,12 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend) ->
         elif settings is not None and dist.is_main:
             from vlmfast.run.sweep_record import refuse_other_penalty, runtime_note
 
-            refuse_other_penalty(Path(options.out), runtime.pop("repetition_penalty"))  # before a row is written
+            try:
+                refuse_other_penalty(Path(options.out), runtime.pop("repetition_penalty"))  # before a row is written
+            except VlmfastError as exc:
+                refusal = exc
             said.append(runtime_note(Path(options.out), runtime))  # a resume on another device or dtype
+        dist.settle(refusal)
         dist.barrier()  # no process writes a row before the old ones are gone
         work = dataclasses.replace(work, notes=work.notes + [n for n in said if n])
         compiled_before = backend.facts().compile_s  # an engine kept across runs (a sweep's) compiled before
@@ -241,20 +248,13 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
     if out is not None:
         if dist.world > 1 and not options.overwrite:
             read_existing(out, repair=False)  # a file that is not ours fails every process alike, not just the main one
-        if dist.is_main:
-            if settings is not None and not options.overwrite and out.is_file() and out.stat().st_size:
-                from vlmfast.run.sweep_record import compare, sidecar
-
-                if not sidecar(out).is_file():  # rows printed to stdout, or moved without their record
-                    raise UsageError(f"{out} holds rows but not the record of the settings and weights that made them "
-                                     f"({sidecar(out).name}): resuming could mix the answers of two models or prompts",
-                                     hint="rerun with --overwrite to redo them, or give another --out (a run "
-                                          "given --out writes the record beside its rows)")
-                said = compare(sidecar(out), settings, f"{out} holds rows made with other settings "
-                               f"({sidecar(out).name})", hint="rerun with --overwrite to redo them, or give another --out")
-                notes += [f"{out}: {said}"] if said else []
-            existing, said = prepare_out(out, overwrite=options.overwrite)
-            notes += said
+        refusal = None
+        try:
+            if dist.is_main:
+                existing = _main_prepares_out(out, options, settings, notes)
+        except VlmfastError as exc:
+            refusal = exc
+        dist.settle(refusal)  # the main process's verdict, on every process
         dist.barrier()  # every process reads the same, repaired file
         if not dist.is_main and not options.overwrite:
             existing, _ = read_existing(out, repair=False)
@@ -284,6 +284,24 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
     answered = frozenset(row_key(row["id"], row.get("sample")) for row in kept if str(row["id"]) in answers
                          and str(row["id"]) not in done and row.get("error") is None)
     return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes, answered)
+
+
+def _main_prepares_out(out: Path, options: InferOptions, settings: dict | None, notes: list[str]) -> dict[str, dict]:
+    """Main process: refuse rows made with other settings, then repair ``out`` and fold in part files."""
+    if settings is not None and not options.overwrite and holds_rows(out):  # part files too: a parallel run's
+        from vlmfast.run.sweep_record import compare, sidecar
+
+        if not sidecar(out).is_file():  # rows printed to stdout, or moved without their record
+            raise UsageError(f"{out} holds rows but not the record of the settings and weights that made them "
+                             f"({sidecar(out).name}): resuming could mix the answers of two models or prompts",
+                             hint="rerun with --overwrite to redo them, or give another --out (a run "
+                                  "given --out writes the record beside its rows)")
+        said = compare(sidecar(out), settings, f"{out} holds rows made with other settings "
+                       f"({sidecar(out).name})", hint="rerun with --overwrite to redo them, or give another --out")
+        notes += [f"{out}: {said}"] if said else []
+    existing, said = prepare_out(out, overwrite=options.overwrite)
+    notes += said
+    return existing
 
 
 def drop_too_long(backend, work: Work, skip_bad: bool) -> Work:
@@ -348,11 +366,12 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
                             timings += [timing] if timing else []
                     except Exception as exc:  # noqa: BLE001 - reported collectively below
                         failure = exc
-                    except KeyboardInterrupt:
-                        held = writer.release_held() if out is None else 0
-                        raise _interrupted(len(results), out, held, options.overwrite) from None
                 if dist.any(failure is not None):
                     break
+        except KeyboardInterrupt:  # in a batch, or waiting at a boundary for the other processes
+            held = writer.release_held() if out is None else 0
+            raise interrupted(len(results), out, held, options.overwrite,
+                               written_to=writer.path if dist.world > 1 else None) from None
         finally:
             writer.close()
     if dist.world > 1 and dist.any(failure is not None):
@@ -360,18 +379,6 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     elif failure is not None:
         raise failure
     return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(backend.device))
-
-
-def _interrupted(written: int, out: Path | None, held: int = 0, overwrite: bool = False) -> Interrupted:
-    """What Ctrl-C left: the rows already on disk (each batch is written whole) or on stdout (``held`` of
-    them printed out of input order), and how to go on."""
-    if out is None:
-        late = f" ({held} of them out of input order: they finished before an earlier one)" if held else ""
-        return Interrupted(f"interrupted after {written} row(s) on stdout{late}",
-                           hint="rerun with --out FILE to be able to resume")
-    if not written:
-        return Interrupted(f"interrupted before this run wrote a row to {out}", hint="rerun the same command")
-    return Interrupted(f"interrupted: this run's {written} finished row(s) are in {out}", hint=resume_hint(overwrite))
 
 
 def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, reward=None) -> None:

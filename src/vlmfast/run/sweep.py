@@ -4,9 +4,8 @@ The run's checkpoints are found by :func:`vlmfast.checkpoints.runs.find_run_chec
 EasyR1/verl layouts), ordered by step; ``base`` runs as step 0. Each checkpoint is one ``infer`` (same
 rows, scores, resume) into its own results file in ``out_dir``. The model is loaded once: the next
 checkpoint's weights are copied into it in place when the shapes allow (:mod:`vlmfast.checkpoints.swap`), so
-CUDA graphs and compiled decode steps carry over; otherwise it is loaded afresh, said aloud. A killed
-sweep resumes where it stopped: finished checkpoints are read back, not rerun, and a half-done one
-continues from its results file. ``watch`` keeps evaluating checkpoints as the trainer writes them.
+CUDA graphs and compiled decode steps carry over; otherwise it is loaded afresh, said aloud. A killed sweep resumes
+where it stopped (finished checkpoints read back, a half-done one continued); ``watch`` follows a live run.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted
+from vlmfast.files import held_alone
+from vlmfast.run.parallel import refuse_launched
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.rescore import judge_all_raised, judge_failed
 from vlmfast.run.sweep_record import base_notes, same_weights_notes
@@ -102,8 +103,7 @@ def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = 
     (``watch`` only) gets the report so far after the first pass and after each look that found new
     checkpoints (trackers log them while the trainer runs). A second sweep into the same ``out_dir`` is refused
     while this one runs."""
-    from vlmfast.files import held_alone
-
+    refuse_launched("sweep")  # one process: under a launcher, before the lock (the others would be refused by it)
     with held_alone(Path(options.out_dir), "--out-dir"):
         return _checked_sweep(options, progress, say, wait, on_report)
 

@@ -172,13 +172,15 @@ def refuse_other_penalty(results: Path, now: float | None) -> None:
     """A UsageError when ``results``' rows were decoded with another repetition penalty than ``now`` (the one this
     run's engine applies; None: not known). vlmfast 0.14 and earlier recorded none, and their own decode loop
     applied none, whatever the checkpoint's generation config said."""
+    from vlmfast.files import holds_rows  # rows in --out, or in a parallel run's part files
+
     record = _read(sidecar(results))
     then = (record.get("runtime") or {}).get("repetition_penalty")
     settings = record.get("settings") or {}
     if then is None and record and "repetition_penalty" not in (settings.get("generation") or {}) \
             and settings.get("engine", "hf") == "hf":
         then = 1.0
-    if then is not None and now is not None and float(then) != float(now) and results.is_file() and results.stat().st_size:
+    if then is not None and now is not None and float(then) != float(now) and holds_rows(results):
         raise UsageError(f"{results} holds rows decoded with repetition penalty {float(then):g}; this run applies "
                          f"{float(now):g} (the checkpoint's generation config, or --repetition-penalty)",
                          hint=f"rerun with --overwrite to redo them, or --repetition-penalty {float(then):g} to go on as "
@@ -215,12 +217,14 @@ def fingerprint_figures(weights_id: dict | None) -> dict:
 def refuse_other_weights(results: Path, weights_id: dict | None) -> None:
     """A UsageError when ``results``' rows were made from weights other than the checkpoint's now (its record
     holds another fingerprint): resuming would mix the answers of two models in one file."""
+    from vlmfast.files import holds_rows  # rows in --out, or in a parallel run's part files
+
     try:
         then = json.loads(sidecar(results).read_text(encoding="utf-8")).get("fingerprint")
     except (OSError, ValueError, AttributeError):
         return
     now = weights_id["digest"] if weights_id else None
-    if then is not None and now is not None and then != now and results.is_file() and results.stat().st_size:
+    if then is not None and now is not None and then != now and holds_rows(results):
         raise UsageError(f"{results} holds rows made from other weights: the checkpoint's weight files changed since "
                          f"(fingerprint {then} then, {now} now)",
                          hint="rerun with --overwrite to redo them with these weights, or give another --out")
