@@ -440,3 +440,59 @@ def test_a_choice_answered_by_its_option_s_text_counts_as_vlmevalkit_counts_it()
     assert not correct("red or blue") and not correct("<answer>purple</answer>")  # two options, or none
     assert not score_row({"text": "<answer>red</answer>"}, "A", "choice")["correct"]  # no options to read
     assert correct("<answer>A</answer>") and not correct("<answer>B. red</answer>")  # a letter still decides
+
+
+def test_a_think_then_boxed_answer_is_scored_as_easyr1_formats_it():
+    """EasyR1's math format prompt asks for <think>…</think> then \\boxed{}, no <answer> tag; R1-style templates
+    put the answer after </think>. That answer is scored, not counted as unparsed (EasyR1's math reward: 1.0)."""
+    row = {"text": "<think>The sides are 5 and 7.</think> The answer is \\boxed{12}."}
+    s = score_row(row, "12")
+    assert (s["scorer"], s["correct"], s["parse_failed"]) == ("number", True, False)
+    assert score_row({"text": "<think>5 + 7</think>\n\n12"}, "12")["correct"] is True
+    assert score_row({"text": "<think>5 + 7</think>\n\nParis"}, "Paris")["correct"] is True
+    assert score_row({"text": "<think>5 + 7 = 12, so \\boxed{12}"}, "12")["parse_failed"] is True  # thinking never closed
+    assert score_row({"text": "<think>x</think><answer>12"}, "12")["parse_failed"] is True  # unclosed answer: none
+
+
+@pytest.mark.parametrize("answer, truth, correct", [
+    ("\\frac{1}{2}", "-\\frac{1}{2}", False),  # a sign is not punctuation
+    ("-\\frac{1}{2}", "-\\frac{1}{2}", True),
+    ("[\\infty, 3)", "(-\\infty, 3]", False),  # an interval's brackets are part of it
+    ("[-2,7]", "[-2,7]", True),  # a JSON-looking truth still matches itself
+    ("[-2, 7]", "[-2,7]", True),
+    ("(B)", "B", True),
+    ("- yes", "yes", True),
+])
+def test_exact_keeps_signs_and_interval_brackets(answer, truth, correct):
+    assert score_answer(answer, truth, "auto").correct is correct
+
+
+@pytest.mark.parametrize("answer, truth, correct", [
+    ("\\frac{3}{4}", "0.75", True),
+    ("\\frac{3}{4}", "4", False),  # not the denominator
+    ("-\\frac{1}{2}", "-0.5", True),
+    ("\\dfrac{-1}{2}", "-1/2", True),
+    ("12 cm^2", "12", True),  # a unit's exponent is not the answer
+    ("12 cm^2", "2", False),
+    ("2^3", "8", True),
+    ("3 \\times 10^{5}", "300000", True),
+])
+def test_number_reads_latex_fractions_and_exponents(answer, truth, correct):
+    assert score_answer(answer, truth, "number").correct is correct
+
+
+def test_an_untagged_answer_s_last_boxed_may_nest_braces():
+    from vlmfast.evaluation.answers import stated_answer
+
+    text = "We compute the sine. " * 5 + "So \\boxed{\\frac{\\sqrt{3}}{2}}"
+    assert stated_answer(text) == "\\frac{\\sqrt{3}}{2}"
+    assert score_row({"text": text}, "\\frac{\\sqrt{3}}{2}")["correct"] is True
+
+
+def test_a_bracket_left_alone_at_an_end_is_punctuation():
+    """Brackets are kept where they mean something (an interval, a tuple) and dropped where they are punctuation:
+    "yes)" from a list, "(b" cut short."""
+    from vlmfast.evaluation.scoring import normalize
+
+    assert [normalize(t) for t in ("yes)", "(b", "[yes]", "((x))")] == ["yes", "b", "yes", "x"]
+    assert normalize("(-\\infty, 3]") != normalize("[\\infty, 3)")

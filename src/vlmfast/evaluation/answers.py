@@ -11,16 +11,29 @@ from vlmfast.evaluation.boxes import box_scale, parse_box, row_bbox_space
 # short. Anything else is not an answer: a 2,800-character noise text with a stray "A" in it, or "Loo1Loo…"
 # read against "1", must not score as right.
 STATED_MAX_CHARS = 64
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _STATED_LINE = re.compile(r"(?:answer\s*(?:is|:)|answer\s+is\s*:)\s*(.+?)\s*\.?\s*$", re.I)
+
+
+def last_boxed(text: str) -> str | None:
+    """What the last ``\\boxed{…}`` in ``text`` holds, braces nested to any depth (``\\boxed{\\frac{\\sqrt{3}}{2}}``,
+    as mathruler's ``extract_boxed_content`` reads it); None when there is none, or it never closes."""
+    start = text.rfind("\\boxed{")
+    while start >= 0:
+        depth, i = 1, start + len("\\boxed{")
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return text[i:j].strip()
+        start = text.rfind("\\boxed{", 0, start)
+    return None
 
 
 def stated_answer(text: str) -> str | None:
     """The answer an untagged text states: the last ``\\boxed{…}``; else what follows "answer is" or
     "Answer:" on its last line that says so; else the whole text when it is short (at most
     ``STATED_MAX_CHARS``); else None: a long text that states nothing is not scored as an answer."""
-    if boxed := _BOXED.findall(text):
-        return boxed[-1].strip()
+    if (boxed := last_boxed(text)) is not None:
+        return boxed
     for line in reversed([line for line in text.strip().splitlines() if line.strip()]):
         if (m := _STATED_LINE.search(line)):
             return m.group(1).strip()

@@ -28,7 +28,8 @@ ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANY_TAG = re.compile(r"</?(?:think|answer)>")
 _QUOTES = "\"'`“”‘’«»"
-_STRIP = ".,;:!?()[]{}<>*_~-" + _QUOTES
+_STRIP = ".,;:!?<>*_~" + _QUOTES  # brackets and "-" are handled in normalize: a sign, an interval's ends
+_PAIRS = {"(": ")", "[": "]", "{": "}", "（": "）"}
 _UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
 _NUM = r"(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
 # A sign counts only at the start of a token: "3-5" is a range, not 3 and -5.
@@ -76,12 +77,29 @@ def parse_reasoning(text: str) -> tuple[str | None, str | None]:
 
 
 def answer_in(text: str) -> str | None:
-    """The answer ``text`` gives: its ``<answer>`` part, or, for a text with no think/answer tag at all (a
-    base model answering plainly), the answer it states (:func:`stated_answer`); None when it gives none."""
+    """The answer ``text`` gives: its ``<answer>`` part, or, for a text with no ``<answer>`` tag at all (a
+    base model answering plainly, or a think-then-answer format such as EasyR1's math prompt:
+    ``<think>…</think> … \\boxed{12}``), the answer its untagged part states (:func:`stated_answer`); None
+    when it gives none."""
     answer = parse_reasoning(text)[1]
-    if answer is None and not _ANY_TAG.search(text):
-        answer = stated_answer(text)
+    if answer is None and (tail := untagged_part(text)) is not None:
+        answer = stated_answer(tail)
     return answer
+
+
+def untagged_part(text: str) -> str | None:
+    """The part of ``text`` that states its answer when it has no ``<answer>`` tag: the whole text when it has
+    no think/answer tag at all, what follows a closed ``</think>`` otherwise (lmms-eval strips the think part
+    before scoring; EasyR1's math format puts the answer in ``\\boxed{}`` after it). None when the text has an
+    ``<answer>`` tag (an unclosed one is no answer) or its thinking never closed (truncated)."""
+    if not _ANY_TAG.search(text):
+        return text
+    if "<answer>" in text or "</answer>" in text:
+        return None
+    close = text.rfind("</think>")
+    if close < 0 or text.find("<think>", close) >= 0:
+        return None
+    return text[close + len("</think>"):]
 
 
 def reasoning_ends(text: str) -> tuple[int | None, int | None]:
@@ -224,14 +242,55 @@ def _as_text(truth) -> str:
 
 
 def normalize(text: str) -> str:
-    """Case-folded, whitespace collapsed, surrounding punctuation and quotes stripped."""
-    return " ".join(str(text).casefold().split()).strip(_STRIP + " ")
+    """Case-folded, whitespace collapsed (none around commas), surrounding punctuation and quotes stripped,
+    a bullet's "- " and brackets around a single item ("(B)", "[yes]") removed. A leading minus is a sign
+    ("-x" is not "x") and the brackets of a tuple, list or interval are kept ("(-\\infty, 3]" is not "[\\infty, 3)")."""
+    text = re.sub(r"\s*,\s*", ",", " ".join(str(text).casefold().split()))
+    while True:
+        before = text
+        text = text.strip(_STRIP + " ").rstrip("-")
+        if text.startswith("- "):
+            text = text[2:]
+        if len(text) >= 2 and _PAIRS.get(text[0]) == text[-1] and "," not in text and _balanced(text[1:-1]):
+            text = text[1:-1]
+        elif text and not _balanced(text):  # a bracket left alone at an end: "yes)", "(b" (a list's "b)")
+            text = text[:-1] if text[-1] in ")]}）" and _balanced(text[:-1]) else \
+                text[1:] if text[0] in "([{（" and _balanced(text[1:]) else text
+        if text == before:
+            return text
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for ch in text:
+        depth += ch in "([{（"
+        depth -= ch in ")]}）"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([-+−]?\s*\d[\d,]*(?:\.\d+)?)\s*\}\s*\{\s*(\d[\d,]*(?:\.\d+)?)\s*\}")
+_TIMES_TEN = re.compile(r"(\d(?:\.\d+)?)\s*(?:[x×*·]|\\times|\\cdot)\s*10\s*\^\s*\{?\s*([-+−]?\d+)\s*\}?")
+_POWER = re.compile(r"(?<![\w.^])(\d+(?:\.\d+)?)\s*\^\s*(?:\{\s*([-+−]?\d{1,3})\s*\}|([-+−]?\d{1,3})(?![\d.]))")
+_EXPONENT_BEFORE = re.compile(r"\^\s*\{?\s*$")
+
+
+def _power(m) -> str:
+    try:
+        return repr(float(m.group(1)) ** int((m.group(2) or m.group(3)).replace("−", "-")))
+    except (OverflowError, ZeroDivisionError):
+        return m.group(0)
 
 
 def parse_number(text: str):
     """The last number in ``text`` as ``(value, is_percent)``, or None. Accepts "1,234", "3/4",
-    "-2.5e3", "50%", "$5", "12 cm"; the last one wins because reasoning states the result last."""
-    matches = list(_NUMBER.finditer(str(text)))
+    "\\frac{3}{4}", "-2.5e3", "2.5 × 10^3", "2^3", "50%", "$5", "12 cm", "12 cm^2" (an exponent is not the
+    answer); the last one wins because reasoning states the result last."""
+    text = _LATEX_FRAC.sub(lambda m: f"{m.group(1).replace(' ', '')}/{m.group(2)}", str(text))
+    text = _TIMES_TEN.sub(lambda m: f"{m.group(1)}e{m.group(2).replace('−', '-')}", text)
+    text = _POWER.sub(_power, text)  # 2^3 is 8; a unit's exponent (cm^2) is skipped below
+    matches = [m for m in _NUMBER.finditer(text) if not _EXPONENT_BEFORE.search(text, 0, m.start())]
     if not matches:
         return None
     m = matches[-1]
@@ -344,10 +403,10 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
         from vlmfast.evaluation.reference import score_reference
         return {**fields, **score_reference(scorer, row, truth_text(truth))}
     answer = parse_reasoning(text)[1] if isinstance(text, str) else None
-    if answer is None and plain_fallback and isinstance(text, str) and not _ANY_TAG.search(text):
-        answer = answer_in(text)
+    if answer is None and plain_fallback and isinstance(text, str) and (tail := untagged_part(text)) is not None:
+        answer = stated_answer(tail)
         if answer is None and resolve_scorer(truth_text(truth), scorer or "auto") in ("exact", "contains"):
-            answer = text  # a text scorer: the whole untagged text is the answer (the length rule guards choices, numbers)
+            answer = tail.strip()  # a text scorer: the whole untagged text is the answer (the length rule guards choices, numbers)
     s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
                      model_size=_first_size(row.get("model_image_sizes")),
                      bbox_space=row_bbox_space(row, bbox_space), **opts)
