@@ -496,3 +496,11 @@ def test_a_bracket_left_alone_at_an_end_is_punctuation():
 
     assert [normalize(t) for t in ("yes)", "(b", "[yes]", "((x))")] == ["yes", "b", "yes", "x"]
     assert normalize("(-\\infty, 3]") != normalize("[\\infty, 3)")
+
+
+def test_full_width_letters_and_words_read_as_their_ascii():
+    """Chinese benchmarks' answers come full-width: "Ｂ" is option B, "ｙｅｓ" is yes (NFKC)."""
+    from vlmfast.evaluation.scoring import normalize, parse_choice
+
+    assert parse_choice("Ｂ") == "B" and parse_choice("（Ｃ）") == "C"
+    assert normalize("ｙｅｓ") == normalize("yes")

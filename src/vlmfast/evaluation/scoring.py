@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from vlmfast.errors import UsageError, check_choice
@@ -245,7 +246,7 @@ def normalize(text: str) -> str:
     """Case-folded, whitespace collapsed (none around commas), surrounding punctuation and quotes stripped,
     a bullet's "- " and brackets around a single item ("(B)", "[yes]") removed. A leading minus is a sign
     ("-x" is not "x") and the brackets of a tuple, list or interval are kept ("(-\\infty, 3]" is not "[\\infty, 3)")."""
-    text = re.sub(r"\s*,\s*", ",", " ".join(str(text).casefold().split()))
+    text = re.sub(r"\s*,\s*", ",", " ".join(unicodedata.normalize("NFKC", str(text)).casefold().split()))
     while True:
         before = text
         text = text.strip(_STRIP + " ").rstrip("-")
@@ -321,7 +322,7 @@ def parse_choice(text: str) -> str | None:
 
     A lone letter may be lower case; inside a sentence only capitals count, so the article "a" in
     "the answer is a dog" is not read as option A."""
-    text = str(text).strip()
+    text = unicodedata.normalize("NFKC", str(text)).strip()  # a full-width "Ｂ" (Chinese benchmarks) is "B"
     if (m := _LETTER_ONLY.match(text)):
         return m.group(1).upper()
     for pattern in (_LETTER_LEAD, _LETTER_KEYWORD):
