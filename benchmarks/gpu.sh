@@ -13,20 +13,22 @@
 # Every step has its own limit, 2 × its estimate + 60 s (STEP_LIMIT_S=N: N s for every step): past it, the
 # step's process tree is killed, the step fails and the next one starts (KEEP_GOING=1).
 #
-# Where $OUT is set (the folder a lent machine's tool brings back), the small results are copied into
-# $OUT/gpu-bench/ after every step and on exit: reports/ (its .json, .txt and .log files under 5 MB, no
-# compile cache or checkpoint), device.json, table.md and (WRITE_RESULTS=1) benchmarks/RESULTS.md.
+# Where $OUT is set (the folder a lent machine's tool brings back: at most 8 files, 2 folders down), the
+# small results are copied into $OUT/gpu-bench/ after every step and on exit, as at most 4 files:
+# reports.tar.gz (reports/: its .json, .txt, .log and .part files under 5 MB, no compile cache or
+# checkpoint), device.json, table.md and (WRITE_RESULTS=1) RESULTS.md.
 #
 # PLAN=one (the default): the Qwen2.5-VL-3B shape, its steps in the order of what a slice cut short should
-# have measured first: tests/test_cuda.py, the checkpoint, the decode step at batch 1 compiled (8 images,
-# `--compile`: SDPA attention, the default) and compiled with the attention by two matrix products
-# (VLMFAST_DECODE_ATTENTION=products), batch 32 by default (CUDA graphs; 32 images: TTFT of 32 × 448 px,
-# 32 × 128 tokens/s), the decode attention's candidates alone (benchmarks/bench_decode_attention.py),
-# batch 1 by default, the prefill with the vision blocks compiled (benchmarks/profile_prefill.py), last the
-# real-length mix — ~11.5 min by the estimates below (which ran ~30 % high in 0.12): one call runs what fits,
-# the same command again the rest. PLAN=full adds the 7B shape, --compile and plain generate at batches 1,
-# 8 and 32, a compiled `infer` twice, the vision tower, the eager prefill's profile and the compiled step's
-# kernels per layer: several calls.
+# have measured first: tests/test_cuda.py, the checkpoint, batch 32 by default (CUDA graphs; 32 images: TTFT
+# of 32 × 448 px, 32 × 128 tokens/s: two of issue 35's targets in ~50 s), the decode step at batch 1
+# compiled (8 images, `--compile`: SDPA attention, the default) and compiled with the attention by two
+# matrix products (VLMFAST_DECODE_ATTENTION=products), batch 1 by default, the compiled step's kernels per
+# layer (benchmarks/bench_kernels.py), the decode attention's candidates alone
+# (benchmarks/bench_decode_attention.py), the prefill with the vision blocks compiled
+# (benchmarks/profile_prefill.py), last the real-length mix — ~12.5 min by the estimates below (which ran
+# ~30 % high in 0.12): one call runs what fits, the same command again the rest. PLAN=full adds the 7B
+# shape, --compile and plain generate at batches 1, 8 and 32, a compiled `infer` twice, the vision tower
+# and the eager prefill's profile: several calls.
 #
 # Without CKPT it builds random-weight checkpoints of the real Qwen2.5-VL-3B and -7B shapes (saved as
 # GRPO trainers save them, cache off), so no model hub is needed. Per checkpoint: `vlmfast bench` in three
@@ -91,7 +93,9 @@ PY
 wheels_fit() {  # the wheel folder holds compiled wheels for this Python, or none compiled at all
   local tag tags
   tag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")') || die "$py cannot run" 2
-  tags=$(find "$WHEELS" -maxdepth 1 -name '*.whl' | { grep -oE -- '-cp[0-9]+-' || true; } | tr -d - | sort -u | tr '\n' ' ')
+  [ -d "$WHEELS" ] || die "WHEELS=$WHEELS is not a folder here (did the call carry it?)" 2
+  # an abi3 wheel (cp39-abi3: tokenizers, safetensors, hf-xet) fits every CPython from its tag on
+  tags=$(find "$WHEELS" -maxdepth 1 -name '*.whl' ! -name '*-abi3-*' | { grep -oE -- '-cp[0-9]+-' || true; } | tr -d - | sort -u | tr '\n' ' ')
   [ -z "$tags" ] || [[ " $tags" == *" $tag "* ]] || die "the wheels in $WHEELS are built for ${tags% } and this \
 Python ($py) is $tag: pip download them with the GPU machine's Python version (pip download --python-version \
 ${tag#cp} --only-binary=:all: ...)" 2
@@ -145,8 +149,11 @@ infer_twice() {  # a fresh compile cache, so the first run compiles from scratch
   done
 }
 
-cuda_tests() {  # tests/test_cuda.py; its summary line is the step's report
-  "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$1.part" || { cat "$1.part"; return 1; }
+cuda_tests() {  # tests/test_cuda.py; its summary line is the step's report. Each test's outcome goes to the
+  # step's log as it ends (a step killed at its limit still says where it was); a test past 120 s dumps its stack
+  PYTHONUNBUFFERED=1 "$py" -m pytest -v -p no:cacheprovider -o faulthandler_timeout=120 tests/test_cuda.py 2>&1 \
+    | tee "$1.part"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
   mv "$1.part" "$1"
 }
 
@@ -264,7 +271,7 @@ for ckpt in "${ckpts[@]}"; do
     benchmarks/bench_decode_attention.py --device cuda --json "$out/reports/$name-decode-attention.json"
   # the compiled decode step's kernels per layer in Triton (PLAN=full; 10 generated per layer on an H200 in
   # 0.13): a load + two compiles of a 1- and 2-layer step ≈ 60 s
-  [ "$plan" = full ] && step "$name/kernels" "$(est 60)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \
+  step "$name/kernels" "$(est 60)" "$out/reports/$name-kernels.json" "$py" benchmarks/bench_kernels.py \
     --ckpt "$ckpt" --families qwen2_5_vl --device cuda --dtype bfloat16 --json "$out/reports/$name-kernels.json"
 done
 # the CUDA-only tests (tiny checkpoints: CUDA graphs, compiled steps, bf16, prefetch) ≈ 120 s
@@ -277,11 +284,11 @@ if [ $# -eq 0 ] && [ -n "${RUN_SIZE:-}" ]; then
     "$out/reports/run-$rs/sweep.json" whole_run "$rs" "$out/reports/run-$rs"
 fi
 
-# PLAN=one runs its steps by value, for a slice cut short: the tokens' tests, then what only the GPU can
-# say about the compiled step (both attentions), then the rest (a whole run, if asked, stays last)
+# PLAN=one runs its steps by value, for a slice cut short: the tokens' tests, the batch-32 targets (TTFT,
+# 32 × 128 tokens/s), what only the GPU can say about the compiled step (both attentions), then the rest (a whole run, if asked, stays last)
 if [ "$plan" = one ]; then
   ordered=()
-  for s in cuda-tests build compile-b1 compile-products-b1 default-b32 decode-attention default-b1 \
+  for s in cuda-tests build default-b32 compile-b1 compile-products-b1 default-b1 kernels decode-attention \
            prefill-compiled lengths; do
     for n in "${names[@]}"; do [ "${n##*/}" = "$s" ] && ordered+=("$n"); done
   done
@@ -310,8 +317,10 @@ deliver() {  # the small results into $OUT/gpu-bench, unless OUT_DIR is there al
   dest=$(realpath -m "$OUT/gpu-bench"); here=$(realpath -m "$out")
   [ "$(realpath -m "$OUT")" != "$here" ] && [ "$dest" != "$here" ] || return 0
   mkdir -p "$dest" || return 0
-  [ -d "$out/reports" ] && (cd "$out" && find reports \( -name cache -o -name 'checkpoint-*' \) -prune -o -type f \
-    \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) -size -5120k -print0 | xargs -0 -r cp --parents -t "$dest")
+  # one archive, replaced whole: the tool brings back 8 files at most, none deeper than $OUT/a/b/file
+  [ ! -d "$out/reports" ] || (cd "$out" && find reports \( -name cache -o -name 'checkpoint-*' \) -prune -o -type f \
+    \( -name '*.json' -o -name '*.txt' -o -name '*.log' -o -name '*.part' \) -size -5120k -print0 \
+    | tar -czf "$dest/reports.tar.gz.tmp" --null -T - && mv -f "$dest/reports.tar.gz.tmp" "$dest/reports.tar.gz")
   for f in "$out/device.json" "$out/table.md"; do [ ! -f "$f" ] || cp "$f" "$dest/"; done
   [ "${WRITE_RESULTS:-1}" != 1 ] || cp benchmarks/RESULTS.md "$dest/"
 }
@@ -333,7 +342,8 @@ python_ready
 [ -s "$out/images-32/img_031.png" ] || vlmfast make-images "$out/images-32" -n 32 --size 448 > /dev/null
 [ -s "$out/images-8/img_007.png" ] || vlmfast make-images "$out/images-8" -n 8 --size 448 > /dev/null  # = the first 8
 # a step runs in `bash -c` under `timeout`, its own process group: its limit or a stop kills the whole tree
-export py out
+# unbuffered: a step killed at its limit or by a stop leaves in its log what it printed so far
+export py out PYTHONUNBUFFERED=1
 export -f say vlmfast infer_twice cuda_tests whole_run size_gb
 tried=0; ran=0; failed=
 for n in "${todo[@]}"; do

@@ -245,7 +245,7 @@ def main() -> None:
     attentions = {p.name.removesuffix("-decode-attention.json"): a
                   for p in sorted(args.out_dir.glob("reports/*-decode-attention.json")) if (a := _read(p)) is not None}
     tests_file = args.out_dir / "reports" / "cuda-tests.txt"
-    tests = tests_file.read_text().strip().splitlines()[-1] if tests_file.exists() and tests_file.read_text().strip() else None
+    tests = tests_file.read_text().strip().splitlines()[-1].strip("= ") if tests_file.exists() and tests_file.read_text().strip() else None
     text = table(benches, infers, _read(device_file) if device_file.exists() else None,
                  _read(vision_file) if vision_file.exists() else None, runs, mixes, kernels, tests, prefills, attentions)
     print(text)

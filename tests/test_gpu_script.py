@@ -78,10 +78,10 @@ def test_the_default_plan_runs_its_steps_by_value(tmp_path):
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
     assert [name for _, name, _ in steps] == ["cuda-tests"] + [f"qwen2.5-vl-3b-grpo/{s}" for s in (
-        "build", "compile-b1", "compile-products-b1", "default-b32", "decode-attention", "default-b1",
+        "build", "default-b32", "compile-b1", "compile-products-b1", "default-b1", "kernels", "decode-attention",
         "prefill-compiled", "lengths")]
     estimates = [int(rest.split()[0].lstrip("~")) for _, _, rest in steps]
-    assert estimates[0] >= 180 and sum(estimates[:4]) <= 420  # 29 CUDA tests; both compiled steps in one call
+    assert estimates[0] >= 180 and sum(estimates[:4]) <= 420  # the CUDA tests, TTFT and 32 × 128, batch 1 compiled
     assert all(f", limit {2 * e + 60} s: " in rest for e, (_, _, rest) in zip(estimates, steps))
     runs = {name: rest for _, name, rest in steps}
     products = runs["qwen2.5-vl-3b-grpo/compile-products-b1"]
@@ -380,7 +380,7 @@ def test_the_products_attention_step_runs_with_its_variable_and_has_its_own_row(
     r = gpu_sh(out, PYTHON=fake, PLAN="one", SLICE_S="100000")
     assert r.returncode == 0, r.stderr
     ran = [line.split()[1] for line in r.stderr.splitlines() if line.startswith("[gpu.sh]") and "(estimate" in line]
-    assert ran == [n for _, n, _ in plan(r.stdout)] and ran[3] == "qwen2.5-vl-3b-grpo/compile-products-b1"
+    assert ran == [n for _, n, _ in plan(r.stdout)] and ran[4] == "qwen2.5-vl-3b-grpo/compile-products-b1"
     notes = {d.name: json.loads((d / "report.json").read_text())["notes"] for d in (out / "reports").iterdir() if d.is_dir()}
     assert notes.pop("qwen2.5-vl-3b-grpo-compile-products-b1") == ["VLMFAST_DECODE_ATTENTION=products"]
     assert notes and all(n == ["VLMFAST_DECODE_ATTENTION=None"] for n in notes.values())
@@ -444,6 +444,21 @@ def test_a_step_past_its_limit_is_killed_with_its_children_and_the_next_step_run
     assert (tmp_path / "out/reports/qwen2.5-vl-3b-grpo-default-b8-32/report.json").exists()  # the next step ran
 
 
+def _delivered(remote: Path) -> set[str]:
+    """What the device tool brings back of $OUT (at most 8 files, none deeper than $OUT/a/b/file), each
+    file's path under $OUT/gpu-bench, reports.tar.gz's members among them."""
+    import tarfile
+
+    files = [p for p in remote.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(remote).parts) <= 3 for p in files), files
+    got = remote / "gpu-bench"
+    names = {str(p.relative_to(got)) for p in files}
+    if (got / "reports.tar.gz").exists():
+        with tarfile.open(got / "reports.tar.gz") as tar:
+            names |= {m.name for m in tar.getmembers() if m.isfile()}
+    return names
+
+
 def test_a_stopped_script_kills_its_step_and_delivers_to_OUT(tmp_path, hung_step):
     """SIGTERM (`timeout` around the script) mid-step: the step's processes are killed at once, the exit
     code is 143, and $OUT/gpu-bench holds the earlier steps' reports, the table of them and the stopped
@@ -455,9 +470,9 @@ def test_a_stopped_script_kills_its_step_and_delivers_to_OUT(tmp_path, hung_step
     assert _read_fifo(fd, until_eof=True) == ""
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "stopped by SIGTERM: ending the running step" in stderr, stderr
-    got = remote / "gpu-bench"
-    assert (got / "reports/qwen2.5-vl-3b-grpo-default-b1/report.json").exists() and (got / "device.json").exists()
-    assert (got / "reports/qwen2.5-vl-3b-grpo-default-b8-32.log").exists()
+    got, names = remote / "gpu-bench", _delivered(remote)
+    assert {"reports/qwen2.5-vl-3b-grpo-default-b1/report.json", "device.json"} <= names
+    assert "reports/qwen2.5-vl-3b-grpo-default-b8-32.log" in names
     assert "| qwen2.5-vl-3b-grpo | default | 1 | 8 |" in (got / "table.md").read_text()
 
 
@@ -472,12 +487,13 @@ def test_results_reach_OUT_after_every_step_even_when_the_script_is_killed(tmp_p
     os.killpg(os.getpgid(hung), signal.SIGKILL)  # the step's own process group outlives a killed script
     assert _read_fifo(fd, until_eof=True) == ""
     got = remote / "gpu-bench"
-    assert (got / "reports/qwen2.5-vl-3b-grpo-default-b1/report.json").exists()
+    assert "reports/qwen2.5-vl-3b-grpo-default-b1/report.json" in _delivered(remote)
     assert "| qwen2.5-vl-3b-grpo | default | 1 | 8 |" in (got / "table.md").read_text()
 
 
 def test_only_small_results_are_copied_to_OUT(tmp_path):
-    """$OUT/gpu-bench gets reports' .json, .txt and .log files under 5 MB, device.json and table.md: no
+    """$OUT/gpu-bench gets reports' .json, .txt, .log and .part files under 5 MB (in reports.tar.gz: the tool
+    brings back 8 files, 2 folders down), device.json and table.md: no
     checkpoint, image, compile cache or large file; RESULTS.md only when the script writes it. Nothing is
     copied without OUT, or where OUT is OUT_DIR itself."""
     out, fake, remote = tmp_path / "out", _fake_python(tmp_path), tmp_path / "remote"
@@ -489,7 +505,7 @@ def test_only_small_results_are_copied_to_OUT(tmp_path):
     r = gpu_sh(out, PYTHON=fake, PLAN="one", SLICE_S="100000", OUT=remote)
     assert r.returncode == 0, r.stderr
     got = remote / "gpu-bench"
-    copied = sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file())
+    copied = sorted(_delivered(remote))
     assert "reports/qwen2.5-vl-3b-grpo-compile-products-b1/report.json" in copied and "reports/cuda-tests.txt" in copied
     assert {"device.json", "table.md", "reports/run-3b/sweep.json", "reports/cuda-tests.log"} <= set(copied)
     assert not [p for p in copied if p.endswith((".png", "huge.log", "RESULTS.md")) or "cache" in p or "checkpoint" in p]
