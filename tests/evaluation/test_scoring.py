@@ -504,3 +504,10 @@ def test_full_width_letters_and_words_read_as_their_ascii():
 
     assert parse_choice("Ｂ") == "B" and parse_choice("（Ｃ）") == "C"
     assert normalize("ｙｅｓ") == normalize("yes")
+
+
+def test_the_pronoun_after_answer_is_not_option_i():
+    from vlmfast.evaluation.scoring import parse_choice
+
+    assert parse_choice("Answer: I think B") == "B"
+    assert [parse_choice(t) for t in ("Answer: I", "The answer is I.", "Option I is right")] == ["I", "I", "I"]

@@ -81,6 +81,19 @@ def test_sweep_and_bench_refuse_a_launcher(command, monkeypatch):
     refuse_launched(command)
 
 
+def test_world_size_without_a_launcher_is_a_clear_error(monkeypatch):
+    """WORLD_SIZE exported by hand (or left from another job) without the launcher's MASTER_ADDR: accelerate's
+    raw ValueError traceback before; now an error that says what is missing and how to run."""
+    from vlmfast.errors import UsageError
+    from vlmfast.run.parallel import Distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(UsageError, match="not started by a launcher"):
+        Distributed()
+
+
 def test_rows_left_in_part_files_are_checked_against_the_settings_like_rows_in_out(grpo_ckpt, images, tmp_path):
     """A parallel run that failed or was interrupted leaves its rows only in part files (``--out`` itself does
     not exist yet): a rerun with other settings must be refused as it is when the rows are in ``--out``,

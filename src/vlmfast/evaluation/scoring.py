@@ -45,6 +45,7 @@ _LETTER_LEAD = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s")
 _LETTER_KEYWORD = re.compile(r"(?i:option|choice|answer)(?:\s+(?i:is))?\s*[:\-]?\s*[(\[]?([A-Z])(?![A-Za-z])")
 _LETTER_PAREN = re.compile(r"\(([A-Z])\)")
 _LETTER_WORD = re.compile(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])")
+_PRONOUN_AFTER = re.compile(r"\s+[a-z]")  # "I think", "I believe": a word after "I" makes it the pronoun
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,9 @@ def parse_choice(text: str) -> str | None:
         return m.group(1).upper()
     for pattern in (_LETTER_LEAD, _LETTER_KEYWORD):
         if (m := pattern.search(text)):
-            return next(g for g in m.groups() if g)
+            letter = next(g for g in m.groups() if g)
+            if not (letter == "I" and _PRONOUN_AFTER.match(text, m.end())):  # "Answer: I think B": the pronoun
+                return letter
     for pattern in (_LETTER_PAREN, _LETTER_WORD):
         letters = set(pattern.findall(text))
         if len(letters) > 1:

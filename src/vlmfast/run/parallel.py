@@ -55,6 +55,11 @@ class Distributed:
             cuda = torch.cuda.is_available()
             check_devices(self.world, cuda, torch.cuda.device_count() if cuda else 0)
             # On a machine without CUDA accelerate only starts its gloo backend when told cpu=True.
+            missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK") if not os.environ.get(k)]
+            if missing:  # WORLD_SIZE without a launcher (exported by hand, or left from another job)
+                raise UsageError(f"WORLD_SIZE={self.world} is set, but {', '.join(missing)} is not: this process was "
+                                 "not started by a launcher", hint="unset WORLD_SIZE for one process, or launch it with "
+                                 "accelerate launch --num_processes N -m vlmfast infer … (or torchrun)")
             self._state = PartialState(cpu=not cuda)
             self.rank = self._state.process_index
             self.world = self._state.num_processes
