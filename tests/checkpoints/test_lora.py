@@ -127,3 +127,62 @@ def test_an_adapter_fingerprint_covers_its_files_and_its_base_weights(lora, tmp_
     edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path="/gone/base"))
     gone = weights_fingerprint(locate(d))
     assert gone["base"]["digest"] is None and "not a local model directory" in gone["of"]
+
+
+def _rename_keys(d, rename):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(d / "adapter_model.safetensors"))
+    save_file({rename(k): v for k, v in state.items()}, str(d / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def test_an_adapter_saved_in_the_pre_4_52_layout_is_applied(lora, images, tmp_path):
+    """Adapters trained on transformers < 4.52 (VLM-R1 pins 4.49) name ``model.layers.*`` / ``visual.*``: on 5.x
+    peft finds no rename on the class, and the adapter's tensors were silently left out (the base's tokens)."""
+    d = shutil.copytree(lora.model_dir, tmp_path / "old")
+    _rename_keys(d, lambda k: k.replace("model.language_model.", "model.").replace("model.visual.", "visual."))
+    some = images[:2]
+    assert _tokens(load(str(d), device="cpu"), some) == _tokens(load(str(lora.model_dir), device="cpu"), some)
+
+
+def test_an_adapter_whose_tensors_find_no_layer_is_an_error_not_the_base(lora, tmp_path):
+    d = shutil.copytree(lora.model_dir, tmp_path / "nowhere")
+    _rename_keys(d, lambda k: k.replace("layers.", "blocks."))
+    with pytest.raises(CheckpointError, match="would not be applied"):
+        load(str(d), device="cpu")
+
+
+def test_an_adapter_fingerprint_covers_its_config(lora, tmp_path):
+    from vlmfast.checkpoints.fingerprint import weights_fingerprint
+    from vlmfast.checkpoints.locate import locate
+
+    d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
+    before = weights_fingerprint(locate(d))["digest"]
+    edit_json(d / "adapter_config.json", lambda c: c.update(lora_alpha=4 * c["lora_alpha"]))  # B·A at 4× the scale
+    assert weights_fingerprint(locate(d))["digest"] != before
+
+
+def test_merge_lora_keeps_the_adapter_dirs_own_chat_template(lora, tmp_path):
+    from vlmfast.checkpoints.fix import merge_lora
+
+    d = shutil.copytree(lora.model_dir, tmp_path / "adapter")
+    for f in lora.base.iterdir():
+        if f.name.startswith(("preprocessor", "processor", "tokenizer", "vocab", "merges", "chat_template")):
+            shutil.copyfile(f, d / f.name)
+    template = next(d.glob("chat_template.*"))
+    template.write_text("{{- '<|im_start|>system\\nBe careful.<|im_end|>\\n' -}}\n" + template.read_text())
+    merged = merge_lora(d, tmp_path / "merged").out_dir
+    assert (merged / template.name).read_text() == template.read_text()
+    assert load(str(merged), device="cpu").processor.chat_template == load(str(d), device="cpu").processor.chat_template
+
+
+def test_a_sweep_base_other_than_the_adapters_base_is_said(lora, tmp_path):
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.run.sweep import _Entry
+    from vlmfast.run.sweep_record import base_notes
+
+    other = build_checkpoint(tmp_path / "q2", family="qwen2_vl", like="base")
+    said = base_notes([_Entry(0, other, "base"), _Entry(4, lora.model_dir, "lora")])
+    assert any("not the base the run's LoRA adapters run on" in n for n in said)
+    assert any("qwen2_vl model" in n for n in said)
+    assert base_notes([_Entry(0, lora.base, "base"), _Entry(4, lora.model_dir, "lora")]) == []

@@ -69,13 +69,31 @@ def adapter_fingerprint(d, base: str | None = None, *, full: bool = False) -> di
         why = (f"its base {spec} is a hub id, whose weights are not read: the base counts by name"
                if not Path(spec).expanduser().exists() and HUB_ID.match(spec)
                else f"its base {spec} is not a local model directory: it counts by name")
-    h = hashlib.sha256(b"adapter\0" + own["digest"].encode() + b"\0base\0")
+    h = hashlib.sha256(b"adapter\0" + own["digest"].encode() + b"\0config\0" + _adapter_settings(d) + b"\0base\0")
     h.update(weights["digest"].encode() if weights else b"name:" + (spec or "").encode("utf-8"))
     every = [own] + ([weights] if weights else [])
     return {"digest": f"{own['digest'].split(':')[0]}:{h.hexdigest()[:16]}",
             **{k: sum(f[k] for f in every) for k in ("files", "tensors", "bytes")},
             "adapter": own, "base": {"source": spec, "digest": weights["digest"] if weights else None},
             "of": f"the adapter's weights and its base's ({found.path})" if weights else f"the adapter's weights only ({why})"}
+
+
+# adapter_config.json keys that do not change what the adapter computes (its base counts on its own)
+_ADAPTER_CONFIG_IGNORED = frozenset({"base_model_name_or_path", "revision", "inference_mode", "peft_version",
+                                     "auto_mapping", "task_type"})
+
+
+def _adapter_settings(d) -> bytes:
+    """What in adapter_config.json decides the adapter's output besides its tensors: ``lora_alpha`` (the
+    scale B·A is added at), ``use_rslora``, ``use_dora``, ``rank_pattern`` / ``alpha_pattern``, target modules…"""
+    from vlmfast.checkpoints.readers import adapter_config
+
+    try:
+        cfg = adapter_config(d)
+    except Exception:  # unreadable: the loader says why
+        return b""
+    kept = {k: v for k, v in cfg.items() if k not in _ADAPTER_CONFIG_IGNORED}
+    return json.dumps(kept, sort_keys=True, default=str).encode("utf-8")
 
 
 def _of_files(files: list[Path], full: bool) -> dict:

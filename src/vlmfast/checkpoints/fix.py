@@ -335,7 +335,7 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     from transformers.utils import cached_file
     from transformers.utils import logging as hf_logging
 
-    from vlmfast.checkpoints.lora import load_adapter_model, require_adapter_whole, resolve_base
+    from vlmfast.checkpoints.lora import has_own_processor, load_adapter_model, require_adapter_whole, resolve_base
 
     adapter_dir, out = Path(adapter_dir), Path(out_dir)
     if not is_adapter_dir(adapter_dir) and adapter_dir.is_dir():  # a run dir: its adapter, as doctor and infer find it
@@ -372,8 +372,13 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
         saved_dtype = saved_dtype.get("dtype") or saved_dtype.get("torch_dtype") or "float32"
         model = load_adapter_model(model, adapter_dir, merge=True)  # merged in float32: no bf16 rounding of B·A
         model.to(getattr(torch, saved_dtype)).save_pretrained(str(tmp))
+        # the processor infer runs the adapter with: the adapter dir's own when it has one (a trainer saves its
+        # processing class beside the adapter), its chat template the base's only where it has none
+        own = has_own_processor(adapter_dir)
+        own_template = own and any((adapter_dir / name).is_file() for name in TEMPLATE_FILES)
         for name in ("generation_config.json", *PROCESSOR_GROUP, *TOKENIZER_FILES, *TEMPLATE_FILES):
-            src = base_file(name)
+            from_adapter = own_template if name in TEMPLATE_FILES else own and name != "generation_config.json"
+            src = (adapter_dir / name if (adapter_dir / name).is_file() else None) if from_adapter else base_file(name)
             if src is not None:
                 shutil.copyfile(src, tmp / name)
         fixed = apply_fix(plan_fix(tmp, processor_from=base_dir), backup=False).plan.changes()

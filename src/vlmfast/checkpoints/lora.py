@@ -70,14 +70,25 @@ def load_adapter_model(base_model, adapter_dir, merge: bool):
     except ImportError as exc:
         raise CheckpointError("loading a LoRA adapter needs peft", hint="pip install peft") from exc
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
             warnings.simplefilter("ignore", FutureWarning)  # 5.x: peft calls a deprecated checkpointing alias
-            wrapped = PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=False)
+            wrapped = PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=False,
+                                                key_mapping=key_mapping(base_model))
     except Exception as exc:
         raise CheckpointError(
             f"{adapter_dir}: cannot apply the adapter ({type(exc).__name__}: {exc})",
             hint="check that --base is the model the adapter was trained on (adapter_config.json names it)",
         ) from exc
+    for w in said:
+        text = str(w.message)
+        if "missing adapter keys" in text:  # LoRA layers injected but left at their init (B = 0): the base's tokens
+            keys = text.split(":", 1)[-1].strip()
+            raise CheckpointError(
+                f"{adapter_dir}: the adapter's weights do not fit the model's layers, so it would not be applied "
+                f"(peft found no saved tensor for {keys[:300]})",
+                hint="check that --base is the model the adapter was trained on (adapter_config.json names it)")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # anything else: as before
     with warnings.catch_warnings():
         # peft re-checks tying on merge and, finding separate lm_head/embedding tensors (never tied in
         # memory), records tie_word_embeddings=False: that is the truth, not news for the user.
@@ -85,6 +96,26 @@ def load_adapter_model(base_model, adapter_dir, merge: bool):
         model = wrapped.merge_and_unload() if merge else wrapped.get_base_model()
     model.eval()
     return model
+
+
+# Qwen-VL adapters saved before transformers 4.52 name the language model ``model.layers.*`` and the vision
+# tower ``visual.*``; the models now hold them under ``model.language_model`` and ``model.visual``. transformers
+# 4.57 declares this renaming on the class (``_checkpoint_conversion_mapping``), which peft applies to the
+# adapter's keys; 5.x declares it elsewhere, where peft does not look, so without this the adapter's saved
+# tensors find no home and its LoRA layers stay at their init (the base's tokens).
+QWEN_VL_KEY_MAPPING = {r"^visual": "model.visual", r"^model(?!\.(language_model|visual))": "model.language_model"}
+
+
+def key_mapping(model) -> dict | None:
+    """The renaming of an adapter's saved keys for ``model`` (peft's ``key_mapping``): the class's own when it
+    declares one, else the Qwen-VL layout change for a model that holds ``model.language_model``."""
+    own = getattr(model, "_checkpoint_conversion_mapping", None)
+    if own:
+        return own
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "language_model") and hasattr(inner, "visual"):
+        return dict(QWEN_VL_KEY_MAPPING)
+    return None
 
 
 def has_own_processor(adapter_dir) -> bool:

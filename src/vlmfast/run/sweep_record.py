@@ -274,10 +274,20 @@ def base_notes(entries: list) -> list[str]:
     if base is None or not trained:
         return []
     notes = []
-    kinds = {e.path: maybe_json(Path(e.path) / "config.json").get("model_type") for e in (base, trained[0])}
-    if None not in kinds.values() and kinds[base.path] != kinds[trained[0].path]:
+    from vlmfast.checkpoints.readers import adapter_base_or_none, is_adapter_dir
+
+    first = trained[0].path
+    # a LoRA adapter has no config.json of its own: it is the model its base is (the one it runs on)
+    under = adapter_base_or_none(first) if is_adapter_dir(first) else None
+    config_of = {base.path: Path(base.path), first: Path(under) if under else Path(first)}
+    kinds = {p: maybe_json(d / "config.json").get("model_type") for p, d in config_of.items()}
+    if under is not None and Path(under).expanduser().is_dir() and Path(base.path).is_dir() \
+            and Path(under).expanduser().resolve() != Path(base.path).resolve():
+        notes.append(f"--base {base.path} is not the base the run's LoRA adapters run on ({under}, from "
+                     f"{Path(first).name}/adapter_config.json): step 0 is another model than the one the adapters change")
+    if None not in kinds.values() and kinds[base.path] != kinds[first]:
         notes.append(f"--base {base.path} is a {kinds[base.path]} model and the run's checkpoints are "
-                     f"{kinds[trained[0].path]}: the comparison is between two families, not before and after RL")
+                     f"{kinds[first]}: the comparison is between two families, not before and after RL")
     if any(Path(e.path).resolve() == Path(base.path).resolve() for e in trained):
         notes.append(f"--base {base.path} is one of the run's own checkpoints, not the model it started from")
     elif (Path(base.path) / "trainer_state.json").is_file():
