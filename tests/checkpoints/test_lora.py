@@ -186,3 +186,32 @@ def test_a_sweep_base_other_than_the_adapters_base_is_said(lora, tmp_path):
     assert any("not the base the run's LoRA adapters run on" in n for n in said)
     assert any("qwen2_vl model" in n for n in said)
     assert base_notes([_Entry(0, lora.base, "base"), _Entry(4, lora.model_dir, "lora")]) == []
+
+
+def test_a_sweep_of_adapters_whose_named_base_is_elsewhere_runs_them_on_its_base(lora, images, tmp_path):
+    """Trainers record the base's path on the training machine: every step was "not evaluated: its base does not
+    exist here" with the hint to pass --base, which the sweep had been given. They now run on the sweep's --base,
+    said once, with the same tokens as the adapter on that base given to infer."""
+    import json
+
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.runner import infer
+    from vlmfast.run.sweep import SweepOptions, sweep
+
+    run = tmp_path / "run"
+    for step in (1, 2):
+        shutil.copytree(lora.model_dir, run / f"checkpoint-{step}")
+        edit_json(run / f"checkpoint-{step}" / "adapter_config.json",
+                  lambda c: c.update(base_model_name_or_path="/mnt/trainer/models/Qwen2.5-VL"))
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": str(p), "prompt": "Count.", "answer": "3"}) + "\n"
+                                for i, p in enumerate(images[:2])))
+    settings = dict(manifest=str(manifest), device="cpu")
+    report = sweep(SweepOptions(run_dir=str(run), out_dir=str(tmp_path / "s"), base=str(lora.base),
+                                infer=InferOptions(ckpt=str(run), **settings)), say=lambda _: None)
+    assert [c["step"] for c in report["checkpoints"]] == [0, 1, 2] and report["not_evaluated"] == []
+    assert any(n.startswith("the run's LoRA adapters name /mnt/trainer/models/Qwen2.5-VL as their base") for n in report["notes"])
+    alone = infer(InferOptions(ckpt=str(run / "checkpoint-1"), base=str(lora.base), out=str(tmp_path / "one.jsonl"), **settings))
+    assert alone.samples == 2
+    swept = (tmp_path / "s" / "step-1.jsonl").read_text().splitlines()
+    assert [json.loads(r)["text"] for r in swept] == [json.loads(r)["text"] for r in (tmp_path / "one.jsonl").read_text().splitlines()]

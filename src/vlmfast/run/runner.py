@@ -54,23 +54,25 @@ class Work:
     answered: frozenset[str] = frozenset()  # row keys of answers an earlier run gave to requests still to do
 
 
-def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None) -> InferReport:
+def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None, weights_id=None) -> InferReport:
     """Run the whole ``infer`` flow. Raises :class:`~vlmfast.errors.VlmfastError` subclasses for anything
     the user can fix; nothing is written when inputs are bad (unless ``skip_bad``). A second run onto the
     same ``out`` is refused while this one runs (:func:`vlmfast.files.held_alone`).
 
     Launched with several processes (``accelerate launch``), each process runs its share and the main
     process returns the combined report (the others return their own). ``loaded``: a model already loaded
-    for these options; ``backend``: an engine already opened (any :class:`~vlmfast.engines.contract.Backend`)."""
+    for these options; ``backend``: an engine already opened (any :class:`~vlmfast.engines.contract.Backend`);
+    ``weights_id``: with one of them, the fingerprint of the weights it runs (a sweep's), recorded beside
+    ``out`` before the first row so that a run killed mid-way is resumed only onto the same weights."""
     from vlmfast.files import held_alone
     from vlmfast.run.parallel import is_main_process
 
     alone = options.out is not None and is_main_process()
     with held_alone(Path(options.out), "--out") if alone else contextlib.nullcontext():
-        return _infer(options, progress, loaded, backend)
+        return _infer(options, progress, loaded, backend, weights_id)
 
 
-def _infer(options: InferOptions, progress: Progress | None, loaded, backend) -> InferReport:
+def _infer(options: InferOptions, progress: Progress | None, loaded, backend, given_id=None) -> InferReport:
     from vlmfast.engines.open import open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
@@ -81,7 +83,8 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend) ->
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
     weights = require_whole(found, options.allow_missing or (), options.engine)  # lost tensors: refused before anything is written
-    weights_id = weights_fingerprint(found, options.fingerprint, options.base)  # what a resume is checked against
+    # what a resume is checked against (a sweep's engine: the fingerprint the sweep took of the checkpoint)
+    weights_id = weights_fingerprint(found, options.fingerprint, options.base) if found is not None else given_id
     options, parity = prepare(options, found)  # --match-training: before inputs
     dist = Distributed()
     options, seed_note = fixed_seed(options, agree=dist.reduce_max)  # one seed for every process

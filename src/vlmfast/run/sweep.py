@@ -19,9 +19,10 @@ from pathlib import Path
 from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted
 from vlmfast.files import held_alone
 from vlmfast.run.parallel import refuse_launched
+from vlmfast.run.sweep_engine import SweepEngine, for_checkpoint, rewritten
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.rescore import judge_all_raised, judge_failed
-from vlmfast.run.sweep_record import base_notes, same_weights_notes
+from vlmfast.run.sweep_record import on_adapters_base, same_weights_notes
 
 SCHEMA = "vlmfast.sweep/1"
 
@@ -33,67 +34,6 @@ class _Entry:
     label: str  # "base" | the layout
     found: object = None  # the base as located (a hub id is probed once)
     place: str = ""  # "(k of N)" among the checkpoints listed at the start; "" for those found later
-
-
-class _Models:
-    """The sweep's one engine: opened on the first checkpoint that has work, then switched to each next
-    one — only when that checkpoint's run first needs it (a finished one is read back, nothing loaded)."""
-
-    def __init__(self, options: SweepOptions, say):
-        self.options, self.say = options, say
-        self.backend = self.current = None
-        self.how: tuple[str, float] | None = None  # ("load" | "swap", seconds) of the last switch
-
-    def at(self, found) -> _SwitchOnUse:
-        return _SwitchOnUse(self, found)
-
-    def switch(self, found) -> None:
-        from vlmfast.engines.open import open_backend
-        from vlmfast.run.parallel import Distributed
-
-        if self.current is found:
-            return
-        why = None
-        try:
-            if self.backend is not None:
-                how, seconds, why = self.backend.switch_to(found, canary=self.options.canary)
-                if how is None:  # this engine cannot move to another checkpoint: a new one for it
-                    self.backend.close()
-                    self.backend = None
-            if self.backend is None:
-                start = time.perf_counter()
-                self.backend = open_backend(self.options.infer, found, None, Distributed())
-                how, seconds = "load", time.perf_counter() - start
-        except BaseException:  # a checkpoint that does not load: the next one opens an engine afresh
-            self.close()
-            self.backend = self.current = None
-            raise
-        self.how = (how, seconds)
-        if why:
-            self.say(f"{found.path}: loaded afresh ({why})")
-        self.current = found
-
-    def engine_news(self) -> tuple[dict, list[str]]:
-        """What the engine checked on its own while the last checkpoint ran (vLLM's canary): figures, and news."""
-        return self.backend.news() if self.backend is not None else ({}, [])
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.close()
-
-
-class _SwitchOnUse:
-    """A :class:`~vlmfast.engines.contract.Backend` for one checkpoint: the sweep's engine, switched to it on first use."""
-
-    def __init__(self, models: _Models, found):
-        self._models, self._found = models, found
-
-    def __getattr__(self, name):
-        self._models.switch(self._found)
-        return getattr(self._models.backend, name)
-
-    def close(self) -> None:  # the engine outlives each checkpoint's run
-        pass
 
 
 def sweep(options: SweepOptions, *, progress=None, say: Callable[[str], None] = lambda text: None,
@@ -156,10 +96,10 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     entries += [_Entry(c.step, c.path, c.layout) for c in listing.checkpoints]
     for k, entry in enumerate(entries if len(entries) > 1 else []):
         entry.place = f" ({k + 1} of {len(entries)})"
-    odd_base = base_notes(entries)
+    options, odd_base = on_adapters_base(options, entries)  # what is odd about --base; adapters it must carry
     for note in odd_base:
         say(note)
-    models = _Models(options, say)
+    models = SweepEngine(options, say)
     tables: dict[int, dict] = {}  # step → its per-request table (vlmfast.evaluation.flags.per_request)
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
                           for s in listing.skipped if not s.pending] + odd_base
@@ -197,10 +137,10 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                 evaluate(entry)
         waiting_on: set[str] = set()  # incomplete checkpoints already said
         broken = {str(s.path) for s in listing.skipped if not s.pending}  # skipped for good, already in the notes
-        reported, watched = 0, -1  # checkpoints in the last report on_report got, and in the last "watching" line
+        reported, watched = [], -1  # (step, fingerprint) in the last report on_report got; checkpoints in the last "watching" line
         while options.watch:
-            if on_report is not None and len(figures) > reported:
-                reported = len(figures)
+            if on_report is not None and figures and (now := [(f["step"], f.get("fingerprint")) for f in figures]) != reported:
+                reported = now  # a new checkpoint, or one evaluated again after it was rewritten in place
                 on_report(_report(options, figures, notes, tables))
             if len(figures) != watched:  # said once per new checkpoint, not at every look
                 watched = len(figures)
@@ -222,6 +162,9 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             broken -= mended
             refused[:] = [r for r in refused if r["path"] not in mended]
             seen |= {r["step"] for r in refused}
+            for c in rewritten(looked.checkpoints, figures, options):  # saved again in place: its rows are stale
+                figures[:] = [f for f in figures if f["step"] != c.step]
+                seen.discard(c.step)
             for c in (c for c in looked.checkpoints if c.step not in seen):
                 evaluate(_Entry(c.step, c.path, c.layout))  # as the first pass: refused or failing to load, said and passed
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C (--watch's way to stop) between or inside a checkpoint's run
@@ -280,7 +223,7 @@ def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], sa
     say(notes[-1])
 
 
-def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Path, progress, say, tables,
+def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir: Path, progress, say, tables,
               settings: dict, notes: list[str], by: dict | None = None) -> dict:
     """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
     table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
@@ -300,8 +243,9 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: _Models, out_dir: Pa
         say(changed)
         notes.append(changed)
     models.how = None
-    report = infer(dataclasses.replace(options.infer, ckpt=str(entry.path), out=str(out), retry_errors=options.retry_errors),
-                   progress=progress, backend=models.at(found))
+    report = infer(dataclasses.replace(for_checkpoint(options.infer, found), ckpt=str(entry.path), out=str(out),
+                                       retry_errors=options.retry_errors),
+                   progress=progress, backend=models.at(found), weights_id=weights_id)
     rows = list(read_existing(out, repair=False)[0].values())
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     rows, raised = reward_errors_as_wrong(rows)

@@ -264,6 +264,25 @@ def _show(value) -> str:
     return text if len(text) <= 80 else text[:77] + "…"
 
 
+def on_adapters_base(options, entries: list):
+    """(options, notes): what is odd about ``--base`` (:func:`base_notes`); and LoRA adapters whose named base
+    (adapter_config.json's ``base_model_name_or_path``: the training machine's path, or a hub id) is no directory
+    here run on the sweep's ``--base``, said once, and are fingerprinted with it. Before, every such step was "not
+    evaluated: its base does not exist here" with the hint to pass ``--base``, which the sweep had been given."""
+    import dataclasses
+
+    from vlmfast.checkpoints.readers import adapter_base_or_none, is_adapter_dir
+
+    base = next((e for e in entries if e.label == "base"), None)
+    named = {adapter_base_or_none(e.path) for e in entries if e.label != "base" and is_adapter_dir(e.path)} - {None}
+    away = sorted(n for n in named if not Path(n).expanduser().is_dir())
+    if base is None or not away or not Path(str(base.path)).is_dir():
+        return options, base_notes(entries)
+    return (dataclasses.replace(options, infer=dataclasses.replace(options.infer, base=str(base.path))),
+            [f"the run's LoRA adapters name {', '.join(away)} as their base (adapter_config.json), which is not a "
+             f"directory here: they run on --base {base.path}"] + base_notes(entries))
+
+
 def base_notes(entries: list) -> list[str]:
     """What is odd about ``--base``: another model family than the run's checkpoints, one of the run's own
     checkpoints, or a directory a trainer saved (its trainer_state.json)."""

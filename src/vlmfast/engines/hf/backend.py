@@ -174,7 +174,8 @@ class HfBackend:
 
         free_memory()
         loaded = load(found, device=runtime.device, dtype=o.dtype, attn=o.attn, trust_remote_code=o.trust_remote_code,
-                      allow_pickle=o.allow_pickle, base=o.base, merge=o.merge)
+                      allow_pickle=o.allow_pickle, base=o.base if found.kind == "adapter" else None,  # a sweep's
+                      merge=o.merge)  # --base carries its LoRA adapters, not its full checkpoints
         self._build(loaded)
         self.notes = list(loaded.notes)
         return Switched("load", loaded.load_s, plan.reason if plan is not None else "not a local checkpoint")

@@ -1,0 +1,81 @@
+"""A sweep against a run the trainer changes under it: a checkpoint deleted while it is copied in
+(save_total_limit), and a checkpoint rewritten in place between a killed sweep and its resume."""
+
+import json
+import shutil
+
+from conftest import read_jsonl
+from test_sweep import _options, _tokens, run  # noqa: F401 (the module's run fixture)
+
+
+def test_a_checkpoint_deleted_while_it_is_swapped_in_is_not_evaluated_and_the_sweep_goes_on(run, tmp_path, monkeypatch):
+    import vlmfast.checkpoints.swap as swap
+    from vlmfast.run.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"], live)
+    real = swap.plan_swap
+
+    def then_deleted(loaded, directory):  # the trainer's save_total_limit removes it while the sweep copies it in
+        plan = real(loaded, directory)
+        if directory.name == "checkpoint-200":
+            shutil.rmtree(directory)
+        return plan
+
+    monkeypatch.setattr(swap, "plan_swap", then_deleted)
+    options = _options(run, tmp_path / "s")
+    report = sweep(type(options)(**{**options.__dict__, "run_dir": str(live)}))
+    assert [c["step"] for c in report["checkpoints"]] == [100, 300]
+    [gone] = report["not_evaluated"]
+    assert gone["step"] == 200 and "its files went away while it was being loaded" in gone["reason"]
+    # the half-copied model is not reused: step 300 is loaded afresh and answers as a fresh load does
+    assert _tokens(read_jsonl(tmp_path / "s" / "step-300.jsonl")) == _tokens(run["fresh"][300])
+
+
+def test_a_sweep_killed_inside_a_checkpoint_does_not_resume_onto_weights_rewritten_in_place(run, tmp_path, monkeypatch):
+    import vlmfast.run.runner as runner
+    from vlmfast.checkpoints.fingerprint import fingerprint
+    from vlmfast.run.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"] / "checkpoint-200", live / "checkpoint-200")
+    options = _options(run, tmp_path / "s")
+    options = type(options)(**{**options.__dict__, "run_dir": str(live)})
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_batches", killed)
+    assert sweep(options)["interrupted"]
+    record = json.loads((tmp_path / "s" / "step-200.run.json").read_text())
+    # what made the rows to come is recorded before the first of them: a resume is checked against it
+    assert record["fingerprint"] == fingerprint(live / "checkpoint-200")["digest"]
+    (tmp_path / "s" / "step-200.jsonl").write_text(json.dumps(run["fresh"][200][0]) + "\n")  # one row, then killed
+    monkeypatch.undo()
+    shutil.rmtree(live / "checkpoint-200")  # a rerun of the training into the same output dir
+    shutil.copytree(run["run"] / "checkpoint-300", live / "checkpoint-200")
+    report = sweep(options)
+    assert any("step-200.jsonl: the checkpoint's weight files changed since" in n for n in report["notes"])
+    assert _tokens(read_jsonl(tmp_path / "s" / "step-200.jsonl")) == _tokens(run["fresh"][300])  # no row of the old weights
+
+
+def test_watch_evaluates_again_a_checkpoint_rewritten_in_place(run, tmp_path):
+    from vlmfast.run.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-100")
+    looks, logged = [], []
+
+    def wait(seconds):
+        looks.append(seconds)
+        if len(looks) == 1:  # a rerun of the training into the same output dir saves checkpoint-100 again
+            shutil.copyfile(run["run"] / "checkpoint-300" / "model.safetensors", live / "checkpoint-100" / "model.safetensors")
+        return len(looks) < 3
+
+    options = _options(run, tmp_path / "s", watch=True, poll_s=1)
+    report = sweep(type(options)(**{**options.__dict__, "run_dir": str(live)}), wait=wait,
+                   on_report=lambda so_far: logged.append([c["fingerprint"] for c in so_far["checkpoints"]]))
+    [c] = report["checkpoints"]
+    assert _tokens(read_jsonl(c["results"])) == _tokens(run["fresh"][300])  # the rows of the weights there now
+    assert any("step-100.jsonl: the checkpoint's weight files changed since" in n for n in report["notes"])
+    assert len(logged) == 2 and logged[0] != logged[1]  # the trackers got the step again, with its new figures
