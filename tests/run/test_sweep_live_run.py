@@ -79,3 +79,28 @@ def test_watch_evaluates_again_a_checkpoint_rewritten_in_place(run, tmp_path):
     assert _tokens(read_jsonl(c["results"])) == _tokens(run["fresh"][300])  # the rows of the weights there now
     assert any("step-100.jsonl: the checkpoint's weight files changed since" in n for n in report["notes"])
     assert len(logged) == 2 and logged[0] != logged[1]  # the trackers got the step again, with its new figures
+
+
+def test_a_step_whose_checkpoint_was_deleted_after_it_was_evaluated_stays_in_the_report(run, tmp_path):
+    """save_total_limit deletes old checkpoints: a rerun (or a restarted --watch) listed only the ones left, so the
+    best step vanished from the report (a gate then judged the rest) and from the trackers' history. Its finished
+    rows are reported as they were, marked gone, said; its figures are the ones it had."""
+    from vlmfast.run.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"], live)
+    options = _options(run, tmp_path / "s", steps=None)
+    options = type(options)(**{**options.__dict__, "run_dir": str(live)})
+    first = sweep(options)
+    shutil.rmtree(live / "checkpoint-100")
+    again = sweep(options)
+    by_step = {c["step"]: c for c in again["checkpoints"]}
+    assert sorted(by_step) == [100, 200, 300] and by_step[100]["gone"] and not by_step[200].get("gone")
+    before = {c["step"]: c for c in first["checkpoints"]}
+    assert (by_step[100]["accuracy"], by_step[100]["scored"]) == (before[100]["accuracy"], before[100]["scored"])
+    assert by_step[100]["path"] == str(live / "checkpoint-100")
+    assert any(n.startswith("step 100: its checkpoint is no longer in") for n in again["notes"])
+    assert again["best"]["step"] == first["best"]["step"]
+    shutil.rmtree(live / "checkpoint-300")  # --steps keeps to the steps it names
+    only = sweep(type(options)(**{**options.__dict__, "steps": (200,)}))
+    assert [c["step"] for c in only["checkpoints"]] == [200]

@@ -22,7 +22,7 @@ from vlmfast.run.parallel import refuse_launched
 from vlmfast.run.sweep_engine import SweepEngine, for_checkpoint, rewritten
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.rescore import judge_all_raised, judge_failed
-from vlmfast.run.sweep_record import on_adapters_base, same_weights_notes
+from vlmfast.run.sweep_record import gone_steps, on_adapters_base, same_weights_notes
 
 SCHEMA = "vlmfast.sweep/1"
 
@@ -105,6 +105,9 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                           for s in listing.skipped if not s.pending] + odd_base
     searched, interrupted = None, False
     refused: list[dict] = []  # checkpoints not evaluated: their weights are not whole
+    listed = {e.step for e in entries} | {s.step for s in listing.skipped}
+    for step, out in gone_steps(out_dir, listed, options.steps):  # evaluated, then deleted by the trainer
+        figures.append(_gone(step, out, tables, notes, options.run_dir))
 
     def evaluate(entry: _Entry) -> float | None:
         if _refuse(entry, options, refused, notes, say):
@@ -199,6 +202,26 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                                    f"{', '.join(map(str, searched['skipped']))}); a plain sweep into the same --out-dir "
                                    "evaluates only those")
     return report
+
+
+def _gone(step: int, out: Path, tables: dict, notes: list[str], run_dir: str) -> dict:
+    """A step evaluated earlier whose checkpoint is no longer in the run (``save_total_limit`` deletes old ones):
+    its finished rows reported as they were, marked ``gone``, said. Left out, a rerun or a restarted ``--watch``
+    lost the best step (a gate then failed on the rest) and the trackers' history of it."""
+    from types import SimpleNamespace
+
+    from vlmfast.evaluation.flags import per_request, reward_errors_as_wrong
+    from vlmfast.run.results import read_existing
+    from vlmfast.run.sweep_record import measured, recorded_path
+
+    rows, _ = reward_errors_as_wrong(list(read_existing(out, repair=False)[0].values()))
+    tables[step] = per_request(rows)
+    path = recorded_path(out) or f"{run_dir} (step {step}, deleted)"
+    notes.append(f"step {step}: its checkpoint is no longer in {run_dir} ({path}: deleted after it was evaluated, e.g. "
+                 f"by save_total_limit); its rows in {out.name} are reported as they were")
+    unmeasured = SimpleNamespace(tokens_per_s=None)
+    return {**_figures(_Entry(step, path, "gone"), out, rows, unmeasured, "none", 0.0), **measured(out),
+            "read_back": True, "gone": True}
 
 
 def _refuse(entry: _Entry, options: SweepOptions, refused: list[dict], notes: list[str], say) -> bool:

@@ -143,7 +143,7 @@ def record(results: Path, settings: dict, figures: dict) -> None:
 
     data = {"settings": settings, "versions": versions(), "figures": {k: figures[k] for k in MEASURED if k in figures},
             "fingerprint": figures.get("fingerprint"),
-            **{k: figures[k] for k in ("fingerprint_of", "manifest") if k in figures},
+            **{k: figures[k] for k in ("fingerprint_of", "manifest", "path") if k in figures},
             "runtime": figures["runtime"] if "runtime" in figures else _read(sidecar(results)).get("runtime")}
     atomic_write(sidecar(results), (json.dumps(data, indent=1, default=str) + "\n").encode("utf-8"))
 
@@ -193,6 +193,28 @@ def measured(results: Path) -> dict:
         return json.loads(sidecar(results).read_text(encoding="utf-8")).get("figures", {})
     except (OSError, ValueError):
         return {}
+
+
+def recorded_path(results: Path) -> str | None:
+    """The checkpoint directory ``results``' rows were made from, as its record names it (None: older records)."""
+    path = _read(sidecar(results)).get("path")
+    return path if isinstance(path, str) else None
+
+
+def gone_steps(out_dir: Path, listed: set[int], only: tuple[int, ...] | None) -> list[tuple[int, Path]]:
+    """(step, results file) of the steps a sweep into ``out_dir`` finished earlier (their record holds the
+    figures of the run) whose checkpoint the run no longer lists, nor skips (its folder is gone); within
+    ``only`` (``--steps``) when given."""
+    import re
+
+    gone = []
+    for out in sorted(Path(out_dir).glob("step-*.jsonl")):
+        m = re.fullmatch(r"step-(\d+)\.jsonl", out.name)
+        step = int(m.group(1)) if m else None
+        if step is None or step in listed or (only is not None and step not in only) or not measured(out):
+            continue
+        gone.append((step, out))
+    return sorted(gone)
 
 
 def recorded_seed(results: list[Path]) -> int | None:
