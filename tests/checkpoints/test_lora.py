@@ -215,3 +215,23 @@ def test_a_sweep_of_adapters_whose_named_base_is_elsewhere_runs_them_on_its_base
     assert alone.samples == 2
     swept = (tmp_path / "s" / "step-1.jsonl").read_text().splitlines()
     assert [json.loads(r)["text"] for r in swept] == [json.loads(r)["text"] for r in (tmp_path / "one.jsonl").read_text().splitlines()]
+
+
+def test_a_record_of_vlmfast_0_17_resumes_onto_the_same_adapter(lora, tmp_path):
+    """0.17 fingerprinted an adapter without its adapter_config.json settings: its records are of the same weights,
+    not 'weight files changed since' (infer refused the resume; a sweep evaluated every adapter step again)."""
+    import hashlib
+    import json
+
+    from vlmfast.checkpoints.fingerprint import adapter_fingerprint
+    from vlmfast.run.sweep_record import forget_if_changed, refuse_other_weights, sidecar
+
+    now = adapter_fingerprint(lora.model_dir)
+    h = hashlib.sha256(b"adapter\0" + now["adapter"]["digest"].encode() + b"\0base\0" + now["base"]["digest"].encode())
+    then = f"{now['digest'].split(':')[0]}:{h.hexdigest()[:16]}"  # what 0.17's adapter_fingerprint recorded
+    assert then != now["digest"]
+    out = tmp_path / "out.jsonl"
+    out.write_text(json.dumps({"id": "q0", "text": "x"}) + "\n")
+    sidecar(out).write_text(json.dumps({"settings": {}, "fingerprint": then}))
+    refuse_other_weights(out, now)  # no error
+    assert forget_if_changed(out, now) is None and out.is_file()

@@ -511,3 +511,15 @@ def test_the_pronoun_after_answer_is_not_option_i():
 
     assert parse_choice("Answer: I think B") == "B"
     assert [parse_choice(t) for t in ("Answer: I", "The answer is I.", "Option I is right")] == ["I", "I", "I"]
+
+
+def test_nothing_after_the_thinking_is_no_answer_not_an_empty_one():
+    for text in ("<think>It is yes.</think>", "<think>It is yes.</think>\n\n  "):
+        s = score_row({"text": text}, "yes")
+        assert (s["correct"], s["parse_failed"]) == (False, True)
+
+
+def test_the_unicode_minus_sign_is_a_minus():
+    from vlmfast.evaluation.scoring import normalize
+
+    assert normalize("\u22125") == normalize("-5") == "-5"

@@ -104,3 +104,35 @@ def test_a_step_whose_checkpoint_was_deleted_after_it_was_evaluated_stays_in_the
     shutil.rmtree(live / "checkpoint-300")  # --steps keeps to the steps it names
     only = sweep(type(options)(**{**options.__dict__, "steps": (200,)}))
     assert [c["step"] for c in only["checkpoints"]] == [200]
+
+
+def test_another_runs_steps_in_the_same_out_dir_are_not_gone_steps_of_this_run(run, tmp_path):
+    """A second run swept into the --out-dir of a first: the first run's step files are not this run's deleted
+    checkpoints (they still exist, elsewhere), nor candidates for its best step or its gate."""
+    from vlmfast.run.sweep import sweep
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    shutil.copytree(run["run"] / "checkpoint-100", one / "checkpoint-100")
+    shutil.copytree(run["run"] / "checkpoint-200", two / "checkpoint-200")
+    options = _options(run, tmp_path / "s", steps=None)
+    sweep(type(options)(**{**options.__dict__, "run_dir": str(one)}))
+    report = sweep(type(options)(**{**options.__dict__, "run_dir": str(two)}))
+    assert [(c["step"], c.get("gone")) for c in report["checkpoints"]] == [(200, None)]
+    assert not any("no longer in" in n for n in report["notes"])
+
+
+def test_watch_does_not_digest_unchanged_checkpoints_again_at_every_look(run, tmp_path, monkeypatch):
+    """--fingerprint full reads every byte: re-digesting every evaluated checkpoint at each look of --watch reads
+    the whole run again every --poll seconds. Only a checkpoint whose files changed is digested again."""
+    import vlmfast.checkpoints.fingerprint as fp
+    from vlmfast.run.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-100")
+    calls, real = [], fp.weights_fingerprint
+    monkeypatch.setattr(fp, "weights_fingerprint", lambda *a, **k: calls.append(a) or real(*a, **k))
+    looks = []
+    options = _options(run, tmp_path / "s", watch=True, poll_s=1)
+    sweep(type(options)(**{**options.__dict__, "run_dir": str(live)}),
+          wait=lambda s: looks.append(s) or len(looks) < 5)
+    assert len(calls) <= 2  # evaluated once, looked at once: not once per look

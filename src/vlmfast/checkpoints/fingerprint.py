@@ -69,10 +69,14 @@ def adapter_fingerprint(d, base: str | None = None, *, full: bool = False) -> di
         why = (f"its base {spec} is a hub id, whose weights are not read: the base counts by name"
                if not Path(spec).expanduser().exists() and HUB_ID.match(spec)
                else f"its base {spec} is not a local model directory: it counts by name")
+    base_part = weights["digest"].encode() if weights else b"name:" + (spec or "").encode("utf-8")
     h = hashlib.sha256(b"adapter\0" + own["digest"].encode() + b"\0config\0" + _adapter_settings(d) + b"\0base\0")
-    h.update(weights["digest"].encode() if weights else b"name:" + (spec or "").encode("utf-8"))
+    h.update(base_part)
+    # the digest vlmfast 0.17 and earlier recorded (no adapter_config.json settings): its records are still these weights
+    h18 = hashlib.sha256(b"adapter\0" + own["digest"].encode() + b"\0base\0" + base_part)
     every = [own] + ([weights] if weights else [])
-    return {"digest": f"{own['digest'].split(':')[0]}:{h.hexdigest()[:16]}",
+    kind = own["digest"].split(":")[0]
+    return {"digest": f"{kind}:{h.hexdigest()[:16]}", "digest_before_0_18": f"{kind}:{h18.hexdigest()[:16]}",
             **{k: sum(f[k] for f in every) for k in ("files", "tensors", "bytes")},
             "adapter": own, "base": {"source": spec, "digest": weights["digest"] if weights else None},
             "of": f"the adapter's weights and its base's ({found.path})" if weights else f"the adapter's weights only ({why})"}

@@ -101,7 +101,8 @@ def untagged_part(text: str) -> str | None:
     close = text.rfind("</think>")
     if close < 0 or text.find("<think>", close) >= 0:
         return None
-    return text[close + len("</think>"):]
+    tail = text[close + len("</think>"):]
+    return tail if tail.strip() else None  # nothing after the thinking: no answer (parse_failed), not an empty one
 
 
 def reasoning_ends(text: str) -> tuple[int | None, int | None]:
@@ -247,7 +248,8 @@ def normalize(text: str) -> str:
     """Case-folded, whitespace collapsed (none around commas), surrounding punctuation and quotes stripped,
     a bullet's "- " and brackets around a single item ("(B)", "[yes]") removed. A leading minus is a sign
     ("-x" is not "x") and the brackets of a tuple, list or interval are kept ("(-\\infty, 3]" is not "[\\infty, 3)")."""
-    text = re.sub(r"\s*,\s*", ",", " ".join(unicodedata.normalize("NFKC", str(text)).casefold().split()))
+    text = unicodedata.normalize("NFKC", str(text)).replace("\u2212", "-")  # full-width forms; the minus sign as "-"
+    text = re.sub(r"\s*,\s*", ",", " ".join(text.casefold().split()))
     while True:
         before = text
         text = text.strip(_STRIP + " ").rstrip("-")
@@ -393,9 +395,9 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
 
     The answer is read from the row's ``text`` (an ``answer`` field, if any, is not consulted: other
     tools write none, or their own). Error rows get all nulls; rows without ground truth get only
-    ``format_ok``. With ``plain_fallback`` a row whose text carries no think/answer tags at all (a base
-    model answering plainly) is scored on the answer it states (:func:`stated_answer`), so checkpoint and
-    base are compared on the same questions. Boxes: see :func:`row_bbox_space`."""
+    ``format_ok``. With ``plain_fallback`` a row whose text has no ``<answer>`` tag is scored on the answer its
+    untagged part states (:func:`untagged_part`, :func:`stated_answer`): a base model answering plainly, so
+    checkpoint and base are compared on the same questions, or what follows a closed ``</think>``. Boxes: see :func:`row_bbox_space`."""
     if row.get("error") is not None:
         return dict.fromkeys(ROW_FIELDS)
     text = row.get("text")

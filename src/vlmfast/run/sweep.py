@@ -106,7 +106,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     searched, interrupted = None, False
     refused: list[dict] = []  # checkpoints not evaluated: their weights are not whole
     listed = {e.step for e in entries} | {s.step for s in listing.skipped}
-    for step, out in gone_steps(out_dir, listed, options.steps):  # evaluated, then deleted by the trainer
+    for step, out in gone_steps(out_dir, listed, options.steps, options.run_dir):  # evaluated, then deleted by the trainer
         figures.append(_gone(step, out, tables, notes, options.run_dir))
 
     def evaluate(entry: _Entry) -> float | None:

@@ -93,16 +93,35 @@ def rewritten(checkpoints, figures: list[dict], options) -> list:
     fingerprint at the same path: a rerun of the training into the same output dir); evaluated again."""
     from vlmfast.checkpoints.fingerprint import weights_fingerprint
     from vlmfast.checkpoints.locate import locate
+    from vlmfast.run.sweep_record import same_digest
 
     then = {(f["step"], f["path"]): f.get("fingerprint") for f in figures if f["label"] != "base"}
     out = []
     for c in checkpoints:
         if then.get((c.step, str(c.path))) is None:
             continue
+        key = (str(c.path), then[(c.step, str(c.path))])
+        if _LOOKED.get(key) == (sign := _files_signature(c.path)):
+            continue  # no file of it written since the last look: not digested again (--fingerprint full reads every byte)
+        _LOOKED[key] = sign
         try:
             now = weights_fingerprint(locate(c.path), options.infer.fingerprint, options.infer.base)
         except CheckpointError:
             continue
-        if now is not None and now["digest"] != then[(c.step, str(c.path))]:
+        if now is not None and not same_digest(then[(c.step, str(c.path))], now):
             out.append(c)
     return out
+
+
+_LOOKED: dict[tuple[str, str], tuple] = {}  # (checkpoint dir, fingerprint it was evaluated with) → its files' signature
+
+
+def _files_signature(path) -> tuple:
+    """Names, sizes and modification times of the files in ``path``: what a rewrite in place changes."""
+    from pathlib import Path
+
+    try:
+        return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in Path(path).iterdir()
+                            if p.is_file() and (st := p.stat())))
+    except OSError:
+        return ()

@@ -201,10 +201,11 @@ def recorded_path(results: Path) -> str | None:
     return path if isinstance(path, str) else None
 
 
-def gone_steps(out_dir: Path, listed: set[int], only: tuple[int, ...] | None) -> list[tuple[int, Path]]:
+def gone_steps(out_dir: Path, listed: set[int], only: tuple[int, ...] | None, run_dir=None) -> list[tuple[int, Path]]:
     """(step, results file) of the steps a sweep into ``out_dir`` finished earlier (their record holds the
     figures of the run) whose checkpoint the run no longer lists, nor skips (its folder is gone); within
-    ``only`` (``--steps``) when given."""
+    ``only`` (``--steps``) when given. Only a checkpoint of ``run_dir`` (its record names it) that no longer
+    exists: another run's steps in the same ``--out-dir`` are not this run's."""
     import re
 
     gone = []
@@ -213,8 +214,21 @@ def gone_steps(out_dir: Path, listed: set[int], only: tuple[int, ...] | None) ->
         step = int(m.group(1)) if m else None
         if step is None or step in listed or (only is not None and step not in only) or not measured(out):
             continue
+        if run_dir is not None and not _deleted_from(recorded_path(out), Path(run_dir)):
+            continue
         gone.append((step, out))
     return sorted(gone)
+
+
+def _deleted_from(path: str | None, run_dir: Path) -> bool:
+    """Whether ``path`` (a recorded checkpoint directory) was in ``run_dir`` and is there no more."""
+    if path is None:
+        return False
+    try:
+        Path(path).resolve().relative_to(run_dir.resolve())
+    except ValueError:
+        return False
+    return not Path(path).exists()
 
 
 def recorded_seed(results: list[Path]) -> int | None:
@@ -236,6 +250,12 @@ def fingerprint_figures(weights_id: dict | None) -> dict:
             **({"fingerprint_of": weights_id["of"]} if weights_id and "of" in weights_id else {})}
 
 
+def same_digest(then: str, weights_id: dict) -> bool:
+    """Whether a recorded fingerprint ``then`` is of the weights ``weights_id`` fingerprints now: its digest, or the
+    one vlmfast 0.17 and earlier recorded for the same adapter (before adapter_config.json's settings counted)."""
+    return then in (weights_id["digest"], weights_id.get("digest_before_0_18"))
+
+
 def refuse_other_weights(results: Path, weights_id: dict | None) -> None:
     """A UsageError when ``results``' rows were made from weights other than the checkpoint's now (its record
     holds another fingerprint): resuming would mix the answers of two models in one file."""
@@ -246,7 +266,7 @@ def refuse_other_weights(results: Path, weights_id: dict | None) -> None:
     except (OSError, ValueError, AttributeError):
         return
     now = weights_id["digest"] if weights_id else None
-    if then is not None and now is not None and then != now and holds_rows(results):
+    if then is not None and now is not None and not same_digest(then, weights_id) and holds_rows(results):
         raise UsageError(f"{results} holds rows made from other weights: the checkpoint's weight files changed since "
                          f"(fingerprint {then} then, {now} now)",
                          hint="rerun with --overwrite to redo them with these weights, or give another --out")
@@ -261,7 +281,7 @@ def forget_if_changed(results: Path, weights_id: dict | None) -> str | None:
     except (OSError, ValueError):
         return None
     now = weights_id["digest"] if weights_id else None
-    if then is None or now is None or then == now:
+    if then is None or now is None or same_digest(then, weights_id):
         return None
     aside = move_aside(results.parent, [p for p in (results, sidecar(results)) if p.is_file()])
     return (f"{results.name}: the checkpoint's weight files changed since its rows were written (fingerprint {then} "
