@@ -179,7 +179,7 @@ def test_merge_lora_keeps_the_adapter_dirs_own_chat_template(lora, tmp_path):
 def test_a_sweep_base_other_than_the_adapters_base_is_said(lora, tmp_path):
     from vlmfast.checkpoints.tiny import build_checkpoint
     from vlmfast.run.sweep import _Entry
-    from vlmfast.run.sweep_record import base_notes
+    from vlmfast.run.sweep_engine import base_notes
 
     other = build_checkpoint(tmp_path / "q2", family="qwen2_vl", like="base")
     said = base_notes([_Entry(0, other, "base"), _Entry(4, lora.model_dir, "lora")])

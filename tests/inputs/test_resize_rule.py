@@ -31,7 +31,8 @@ def test_same_pixels_as_fetch_image(processor, tmp_path, size, mode):
     assert ours.size == theirs.size and np.array_equal(np.asarray(ours), np.asarray(theirs))
 
 
-def test_thin_image_under_small_max_pixels_gets_the_processors_size(processor, tmp_path):
+def _strip(processor, tmp_path):
+    """A 4000×25 image under --max-pixels 100352 (Qwen's rule clamps its height), loaded as the engines load it."""
     from vlmfast.engines.prepare import Preparer
     from vlmfast.inputs.records import Request
 
@@ -40,7 +41,12 @@ def test_thin_image_under_small_max_pixels_gets_the_processors_size(processor, t
     prep = Preparer(processor, 100_000, max_pixels=100352)
     images, failed = prep.load_images([Request(id="s", images=(str(path),), prompt="q")])
     assert failed == {}
-    grid = processor.image_processor(images=images["s"], do_resize=False,  # as the engine calls it
+    return path, prep, images["s"]
+
+
+def test_thin_image_under_small_max_pixels_gets_the_processors_size(processor, tmp_path):
+    path, prep, images = _strip(processor, tmp_path)
+    grid = processor.image_processor(images=images, do_resize=False,  # as the engine calls it
                                      return_tensors="pt")["image_grid_thw"].tolist()
     ref = processor.image_processor(images=[Image.open(path)], size={"shortest_edge": prep.min_pixels,
                                                                      "longest_edge": prep.max_pixels},
@@ -90,3 +96,30 @@ def test_easyr1_rule_gives_the_pixels_easyr1_trained_on(processor, tmp_path, siz
     assert np.array_equal(ours["pixel_values"].numpy(), theirs["pixel_values"].numpy())
     grid = theirs["image_grid_thw"][0].tolist()
     assert prep.image_tokens(*size) == grid[1] * grid[2] // prep.merge_size ** 2
+
+
+def test_vllm_processor_kwargs_do_not_resize_a_clamped_image_again(processor, tmp_path):
+    """Both engines give the model the same pixels: vLLM's processor call carries the HF engine's do_resize."""
+    from vlmfast.engines.vllm.backend import VllmBackend
+
+    _, prep, images = _strip(processor, tmp_path)
+    hf = processor.image_processor(images=images, do_resize=prep.processor_resizes,  # the HF engine's call
+                                   size={"shortest_edge": prep.min_pixels, "longest_edge": prep.max_pixels},
+                                   return_tensors="pt")["image_grid_thw"].tolist()
+    kwargs = VllmBackend.processor_kwargs(prep)  # what vLLM hands its HF processor with every prompt
+    vllm = processor.image_processor(images=images, return_tensors="pt", **kwargs)["image_grid_thw"].tolist()
+    assert hf == vllm == [[1, 2, 286]]
+
+
+def test_easyr1_rule_records_the_size_the_model_saw(processor, tmp_path):
+    from vlmfast.engines.prepare import Preparer
+    from vlmfast.inputs.records import Request
+
+    path = tmp_path / "photo.png"
+    Image.new("RGB", (400, 300), (120, 30, 200)).save(path)
+    prep = Preparer(processor, 100_000, min_pixels=262144, max_pixels=4194304, resize_rule="easyr1")
+    images, _ = prep.load_images([Request(id="p", images=(str(path),), prompt="q")])
+    grid = processor.image_processor(images=images["p"], do_resize=prep.processor_resizes,
+                                     size={"shortest_edge": prep.min_pixels, "longest_edge": prep.max_pixels},
+                                     return_tensors="pt")["image_grid_thw"].tolist()[0]
+    assert prep.model_size(images["p"][0]) == [grid[2] * 14, grid[1] * 14] == [588, 448]  # EasyR1 scaled it to 591x443

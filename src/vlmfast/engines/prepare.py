@@ -139,6 +139,12 @@ class Preparer:
                                      min_pixels=self.min_pixels, max_pixels=self.max_pixels)
         return [width, height]
 
+    def processor_kwargs(self) -> dict:
+        """vLLM's ``mm_processor_kwargs`` for every prompt: the pixel limits, and ``do_resize`` as the HF engine's
+        processor call has it — Qwen's rule is applied already (:meth:`load_images`) and is not idempotent where a
+        side is clamped (4000x25 under 100352 px: 28x4004 once, 28x3780 again); after EasyR1's scaling it resizes."""
+        return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "do_resize": self.processor_resizes}
+
     @property
     def processor_resizes(self) -> bool:
         """Whether the processor resizes the images :meth:`load_images` gives it: after EasyR1's scaling, as

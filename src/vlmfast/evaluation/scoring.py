@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import unicodedata
 from dataclasses import dataclass
 
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.evaluation.answers import stated_answer
+# what an answer says (its text, number, option letter), importable from here where callers found it
+from vlmfast.evaluation.reading import (_FULL_NUMBER, _LETTER_ONLY, normalize, parse_choice,  # noqa: F401
+                                        parse_number)
 # box parsing and coordinate spaces live in boxes; they stay importable from here, where callers found them
 from vlmfast.evaluation.boxes import (BBOX_SPACES, BOX_POINTS, DEFAULT_BBOX_SPACE, box_iou, box_scale, parse_box,  # noqa: F401
                                       row_bbox_space)
@@ -28,24 +30,6 @@ ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", 
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANY_TAG = re.compile(r"</?(?:think|answer)>")
-_QUOTES = "\"'`“”‘’«»"
-_STRIP = ".,;:!?<>*_~" + _QUOTES  # brackets and "-" are handled in normalize: a sign, an interval's ends
-_PAIRS = {"(": ")", "[": "]", "{": "}", "（": "）"}
-_UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
-_NUM = r"(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
-# A sign counts only at the start of a token: "3-5" is a range, not 3 and -5.
-_NUMBER = re.compile(  # not inside a word: "g0D" and "Loo1Loo" hold no number (a unit may follow: "12cm")
-    rf"(?:(?<![\w.])(?P<sign>[-+−]))?(?<![A-Za-z\d.])(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
-    rf"(?:\s*/\s*(?P<den>{_NUM}))?(?P<pct>\s*%)?"
-)
-_CURRENCY = "$€£¥₹"
-_FULL_NUMBER = re.compile(rf"^[{_CURRENCY}]?\s*[-+−]?(?:{_NUM})(?:[eE][-+]?\d+)?(?:\s*/\s*(?:{_NUM}))?{_UNIT}$")
-_LETTER_ONLY = re.compile(r"^[(\[]?([A-Za-z])[)\]]?[.:)]?$")
-_LETTER_LEAD = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s")
-_LETTER_KEYWORD = re.compile(r"(?i:option|choice|answer)(?:\s+(?i:is))?\s*[:\-]?\s*[(\[]?([A-Z])(?![A-Za-z])")
-_LETTER_PAREN = re.compile(r"\(([A-Z])\)")
-_LETTER_WORD = re.compile(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])")
-_PRONOUN_AFTER = re.compile(r"\s+[a-z]")  # "I think", "I believe": a word after "I" makes it the pronoun
 
 
 @dataclass(frozen=True)
@@ -244,72 +228,6 @@ def _as_text(truth) -> str:
     return truth if isinstance(truth, str) else json.dumps(truth, ensure_ascii=False)
 
 
-def normalize(text: str) -> str:
-    """Case-folded, whitespace collapsed (none around commas), surrounding punctuation and quotes stripped,
-    a bullet's "- " and brackets around a single item ("(B)", "[yes]") removed. A leading minus is a sign
-    ("-x" is not "x") and the brackets of a tuple, list or interval are kept ("(-\\infty, 3]" is not "[\\infty, 3)")."""
-    text = unicodedata.normalize("NFKC", str(text)).replace("\u2212", "-")  # full-width forms; the minus sign as "-"
-    text = re.sub(r"\s*,\s*", ",", " ".join(text.casefold().split()))
-    while True:
-        before = text
-        text = text.strip(_STRIP + " ").rstrip("-")
-        if text.startswith("- "):
-            text = text[2:]
-        if len(text) >= 2 and _PAIRS.get(text[0]) == text[-1] and "," not in text and _balanced(text[1:-1]):
-            text = text[1:-1]
-        elif text and not _balanced(text):  # a bracket left alone at an end: "yes)", "(b" (a list's "b)")
-            text = text[:-1] if text[-1] in ")]}）" and _balanced(text[:-1]) else \
-                text[1:] if text[0] in "([{（" and _balanced(text[1:]) else text
-        if text == before:
-            return text
-
-
-def _balanced(text: str) -> bool:
-    depth = 0
-    for ch in text:
-        depth += ch in "([{（"
-        depth -= ch in ")]}）"
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([-+−]?\s*\d[\d,]*(?:\.\d+)?)\s*\}\s*\{\s*(\d[\d,]*(?:\.\d+)?)\s*\}")
-_TIMES_TEN = re.compile(r"(\d(?:\.\d+)?)\s*(?:[x×*·]|\\times|\\cdot)\s*10\s*\^\s*\{?\s*([-+−]?\d+)\s*\}?")
-_POWER = re.compile(r"(?<![\w.^])(\d+(?:\.\d+)?)\s*\^\s*(?:\{\s*([-+−]?\d{1,3})\s*\}|([-+−]?\d{1,3})(?![\d.]))")
-_EXPONENT_BEFORE = re.compile(r"\^\s*\{?\s*$")
-
-
-def _power(m) -> str:
-    try:
-        return repr(float(m.group(1)) ** int((m.group(2) or m.group(3)).replace("−", "-")))
-    except (OverflowError, ZeroDivisionError):
-        return m.group(0)
-
-
-def parse_number(text: str):
-    """The last number in ``text`` as ``(value, is_percent)``, or None. Accepts "1,234", "3/4",
-    "\\frac{3}{4}", "-2.5e3", "2.5 × 10^3", "2^3", "50%", "$5", "12 cm", "12 cm^2" (an exponent is not the
-    answer); the last one wins because reasoning states the result last."""
-    text = _LATEX_FRAC.sub(lambda m: f"{m.group(1).replace(' ', '')}/{m.group(2)}", str(text))
-    text = _TIMES_TEN.sub(lambda m: f"{m.group(1)}e{m.group(2).replace('−', '-')}", text)
-    text = _POWER.sub(_power, text)  # 2^3 is 8; a unit's exponent (cm^2) is skipped below
-    matches = [m for m in _NUMBER.finditer(text) if not _EXPONENT_BEFORE.search(text, 0, m.start())]
-    if not matches:
-        return None
-    m = matches[-1]
-    try:
-        value = float(m.group("num").replace(",", "") + (m.group("exp") or ""))
-        if m.group("den"):
-            den = float(m.group("den").replace(",", ""))
-            if den == 0:
-                return None
-            value /= den
-    except (ValueError, OverflowError):
-        return None
-    if m.group("sign") in ("-", "−"):
-        value = -value
-    return (value, bool(m.group("pct"))) if math.isfinite(value) else None
 
 
 def _numbers_match(got, want, rel_tol: float, abs_tol: float) -> bool:
@@ -320,26 +238,6 @@ def _numbers_match(got, want, rel_tol: float, abs_tol: float) -> bool:
     return any(math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol) for a in readings(got) for b in readings(want))
 
 
-def parse_choice(text: str) -> str | None:
-    """The option letter in ``text`` ("B", "(B)", "B.", "B. text", "Option B", "the answer is B"), or None.
-
-    A lone letter may be lower case; inside a sentence only capitals count, so the article "a" in
-    "the answer is a dog" is not read as option A."""
-    text = unicodedata.normalize("NFKC", str(text)).strip()  # a full-width "Ｂ" (Chinese benchmarks) is "B"
-    if (m := _LETTER_ONLY.match(text)):
-        return m.group(1).upper()
-    for pattern in (_LETTER_LEAD, _LETTER_KEYWORD):
-        if (m := pattern.search(text)):
-            letter = next(g for g in m.groups() if g)
-            if not (letter == "I" and _PRONOUN_AFTER.match(text, m.end())):  # "Answer: I think B": the pronoun
-                return letter
-    for pattern in (_LETTER_PAREN, _LETTER_WORD):
-        letters = set(pattern.findall(text))
-        if len(letters) > 1:
-            letters.discard("I")  # the pronoun: "I think C"
-        if len(letters) == 1:
-            return letters.pop()
-    return None
 
 
 _OPTION_LINE = re.compile(r"^([A-Z])\. (.*)$", re.M)

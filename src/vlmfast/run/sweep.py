@@ -19,10 +19,10 @@ from pathlib import Path
 from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted
 from vlmfast.files import held_alone
 from vlmfast.run.parallel import refuse_launched
-from vlmfast.run.sweep_engine import SweepEngine, for_checkpoint, rewritten
+from vlmfast.run.sweep_engine import SweepEngine, for_checkpoint, on_adapters_base, rewritten
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.rescore import judge_all_raised, judge_failed
-from vlmfast.run.sweep_record import gone_steps, on_adapters_base, same_weights_notes
+from vlmfast.run.sweep_record import gone_steps, same_weights_notes
 
 SCHEMA = "vlmfast.sweep/1"
 

@@ -1,10 +1,12 @@
-"""The sweep's one engine (:class:`SweepEngine`): opened on the first checkpoint that has work, then switched to
-each next one — its weights swapped in place when the shapes allow, else loaded afresh — and what ``--watch`` checks
-of the checkpoints it evaluated (:func:`rewritten`)."""
+"""The models a sweep runs: its one engine (:class:`SweepEngine`), opened on the first checkpoint that has work
+and switched to each next one (weights swapped in place when the shapes allow, else loaded afresh); what is odd
+about ``--base``, and the LoRA adapters it carries (:func:`on_adapters_base`); and under ``--watch``, the
+evaluated checkpoints rewritten in place since (:func:`rewritten`)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from vlmfast.errors import CheckpointError
 from vlmfast.run.sweep_options import SweepOptions
@@ -118,10 +120,59 @@ _LOOKED: dict[tuple[str, str], tuple] = {}  # (checkpoint dir, fingerprint it wa
 
 def _files_signature(path) -> tuple:
     """Names, sizes and modification times of the files in ``path``: what a rewrite in place changes."""
-    from pathlib import Path
-
     try:
         return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in Path(path).iterdir()
                             if p.is_file() and (st := p.stat())))
     except OSError:
         return ()
+
+
+def on_adapters_base(options, entries: list):
+    """(options, notes): what is odd about ``--base`` (:func:`base_notes`); and LoRA adapters whose named base
+    (adapter_config.json's ``base_model_name_or_path``: the training machine's path, or a hub id) is no directory
+    here run on the sweep's ``--base``, said once, and are fingerprinted with it. Before, every such step was "not
+    evaluated: its base does not exist here" with the hint to pass ``--base``, which the sweep had been given."""
+    import dataclasses
+
+    from vlmfast.checkpoints.readers import adapter_base_or_none, is_adapter_dir
+
+    base = next((e for e in entries if e.label == "base"), None)
+    named = {adapter_base_or_none(e.path) for e in entries if e.label != "base" and is_adapter_dir(e.path)} - {None}
+    away = sorted(n for n in named if not Path(n).expanduser().is_dir())
+    if base is None or not away or not Path(str(base.path)).is_dir():
+        return options, base_notes(entries)
+    return (dataclasses.replace(options, infer=dataclasses.replace(options.infer, base=str(base.path))),
+            [f"the run's LoRA adapters name {', '.join(away)} as their base (adapter_config.json), which is not a "
+             f"directory here: they run on --base {base.path}"] + base_notes(entries))
+
+
+def base_notes(entries: list) -> list[str]:
+    """What is odd about ``--base``: another model family than the run's checkpoints, one of the run's own
+    checkpoints, or a directory a trainer saved (its trainer_state.json)."""
+    from vlmfast.checkpoints.readers import maybe_json
+
+    base = next((e for e in entries if e.label == "base"), None)
+    trained = [e for e in entries if e.label != "base"]
+    if base is None or not trained:
+        return []
+    notes = []
+    from vlmfast.checkpoints.readers import adapter_base_or_none, is_adapter_dir
+
+    first = trained[0].path
+    # a LoRA adapter has no config.json of its own: it is the model its base is (the one it runs on)
+    under = adapter_base_or_none(first) if is_adapter_dir(first) else None
+    config_of = {base.path: Path(base.path), first: Path(under) if under else Path(first)}
+    kinds = {p: maybe_json(d / "config.json").get("model_type") for p, d in config_of.items()}
+    if under is not None and Path(under).expanduser().is_dir() and Path(base.path).is_dir() \
+            and Path(under).expanduser().resolve() != Path(base.path).resolve():
+        notes.append(f"--base {base.path} is not the base the run's LoRA adapters run on ({under}, from "
+                     f"{Path(first).name}/adapter_config.json): step 0 is another model than the one the adapters change")
+    if None not in kinds.values() and kinds[base.path] != kinds[first]:
+        notes.append(f"--base {base.path} is a {kinds[base.path]} model and the run's checkpoints are "
+                     f"{kinds[first]}: the comparison is between two families, not before and after RL")
+    if any(Path(e.path).resolve() == Path(base.path).resolve() for e in trained):
+        notes.append(f"--base {base.path} is one of the run's own checkpoints, not the model it started from")
+    elif (Path(base.path) / "trainer_state.json").is_file():
+        notes.append(f"--base {base.path} holds a trainer_state.json: a training checkpoint, not the model the run "
+                     "started from (give the original model, e.g. its hub id)")
+    return notes

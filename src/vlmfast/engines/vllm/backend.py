@@ -311,12 +311,6 @@ class VllmBackend(Preparer):
                                  new_tokens=sum(row.n_new_tokens for row in rows), preprocess_exposed_s=t1 - t0)
         return [row for r in batch for row in done[r.id]], timing
 
-    def processor_kwargs(self) -> dict:
-        """Every prompt's ``mm_processor_kwargs``: the pixel limits, and ``do_resize`` as the HF engine's processor
-        call has it — Qwen's rule is applied already (:meth:`load_images`) and is not idempotent where a side is
-        clamped (4000x25 under 100352 px: 28x4004 once, 28x3780 again); after EasyR1's scaling the processor resizes."""
-        return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "do_resize": self.processor_resizes}
-
     def _results(self, request: Request, out, images: list) -> list[SampleResult]:
         """The request's rows: one per completion (``n``; greedy: the one completion n times)."""
         n = self.settings.n
