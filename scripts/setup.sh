@@ -9,9 +9,13 @@ ROOT=$(pwd)
 PY=${PYTHON:-python3}
 quiet() { "$@" 2>&1 | grep -vE "is ignored: it is neither a file nor a directory|^\s*$" || true; }
 stamp_of() { cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16; }
+source scripts/need_disk.sh
 
 if [ "$(cat .venv/.vlmfast-stamp 2>/dev/null)" != "$(stamp_of)" ]; then
   echo "[setup] creating .venv (torch + transformers 5.x; first time takes ~2 min)" >&2
+  # torch's CUDA build alone is 5.5 GB installed; a torch already in .venv (a CPU build, say) stays
+  if .venv/bin/python -c "import torch" 2>/dev/null; then need_disk 2 ".venv (transformers 5.x)"
+  else need_disk 7 ".venv (torch, transformers 5.x)"; fi
   "$PY" -m venv .venv
   # One resolve for everything: pip picks torch/torchvision that match each other.
   quiet .venv/bin/pip install -q -e ".[dev]"
@@ -21,6 +25,7 @@ fi
 
 if [ "${1:-}" = "--tf4" ] && [ "$(cat .venv-tf4/.vlmfast-stamp 2>/dev/null)" != "$(stamp_of)" ]; then
   echo "[setup] creating .venv-tf4 (transformers 4.57.x, sharing .venv's torch)" >&2
+  need_disk 1 ".venv-tf4 (transformers 4.57.x)"
   "$PY" -m venv .venv-tf4
   site4=$(.venv-tf4/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   site5=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")

