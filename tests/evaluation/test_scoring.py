@@ -481,6 +481,30 @@ def test_number_reads_latex_fractions_and_exponents(answer, truth, correct):
     assert score_answer(answer, truth, "number").correct is correct
 
 
+@pytest.mark.parametrize("answer, truth, correct", [
+    ("1 000", "1000", True),  # the SI style's spaces, as the whole answer
+    ("1\u2009000\u2009000", "1000000", True),  # thin spaces anywhere
+    ("1\u00a0000", "1000", True),
+    ("there were 2 100", "100", True),  # plain spaces inside a sentence still part two numbers
+    ("1 1/2", "1.5", True),  # a mixed number
+    ("1 1/2", "0.5", False),
+    ("-2 3/4", "-2.75", True),
+    ("1\\frac{1}{2}", "1.5", True),  # not eleven halves
+    ("1\\frac{1}{2}", "5.5", False),
+    ("3 4/3", "1.3333333333", True),  # an improper fraction is not the rest of a mixed number
+    ("-$5", "-5", True),
+    ("-$5", "5", False),
+    ("$-5", "-5", True),
+])
+def test_number_reads_spaced_thousands_mixed_numbers_and_signed_currency(answer, truth, correct):
+    assert score_answer(answer, truth, "number").correct is correct
+
+
+@pytest.mark.parametrize("truth", ["1 000", "1 1/2", "-$5", "1\u2009000"])
+def test_auto_scores_such_truths_as_numbers(truth):
+    assert resolve_scorer(truth) == "number"
+
+
 def test_an_untagged_answer_s_last_boxed_may_nest_braces():
     from vlmfast.evaluation.answers import stated_answer
 

@@ -12,14 +12,15 @@ _QUOTES = "\"'`“”‘’«»"
 _STRIP = ".,;:!?<>*_~" + _QUOTES  # brackets and "-" are handled in normalize: a sign, an interval's ends
 _PAIRS = {"(": ")", "[": "]", "{": "}", "（": "）"}
 _UNIT = r"(?:\s*(?:%|[A-Za-z°µ²³]{1,6}\.?))?"
-_NUM = r"(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
+_GROUP = ",\u00a0\u2009\u202f"  # thousands: "1,234", and the SI style's no-break and thin spaces
+_NUM = rf"(?:\d{{1,3}}(?:[{_GROUP}]\d{{3}}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
 # A sign counts only at the start of a token: "3-5" is a range, not 3 and -5.
 _NUMBER = re.compile(  # not inside a word: "g0D" and "Loo1Loo" hold no number (a unit may follow: "12cm")
-    rf"(?:(?<![\w.])(?P<sign>[-+−]))?(?<![A-Za-z\d.])(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
+    rf"(?:(?<![\w.])(?P<sign>[-+−])[$€£¥₹]?)?(?<![A-Za-z\d.])(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
     rf"(?:\s*/\s*(?P<den>{_NUM}))?(?P<pct>\s*%)?"
 )
 _CURRENCY = "$€£¥₹"
-_FULL_NUMBER = re.compile(rf"^[{_CURRENCY}]?\s*[-+−]?(?:{_NUM})(?:[eE][-+]?\d+)?(?:\s*/\s*(?:{_NUM}))?{_UNIT}$")
+_FULL_NUMBER = re.compile(rf"^(?:[{_CURRENCY}]\s*[-+−]?|[-+−]?[{_CURRENCY}]?)\s*(?:{_NUM})(?:[eE][-+]?\d+)?(?:\s*/\s*(?:{_NUM}))?{_UNIT}$")
 _LETTER_ONLY = re.compile(r"^[(\[]?([A-Za-z])[)\]]?[.:)]?$")
 _LETTER_LEAD = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s")
 _LETTER_KEYWORD = re.compile(r"(?i:option|choice|answer)(?:\s+(?i:is))?\s*[:\-]?\s*[(\[]?([A-Z])(?![A-Za-z])")
@@ -58,6 +59,11 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
+# A mixed number: "1 1/2" and "1\\frac{1}{2}" are one and a half (a proper fraction right after a whole number).
+_MIXED = re.compile(r"(?<![\w.,/])(\d+)(?:\s+|\s*(?=\\[dt]?frac))"
+                    r"(?:(\d+)\s*/\s*(\d+)|\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\})(?![\d.])")
+# "1 000" with plain spaces is one thousand only when it is the whole answer: elsewhere "2 100" may be two numbers.
+_SPACED_THOUSANDS = re.compile(rf"^\s*[{_CURRENCY}]?[-+−]?[{_CURRENCY}]?\s*\d{{1,3}}(?: \d{{3}})+(?:\.\d+)?{_UNIT}\s*$")
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([-+−]?\s*\d[\d,]*(?:\.\d+)?)\s*\}\s*\{\s*(\d[\d,]*(?:\.\d+)?)\s*\}")
 _TIMES_TEN = re.compile(r"(\d(?:\.\d+)?)\s*(?:[x×*·]|\\times|\\cdot)\s*10\s*\^\s*\{?\s*([-+−]?\d+)\s*\}?")
 _POWER = re.compile(r"(?<![\w.^])(\d+(?:\.\d+)?)\s*\^\s*(?:\{\s*([-+−]?\d{1,3})\s*\}|([-+−]?\d{1,3})(?![\d.]))")
@@ -71,11 +77,28 @@ def _power(m) -> str:
         return m.group(0)
 
 
+def is_number(text: str) -> bool:
+    """Whether the whole of ``text`` is one number, as the ``auto`` scorer asks of a truth."""
+    text = str(text).strip()
+    return bool(_FULL_NUMBER.match(text) or _SPACED_THOUSANDS.match(text)
+                or re.fullmatch(r"[-+−]?\d+\s+\d+\s*/\s*\d+", text) and _MIXED.search(text))
+
+
+def _mixed(m) -> str:
+    whole, num, den = int(m.group(1)), int(m.group(2) or m.group(4)), int(m.group(3) or m.group(5))
+    return repr(whole + num / den) if 0 < num < den else m.group(0)
+
+
 def parse_number(text: str):
     """The last number in ``text`` as ``(value, is_percent)``, or None. Accepts "1,234", "3/4",
-    "\\frac{3}{4}", "-2.5e3", "2.5 × 10^3", "2^3", "50%", "$5", "12 cm", "12 cm^2" (an exponent is not the
-    answer); the last one wins because reasoning states the result last."""
-    text = _LATEX_FRAC.sub(lambda m: f"{m.group(1).replace(' ', '')}/{m.group(2)}", str(text))
+    "\\frac{3}{4}", "1 1/2", "-2.5e3", "2.5 × 10^3", "2^3", "50%", "-$5", "12 cm", "12 cm^2" (an exponent is not
+    the answer), "1\u2009000" (and "1 000" as the whole answer); the last one wins because reasoning states the
+    result last."""
+    text = str(text)
+    if _SPACED_THOUSANDS.match(text):
+        text = re.sub(r"(?<=\d) (?=\d{3})", "", text)
+    text = _MIXED.sub(_mixed, text)
+    text = _LATEX_FRAC.sub(lambda m: f"{m.group(1).replace(' ', '')}/{m.group(2)}", text)
     text = _TIMES_TEN.sub(lambda m: f"{m.group(1)}e{m.group(2).replace('−', '-')}", text)
     text = _POWER.sub(_power, text)  # 2^3 is 8; a unit's exponent (cm^2) is skipped below
     matches = [m for m in _NUMBER.finditer(text) if not _EXPONENT_BEFORE.search(text, 0, m.start())]
@@ -83,9 +106,9 @@ def parse_number(text: str):
         return None
     m = matches[-1]
     try:
-        value = float(m.group("num").replace(",", "") + (m.group("exp") or ""))
+        value = float(re.sub(f"[{_GROUP}]", "", m.group("num")) + (m.group("exp") or ""))
         if m.group("den"):
-            den = float(m.group("den").replace(",", ""))
+            den = float(re.sub(f"[{_GROUP}]", "", m.group("den")))
             if den == 0:
                 return None
             value /= den

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.evaluation.answers import stated_answer
 # what an answer says (its text, number, option letter), importable from here where callers found it
-from vlmfast.evaluation.reading import (_FULL_NUMBER, _LETTER_ONLY, normalize, parse_choice,  # noqa: F401
+from vlmfast.evaluation.reading import (_LETTER_ONLY, is_number, normalize, parse_choice,  # noqa: F401
                                         parse_number)
 # box parsing and coordinate spaces live in boxes; they stay importable from here, where callers found them
 from vlmfast.evaluation.boxes import (BBOX_SPACES, BOX_POINTS, DEFAULT_BBOX_SPACE, box_iou, box_scale, parse_box,  # noqa: F401
@@ -151,7 +151,7 @@ def resolve_scorer(truth, scorer: str = "auto") -> str:
         return "bbox"
     if (m := _LETTER_ONLY.match(text)) and m.group(1).isupper():
         return "choice"
-    if _FULL_NUMBER.match(text):
+    if is_number(text):
         return "number"
     return "exact"
 
