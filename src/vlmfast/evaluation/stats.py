@@ -113,6 +113,12 @@ def by_value(rows: list[dict], values: dict[str, object], column: str) -> dict:
                               **_score_stats(scored[name])} for name in order}}
 
 
+def group_accuracy(rows: list[dict], values: dict[str, object], column: str) -> dict:
+    """What a sweep reports per ``--by`` group of one step: requests, scored answers, accuracy."""
+    return {name: {"requests": g["requests"], "scored": g["scored"], "accuracy": g["accuracy"]}
+            for name, g in by_value(rows, values, column)["groups"].items()}
+
+
 def _group_name(value) -> str:
     import json
 

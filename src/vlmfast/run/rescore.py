@@ -287,7 +287,7 @@ def _column_values(column: str, lines: dict[str, dict], rows: list[dict], manife
         raise InputError(f"--by {column}: no record of {manifest} and no row of {results} has it", hint=exc.hint) from None
 
 
-def judge_all_raised(figures: list[dict], tables: dict) -> list[str]:
+def judge_all_raised(figures: list[dict], tables: dict, groups=None) -> list[str]:
     """A checkpoint whose every answer the reward function raised on (``--skip-bad``) has no accuracy of its
     own. Where the function scored other checkpoints' answers, it works, and these are answers it could not
     take: judged wrong as other steps' raised answers are (figures and per-request table updated in place),
@@ -300,18 +300,19 @@ def judge_all_raised(figures: list[dict], tables: dict) -> list[str]:
     for f in figures:
         answered = f.get("rows", 0) - f.get("errors", 0)
         if f["accuracy"] is None and answered and f.get("reward_errors") == answered and Path(f["results"]).is_file():
-            _rejudge(f, tables, reward_errors_as_wrong(_rows_of(f), True)[0])
+            _rejudge(f, tables, reward_errors_as_wrong(_rows_of(f), True)[0], groups)
             said.append(f"{_name(f)}: the reward function raised on every answer (--skip-bad), where it scored other "
                         "checkpoints': they count as wrong")
     return said
 
 
-def judge_failed(figures: list[dict], tables: dict) -> list[str]:
+def judge_failed(figures: list[dict], tables: dict, groups=None) -> list[str]:
     """A checkpoint's error rows — the run failed on the input (out of memory even alone, vLLM's unfinished
     rows) — on requests another checkpoint answered and was scored on count as wrong, as raised answers do:
     ranking each step over the requests it happened to finish would compare steps on different requests (a
     step with 8 of 9 right and 3 failures would rank above one with 9 of 12). Requests no step answered stay
-    out of every step's figures. Figures and per-request tables updated in place; returns what to say."""
+    out of every step's figures. Figures, ``--by`` groups (``groups``: the column's values by id and its name)
+    and per-request tables updated in place; returns what to say."""
     from collections import Counter
 
     from vlmfast.evaluation.flags import reward_errors_as_wrong
@@ -331,7 +332,7 @@ def judge_failed(figures: list[dict], tables: dict) -> list[str]:
         rows = [judged for r in rows for judged in (
             [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False, "sample": j if k > 1 else None}
              for j in range(k)] if r.get("error") is not None and str(r.get("id")) in elsewhere else [r])]
-        _rejudge(f, tables, reward_errors_as_wrong(rows, True)[0])
+        _rejudge(f, tables, reward_errors_as_wrong(rows, True)[0], groups)
         said.append(f"{_name(f)}: {len(failed)} request(s) the run failed on (e.g. {failed[0].get('id')}: "
                     f"{str(failed[0]['error'])[:80]}) count as wrong{f' ({k} answers each, as --n)' if k > 1 else ''}, as other checkpoints answered those requests")
     return said
@@ -343,8 +344,8 @@ def _rows_of(figures: dict) -> list[dict]:
     return list(read_existing(Path(figures["results"]), repair=False)[0].values())
 
 
-def _rejudge(f: dict, tables: dict, rows: list[dict]) -> None:
-    """A step's accuracy, interval and per-request table again, from its rows as judged now."""
+def _rejudge(f: dict, tables: dict, rows: list[dict], groups=None) -> None:
+    """A step's accuracy, interval, ``--by`` groups and per-request table again, from its rows as judged now."""
     from vlmfast.evaluation.flags import per_request
     from vlmfast.evaluation.samples import request_interval
 
@@ -357,6 +358,10 @@ def _rejudge(f: dict, tables: dict, rows: list[dict]) -> None:
         from vlmfast.evaluation.stats import summarize
 
         f["samples"] = summarize(rows).get("samples", f["samples"])
+    if f.get("by") is not None and groups is not None:
+        from vlmfast.evaluation.stats import group_accuracy
+
+        f["by"] = group_accuracy(rows, *groups)
 
 
 def _name(f: dict) -> str:

@@ -40,6 +40,19 @@ def neighbours_to_evaluate(steps: Sequence[int], accuracy: dict[int, float | Non
     return [s for s in around if s not in accuracy]
 
 
+def steering_accuracy(figures: dict) -> float | None:
+    """The accuracy the search steers by: a step's failed requests (out of memory even alone, vLLM's unfinished
+    rows) count as wrong, as the report judges them once other steps answered them — a step that finished 8 of
+    9 right and failed 3 must not look best and draw the search to its neighbours. A request that fails on
+    every step lowers every step alike, so the order is the report's. With ``--n K`` a failed request stands
+    for K answers."""
+    accuracy, scored, errors = figures.get("accuracy"), figures.get("scored") or 0, figures.get("errors") or 0
+    if accuracy is None or not errors:
+        return accuracy
+    k = (figures.get("samples") or {}).get("samples_per_request") or 1
+    return accuracy * scored / (scored + errors * k)
+
+
 def search(steps: Sequence[int], evaluate: Callable[[int], float | None], every: int | None = None) -> list[int]:
     """Evaluate ``steps`` by the coarse search; ``evaluate(step)`` returns the step's accuracy (None: no
     ground truth). Returns the steps evaluated, in the order they were."""

@@ -22,6 +22,7 @@ from vlmfast.run.parallel import refuse_launched
 from vlmfast.run.sweep_engine import SweepEngine, for_checkpoint, on_adapters_base, rewritten
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.rescore import judge_all_raised, judge_failed
+from vlmfast.run.search import steering_accuracy
 from vlmfast.run.sweep_record import gone_steps, same_weights_notes
 
 SCHEMA = "vlmfast.sweep/1"
@@ -122,7 +123,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         for note in news:
             say(note)
         notes.extend(news)
-        return figures[-1]["accuracy"]
+        return steering_accuracy(figures[-1])
 
     try:
         if options.search == "coarse":
@@ -144,7 +145,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         while options.watch:
             if on_report is not None and figures and (now := [(f["step"], f.get("fingerprint")) for f in figures]) != reported:
                 reported = now  # a new checkpoint, or one evaluated again after it was rewritten in place
-                on_report(_report(options, figures, notes, tables))
+                on_report(_report(options, figures, notes, tables, by))
             if len(figures) != watched:  # said once per new checkpoint, not at every look
                 watched = len(figures)
                 say(f"watching {options.run_dir}: {watched} checkpoint(s) evaluated, looking every {options.poll_s:g} s "
@@ -181,7 +182,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         listing_ = "\n".join(f"  - step {r['step']}: {r['reason']}" for r in refused[:20])
         raise CheckpointError(f"no checkpoint of {options.run_dir} could be evaluated:\n{listing_}",
                               hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)")
-    report = _report(options, figures, notes, tables)
+    report = _report(options, figures, notes, tables, by)
     if interrupted and not options.watch:  # stopped by hand: exit 130 and --json's error object, the gate not judged
         report.update(interrupted=True, gate=None, exit_code=EXIT_INTERRUPTED, error={"message": notes[-1], "problems": [],
                       "hint": "rerun the same command to go on", "exit_code": EXIT_INTERRUPTED})
@@ -281,10 +282,9 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
         notes.append(f"step {entry.step}: {same}")
     figures = _figures(entry, out, rows, report, how, seconds)
     if by is not None:  # --by: accuracy per value of the column, answers a reward raised on counted wrong as above
-        from vlmfast.evaluation.stats import by_value
+        from vlmfast.evaluation.stats import group_accuracy
 
-        figures["by"] = {name: {"requests": g["requests"], "scored": g["scored"], "accuracy": g["accuracy"]}
-                         for name, g in by_value(rows, by, options.by)["groups"].items()}
+        figures["by"] = group_accuracy(rows, by, options.by)
     from vlmfast.run.sweep_record import MEASURED, fingerprint_figures, measured, record
     figures.update(fingerprint_figures(weights_id))  # an adapter's covers its base's weights, or says it does not
 
@@ -323,11 +323,12 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
     return figures
 
 
-def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables: dict[int, dict]) -> dict:
+def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables: dict[int, dict], by=None) -> dict:
     from vlmfast.evaluation.best import held_up, undistinguished_note, unscored_note
     from vlmfast.evaluation.flags import compare, flag_run
 
-    notes = notes + judge_all_raised(figures, tables) + judge_failed(figures, tables)  # as wrong: ranked on one request set
+    groups = (by, options.by) if by is not None else None  # --by's groups are judged again with the rest
+    notes = notes + judge_all_raised(figures, tables, groups) + judge_failed(figures, tables, groups)  # as wrong: ranked on one request set
     ranked = [f for f in figures if f["accuracy"] is not None]
     best = max(ranked, key=lambda f: (f["accuracy"], -f["step"])) if ranked else None  # ties: the earlier step
     base = next((f for f in figures if f["label"] == "base"), None)
