@@ -20,10 +20,13 @@ def test_saved_cache_enabled_follows_transformers_resolution():
     # generation_config.json decides when present; a missing key there means on
     assert saved_cache_enabled({"use_cache": False}, {}) is True
     assert saved_cache_enabled({"use_cache": True}, {"use_cache": False}) is False
-    # no generation_config.json: top level, then text_config
-    assert saved_cache_enabled({"use_cache": False, "text_config": {"use_cache": True}}, None) is False
-    assert saved_cache_enabled({"text_config": {"use_cache": False}}, None) is False
-    assert saved_cache_enabled({}, None) is True
+    # no generation_config.json: 5.x reads the top level, then text_config; 4.x turns it off for a false in either
+    for version in ("4.57.6", "5.24.0"):
+        assert saved_cache_enabled({"use_cache": False, "text_config": {"use_cache": True}}, None, version) is False
+        assert saved_cache_enabled({"text_config": {"use_cache": False}}, None, version) is False
+        assert saved_cache_enabled({}, None, version) is True
+    assert saved_cache_enabled({"use_cache": True, "text_config": {"use_cache": False}}, None, "5.24.0") is True
+    assert saved_cache_enabled({"use_cache": True, "text_config": {"use_cache": False}}, None, "4.57.6") is False
 
 
 def _copy(ckpt, tmp_path, name="c"):
@@ -57,8 +60,11 @@ def _decoder_lengths(model, run):
     return lengths
 
 
-@pytest.mark.parametrize("where", ["top", "text_config", "generation_config", "generation_config_missing"])
+@pytest.mark.parametrize("where", ["top", "text_config", "generation_config", "generation_config_missing",
+                                   "no_generation_config_text_off", "no_generation_config_top_off",
+                                   "no_generation_config_only_text_off"])
 def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
+    import transformers
     from transformers import AutoModelForImageTextToText
 
     from vlmfast.engines.hf.engine import Engine, GenerationSettings
@@ -73,7 +79,10 @@ def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
         edit_json(ckpt / "generation_config.json", lambda c: c.update(use_cache=False))
     else:  # no generation_config.json: transformers derives it from config.json
         (ckpt / "generation_config.json").unlink()
-        edit_json(ckpt / "config.json", lambda c: (c.update(use_cache=False), c["text_config"].update(use_cache=False)))
+        top, text = {"generation_config_missing": (False, False), "no_generation_config_text_off": (True, False),
+                     "no_generation_config_top_off": (False, True), "no_generation_config_only_text_off": (None, False)}[where]
+        edit_json(ckpt / "config.json", lambda c: (c.update(use_cache=top) if top is not None else c.pop("use_cache", None),
+                                                   c["text_config"].update(use_cache=text)))
 
     engine = Engine(load(str(ckpt), device="cpu"), GenerationSettings(max_new_tokens=6, ignore_eos=True))
     inputs = model_inputs(engine, [Request("a", (str(images[0]),), "Describe.")])
@@ -82,10 +91,17 @@ def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
     plain = AutoModelForImageTextToText.from_pretrained(str(ckpt))
     plain_lengths = _decoder_lengths(plain, lambda: plain.generate(**inputs, max_new_tokens=6, min_new_tokens=6))
     recomputes = len(set(plain_lengths)) == 6 and plain_lengths == sorted(plain_lengths)
-    assert recomputes == (where in ("generation_config", "generation_config_missing"))
+    # measured: 4.x turns the cache off for a false in either place of config.json, 5.x reads the top level first
+    off = {"generation_config", "generation_config_missing", "no_generation_config_top_off", "no_generation_config_only_text_off"}
+    if transformers.__version__.startswith("4."):
+        off.add("no_generation_config_text_off")
+    assert recomputes == (where in off)
     assert engine.loaded.cache.saved_enabled is not recomputes
     expected = {"top": ["config.json: use_cache"], "text_config": ["config.json: text_config.use_cache"],
                 "generation_config": ["generation_config.json: use_cache"],
+                "no_generation_config_text_off": ["config.json: text_config.use_cache"],
+                "no_generation_config_top_off": ["config.json: use_cache"],
+                "no_generation_config_only_text_off": ["config.json: text_config.use_cache"],
                 "generation_config_missing": ["config.json: use_cache", "config.json: text_config.use_cache"]}
     assert engine.loaded.cache.found_off == expected[where]
     # vlmfast: one prefill, then one position per step, whatever was saved.

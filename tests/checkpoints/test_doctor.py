@@ -338,8 +338,21 @@ def test_training_args_bin_is_not_pickle_weights(layouts):
 def test_cache_off_in_config_json_is_an_error_without_generation_config(base_ckpt, tmp_path):
     d = _copy(base_ckpt, tmp_path / "c")
     (d / "generation_config.json").unlink()
-    edit_json(d / "config.json", lambda c: c["text_config"].update(use_cache=False))
+    edit_json(d / "config.json", lambda c: (c.pop("use_cache", None), c["text_config"].update(use_cache=False)))
     assert [(f.severity, f.location) for f in diagnose(d) if f.code == "cache-off"] == [("error", "config.json: text_config.use_cache")]
+
+
+def test_a_top_level_true_over_a_text_config_false_is_an_error_only_where_generate_recomputes(base_ckpt, tmp_path):
+    """Without generation_config.json, 5.x's generate reads config.json's top-level true and keeps the cache;
+    4.x's fills its default from text_config and recomputes (measured in test_cache_forced_on_wherever_it_hides)."""
+    import transformers
+
+    d = _copy(base_ckpt, tmp_path / "c")
+    (d / "generation_config.json").unlink()
+    edit_json(d / "config.json", lambda c: (c.update(use_cache=True), c["text_config"].update(use_cache=False)))
+    found = [(f.severity, f.location) for f in diagnose(d) if f.code == "cache-off"]
+    severity = "error" if transformers.__version__.startswith("4.") else "warning"
+    assert found == [(severity, "config.json: text_config.use_cache")]
 
 
 def test_strict_exit_code_and_dicts(grpo_ckpt, layouts):

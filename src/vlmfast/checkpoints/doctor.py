@@ -16,7 +16,7 @@ from pathlib import Path
 from vlmfast.checkpoints.readers import (
     NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index,
-    incomplete_said,
+    incomplete_said, saved_cache_enabled,
 )
 from vlmfast.checkpoints.weight_files import zero_said
 from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
@@ -82,11 +82,16 @@ def _fix_cmd(d: Path, base: Path | None = None) -> str:
 # -- checks ------------------------------------------------------------------------------------
 def _cache(d: Path, config: dict, generation: dict | None) -> list[Finding]:
     # generate reads generation_config.json when it exists; config.json decides only without it.
+    # Without it, 5.x reads config.json's top level first (a true there wins over text_config); 4.x reads both.
     decisive = "generation_config.json" if generation is not None else "config.json"
+    enabled = saved_cache_enabled(config, generation)
     out = []
     for where in cache_off_locations(config, generation):
-        if where.startswith(decisive):
+        if where.startswith(decisive) and not enabled:
             sev, why = "error", "plain model.generate recomputes the whole sequence at every step (5-15x slower)"
+        elif generation is None:
+            sev, why = "warning", ("this transformers' generate reads the top-level true first, but transformers 4.x's "
+                                   "generate (what GRPO trainers pin) recomputes the whole sequence at every step")
         else:
             sev, why = "warning", "generate reads generation_config.json, but other loaders and servers read this"
         out.append(Finding(sev, "cache-off", where, f"use_cache is false: {why}", f"{_fix_cmd(d)} (sets it to true)"))

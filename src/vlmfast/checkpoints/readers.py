@@ -172,15 +172,22 @@ def cache_off_locations(config: dict, generation_config: dict | None) -> list[st
     return found
 
 
-def saved_cache_enabled(config: dict, generation_config: dict | None) -> bool:
-    """Whether plain ``model.generate`` uses the cache for this checkpoint as saved: the generation
-    config decides when present; otherwise it is derived from config.json (top level, then text_config)."""
+def saved_cache_enabled(config: dict, generation_config: dict | None, transformers_version: str | None = None) -> bool:
+    """Whether plain ``model.generate`` uses the cache for this checkpoint as saved, under ``transformers_version``
+    (default: the one installed). The generation config decides when present. Otherwise transformers derives it
+    from config.json: 5.x from the top level when it has the key, else from text_config; 4.x fills a top-level
+    value equal to the default (true) from text_config, so a false in either place turns the cache off."""
     if generation_config is not None:
         return generation_config.get("use_cache", True) is not False
-    if "use_cache" in config:
-        return config["use_cache"] is not False
     text = config.get("text_config")
-    return not (isinstance(text, dict) and text.get("use_cache") is False)
+    top, inner = config.get("use_cache"), text.get("use_cache") if isinstance(text, dict) else None
+    if transformers_version is None:
+        import transformers
+
+        transformers_version = transformers.__version__
+    if int(transformers_version.split(".")[0]) < 5:
+        return top is not False and inner is not False
+    return top is not False if "use_cache" in config else inner is not False
 
 
 def saved_cache_report(found) -> dict:
