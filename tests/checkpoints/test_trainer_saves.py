@@ -13,6 +13,7 @@ from vlmfast.checkpoints.doctor import diagnose
 from vlmfast.checkpoints.locate import locate, require
 from vlmfast.checkpoints.readers import tensor_index
 from vlmfast.checkpoints.runs import find_run_checkpoints
+from vlmfast.checkpoints.weights import require_whole
 from vlmfast.errors import CheckpointError
 
 
@@ -82,6 +83,26 @@ def test_deepspeed_zero_shards_are_named_with_their_fix(grpo_ckpt, tmp_path):
     assert "DeepSpeed" in skip.reason and "zero_to_fp32.py" in skip.hint and not skip.pending  # never written: no wait
     (missing,) = [f for f in diagnose(d) if f.code == "weights-missing"]
     assert "zero_to_fp32.py" in missing.fix and "save again" not in missing.fix
+
+
+def test_zero3_s_empty_placeholder_weights_are_named_with_their_fix(grpo_ckpt, tmp_path):
+    """ZeRO-3 without gathering on save can also write model.safetensors with every tensor of shape [0]: not a
+    vocabulary to resize nor a config.json to swap, but placeholders whose weights are in the ZeRO shards."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    d = _zero3(grpo_ckpt, tmp_path / "checkpoint-30")
+    state = load_file(str(grpo_ckpt / "model.safetensors"))
+    save_file({k: torch.empty(0, dtype=v.dtype) for k, v in state.items()}, str(d / "model.safetensors"),
+              metadata={"format": "pt"})
+    findings = diagnose(d)
+    assert not [f for f in findings if f.code == "vocab-mismatch"]
+    (shapes,) = [f for f in findings if f.code == "weights-shape-mismatch"]
+    assert f"{len(state)} of them saved empty" in shapes.message and "ZeRO-3" in shapes.message
+    assert f"python {d / 'zero_to_fp32.py'} {d} {d}" in shapes.fix and "config.json" not in shapes.fix
+    with pytest.raises(CheckpointError, match=f"{len(state)} tensor.s. saved empty") as err:
+        require_whole(locate(str(d)))
+    assert "zero_to_fp32.py" in err.value.hint and "move the empty model" in err.value.hint
 
 
 def test_a_tensor_the_index_does_not_name_is_lost_on_v4(grpo_ckpt, tmp_path, monkeypatch):

@@ -49,12 +49,14 @@ def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]
                            f"{sum(g.count for g in check.missing)} of {check.expected} tensors the model class expects "
                            f"are not saved: {', '.join(f'{g.label}: {g.count} missing' for g in check.missing)}{head}; "
                            "transformers would initialise them at random and say so only in its load log",
-                           fix_hint(check)))
+                           fix_hint(check, d)))
     if check is not None and check.mismatched:
         shown = "; ".join(f"{n}: {s} saved, {e} expected" for n, s, e in check.mismatched[:3])
+        empty = (f"{check.placeholders} of them saved empty (shape [0]): DeepSpeed ZeRO-3's placeholders, the weights "
+                 "left in its shards; " if check.placeholders else "")
         out.append(Finding("error", "weights-shape-mismatch", "*.safetensors",
-                           f"{len(check.mismatched)} tensor(s) have another shape than config.json gives: {shown}",
-                           fix_hint(check)))
+                           f"{len(check.mismatched)} tensor(s) have another shape than config.json gives: {empty}{shown}",
+                           fix_hint(check, d)))
     if check is not None and check.unexpected:
         out.append(Finding("warning", "weights-unexpected", "*.safetensors",
                            "saved tensors the model class does not take (dropped on load): "
@@ -114,7 +116,7 @@ def vocab_findings(d: Path, config: dict, base_dir: Path | None, base_cfg: dict 
     except (OSError, ValueError, KeyError, TypeError):
         index, base_index = {}, {}  # reported by _weights
     embed = embed_rows(index)
-    if embed and vocab and embed[1] != vocab:
+    if embed and vocab and embed[1] != vocab and embed[1] != 0:  # 0 rows: ZeRO-3's placeholder, said with the weights
         out.append(Finding("error", "vocab-mismatch", "config.json: vocab_size",
                            f"vocab_size {vocab} but {embed[0]} has {embed[1]} rows: the model will not load",
                            "set vocab_size to the embedding's row count, or re-save the model"))

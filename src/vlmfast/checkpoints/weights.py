@@ -64,6 +64,12 @@ class WeightsCheck:
     notes: tuple[str, ...] = field(default=())
 
     @property
+    def placeholders(self) -> int:
+        """Tensors saved empty (0 elements) where the class expects weights: DeepSpeed ZeRO-3's placeholders when
+        ``stage3_gather_16bit_weights_on_model_save`` is false (the weights stay in its shards)."""
+        return sum(1 for _, saved, want in self.mismatched if 0 in saved and 0 not in want)
+
+    @property
     def whole(self) -> bool:
         """Nothing missing (beyond what was allowed) and no shape differs: the weights can be evaluated."""
         return not self.missing and not self.mismatched
@@ -71,6 +77,9 @@ class WeightsCheck:
     def summary(self) -> str:
         """One line: ``visual.blocks.1.*: 12 missing; lm_head.weight: 1 missing``."""
         parts = [f"{g.label}: {g.count} missing" for g in self.missing]
+        if self.placeholders:
+            parts.append(f"{self.placeholders} tensor(s) saved empty (shape [0]: DeepSpeed ZeRO-3's placeholders, "
+                         "the weights left in its shards)")
         parts += [f"{name}: shape {saved} saved, {want} expected" for name, saved, want in self.mismatched[:3]]
         if len(self.mismatched) > 3:
             parts.append(f"{len(self.mismatched) - 3} more shapes differ")
@@ -338,12 +347,19 @@ def require_whole(found, allow_missing=(), engine: str = "hf") -> WeightsCheck |
     check = check_weights(d, config, index, allow_missing, apart=True)
     if check is not None and not check.whole:
         raise CheckpointError(f"{d}: the weights are not whole: {check.summary()} "
-                              f"({check.expected} tensors expected, {check.saved} saved)", hint=fix_hint(check))
+                              f"({check.expected} tensors expected, {check.saved} saved)", hint=fix_hint(check, d))
     return check
 
 
-def fix_hint(check: WeightsCheck) -> str:
-    """What to do about weights that are not whole."""
+def fix_hint(check: WeightsCheck, directory: Path | None = None) -> str:
+    """What to do about weights that are not whole (``directory``: the checkpoint, for the command that mends it)."""
+    if check.placeholders:
+        from vlmfast.checkpoints.weight_files import zero_said
+
+        zero = zero_said(directory) if directory is not None else None
+        return ("move the empty model*.safetensors files (and their index) aside, then "
+                + (zero[1] if zero else "consolidate the DeepSpeed ZeRO shards with the zero_to_fp32.py script "
+                   "DeepSpeed saves beside them") + "; or save again with stage3_gather_16bit_weights_on_model_save true")
     if check.mismatched and not check.missing:
         return "the save does not match its config.json: save again, or take the config.json the weights were saved with"
     # every group, so one rerun suffices (a dozen at most in the hint; the error's list has them all)
