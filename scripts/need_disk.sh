@@ -17,5 +17,5 @@ need_disk() {
 
 pip_cache_dir() {
   # pip's download cache; a folder that does not exist yet is skipped by need_disk
-  if [ -n "${PIP_CACHE_DIR:-}" ]; then echo "$PIP_CACHE_DIR"; else echo "${XDG_CACHE_HOME:-$HOME/.cache}/pip"; fi
+  if [ -n "${PIP_CACHE_DIR:-}" ]; then echo "$PIP_CACHE_DIR"; else echo "${XDG_CACHE_HOME:-${HOME:-/nonexistent}/.cache}/pip"; fi
 }

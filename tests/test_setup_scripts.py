@@ -44,7 +44,8 @@ def test_every_setup_script_checks_the_disk_before_creating_an_environment():
     for name in ("setup.sh", "setup_vllm.sh"):
         text = (ROOT / "scripts" / name).read_text()
         assert "source scripts/need_disk.sh" in text
-        for create in ('-m venv .venv\n', '-m venv .venv-tf4\n', '-m venv "$VENV"\n'):
-            at = text.find(create)
-            if at >= 0:
-                assert text.rfind("need_disk ", 0, at) > text.rfind("creating", 0, at), (name, create)
+        creates = [at for create in ('-m venv .venv\n', '-m venv .venv-tf4\n', '-m venv "$VENV"\n')
+                   if (at := text.find(create)) >= 0]
+        assert creates, name
+        for at in creates:
+            assert text.rfind("need_disk ", 0, at) > text.rfind("creating", 0, at), name

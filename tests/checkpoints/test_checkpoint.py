@@ -29,6 +29,19 @@ def test_saved_cache_enabled_follows_transformers_resolution():
     assert saved_cache_enabled({"use_cache": True, "text_config": {"use_cache": False}}, None, "4.57.6") is False
 
 
+def test_saved_cache_enabled_reads_the_version_without_importing_transformers():
+    """readers (and doctor's config checks) import no transformers: a checkpoint without generation_config.json
+    must not change that."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom vlmfast.checkpoints.readers import saved_cache_enabled\n"
+            "saved_cache_enabled({'use_cache': True, 'text_config': {'use_cache': False}}, None)\n"
+            "print('transformers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "False", r.stderr
+
+
 def _copy(ckpt, tmp_path, name="c"):
     dst = tmp_path / name
     shutil.copytree(ckpt, dst)

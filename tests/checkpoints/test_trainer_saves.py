@@ -103,6 +103,11 @@ def test_zero3_s_empty_placeholder_weights_are_named_with_their_fix(grpo_ckpt, t
     with pytest.raises(CheckpointError, match=f"{len(state)} tensor.s. saved empty") as err:
         require_whole(locate(str(d)))
     assert "zero_to_fp32.py" in err.value.hint and "move the empty model" in err.value.hint
+    # one empty tensor among real ones is a broken save, not ZeRO-3's placeholders
+    mixed = {k: (torch.empty(0, dtype=v.dtype) if k == "lm_head.weight" else v) for k, v in state.items()}
+    save_file(mixed, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (shapes,) = [f for f in diagnose(d) if f.code == "weights-shape-mismatch"]
+    assert "ZeRO-3" not in shapes.message and "zero_to_fp32" not in shapes.fix
 
 
 def test_a_tensor_the_index_does_not_name_is_lost_on_v4(grpo_ckpt, tmp_path, monkeypatch):

@@ -495,6 +495,7 @@ def test_number_reads_latex_fractions_and_exponents(answer, truth, correct):
     ("-$5", "-5", True),
     ("-$5", "5", False),
     ("$-5", "-5", True),
+    ("-$ 5", "-5", True),
 ])
 def test_number_reads_spaced_thousands_mixed_numbers_and_signed_currency(answer, truth, correct):
     assert score_answer(answer, truth, "number").correct is correct
@@ -503,6 +504,26 @@ def test_number_reads_spaced_thousands_mixed_numbers_and_signed_currency(answer,
 @pytest.mark.parametrize("truth", ["1 000", "1 1/2", "-$5", "1\u2009000"])
 def test_auto_scores_such_truths_as_numbers(truth):
     assert resolve_scorer(truth) == "number"
+
+
+@pytest.mark.parametrize("answer, truth", [
+    ("1 1/2.", "1 1/2"), ("The answer is 3 1/2.", "3.5"), ("1\\frac{1}{2}.", "1.5"),  # a sentence's full stop
+    ("1 000.", "1 000"), ("12 345.", "12345"),
+])
+def test_a_full_stop_after_a_mixed_number_or_spaced_thousands_is_no_part_of_it(answer, truth):
+    assert score_answer(answer, truth).correct is True  # auto: these truths are numbers now; exact scored them right
+
+
+@pytest.mark.parametrize("text", ["1" * 400 + " 1/2", "1" * 5000 + " 1/2", "1 " + "1" * 5000 + "/" + "2" * 5000,
+                                  "1" * 400 + "\\frac{1}{2}"])
+def test_runaway_digits_before_a_fraction_do_not_raise(text):
+    parse_number(text)  # a model's degenerate output: read as before, never an OverflowError/ValueError
+    assert score_answer(text, "0.5", "number").scorer == "number"
+
+
+@pytest.mark.parametrize("truth", ["3 5/4", "1 0/2"])
+def test_auto_does_not_take_an_improper_fraction_after_a_number_for_a_mixed_number(truth):
+    assert resolve_scorer(truth) == "exact"
 
 
 def test_an_untagged_answer_s_last_boxed_may_nest_braces():

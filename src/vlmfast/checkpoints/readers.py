@@ -181,10 +181,13 @@ def saved_cache_enabled(config: dict, generation_config: dict | None, transforme
         return generation_config.get("use_cache", True) is not False
     text = config.get("text_config")
     top, inner = config.get("use_cache"), text.get("use_cache") if isinstance(text, dict) else None
-    if transformers_version is None:
-        import transformers
+    if transformers_version is None:  # read from its metadata: this module imports no transformers
+        from importlib.metadata import PackageNotFoundError, version
 
-        transformers_version = transformers.__version__
+        try:
+            transformers_version = version("transformers")
+        except PackageNotFoundError:
+            transformers_version = "5"
     if int(transformers_version.split(".")[0]) < 5:
         return top is not False and inner is not False
     return top is not False if "use_cache" in config else inner is not False

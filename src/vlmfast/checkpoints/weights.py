@@ -67,7 +67,9 @@ class WeightsCheck:
     def placeholders(self) -> int:
         """Tensors saved empty (0 elements) where the class expects weights: DeepSpeed ZeRO-3's placeholders when
         ``stage3_gather_16bit_weights_on_model_save`` is false (the weights stay in its shards)."""
-        return sum(1 for _, saved, want in self.mismatched if 0 in saved and 0 not in want)
+        empty = sum(1 for _, saved, want in self.mismatched if 0 in saved and 0 not in want)
+        # all of them: one empty tensor among real ones is a broken save, not ZeRO-3's
+        return empty if empty == len(self.mismatched) and empty * 2 >= self.saved else 0
 
     @property
     def whole(self) -> bool:

@@ -16,11 +16,11 @@ _GROUP = ",\u00a0\u2009\u202f"  # thousands: "1,234", and the SI style's no-brea
 _NUM = rf"(?:\d{{1,3}}(?:[{_GROUP}]\d{{3}}(?!\d))+|\d+)(?:\.\d+)?|\.\d+"
 # A sign counts only at the start of a token: "3-5" is a range, not 3 and -5.
 _NUMBER = re.compile(  # not inside a word: "g0D" and "Loo1Loo" hold no number (a unit may follow: "12cm")
-    rf"(?:(?<![\w.])(?P<sign>[-+−])[$€£¥₹]?)?(?<![A-Za-z\d.])(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
+    rf"(?:(?<![\w.])(?P<sign>[-+−])(?:[$€£¥₹]\s*)?)?(?<![A-Za-z\d.])(?P<num>{_NUM})(?P<exp>[eE][-+]?\d+)?"
     rf"(?:\s*/\s*(?P<den>{_NUM}))?(?P<pct>\s*%)?"
 )
 _CURRENCY = "$€£¥₹"
-_FULL_NUMBER = re.compile(rf"^(?:[{_CURRENCY}]\s*[-+−]?|[-+−]?[{_CURRENCY}]?)\s*(?:{_NUM})(?:[eE][-+]?\d+)?(?:\s*/\s*(?:{_NUM}))?{_UNIT}$")
+_FULL_NUMBER = re.compile(rf"^(?:[{_CURRENCY}]\s*[-+−]?|[-+−]?(?:[{_CURRENCY}]\s*)?)(?:{_NUM})(?:[eE][-+]?\d+)?(?:\s*/\s*(?:{_NUM}))?{_UNIT}$")
 _LETTER_ONLY = re.compile(r"^[(\[]?([A-Za-z])[)\]]?[.:)]?$")
 _LETTER_LEAD = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s")
 _LETTER_KEYWORD = re.compile(r"(?i:option|choice|answer)(?:\s+(?i:is))?\s*[:\-]?\s*[(\[]?([A-Z])(?![A-Za-z])")
@@ -61,9 +61,9 @@ def _balanced(text: str) -> bool:
 
 # A mixed number: "1 1/2" and "1\\frac{1}{2}" are one and a half (a proper fraction right after a whole number).
 _MIXED = re.compile(r"(?<![\w.,/])(\d+)(?:\s+|\s*(?=\\[dt]?frac))"
-                    r"(?:(\d+)\s*/\s*(\d+)|\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\})(?![\d.])")
+                    r"(?:(\d+)\s*/\s*(\d+)|\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\})(?!\d|\.\d)")  # a full stop may end it
 # "1 000" with plain spaces is one thousand only when it is the whole answer: elsewhere "2 100" may be two numbers.
-_SPACED_THOUSANDS = re.compile(rf"^\s*[{_CURRENCY}]?[-+−]?[{_CURRENCY}]?\s*\d{{1,3}}(?: \d{{3}})+(?:\.\d+)?{_UNIT}\s*$")
+_SPACED_THOUSANDS = re.compile(rf"^\s*[{_CURRENCY}]?[-+−]?[{_CURRENCY}]?\s*\d{{1,3}}(?: \d{{3}})+(?:\.\d+)?{_UNIT}[.!?]?\s*$")
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([-+−]?\s*\d[\d,]*(?:\.\d+)?)\s*\}\s*\{\s*(\d[\d,]*(?:\.\d+)?)\s*\}")
 _TIMES_TEN = re.compile(r"(\d(?:\.\d+)?)\s*(?:[x×*·]|\\times|\\cdot)\s*10\s*\^\s*\{?\s*([-+−]?\d+)\s*\}?")
 _POWER = re.compile(r"(?<![\w.^])(\d+(?:\.\d+)?)\s*\^\s*(?:\{\s*([-+−]?\d{1,3})\s*\}|([-+−]?\d{1,3})(?![\d.]))")
@@ -81,12 +81,15 @@ def is_number(text: str) -> bool:
     """Whether the whole of ``text`` is one number, as the ``auto`` scorer asks of a truth."""
     text = str(text).strip()
     return bool(_FULL_NUMBER.match(text) or _SPACED_THOUSANDS.match(text)
-                or re.fullmatch(r"[-+−]?\d+\s+\d+\s*/\s*\d+", text) and _MIXED.search(text))
+                or re.fullmatch(r"[-+−]?\d+\s+\d+\s*/\s*\d+", text) and _MIXED.sub(_mixed, text) != text)
 
 
 def _mixed(m) -> str:
-    whole, num, den = int(m.group(1)), int(m.group(2) or m.group(4)), int(m.group(3) or m.group(5))
-    return repr(whole + num / den) if 0 < num < den else m.group(0)
+    try:  # a model's runaway digits: int() refuses over 4,300 of them, and a whole past 1e308 is no float
+        whole, num, den = int(m.group(1)), int(m.group(2) or m.group(4)), int(m.group(3) or m.group(5))
+        return repr(whole + num / den) if 0 < num < den else m.group(0)
+    except (ValueError, OverflowError):
+        return m.group(0)
 
 
 def parse_number(text: str):

@@ -44,8 +44,8 @@ def steering_accuracy(figures: dict) -> float | None:
     """The accuracy the search steers by: a step's failed requests (out of memory even alone, vLLM's unfinished
     rows) count as wrong, as the report judges them once other steps answered them — a step that finished 8 of
     9 right and failed 3 must not look best and draw the search to its neighbours. A request that fails on
-    every step lowers every step alike, so the order is the report's. With ``--n K`` a failed request stands
-    for K answers."""
+    every step lowers every step alike. With ``--n K`` a failed request stands for K answers. The figures do not
+    say which failed requests have a ground truth, so all count: the search steers, the report then judges."""
     accuracy, scored, errors = figures.get("accuracy"), figures.get("scored") or 0, figures.get("errors") or 0
     if accuracy is None or not errors:
         return accuracy
