@@ -18,8 +18,10 @@ also ends an answer, which makes lengths spread about as the demo checkpoint's d
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -68,6 +70,7 @@ def main() -> None:
     from vlmfast.inputs.requests import collect
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-lengths-"))
+    atexit.register(shutil.rmtree, work, True)  # the made checkpoint and images go with the run
     ckpt = args.ckpt or str(build_checkpoint(work / f"grpo-{args.preset}", preset=args.preset, like="grpo"))
     images = [str(p) for p in make_images(work / "images", n=args.images, sizes=DEMO_IMAGE_SIZES)]
     # each image asked --draws times under its own id: every draw samples its own answers, so the mix's
