@@ -17,6 +17,8 @@ the two vlmfast decoders. Each repetition runs every scenario once, interleaved;
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -44,6 +46,7 @@ def main() -> None:
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-decode-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))
     images = [str(p) for p in make_images(work / "images", n=args.images, sizes=SIZES)]
     loaded = load(ckpt)

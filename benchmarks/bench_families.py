@@ -11,6 +11,8 @@ the two decoders are identical. Run:
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,6 +41,7 @@ def main() -> None:
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-families-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     images = [str(p) for p in make_images(work / "images", n=4)]
     requests = collect(images=images, prompt=PROMPT).requests
     settings = GenerationSettings(max_new_tokens=args.new_tokens, ignore_eos=True)

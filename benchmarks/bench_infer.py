@@ -15,6 +15,8 @@ Also: `vlmfast --help` wall time (lazy imports). Run: .venv/bin/python benchmark
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,6 +57,7 @@ def vlmfast_run(ckpt: str, images: list[str], new_tokens: int, batch_size: int) 
     from vlmfast.run.runner import InferOptions, infer
 
     out = Path(tempfile.mkdtemp(prefix="vlmfast-bench-out-")) / "results.jsonl"
+    atexit.register(shutil.rmtree, out.parent, True)
     report = infer(InferOptions(ckpt=ckpt, images=images, prompt=PROMPT, batch_size=batch_size, out=str(out),
                                 generation=GenerationSettings(max_new_tokens=new_tokens, ignore_eos=True)))
     assert report.new_tokens == new_tokens * len(images), report.new_tokens
@@ -101,6 +104,7 @@ def main() -> None:
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))
     images = [str(p) for p in make_images(work / "images", n=args.images, sizes=DEMO_IMAGE_SIZES)]
 

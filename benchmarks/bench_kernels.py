@@ -14,7 +14,9 @@ On a GPU, the 3B shape (benchmarks/gpu.sh runs it):
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +44,7 @@ def main() -> None:
 
     keys = [k for k in (args.families.split(",") if args.families else BY_KEY) if hasattr(transformers, BY_KEY[k].model_class)]
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-kernels-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     rows, figures = [], {}
     for key in keys:
         # the demo shapes: Qwen3.5's tiny model has one period of layers only (per-layer counts need two)
