@@ -284,3 +284,43 @@ def test_a_bench_with_ground_truth_shows_accuracy_format_and_ckpt_minus_base(cap
     err = capsys.readouterr().err
     assert "accuracy" in err and "0.750" in err and "0.500" in err and "format ok" in err
     assert "accuracy ckpt_vs_base@2: +25.0 points (95 % CI -12.5 to +62.5) over 8 samples, McNemar p = 0.5" in err
+
+
+def test_rates_leave_out_what_compiling_took_inside_a_timed_run():
+    """A decode shape built (compiled, captured) during a timed run is not decoding: tokens/s and samples/s
+    are each run's over its wall time less its compile_s, as infer's generate_s leaves compile_s out."""
+    runs = [RunStats(wall, [], _run(1.0, 10.0, [[1.0]]).results, compile_s=c) for wall, c in ((2.0, 1.0), (3.0, 1.0), (5.0, 1.0))]
+    s = scenario_summary(CKPT, 2, runs)
+    assert s["tokens_per_s"] == 16 / 2.0  # the median of 16/1, 16/2 and 16/4 — not of 16/2, 16/3 and 16/5
+    assert s["samples_per_s"] == 2 / 2.0 and s["compile_s"] == 3.0
+    assert s["wall_s_median"] == 3.0  # the wall times stay what they were
+
+
+def test_shapes_rebuilt_during_a_timed_run_are_counted_in_its_compile_s(loaded, tmp_path):
+    """Prompts in four cache-length buckets at batch 1 need four static decode shapes; a CPU keeps three, so
+    every run of the workload builds shapes again — after the warm-up too. What those builds took is that
+    run's compile_s, out of the time its rates are computed over."""
+    from vlmfast.checkpoints.tiny import make_images
+    from vlmfast.engines.hf.backend import HfBackend
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.inputs.requests import collect
+    from vlmfast.run.bench import run_workload
+
+    sides = [224, 448, 672, 896]  # 64 to 1024 image tokens: one 256-position bucket each
+    paths = make_images(tmp_path, n=4, sizes=[(s, s) for s in sides])
+    work = collect(images=[str(p) for p in paths], prompt="Describe.")
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=2, ignore_eos=True), compile=True, compiler=lambda fn: fn)
+    builds, timed_build = [], engine.policy.timed
+
+    def counted(build):
+        builds.append(engine.policy.compile_s)
+        return timed_build(build)
+
+    engine.policy.timed = counted
+    backend = HfBackend.around(engine)
+    run_workload(backend, work.requests, work.image_sizes, 1)  # the warm-up builds every shape once
+    before, compiled = len(builds), engine.policy.compile_s
+    timed = run_workload(backend, work.requests, work.image_sizes, 1)
+    assert len(builds) - before >= 1  # shapes were built again inside the timed run
+    assert timed.compile_s == pytest.approx(engine.policy.compile_s - compiled) and timed.compile_s > 0
+    assert timed.generate_s == pytest.approx(timed.wall_s - timed.compile_s)

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from conftest import read_jsonl
 from vlmfast.engines.hf.engine import GenerationSettings
 from vlmfast.run.runner import InferOptions, infer
@@ -193,3 +195,35 @@ def test_max_new_tokens_over_the_whole_context_is_refused_before_anything_is_wri
     with pytest.raises(UsageError, match=r"--max-new-tokens 100000000 is more than the model's whole context") as err:
         infer(_options(grpo_ckpt, images[:1], out, generation=GenerationSettings(max_new_tokens=10**8)), loaded=loaded)
     assert err.value.exit_code == 2 and not list(tmp_path.iterdir())  # no rows, no record: nothing allocated either
+
+
+def test_greedy_n_copies_are_not_counted_as_generated_tokens(loaded, grpo_ckpt, images, tmp_path):
+    """Greedy --n 2: plain generate (--decoder hf) decodes each request once and writes the answer as both
+    samples; only the decoded tokens count in new_tokens, tokens/s and row utilization. vlmfast's loop decodes
+    both rows, and counts both."""
+    settings = GenerationSettings(max_new_tokens=6, n=2, ignore_eos=True)
+    reports = {}
+    for decoder in ("hf", "vlmfast"):
+        reports[decoder] = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(p) for p in images[:4]], prompt="Count.",
+                                              out=str(tmp_path / f"{decoder}.jsonl"), batch_size=4, decoder=decoder,
+                                              generation=settings), loaded=loaded)
+        rows = read_jsonl(tmp_path / f"{decoder}.jsonl")
+        assert len(rows) == reports[decoder].samples == 8 and all(r["n_new_tokens"] == 6 for r in rows)
+    hf, own = reports["hf"], reports["vlmfast"]
+    assert hf.new_tokens == 4 * 6 and own.new_tokens == 8 * 6  # decoded once per request; twice per request
+    assert hf.decode_row_utilization == own.decode_row_utilization == 1.0  # every row computed made a token
+    assert hf.tokens_per_s == pytest.approx(hf.new_tokens / hf.generate_s, rel=1e-3)  # generate_s is rounded
+
+
+def test_decode_ms_per_token_is_decode_s_over_the_decode_steps_it_names(loaded, grpo_ckpt, images, tmp_path):
+    """The report names the denominator of decode_ms_per_token: under continuous batching, the decode steps
+    the loop says it took."""
+    import re
+
+    report = infer(_options(grpo_ckpt, images, tmp_path / "r.jsonl", generation=GenerationSettings(max_new_tokens=6,
+                                                                                                  ignore_eos=True)),
+                   loaded=loaded)
+    said = next(n for n in report.notes if n.startswith("continuous batching:"))
+    assert report.decode_steps == int(re.search(r"(\d+) decode steps", said).group(1)) == 2 * 5  # 6 answers, 4 rows
+    assert report.as_dict()["decode_steps"] == report.decode_steps
+    assert report.decode_ms_per_token == pytest.approx(report.decode_s * 1000 / report.decode_steps, abs=1e-2)  # decode_s is rounded to 0.1 ms

@@ -70,6 +70,9 @@ class SampleResult:
     sample: int | None = None  # which of the request's n answers (0…n−1); None when one answer per request
     token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
     extra: dict = field(default_factory=dict, repr=False)  # more row fields (scores), written after the rest
+    # a greedy --n answer the engine did not decode: sample 0's tokens given to another sample (plain generate,
+    # vLLM); the row is written, its tokens are not counted as generated (new_tokens, tokens/s, row utilization)
+    copied: bool = field(default=False, repr=False)
 
     RECORD_FIELDS = (
         "id", "images", "prompt", "text", "think", "answer", "finish_reason",

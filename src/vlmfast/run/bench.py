@@ -39,13 +39,21 @@ def run_workload(backend: Backend, requests, image_sizes, batch_size: int) -> Ru
     """The whole workload once through any engine's :class:`~vlmfast.engines.contract.Backend`, as the
     runner drives it. ``batch_size`` counts answers (with n answers per request, batch_size // n requests
     a batch), as in ``infer``."""
+    compiled = _compile_s(backend)
     start = now(backend.device)
     timings, results = [], []
     for parts in backend.batches(requests, image_sizes, backend.plan(requests, image_sizes, batch_size)):
         for _, batch_results, t in parts:
             results.extend(batch_results)
             timings += [t] if t is not None else []  # None: every request of the batch failed (error rows)
-    return RunStats(now(backend.device) - start, timings, results)
+    wall = now(backend.device) - start
+    return RunStats(wall, timings, results, compile_s=_compile_s(backend) - compiled)
+
+
+def _compile_s(backend) -> float:
+    """Seconds the backend's engine has spent compiling and capturing decode shapes so far (0: it keeps none)."""
+    policy = getattr(getattr(backend, "engine", None), "policy", None)
+    return float(getattr(policy, "compile_s", 0.0) or 0.0)
 
 
 def score_results(results: list[SampleResult], truths: dict, options: BenchOptions) -> list[dict]:

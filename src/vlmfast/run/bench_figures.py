@@ -39,17 +39,24 @@ class RunStats:
     wall_s: float
     timings: list[BatchTiming]
     results: list[SampleResult]
+    compile_s: float = 0.0  # decode shapes compiled or captured during the run (kept out of its rates, as infer does)
 
     @property
     def new_tokens(self) -> int:
-        return sum(r.n_new_tokens for r in self.results if r.error is None)
+        """Tokens the engine decoded: not the copies of a greedy answer given to the other ``--n`` samples."""
+        return sum(r.n_new_tokens for r in self.results if r.error is None and not r.copied)
+
+    @property
+    def generate_s(self) -> float:
+        """The run's wall time less what compiling and capturing took in it (``generate_s`` in ``infer``)."""
+        return max(0.0, self.wall_s - self.compile_s)
 
 
 def scenario_summary(name: str, batch_size: int, runs: list[RunStats], tokenizer=None, peak=None) -> dict:
     """Figures for one scenario from its recorded runs. Think/answer token counts need ``tokenizer``
     (see :func:`span_tokens`); without one they are null."""
-    tps = [r.new_tokens / r.wall_s for r in runs if r.wall_s > 0]
-    sps = [sum(x.error is None for x in r.results) / r.wall_s for r in runs if r.wall_s > 0]
+    tps = [r.new_tokens / r.generate_s for r in runs if r.generate_s > 0]
+    sps = [sum(x.error is None for x in r.results) / r.generate_s for r in runs if r.generate_s > 0]
     per_run = [summarize_timings(r.timings) for r in runs]
     per_token = [p["decode_ms_per_token"] for p in per_run if p["decode_ms_per_token"] is not None]
     every = summarize_timings([t for r in runs for t in r.timings])  # TTFT over every sample of every run
@@ -66,6 +73,7 @@ def scenario_summary(name: str, batch_size: int, runs: list[RunStats], tokenizer
         "wall_s_min": rounded(wall_min),
         "wall_s_max": rounded(wall_max),
         "wall_cv_pct": rounded(wall_cv, 1),
+        "compile_s": rounded(sum(r.compile_s for r in runs)),  # in the timed runs, out of tokens_per_s
         "ttft_ms_p50": every["ttft_ms_p50"],
         "ttft_ms_p90": every["ttft_ms_p90"],
         "decode_ms_per_token": rounded(statistics.median(per_token)) if per_token else None,

@@ -365,7 +365,7 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
                 if failure is None and k < len(planned):
                     try:
                         for _, rows, timing in next(stream):
-                            emit(rows, sum(r.n_new_tokens for r in rows))
+                            emit(rows, sum(r.n_new_tokens for r in rows if not r.copied))
                             timings += [timing] if timing else []
                     except Exception as exc:  # noqa: BLE001 - reported collectively below
                         failure = exc

@@ -32,6 +32,7 @@ class InferReport:
     ttft_ms_p50: float | None
     ttft_ms_p90: float | None
     decode_ms_per_token: float | None  # per decode step = per token of one sequence
+    decode_steps: int | None  # the decode steps decode_s was spent on (after each answer's first token)
     decode_row_utilization: float | None  # answer tokens ÷ decode rows computed over the steps (row-steps)
     tokens_per_s: float | None
     samples_per_s: float | None
@@ -90,7 +91,7 @@ class Share:
 
     def figures(self) -> dict:
         """This process's figures in a parallel run's report."""
-        tokens = sum(r.n_new_tokens for r in self.results if r.error is None)
+        tokens = sum(r.n_new_tokens for r in self.results if r.error is None and not r.copied)
         return {"rank": self.rank, "device": self.device, "samples": len(self.results), "new_tokens": tokens,
                 "generate_s": round(self.wall_s, 4),
                 "tokens_per_s": round(tokens / self.wall_s, 2) if self.wall_s > 0 and tokens else None}
@@ -121,7 +122,7 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
     if capped:
         notes = [f"max_pixels capped at {facts.max_pixels} (the checkpoint's processor allows more; raise it "
                  "with --max-pixels)"] + notes
-    new_tokens = sum(r.n_new_tokens for r in ok)
+    new_tokens = sum(r.n_new_tokens for r in ok if not r.copied)  # a greedy answer copied to other samples: once
     phases = summarize_timings(timings)
     ran = generate_s > 0 and bool(ok)  # a resume-only run generated nothing: no rate to report
     peak = max((s.peak for s in shares), key=lambda x: x[0])
@@ -143,6 +144,7 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
         ttft_ms_p50=phases["ttft_ms_p50"],
         ttft_ms_p90=phases["ttft_ms_p90"],
         decode_ms_per_token=phases["decode_ms_per_token"],
+        decode_steps=phases["decode_steps"] if timings else None,
         decode_row_utilization=_utilization(ok, timings),
         tokens_per_s=round(new_tokens / generate_s, 2) if ran else None,
         samples_per_s=round(len(ok) / generate_s, 3) if ran else None,
@@ -183,7 +185,7 @@ def _utilization(ok, timings) -> float | None:
     row-step: it came from prefill). A static batch computes its ended rows until its longest answer
     ends; continuous batching gives them the next request. None where the engine does not count."""
     row_steps = sum(t.row_steps for t in timings)
-    return round(sum(r.n_new_tokens for r in ok) / row_steps, 4) if row_steps else None
+    return round(sum(r.n_new_tokens for r in ok if not r.copied) / row_steps, 4) if row_steps else None
 
 
 def _bandwidth(facts: EngineFacts, ok, timings, decode_ms_per_token) -> dict:

@@ -326,3 +326,32 @@ def test_after_an_out_of_memory_error_the_steps_that_made_the_answers_given_stil
     loop = [t for t in timings if t.size == 0]
     assert loop and before and loop[0].row_steps >= sum(r.n_new_tokens for r in before)
     assert sum(t.row_steps for t in timings) >= sum(r.n_new_tokens for r in rows)  # utilization at most 1
+
+
+def test_a_run_that_decides_to_compile_midway_counts_every_step_it_decoded(spread, images, monkeypatch, tmp_path):
+    """The decode clock across a mid-run compile decision: on a clock that moves one second per decode step
+    and stands still otherwise (admissions, harvests, building the compiled state), decode_s is the number of
+    steps taken. It used to lose the steps decoded between the last restart of the clock and the decision."""
+    from vlmfast.engines.hf import compile_policy, continuous
+    from vlmfast.engines.hf.compile_policy import CompileCache, Decision
+    from vlmfast.engines.hf.decode import DecodeState
+
+    clock = [0.0]
+    step = DecodeState.step
+
+    def one_second_step(self):
+        clock[0] += 1.0
+        step(self)
+
+    monkeypatch.setattr(DecodeState, "step", one_second_step)
+    monkeypatch.setattr(continuous, "now", lambda device=None: clock[0])
+    monkeypatch.setattr(continuous, "DECIDE_AFTER", 4)
+    monkeypatch.setattr(compile_policy, "decide", lambda *a, **k: Decision(True, "compile on: it pays"))
+    settings = GenerationSettings(max_new_tokens=12, ignore_eos=True)  # no answer ends before the decision
+    engine = Engine(spread, settings, sync_every=1, compile=None, compiler=lambda fn: fn,
+                    compile_cache=CompileCache({}, root=tmp_path))
+    rows, _, _, last = run_stream(engine, _requests(images), 2)
+    assert engine.policy.enabled and "compile on: it pays" in engine.policy.notes  # the decision was taken
+    steps = last.steps - 1  # the loop's timing counts one more (each answer's first token comes from prefill)
+    assert steps == 3 * 11  # 6 answers of 12 tokens through 2 rows: 11 decode steps per pair
+    assert last.decode_s == steps

@@ -183,8 +183,10 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
                         mean = answer_tokens / answered if answered else s.max_new_tokens / 2
                         answers = len(waiting) * n + sum(len(p.pick) for p in parked) + state.live()
                         remaining = steps_to_go(state, answers, mean, s.max_new_tokens)
-                        step_ms = (decode_s + now(engine.device) - t_last) * 1000 / state.t
+                        weighed = now(engine.device)
+                        step_ms = (decode_s + weighed - t_last) * 1000 / state.t
                         if engine.decide_compile_now(step_ms, remaining):
+                            decode_s += weighed - t_last  # the steps since the clock last started were decoding
                             state = decode_state(engine, state.batch, state.max_len, carry=state)
                             t_last = now(engine.device)  # the compile is not decoding
                     state.pack()

@@ -148,7 +148,8 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         if self.decoder_name == "hf":
             tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1,
                                                                  self._keys(prepared.requests))
-            row_steps = len(tokens) * steps  # generate computes every row until the last one ends
+            # generate computes every row until the last one ends; greedy --n: one row per request, copied n times
+            row_steps = len(tokens) // (self.settings.n if self.copies_greedy else 1) * steps
         else:
             prefilled = self.prefill(prepared)
             t2, vision_s = now(self.device), prefilled.vision_s
@@ -165,7 +166,9 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
             self.policy.observe(self.shape_key(self.last_shape), (t3 - t2) * 1000 / (steps - 1))
         n = self.settings.n
         done = {rid: [row] for rid, row in errors.items()}
-        done.update({r.id: [self.result(r, prepared, tokens[i * n + k], k if n > 1 else None) for k in range(n)]
+        done.update({r.id: [self.result(r, prepared, tokens[i * n + k], k if n > 1 else None,
+                                        copied=k > 0 and self.decoder_name == "hf" and self.copies_greedy)
+                            for k in range(n)]
                      for i, r in enumerate(prepared.requests)})
         worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
         marks = [t2, *steps_at]
@@ -173,7 +176,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
             # waiting can outlast the worker's own time (it started late): count the longer of the two
             size=len(prepared.requests), preprocess_s=t1 - t0 + max(worker_s, waited_s), ttft_s=ttft_s,
             decode_s=max(t3 - t2, 0.0), steps=steps,
-            new_tokens=sum(row.n_new_tokens for r in prepared.requests for row in done[r.id]),
+            new_tokens=sum(row.n_new_tokens for r in prepared.requests for row in done[r.id] if not row.copied),
             step_times_s=tuple(b - a for a, b in zip(marks, marks[1:])) if self.record_steps else (),
             preprocess_exposed_s=t1 - t0 + waited_s, vision_s=vision_s, cache_fill_s=fill_s, syncs=syncs,
             row_steps=row_steps,
@@ -350,12 +353,20 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
                            top_p=s.top_p, forward=forward, attend_buckets=forward is forward_static, penalty=self.penalty)
 
     # -- phase 4: results ------------------------------------------------------------------------
-    def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None) -> SampleResult:
+    def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None,
+               copied: bool = False) -> SampleResult:
         n_prompt, n_image = prepared.counts[request.id]
         family = self.loaded.family
-        return result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
-                          n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
-                          sample=sample, bbox_space=family.bbox_space if family else None)
+        row = result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
+                         n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
+                         sample=sample, bbox_space=family.bbox_space if family else None)
+        row.copied = copied
+        return row
+
+    @property
+    def copies_greedy(self) -> bool:
+        """Whether plain generate decodes a greedy request once and copies it to its ``--n`` samples."""
+        return self.settings.greedy and self.settings.n > 1
 
     # -- pieces ----------------------------------------------------------------------------------
     def decode_notes(self) -> list[str]:

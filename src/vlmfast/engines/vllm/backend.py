@@ -308,7 +308,7 @@ class VllmBackend(Preparer):
             rows = [row for r in ok for row in done[r.id]]
             timing = BatchTiming(size=len(rows), preprocess_s=t1 - t0, ttft_s=0.0, decode_s=t2 - t1,
                                  steps=max(len(row.token_ids) for row in rows),
-                                 new_tokens=sum(row.n_new_tokens for row in rows), preprocess_exposed_s=t1 - t0)
+                                 new_tokens=sum(row.n_new_tokens for row in rows if not row.copied), preprocess_exposed_s=t1 - t0)
         return [row for r in batch for row in done[r.id]], timing
 
     def _results(self, request: Request, out, images: list) -> list[SampleResult]:
@@ -322,11 +322,14 @@ class VllmBackend(Preparer):
             return [error_row(request.id, request, f"vLLM did not finish the request ({', '.join(reasons)})")]
         prompt_ids = list(out.prompt_token_ids or [])
         # vLLM keeps the stop token in token_ids, as generate does: the same cut and decoding as the HF engine
-        return [result_row(request, list(c.token_ids), eos_ids=[] if self.settings.ignore_eos else self.eos_token_ids,
+        rows = [result_row(request, list(c.token_ids), eos_ids=[] if self.settings.ignore_eos else self.eos_token_ids,
                            tokenizer=self.tokenizer, n_prompt=len(prompt_ids),
                            n_image=sum(1 for t in prompt_ids if t == self.image_token_id),
                            model_sizes=[self.model_size(im) for im in images], sample=k if n > 1 else None, bbox_space=self.bbox_space)
                 for k, c in enumerate(completions)]
+        for row in rows[1:] if self.settings.greedy else ():
+            row.copied = True  # one completion decoded: the other samples' rows are its copies, not generated tokens
+        return rows
 
     def switch_to(self, found, canary: int | None = None) -> Switched:
         """A sweep's next checkpoint: its weights reloaded into the running engine when it can be (see
