@@ -60,6 +60,23 @@ def reset_peak_memory(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def free_bytes(device) -> int | None:
+    """Memory free for another model on ``device``: CUDA's free bytes, else the machine's available memory
+    (Linux's MemAvailable). None where neither can be read."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def peak_memory_mib(device) -> tuple[float, str]:
     """(peak MiB, what was measured). CUDA: the caching allocator's peak allocated bytes since
     the last reset. CPU: the process's peak resident set size (lifetime, so it includes loading)."""

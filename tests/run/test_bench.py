@@ -10,6 +10,7 @@ from vlmfast.run.bench_figures import (
     scenario_summary, span_tokens, speed_ratios, step_series, warmup_notes,
 )
 from vlmfast.engines.hf.engine import BatchTiming, SampleResult
+from vlmfast.engines.rows import GenerationSettings
 from vlmfast.errors import UsageError
 
 
@@ -324,3 +325,27 @@ def test_shapes_rebuilt_during_a_timed_run_are_counted_in_its_compile_s(loaded, 
     assert len(builds) - before >= 1  # shapes were built again inside the timed run
     assert timed.compile_s == pytest.approx(engine.policy.compile_s - compiled) and timed.compile_s > 0
     assert timed.generate_s == pytest.approx(timed.wall_s - timed.compile_s)
+
+
+def test_ckpt_and_base_timed_runs_alternate_on_one_machine_state(grpo_ckpt, base_ckpt, monkeypatch):
+    """--compare-base: the base is loaded beside the checkpoint (both fit) and their timed runs alternate, so
+    a machine that drifts moves both sides of ckpt_vs_base alike; the report keeps its documented order."""
+    import vlmfast.run.bench as bench
+
+    order, real = [], bench.run_workload
+
+    def recording(backend, requests, sizes, batch_size):
+        order.append((str(backend.loaded.source), batch_size))
+        return real(backend, requests, sizes, batch_size)
+
+    monkeypatch.setattr(bench, "run_workload", recording)
+    report = bench.run_bench(BenchOptions(ckpt=str(grpo_ckpt), compare_base=str(base_ckpt), synthetic=2,
+                                          synthetic_size=56, batch_sizes="1,2", repeats=3, warmup=1, as_saved=False,
+                                          generation=GenerationSettings(max_new_tokens=3, ignore_eos=True)))
+    ck, base = str(grpo_ckpt), str(base_ckpt)
+    named = [(ck if str(src).startswith(ck) else base if str(src).startswith(base) else src, bs) for src, bs in order]
+    for bs in (1, 2):
+        timed = [who for who, b in named if b == bs][2:]  # after one warm-up each
+        assert timed == [ck, base] * 3, named
+    assert [(s["name"], s["batch_size"]) for s in report["scenarios"]] == [(CKPT, 1), (CKPT, 2), (BASE, 1), (BASE, 2)]
+    assert any("interleaved" in n for n in report["notes"]) and report["base_cache"]["found_off"] == []

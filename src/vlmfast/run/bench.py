@@ -106,19 +106,35 @@ class _Bench:
     def measure(self, name: str, backend: Backend, batch_size: int, tokenizer, loaded=None, compiles=True) -> None:
         """Warm-up runs, then timed runs of the whole workload on ``backend``; the scenario's figures.
         ``compiles``: the engine takes ``--compile`` (vlmfast's), so a step that ran uncompiled is said."""
+        self.measure_together([(name, backend, tokenizer, loaded)], batch_size, compiles)
+
+    def measure_together(self, sides: list[tuple], batch_size: int, compiles=True) -> None:
+        """Like :meth:`measure` for several scenarios ``(name, backend, tokenizer, loaded)`` whose timed runs
+        alternate (a, b, a, b, …): a machine that drifts (clocks, another process) moves both sides of a ratio
+        alike, where blocks of runs would put the drift into the ratio."""
         o = self.options
-        self.say(f"{name} (batch {batch_size}): {o.warmup} warm-up + {o.repeats} timed runs")
-        for _ in range(o.warmup):
-            run_workload(backend, self.requests, self.sizes, batch_size)
+        for name, backend, _, _ in sides:
+            self.say(f"{name} (batch {batch_size}): {o.warmup} warm-up + {o.repeats} timed runs"
+                     + (" (interleaved with " + ", ".join(n for n, *_ in sides if n != name) + ")" if len(sides) > 1 else ""))
+            for _ in range(o.warmup):
+                run_workload(backend, self.requests, self.sizes, batch_size)
+        loaded = next((s[3] for s in sides if s[3] is not None), None)
         device = loaded.runtime.device if loaded is not None else "cpu"
         reset_peak_memory(device)
-        runs = []
+        runs: dict[str, list[RunStats]] = {name: [] for name, *_ in sides}
         self.progress.mark()  # the rate shown is the timed runs', not the load's and warm-up's
         for _ in range(o.repeats):
-            runs.append(run_workload(backend, self.requests, self.sizes, batch_size))
-            self.progress.advance(1, runs[-1].new_tokens)
+            for name, backend, _, _ in sides:
+                runs[name].append(run_workload(backend, self.requests, self.sizes, batch_size))
+                self.progress.advance(1, runs[name][-1].new_tokens)
+        peak = peak_memory_mib(device)  # with several sides: of all of them together
+        for name, backend, tokenizer, loaded in sides:
+            self._record(name, backend, batch_size, runs[name], tokenizer, loaded, compiles, peak)
+
+    def _record(self, name, backend, batch_size, runs, tokenizer, loaded, compiles, peak) -> None:
+        o = self.options
         self.rows[(name, batch_size)] = runs[-1].results
-        summary = scenario_summary(name, batch_size, runs, tokenizer, peak_memory_mib(device))
+        summary = scenario_summary(name, batch_size, runs, tokenizer, peak)
         ok = [r for r in runs[-1].results if r.error is None]
         if loaded is not None:
             context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok) if ok else 0
@@ -147,10 +163,13 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     compile_cache = prepare_cache(options.decoder, True) if options.compile else None  # before the model loads
     n_engines = len(options.engines) + bool(options.compare_base)
     progress.start(options.repeats * (len(options.batch_sizes) * n_engines + options.as_saved))
-    cache = _checkpoint_scenarios(bench, found, compile_cache)
+    cache, base_cache = _checkpoint_scenarios(bench, found, compile_cache, base_found)
     for engine in (e for e in options.engines if e != "hf"):
         _opened_scenarios(bench, engine, found)
-    base_cache = _engine_scenarios(bench, BASE, base_found, compile_cache) if base_found is not None else None
+    if base_found is not None and base_cache is None:  # not measured beside the checkpoint: after it
+        base_cache = _engine_scenarios(bench, BASE, base_found, compile_cache)
+    order = {CKPT: 0, AS_SAVED: 1, BASE: 3}  # as documented: the checkpoint's, as saved, other engines, the base
+    bench.scenarios.sort(key=lambda s: order.get(s["name"], 2))  # stable: batch sizes keep their order
     return _report(options, requests, bench.scenarios, bench.rows, bench.truths, cache, base_cache, bench.notes,
                    versions())
 
@@ -164,9 +183,11 @@ def _engine_kwargs(options: BenchOptions, compile_cache) -> tuple[dict, dict]:
     return common, fast
 
 
-def _checkpoint_scenarios(bench: _Bench, found, compile_cache) -> dict:
+def _checkpoint_scenarios(bench: _Bench, found, compile_cache, base_found=None) -> tuple[dict, dict | None]:
     """The checkpoint on vlmfast's engine at each batch size (``--engines`` with hf), and plain generate
-    as saved at batch 1 (``--as-saved``). Returns the checkpoint's cache report; the model is freed."""
+    as saved at batch 1 (``--as-saved``). With ``base_found`` (``--compare-base``) the base is loaded beside
+    the checkpoint when both fit, and their timed runs alternate. Returns the checkpoint's cache report and
+    the base's (None: the base was not measured here); the models are freed."""
     from vlmfast.checkpoints.load import load
     from vlmfast.engines.hf.as_saved import AsSavedEngine, saved_generation_config
     from vlmfast.engines.hf.backend import HfBackend
@@ -178,15 +199,43 @@ def _checkpoint_scenarios(bench: _Bench, found, compile_cache) -> dict:
     bench.notes += loaded.notes
     cache, tokenizer = loaded.cache.as_dict(), loaded.processor.tokenizer
     bench.tokenizer = tokenizer
+    base = _load_beside(bench, base_found, loaded) if base_found is not None and "hf" in o.engines else None
     if "hf" in o.engines:
         for bs in o.batch_sizes:
-            bench.measure(CKPT, HfBackend.around(Engine(loaded, o.generation, **fast)), bs, tokenizer, loaded)
+            sides = [(CKPT, HfBackend.around(Engine(loaded, o.generation, **fast)), tokenizer, loaded)]
+            if base is not None:
+                sides.append((BASE, HfBackend.around(Engine(base, o.generation, **fast)), base.processor.tokenizer, base))
+            bench.measure_together(sides, bs)
+            del sides  # its engines hold the base: it goes before the as-saved runs
+    base_cache = base.cache.as_dict() if base is not None else None
+    del base
     if o.as_saved:
         reference = AsSavedEngine(loaded, o.generation, saved_generation_config(loaded), **common)
         bench.measure(AS_SAVED, HfBackend.around(reference), 1, tokenizer, loaded)
     del loaded
     free_memory()
-    return cache
+    return cache, base_cache
+
+
+def _load_beside(bench: _Bench, found, loaded):
+    """The base loaded beside the checkpoint when the device has room for both (its weights take what the
+    checkpoint's take, and half as much again is left for caches and activations), else None and a note:
+    the two are then measured one after the other."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.timing import free_bytes
+
+    o = bench.options
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    room = free_bytes(loaded.runtime.device)
+    if room is None or room < 1.5 * weights:
+        bench.notes.append(f"ckpt and base ran one after the other, not interleaved: the base does not fit beside the "
+                           f"checkpoint ({weights / 2**30:.1f} GiB of weights, {'unknown' if room is None else f'{room / 2**30:.1f} GiB'} "
+                           "free); a machine that drifts between the two shows in their ratio")
+        return None
+    base = load(found, device=o.device, dtype=o.dtype, attn=o.attn)
+    bench.notes.append("ckpt and base loaded side by side, their timed runs interleaved (ckpt, base, ckpt, …); "
+                       "peak memory is of both together")
+    return base
 
 
 def _engine_scenarios(bench: _Bench, name: str, found, compile_cache) -> dict:
