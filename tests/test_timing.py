@@ -47,3 +47,24 @@ def test_versions_read_the_same_whether_or_not_torch_was_imported(monkeypatch, t
     record = tmp_path / "step-1.run.json"  # written by an earlier vlmfast that read the imported module's string
     record.write_text(json.dumps({"settings": {}, "versions": {**versions(), "torch": before + "+cu999"}}))
     assert compare(record, {}, "differs", hint="") is None
+
+
+def test_decode_bandwidth_is_taken_at_the_rows_a_decode_step_computed(monkeypatch):
+    """The mean decode batch leaves out each answer's first token (prefill chose it) and the first step:
+    continuous batching, 4 rows, 16 answers, 512 row-steps in 125 steps decodes 4.0 rows a step, not 4.096;
+    a static batch of 4 rows over 10 steps, 4."""
+    from types import SimpleNamespace
+
+    import vlmfast.engines.bandwidth as bandwidth
+    from vlmfast.engines.rows import BatchTiming
+    from vlmfast.run.summary import _bandwidth
+
+    seen = []
+    monkeypatch.setattr(bandwidth, "bandwidth_report", lambda shape, batch, *rest: seen.append(batch) or {})
+    facts = SimpleNamespace(model_shape=object(), device_name=None)
+    ok = [SimpleNamespace(n_prompt_tokens=10, n_new_tokens=31)]
+    loop = BatchTiming(size=0, preprocess_s=0, ttft_s=0, decode_s=1.0, steps=125, new_tokens=0, row_steps=512, first_rows=16)
+    static = BatchTiming(size=4, preprocess_s=0, ttft_s=0, decode_s=1.0, steps=10, new_tokens=0, row_steps=40)
+    _bandwidth(facts, ok, [loop], 8.0)
+    _bandwidth(facts, ok, [static], 8.0)
+    assert seen == [4.0, 4.0]

@@ -139,6 +139,14 @@ class BatchTiming:
     cache_fill_s: float | None = None  # the prefill caches copied into decode rows (after the first token)
     syncs: int = 0  # device read-backs during decode
     row_steps: int = 0  # decode rows computed, summed over steps (the first token's step included)
+    first_rows: int | None = None  # of row_steps, the rows whose first token prefill chose (None: every row, once)
+
+    @property
+    def decode_row_steps(self) -> float:
+        """Rows computed by the decode steps proper (after each answer's first token): ``row_steps`` less the
+        first tokens. In a static batch every row starts at once: ``row_steps / steps`` of them."""
+        first = self.first_rows if self.first_rows is not None else (self.row_steps / self.steps if self.steps else 0)
+        return max(self.row_steps - first, 0)
 
 
 def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,

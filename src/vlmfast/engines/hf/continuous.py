@@ -165,7 +165,8 @@ def _loop(engine, state, waiting: deque, policy: AdmitPolicy, ahead: Ahead | Non
         marks = clock.times() if clock is not None else []
         return BatchTiming(size=0, preprocess_s=0.0, ttft_s=0.0, decode_s=decode_s, steps=state.t + 1, new_tokens=0,
                            step_times_s=tuple(b - a for a, b in zip(marks[::2], marks[1::2])), syncs=syncs,
-                           row_steps=state.row_steps + first_tokens, cache_fill_s=seated_s)
+                           row_steps=state.row_steps + first_tokens, first_rows=first_tokens,
+                           cache_fill_s=seated_s)
 
     try:
         with torch.inference_mode():
