@@ -119,6 +119,25 @@ def test_all_unmerged_is_an_error_with_the_merge_hint(tmp_path):
     assert "model_merger.py" in err.value.hint and len(err.value.problems) == 1
 
 
+def test_none_evaluable_names_each_dir_and_its_reason_in_the_message(tmp_path):
+    """The terminal shows an error's message and hint only: every skipped dir must be in them, as the docs say
+    ("exits 2 naming each reason"); a sweep has no --ckpt to point at."""
+    _model(tmp_path / "checkpoint-20", cut=3)
+    (tmp_path / "checkpoint-30").mkdir()
+    (tmp_path / "checkpoint-30" / "config.json").write_text('{"model_type": "qwen2_5_vl"}')
+    with pytest.raises(InputError) as err:
+        find_run_checkpoints(tmp_path)
+    assert "checkpoint-20: the weights are incomplete" in err.value.message
+    assert "checkpoint-30: config.json but no weights" in err.value.message
+    _fsdp_step(tmp_path / "easy" / "global_step_2" / "actor")
+    _fsdp_step(tmp_path / "easy" / "global_step_4" / "actor")
+    with pytest.raises(InputError) as err:
+        find_run_checkpoints(tmp_path / "easy")
+    assert "global_step_2: 2 FSDP shards" in err.value.message and "global_step_4: 2 FSDP shards" in err.value.message
+    assert "--ckpt" not in err.value.hint and "rerun the sweep" in err.value.hint
+    assert str(tmp_path / "easy" / "global_step_4" / "actor") in err.value.hint  # each step's merge command
+
+
 def test_not_a_run(tmp_path):
     with pytest.raises(InputError, match="no such directory"):
         find_run_checkpoints(tmp_path / "nope")

@@ -113,3 +113,23 @@ def test_out_dash_means_stdout(grpo_ckpt, images, tmp_path, monkeypatch):
     r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "Q?", "--max-new-tokens", 2, "--out", "-")
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["id"] == str(images[0])
     assert not list(tmp_path.iterdir())  # no file named "-", no "-.run.json"
+
+
+def test_make_images_into_a_file_or_of_no_images_is_a_clear_error(tmp_path):
+    taken = tmp_path / "taken.png"
+    taken.write_text("x")
+    r = cli("make-images", taken, "-n", 2)  # mkdir's FileExistsError was a traceback
+    assert r.returncode == 2 and f"make-images {taken}: is a file" in r.stderr and "hint:" in r.stderr
+    for args, said in ((("-n", 0), "-n 0: expected at least 1"), (("--size", 0), "--size 0: expected a side")):
+        r = cli("make-images", tmp_path / "imgs", *args)
+        assert r.returncode == 2 and said in r.stderr and not (tmp_path / "imgs").exists()
+    r = cli("make-images", tmp_path / "imgs", "-n", 2, "--size", 32)
+    assert r.returncode == 0 and len(list((tmp_path / "imgs").glob("*.png"))) == 2
+
+
+def test_sweep_help_names_no_option_it_lacks():
+    sweep = cli("sweep", "--help").stdout
+    assert "--images" not in sweep  # its --prompt and --prompt-file are for manifest records without a prompt
+    assert "report.html" in sweep
+    bench = cli("bench", "--help").stdout
+    assert "--match-training" not in bench  # --resize-rule's help named it; bench has none

@@ -133,3 +133,15 @@ def test_score_refuses_rows_that_answered_other_requests_than_their_ids_name_now
                                 + lines))
     r = cli("score", results, "--manifest", manifest, "--json")
     assert r.returncode == 2 and "answered other requests than" in r.stderr, r.stderr
+
+
+def test_the_by_hint_names_every_record_s_columns_not_only_the_first_s(tmp_path):
+    manifest = tmp_path / "val.jsonl"
+    manifest.write_text(json.dumps({"id": "0", "image": "x.png", "prompt": "Q", "solution": "0"}) + "\n" +
+                        json.dumps({"id": "1", "image": "x.png", "prompt": "Q", "answer": "B", "system": "Be brief."}) + "\n")
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps({"id": k, "text": "<answer>0</answer>"}) + "\n" for k in ("0", "1")))
+    r = cli("score", results, "--manifest", manifest, "--by", "category")
+    assert r.returncode == 2
+    hint = next(line for line in r.stderr.splitlines() if line.startswith("hint:"))
+    assert "system" in hint and "answer" in hint and "solution" in hint  # --by system works: the hint names it

@@ -122,15 +122,17 @@ def require(found: Located, *kinds: str) -> Located:
                           hint=f"download it first (huggingface-cli download {found.source} --local-dir DIR), then pass DIR")
 
 
-def fsdp_merge_hint(found: Located) -> str:
+def fsdp_merge_hint(found: Located, then: str | None = None) -> str:
     """How to turn per-rank FSDP shards into a loadable checkpoint: verl's merger (an actor dir with verl's
-    fsdp_config.json) writes where --target_dir says; EasyR1's into actor/huggingface."""
+    fsdp_config.json) writes where --target_dir says; EasyR1's into actor/huggingface. ``then``: what to do
+    next (default: point --ckpt at the merged dir; a sweep, which has no --ckpt, says to rerun it)."""
     actor = found.path.parent
+    then = then or f"point --ckpt at {found.path}"
     if (actor / "fsdp_config.json").is_file():
         return (f"merge the shards with verl: python -m verl.model_merger merge --backend fsdp --local_dir {actor} "
-                f"--target_dir {found.path}, then point --ckpt at {found.path}")
+                f"--target_dir {found.path}, then {then}")
     return (f"merge the shards with EasyR1: python3 scripts/model_merger.py --local_dir {actor} "
-            f"(it writes the weights into {found.path}), then point --ckpt at {found.path}")
+            f"(it writes the weights into {found.path}), then {then}")
 
 
 # -- directories ---------------------------------------------------------------------------------

@@ -90,10 +90,14 @@ def find_run_checkpoints(run_dir, *, steps: Sequence[int] | None = None, complet
     skipped.sort(key=lambda s: (s.step is None, s.step or 0, str(s.path)))
     if not checkpoints and not complete_only:
         first = next((s for s in skipped if s.hint), skipped[0] if skipped else None)
-        raise InputError(f"{root}: none of its checkpoint dirs can be evaluated" +
-                         (f" ({first.path.name}: {first.reason})" if first else ""),
-                         hint=first.hint if first and first.hint else "point at a run whose checkpoints hold weights",
-                         problems=[f"{s.path}: {s.reason}" for s in skipped])
+        problems = [f"{s.path}: {s.reason}" for s in skipped]
+        # each reason in the message itself, as a bad input's list is: the terminal shows message and hint only
+        said = (f" ({first.path.name}: {first.reason})" if len(skipped) == 1 else
+                ":\n" + "\n".join(f"  - {p}" for p in problems) if skipped else "")
+        hints = list(dict.fromkeys(s.hint for s in skipped if s.hint))
+        hint = (hints[0] if len(hints) == 1 else "; ".join(f"{s.path.name}: {s.hint}" for s in skipped if s.hint)
+                if hints else "point at a run whose checkpoints hold weights")
+        raise InputError(f"{root}: none of its checkpoint dirs can be evaluated{said}", hint=hint, problems=problems)
     if steps is not None:
         checkpoints, skipped = _keep_steps(root, checkpoints, skipped, steps, complete_only)
     return RunListing(root, checkpoints, skipped)
@@ -168,7 +172,7 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
 
 def _unmerged(step: int, d: Path, found: Located) -> Skipped:
     return Skipped(d, step, f"{len(found.shards)} FSDP shards ({found.shards[0].name}, ...) not merged into "
-                            f"{found.path.relative_to(d).as_posix()}", fsdp_merge_hint(found))
+                            f"{found.path.relative_to(d).as_posix()}", fsdp_merge_hint(found, then="rerun the sweep"))
 
 
 def _final_model(root: Path, checkpoints: list, skipped: list, complete_only: bool) -> None:

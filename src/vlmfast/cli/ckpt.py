@@ -138,7 +138,14 @@ def make_images(
 
     def run():
         from vlmfast.checkpoints.tiny import make_images as make
+        from vlmfast.errors import UsageError
+        from vlmfast.files import check_output_dir
 
+        if count < 1:
+            raise UsageError(f"-n {count}: expected at least 1 image", hint="e.g. vlmfast make-images OUT -n 8")
+        if size is not None and size < 1:
+            raise UsageError(f"--size {size}: expected a side of at least 1 pixel", hint="e.g. --size 224, or leave it out")
+        check_output_dir("make-images", out)  # a file there: an error line, not mkdir's traceback
         for path in make(out, n=count, seed=seed, sizes=[(size, size)] if size else None):
             typer.echo(str(path))
 

@@ -205,6 +205,9 @@ def _check_bytes(data: bytes, max_image_pixels: int | None) -> tuple[tuple[int, 
                 return None, (f"{size[0]}×{size[1]} px: an aspect ratio over {MAX_ASPECT_RATIO}:1, which Qwen's image "
                               "processor refuses (crop or pad it)")
             im.load()  # the header's limit is checked above; decoding reads every byte
+    except Image.UnidentifiedImageError:  # its message names an in-memory object at an address: nothing a user can act on
+        return None, ("not a readable image (UnidentifiedImageError: no image format Pillow reads starts this file: "
+                      "is it an image, or named with an image extension by mistake?)")
     except Exception as exc:  # PIL raises many types for corrupt data
         return None, f"not a readable image ({type(exc).__name__}: {exc})"
     return size, None

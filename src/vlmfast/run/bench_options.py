@@ -36,7 +36,10 @@ class BenchOptions:
     template: str = like(InferOptions, "template")
     max_pixels: int | None = like(InferOptions, "max_pixels")
     min_pixels: int | None = like(InferOptions, "min_pixels")
-    resize_rule: str = like(InferOptions, "resize_rule")
+    resize_rule: str = like(InferOptions, "resize_rule", help=(  # bench has no --match-training
+        "How --min-pixels/--max-pixels resize an image: qwen (Qwen's smart_resize within them, as qwen-vl-utils, "
+        "ms-swift, VLM-R1 and TRL) | easyr1 (EasyR1's data.min_pixels/max_pixels: the image is scaled into them, then "
+        "the processor resizes it within its own limits)."))
     generation: GenerationSettings = nested(lambda: GenerationSettings(max_new_tokens=128))
     batch_sizes: tuple[int, ...] | str = option("8", help="Comma-separated batch sizes for ckpt (and base), e.g. 1,8.",
                                                 panel=GEN, type=str)

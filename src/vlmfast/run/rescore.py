@@ -269,9 +269,9 @@ def manifest_column(column: str, manifest: str, keys=None, lines: dict[str, dict
     values = {rid: dig(record, column) for rid, record in records.items() if isinstance(record, dict)}
     if any(v is not None for v in values.values()):
         return values
-    first = next((r for r in records.values() if isinstance(r, dict)), {})
+    columns = sorted({str(key) for r in records.values() if isinstance(r, dict) for key in r})  # every record's, not the first's
     raise InputError(f"--by {column}: no record of {manifest} has it",
-                     hint="name one of the manifest's columns: " + (", ".join(sorted(map(str, first))) or "(none)"))
+                     hint="name one of the manifest's columns: " + (", ".join(columns) or "(none)"))
 
 
 def _column_values(column: str, lines: dict[str, dict], rows: list[dict], manifest: str, results: Path) -> dict[str, object]:

@@ -25,8 +25,12 @@ class SweepOptions:
                           "(ms-swift) or global_step_N/actor/huggingface (EasyR1, verl).", panel=INPUT, argument=True)
     infer: InferOptions = nested(without=PER_CHECKPOINT, changes={"manifest": dict(
         help="The evaluation set with ground truth: JSONL, or the trainer's parquet / save_to_disk dataset (see infer "
-             "--manifest).", required=True)})
-    out_dir: str = option(help="Where each checkpoint's results file, report.json and plot.png go (rerun to resume).",
+             "--manifest).", required=True),
+        # a sweep has no --images: infer's help for these would name it
+        "prompt": dict(help="Prompt for the manifest's records without one of their own."),
+        "prompt_file": dict(help="File holding the prompt for the manifest's records without one of their own.")})
+    out_dir: str = option(help="Where each checkpoint's results file (step-N.jsonl), report.json, report.html and "
+                          "plot.png go (rerun to resume).",
                           panel=OUTPUT, type=Path)
     base: str | None = option(None, help="The model the run started from (dir or hub id), evaluated as step 0: did RL help?",
                               panel=INPUT)

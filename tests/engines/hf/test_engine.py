@@ -439,3 +439,15 @@ def test_static_steps_attend_with_sdpa_unless_told_and_a_misspelt_choice_stops_t
     with pytest.raises(UsageError, match="VLMFAST_DECODE_ATTENTION='flash' is not a decode attention") as caught:
         Engine(loaded, GenerationSettings())
     assert caught.value.hint == "use one of sdpa, products, or unset it (sdpa)"
+
+
+@pytest.mark.parametrize("decoder", ["vlmfast", "hf"])
+def test_the_decode_loop_is_built_when_the_backend_gets_ready_not_in_a_first_ttft(loaded, decoder):
+    """On a CPU building the loop packs the weights: done in ready(), before any clock starts, it stays out of
+    the first static batch's time to the first token. Plain generate (--decoder hf) needs no loop."""
+    from vlmfast.engines.hf.backend import HfBackend
+
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=2), decoder=decoder)
+    assert engine._text is None
+    HfBackend.around(engine).ready([], {}, 2)
+    assert (engine._text is not None) is (decoder == "vlmfast")

@@ -57,6 +57,8 @@ class HfBackend:
         loading (a CPU: a measured default); never fewer decode rows than ``--n`` (a request's answers start
         from one prefill, in one batch), said when raised."""
         size, note = self._batch_size(requests, image_sizes, requested)
+        if self.engine.decoder_name != "hf":  # built now, outside every clock, not inside a first batch's TTFT
+            self.engine.suppress()
         n = self.engine.settings.n
         if size >= n:
             return size, note

@@ -145,11 +145,12 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         steps_at: list[float] = []
         vision_s = fill_s = None
         compiled_before = self.policy.compile_s
+        n = self.settings.n
+        copies = self.decoder_name == "hf" and self.settings.greedy and n > 1  # generate decodes each request once
         if self.decoder_name == "hf":
             tokens, ttft_s, t2, steps, syncs = self._generate_hf(self.on_device(prepared.groups[0].inputs), steps_at, t1,
                                                                  self._keys(prepared.requests))
-            # generate computes every row until the last one ends; greedy --n: one row per request, copied n times
-            row_steps = len(tokens) // (self.settings.n if self.copies_greedy else 1) * steps
+            row_steps = len(tokens) // (n if copies else 1) * steps  # every row until the last one ends
         else:
             prefilled = self.prefill(prepared)
             t2, vision_s = now(self.device), prefilled.vision_s
@@ -164,10 +165,8 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         t2 += self.policy.compile_s - compiled_before  # a first use of a shape captures/compiles: not decoding
         if self.decoder_name == "vlmfast" and steps > 1:
             self.policy.observe(self.shape_key(self.last_shape), (t3 - t2) * 1000 / (steps - 1))
-        n = self.settings.n
         done = {rid: [row] for rid, row in errors.items()}
-        done.update({r.id: [self.result(r, prepared, tokens[i * n + k], k if n > 1 else None,
-                                        copied=k > 0 and self.decoder_name == "hf" and self.copies_greedy)
+        done.update({r.id: [self.result(r, prepared, tokens[i * n + k], k if n > 1 else None, copied=k > 0 and copies)
                             for k in range(n)]
                      for i, r in enumerate(prepared.requests)})
         worker_s, waited_s = (prefetched.worker_s, prefetched.waited_s) if prefetched else (0.0, 0.0)
@@ -285,7 +284,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
                 if self.penalty != 1.0:  # the prompt's tokens count from the first answer token on
                     seen = seen_tokens(inputs["input_ids"], inputs["attention_mask"], logits.shape[-1])
                     logits, seen = penalize(logits, seen, self.penalty), seen.repeat_interleave(n, 0)
-                first = select(logits.repeat_interleave(n, 0), self._suppress(),
+                first = select(logits.repeat_interleave(n, 0), self.suppress(),
                                temperature=self.settings.temperature, top_p=self.settings.top_p, keys=keys)
                 if seen is not None:
                     seen[torch.arange(first.shape[0], device=first.device), first] = True
@@ -349,7 +348,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
 
         s = self.settings
         return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
-                           pad_id=self.loaded.pad_token_id, bias=self._suppress(), temperature=s.temperature,
+                           pad_id=self.loaded.pad_token_id, bias=self.suppress(), temperature=s.temperature,
                            top_p=s.top_p, forward=forward, attend_buckets=forward is forward_static, penalty=self.penalty)
 
     # -- phase 4: results ------------------------------------------------------------------------
@@ -360,13 +359,8 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         row = result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
                          n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
                          sample=sample, bbox_space=family.bbox_space if family else None)
-        row.copied = copied
+        row.copied = copied  # a greedy answer given to another sample: written, not counted as generated
         return row
-
-    @property
-    def copies_greedy(self) -> bool:
-        """Whether plain generate decodes a greedy request once and copies it to its ``--n`` samples."""
-        return self.settings.greedy and self.settings.n > 1
 
     # -- pieces ----------------------------------------------------------------------------------
     def decode_notes(self) -> list[str]:
@@ -392,7 +386,8 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
             self._text = TextDecoder(self.loaded.model)
         return self._text
 
-    def _suppress(self):
+    def suppress(self):
+        """The placeholder tokens' bias, the decode loop built with it (on a CPU it packs the weights)."""
         if self._bias is None:
             from vlmfast.engines.hf.decode import suppress_bias
 
