@@ -223,6 +223,9 @@ def test_a_vlmr1_line_whose_image_is_elsewhere_names_it_once_and_says_how_to_poi
         raise_for_problems(collect(manifest="jsonl/m.jsonl"))
     assert "  - jsonl/a.png: file not found" in str(err.value) and "jsonl/jsonl" not in str(err.value)
     assert "give --image-root DIR" in err.value.hint
+    with pytest.raises(InputError) as err:  # --images names files: no manifest whose paths to re-read
+        raise_for_problems(collect(images=["nothere.png"], prompt="x"))
+    assert "nothere.png: file not found" in str(err.value) and "manifest" not in err.value.hint
     shutil.copy(images[0], tmp_path / "a.png")  # the images' folder, given: the line's image is found there
     collected = collect(manifest="jsonl/m.jsonl", image_root=str(tmp_path))
     assert [r.images for r in collected.requests] == [(str(tmp_path / "a.png"),)] and not collected.bad

@@ -53,6 +53,7 @@ class Collected:
     warnings: list[str] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # every id, good or bad, in input order
     fatal: list[Problem] = field(default_factory=list)  # problems no --skip-bad can turn into rows (duplicate ids)
+    manifest: str | None = None  # the --manifest the requests came from, if any
 
 
 def apply_template(prompt: str, template: str) -> str:
@@ -371,7 +372,8 @@ def collect(
             bad.append(BadInput(id=r.id, problems=mine, request=r))
         else:
             good.append(dataclasses.replace(r, image_sizes=tuple(sizes[p] for p in r.images)))
-    return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings, order=[e.id for e in entries], fatal=fatal)
+    return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings, order=[e.id for e in entries], fatal=fatal,
+                     manifest=manifest)
 
 
 def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
@@ -387,7 +389,7 @@ def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
     hint = ("fix or remove them, or pass --skip-bad to record an error row for each and run the rest" if collected.requests
             else "fix them: there is no other input to run" + (" (--skip-bad keeps error rows beside inputs that run; "
                                                                "no model was loaded)" if skip_bad else ""))
-    if sum("file not found" in str(p) for p in problems) * 2 > len(problems):  # most images are elsewhere
+    if collected.manifest and sum("file not found" in str(p) for p in problems) * 2 > len(problems):  # elsewhere
         hint += ("; a manifest's relative image paths are read against its own folder: for images in another folder "
                  "(VLM-R1's --image_folders), give --image-root DIR")
     if collected.fatal:
