@@ -203,7 +203,7 @@ def _saved_by_v5(ctx):
 
     from vlmfast.checkpoints import doctor
 
-    ctx.monkeypatch.setattr(doctor, "_installed_transformers", lambda: (4, 57))
+    ctx.monkeypatch.setattr(doctor, "installed_transformers", lambda: (4, 57))
     return as_saved_by_v5(ctx.base, ctx.tmp / "v5"), {}
 
 

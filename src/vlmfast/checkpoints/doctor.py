@@ -19,7 +19,8 @@ from vlmfast.checkpoints.readers import (
     incomplete_said, saved_cache_enabled,
 )
 from vlmfast.checkpoints.weight_files import zero_said
-from vlmfast.checkpoints.families import FAMILIES, classes_in_every_version, family_of, untested_note
+from vlmfast.checkpoints.families import (FAMILIES, classes_in_every_version, family_of, installed_transformers,
+                                         untested_note, version_tuple)
 from vlmfast.checkpoints.config_family import as_saved
 from vlmfast.checkpoints.findings import (CODES, SEVERITIES, Finding, findings_as_dicts,  # noqa: F401 - importable here
                                           strict_exit_code)
@@ -155,7 +156,7 @@ def _saved_by_v5(d: Path) -> list[Finding]:
     and weights 4.x cannot read at all."""
     from vlmfast.checkpoints.portable import unreadable_by_v4, v4_cannot_read
 
-    here = _installed_transformers()
+    here = installed_transformers()
     if here is None or here >= (5,):
         return []
     version = ".".join(map(str, here))
@@ -192,8 +193,8 @@ def _family(d: Path, config: dict) -> list[Finding]:
     if family is None:
         return [Finding("info", "untested-family", "config.json: model_type", untested_note(config.get("model_type")), "")]
     out, settings = [], _processor_settings(d)
-    installed = _installed_transformers()
-    if installed is not None and installed < _version(family.since):
+    installed = installed_transformers()
+    if installed is not None and installed < version_tuple(family.since):
         out.append(Finding("error", "unknown-class", "config.json: model_type",
                            f"{family.name} ({family.model_class}) is not in the installed transformers "
                            f"{'.'.join(map(str, installed))}: it needs transformers >= {family.since}",
@@ -215,17 +216,6 @@ def _family(d: Path, config: dict) -> list[Finding]:
     return out
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
-
-
-def _installed_transformers() -> tuple[int, ...] | None:
-    from importlib.metadata import PackageNotFoundError, version  # the version without importing transformers
-
-    try:
-        return _version(version("transformers"))
-    except PackageNotFoundError:
-        return None
 
 
 def _class_keys(d: Path):

@@ -195,3 +195,18 @@ def family_of_tensors(names) -> Family | None:
     if len(fits) > 1 and fits[0][0] == fits[1][0]:
         return None
     return BY_KEY[fits[0][1]]
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """"4.57.6" → (4, 57): a release's major and minor."""
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+def installed_transformers() -> tuple[int, ...] | None:
+    """The installed transformers' (major, minor), read from its metadata (without importing it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version_tuple(version("transformers"))
+    except PackageNotFoundError:
+        return None

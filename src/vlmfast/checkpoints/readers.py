@@ -181,14 +181,10 @@ def saved_cache_enabled(config: dict, generation_config: dict | None, transforme
         return generation_config.get("use_cache", True) is not False
     text = config.get("text_config")
     top, inner = config.get("use_cache"), text.get("use_cache") if isinstance(text, dict) else None
-    if transformers_version is None:  # read from its metadata: this module imports no transformers
-        from importlib.metadata import PackageNotFoundError, version
+    from vlmfast.checkpoints.families import installed_transformers, version_tuple
 
-        try:
-            transformers_version = version("transformers")
-        except PackageNotFoundError:
-            transformers_version = "5"
-    if int(transformers_version.split(".")[0]) < 5:
+    major = (version_tuple(transformers_version) if transformers_version else installed_transformers() or (5,))[0]
+    if major < 5:
         return top is not False and inner is not False
     return top is not False if "use_cache" in config else inner is not False
 
