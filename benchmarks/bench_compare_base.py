@@ -9,6 +9,7 @@ benchmarks/RESULTS.md (plot under benchmarks/figures/). Run: .venv/bin/python be
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ def main() -> None:
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-base-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     grpo = build_checkpoint(work / "grpo-demo", preset="demo", like="grpo")
     base = build_checkpoint(work / "base-demo", preset="demo", like="base")
     images = make_images(work / "images", n=8, sizes=DEMO_IMAGE_SIZES)

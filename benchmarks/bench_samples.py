@@ -11,7 +11,9 @@ Each repetition runs both, interleaved; medians of generate_s. Run:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -38,6 +40,7 @@ def main() -> None:
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-samples-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))
     images = [str(p) for p in make_images(work / "images", n=8, sizes=SIZES)]
     grouped, separate = work / "grouped.jsonl", work / "separate.jsonl"

@@ -16,7 +16,9 @@ Run:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -47,6 +49,7 @@ def main() -> None:
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-sweep-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     size = dict(tiny.PRESETS["demo"])  # a benchmark-only preset: the demo's vision tower, a bigger language model
     size["text"] = {**size["text"], "hidden_size": args.hidden, "intermediate_size": 4 * args.hidden,
                     "num_hidden_layers": args.layers, "num_attention_heads": args.hidden // 64, "num_key_value_heads": 2,

@@ -12,7 +12,9 @@ rows have identical greedy tokens, and the ops one of vlmfast's decode steps dis
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -41,6 +43,7 @@ def main() -> None:
     from vlmfast.engines.vllm.backend import VllmBackend
 
     work = Path(tempfile.mkdtemp(prefix="vlmfast-bench-vllm-"))
+    atexit.register(shutil.rmtree, work, True)  # what the run made goes with it
     ckpt = str(build_checkpoint(work / "grpo-demo", preset="demo", like="grpo"))
     images = [str(p) for p in make_images(work / "images", n=8, sizes=DEMO_IMAGE_SIZES)]
     requests = collect(images=images, prompt=PROMPT).requests

@@ -13,8 +13,10 @@ Run (from .venv-vllm, on a quiet machine):
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +55,7 @@ def main() -> None:
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     scratch = Path(tempfile.mkdtemp(prefix="vlmfast-bench-vllm-sweep-"))
+    atexit.register(shutil.rmtree, scratch, True)  # what the run made goes with it
     run = scratch / "run"
     for step, seed in zip(STEPS, (0, 1, 2)):
         build_checkpoint(run / f"checkpoint-{step}", preset="demo", like="grpo", seed=seed)

@@ -68,3 +68,22 @@ def test_decode_bandwidth_is_taken_at_the_rows_a_decode_step_computed(monkeypatc
     _bandwidth(facts, ok, [loop], 8.0)
     _bandwidth(facts, ok, [static], 8.0)
     assert seen == [4.0, 4.0]
+
+
+def test_decode_bandwidth_of_a_continuous_run_leaves_its_admissions_out(monkeypatch):
+    """Continuous batching reports a timing per admission (prefill only: no steps, no rows) beside the loop's:
+    they decode nothing, so the mean decode batch is still the loop's rows per step, not the admissions' sizes."""
+    from types import SimpleNamespace
+
+    import vlmfast.engines.bandwidth as bandwidth
+    from vlmfast.engines.rows import BatchTiming
+    from vlmfast.run.summary import _bandwidth
+
+    seen = []
+    monkeypatch.setattr(bandwidth, "bandwidth_report", lambda shape, batch, *rest: seen.append(batch) or {})
+    facts = SimpleNamespace(model_shape=object(), device_name=None)
+    ok = [SimpleNamespace(n_prompt_tokens=10, n_new_tokens=31)]
+    admissions = [BatchTiming(size=s, preprocess_s=0, ttft_s=0.1, decode_s=0.0, steps=0, new_tokens=0) for s in (4, 4, 4, 4)]
+    loop = BatchTiming(size=0, preprocess_s=0, ttft_s=0, decode_s=1.0, steps=125, new_tokens=0, row_steps=512, first_rows=16)
+    _bandwidth(facts, ok, [*admissions, loop], 8.0)
+    assert seen == [4.0]

@@ -349,3 +349,15 @@ def test_ckpt_and_base_timed_runs_alternate_on_one_machine_state(grpo_ckpt, base
         assert timed == [ck, base] * 3, named
     assert [(s["name"], s["batch_size"]) for s in report["scenarios"]] == [(CKPT, 1), (CKPT, 2), (BASE, 1), (BASE, 2)]
     assert any("interleaved" in n for n in report["notes"]) and report["base_cache"]["found_off"] == []
+
+
+def test_greedy_n_rates_count_every_delivered_answer_so_scenarios_compare(grpo_ckpt):
+    """Greedy --n 2: plain generate (as saved) decodes each request once and copies the answer, vlmfast's loop
+    decodes both rows. Both deliver the same answers, so tokens/s is samples/s times the answer length in each,
+    and ckpt@B_vs_as_saved@1 is not inflated by --n."""
+    from vlmfast.run.bench import run_bench
+
+    report = run_bench(BenchOptions(ckpt=str(grpo_ckpt), synthetic=2, synthetic_size=56, batch_sizes="2", repeats=1,
+                                    warmup=0, generation=GenerationSettings(max_new_tokens=4, n=2, ignore_eos=True)))
+    for s in report["scenarios"]:
+        assert s["tokens_per_s"] == pytest.approx(4 * s["samples_per_s"], rel=1e-3), s["name"]

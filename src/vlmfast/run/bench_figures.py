@@ -43,8 +43,10 @@ class RunStats:
 
     @property
     def new_tokens(self) -> int:
-        """Tokens the engine decoded: not the copies of a greedy answer given to the other ``--n`` samples."""
-        return sum(r.n_new_tokens for r in self.results if r.error is None and not r.copied)
+        """Answer tokens the run delivered, a greedy ``--n`` answer's copies included: every scenario delivers the
+        same answers, so their rates compare (plain generate and vLLM decode a greedy answer once, vlmfast's loop
+        K times; counting only what was decoded would put that K into every ratio between them)."""
+        return sum(r.n_new_tokens for r in self.results if r.error is None)
 
     @property
     def generate_s(self) -> float:

@@ -195,7 +195,8 @@ def _bandwidth(facts: EngineFacts, ok, timings, decode_ms_per_token) -> dict:
     if facts.model_shape is None or not ok or not timings or not decode_ms_per_token:
         return {"decode_gb_per_s": None, "peak_gb_per_s": None, "bandwidth_pct_of_peak": None}
     steps = sum(max(t.steps - 1, 0) for t in timings)  # the decode steps decode_ms_per_token is over
-    row_steps = sum(t.decode_row_steps for t in timings) if all(t.row_steps for t in timings) else 0
+    # an admission's timing (continuous batching) decodes nothing: it adds no steps and no rows
+    row_steps = sum(t.decode_row_steps for t in timings)
     # the rows a decode step computed on average: counted where the engine counts them, else the batch size
     batch = row_steps / steps if row_steps and steps else sum(t.size for t in timings) / len(timings)
     context = sum(r.n_prompt_tokens + r.n_new_tokens / 2 for r in ok) / len(ok)

@@ -449,5 +449,7 @@ def test_the_decode_loop_is_built_when_the_backend_gets_ready_not_in_a_first_ttf
 
     engine = Engine(loaded, GenerationSettings(max_new_tokens=2), decoder=decoder)
     assert engine._text is None
-    HfBackend.around(engine).ready([], {}, 2)
+    backend = HfBackend.around(engine)
+    backend.ready([], {}, 2)
     assert (engine._text is not None) is (decoder == "vlmfast")
+    assert (backend.build_s > 0) is (decoder == "vlmfast")  # counted with the load, in load_s

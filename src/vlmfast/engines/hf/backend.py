@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from vlmfast.engines.contract import Switched
 from vlmfast.engines.facts import EngineFacts
+from vlmfast.timing import now
 
 # measured on 2 cores with prefill in groups: decode keeps gaining up to 32 rows (benchmarks/RESULTS.md)
 CPU_BATCH_SIZE = 32
@@ -36,6 +37,7 @@ class HfBackend:
         backend.options, backend.compile_cache, backend.loaded = None, None, engine.loaded
         backend.engine, backend.scheduler = engine, Scheduler(engine)
         backend.device, backend.batch_token_cap, backend.notes, backend.distributed = engine.device, None, [], False
+        backend.build_s = 0.0
         return backend
 
     def _build(self, loaded) -> None:
@@ -43,7 +45,7 @@ class HfBackend:
         from vlmfast.engines.hf.scheduler import Scheduler
 
         o = self.options
-        self.loaded = loaded
+        self.loaded, self.build_s = loaded, 0.0  # build_s: the decode loop built in ready(), counted with the load
         self.engine = Engine(loaded, o.generation, min_pixels=o.min_pixels, max_pixels=o.max_pixels, decoder=o.decoder,
                              cuda_graphs=o.cuda_graphs, compile=o.compile, compile_cache=self.compile_cache,
                              max_batch_tokens=o.max_batch_tokens, resize_rule=o.resize_rule)
@@ -57,8 +59,10 @@ class HfBackend:
         loading (a CPU: a measured default); never fewer decode rows than ``--n`` (a request's answers start
         from one prefill, in one batch), said when raised."""
         size, note = self._batch_size(requests, image_sizes, requested)
-        if self.engine.decoder_name != "hf":  # built now, outside every clock, not inside a first batch's TTFT
+        if self.engine.decoder_name != "hf":  # built now, not inside a first batch's TTFT: reported with the load
+            start = now(self.device)
             self.engine.suppress()
+            self.build_s = now(self.device) - start  # after a device sync: none of it left for the first TTFT
         n = self.engine.settings.n
         if size >= n:
             return size, note
@@ -134,7 +138,7 @@ class HfBackend:
 
             device_name = torch.cuda.get_device_name(torch.device(runtime.device))
         return EngineFacts(
-            engine="hf", checkpoint=loaded.source, load_s=loaded.load_s, cache=loaded.cache.as_dict(),
+            engine="hf", checkpoint=loaded.source, load_s=loaded.load_s + self.build_s, cache=loaded.cache.as_dict(),
             device=runtime.device, dtype=runtime.dtype, attn=runtime.attn, decoder=engine.decoder_name,
             cuda_graphs=engine.cuda_graphs, compiled=engine.policy.enabled, max_pixels=engine.max_pixels,
             max_pixels_capped=engine.max_pixels_capped, repetition_penalty=engine.penalty, compile_s=engine.policy.compile_s,
