@@ -155,7 +155,7 @@ def chunk_timing(metrics: list, results: list[SampleResult], t0: float, t1: floa
         ttft_s=max(0.0, first - min(queued)),
         decode_s=max(0.0, last - first),
         steps=max(len(r.token_ids) for r in ok),
-        new_tokens=sum(r.n_new_tokens for r in ok),
+        new_tokens=sum(r.n_new_tokens for r in ok if not r.copied),  # greedy --n: one decoded, the rest copies
         preprocess_exposed_s=(t1 - t0) + max(0.0, min(queued) - t1),
     )
 
