@@ -544,8 +544,9 @@ def test_vllm_data_parallel_is_refused_before_anything_loads():
     """vLLM's LLM raises on data_parallel_size > 1 in one process (after the checkpoint is read): said first."""
     from vlmfast.engines.vllm.support import VllmSettings
 
-    with pytest.raises(UsageError, match="--data-parallel-size 2: vLLM's offline engine runs one data-parallel rank"):
+    with pytest.raises(UsageError, match="--data-parallel-size 2: vLLM's offline engine runs one data-parallel replica") as exc:
         VllmSettings(data_parallel_size=2)
+    assert "accelerate launch --num_processes 2 -m vlmfast infer --engine vllm" in exc.value.hint
 
 
 def test_a_full_disk_is_one_error_saying_what_was_kept_and_how_to_resume(small, tmp_path, monkeypatch):

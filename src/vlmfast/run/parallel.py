@@ -2,7 +2,8 @@
 
 Each process loads the model on its own device and takes its shard of the inputs (accelerate's own
 contiguous split); the main process merges every shard into one JSONL in input order. A single
-process (the usual case) never imports accelerate.
+process (the usual case) never imports accelerate. With ``--engine vllm`` each process starts its own
+vLLM engine on its own GPUs, and the processes meet over gloo (:mod:`vlmfast.engines.vllm.replicas`).
 """
 
 from __future__ import annotations
@@ -43,24 +44,28 @@ def is_main_process() -> bool:
 class Distributed:
     """Rank, world size, device and the three collectives vlmfast needs; no-ops for one process."""
 
-    def __init__(self):
+    def __init__(self, gloo: bool = False):
+        """``gloo``: the collectives on the CPU whatever the machine has, and no GPU taken by this process (each
+        process's vLLM engine takes its own, and checks them: :mod:`vlmfast.engines.vllm.replicas`)."""
         self.world = launched_world_size()
         self.rank = 0
         self.device = None  # None: let the loader decide
+        self.cuda = False  # whether the machine has CUDA (the devices are the engine's matter under ``gloo``)
         self._state = None
         if self.world > 1:
             import torch
             from accelerate import PartialState
 
-            cuda = torch.cuda.is_available()
-            check_devices(self.world, cuda, torch.cuda.device_count() if cuda else 0)
+            cuda = self.cuda = torch.cuda.is_available()
+            if not gloo:
+                check_devices(self.world, cuda, torch.cuda.device_count() if cuda else 0)
             # On a machine without CUDA accelerate only starts its gloo backend when told cpu=True.
             missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK") if not os.environ.get(k)]
             if missing:  # WORLD_SIZE without a launcher (exported by hand, or left from another job)
                 raise UsageError(f"WORLD_SIZE={self.world} is set, but {', '.join(missing)} is not: this process was "
                                  "not started by a launcher", hint="unset WORLD_SIZE for one process, or launch it with "
                                  "accelerate launch --num_processes N -m vlmfast infer … (or torchrun)")
-            self._state = PartialState(cpu=not cuda)
+            self._state = PartialState(cpu=gloo or not cuda)
             self.rank = self._state.process_index
             self.world = self._state.num_processes
             device = str(self._state.device)

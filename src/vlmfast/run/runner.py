@@ -86,7 +86,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
     # what a resume is checked against (a sweep's engine: the fingerprint the sweep took of the checkpoint)
     weights_id = weights_fingerprint(found, options.fingerprint, options.base) if found is not None else given_id
     options, parity = prepare(options, found)  # --match-training: before inputs
-    dist = Distributed()
+    dist = Distributed(gloo=options.engine == "vllm")  # vLLM's engines take the GPUs, one per process
     options, seed_note = fixed_seed(options, agree=dist.reduce_max)  # one seed for every process
     reward = load_rewards(options.reward, weights=options.reward_weights, kwargs=options.reward_kwargs,
                           threshold=options.reward_threshold) if options.reward else None  # fails early

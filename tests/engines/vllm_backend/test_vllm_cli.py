@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,27 @@ def test_bench_puts_both_engines_side_by_side(demo, image_dir, tmp_path):
     assert all(s["tokens_per_s"] > 0 and s["mean_new_tokens"] > 0 for s in report["scenarios"])
     assert report["fidelity"]["hf_vs_vllm"] >= 7 / 8  # greedy tokens of the two engines
     assert "vllm_vs_ckpt@8" in report["ratios"]
+
+
+def test_two_launched_processes_run_two_vllm_engines_and_give_what_one_gives(demo, image_dir, tmp_path):
+    """accelerate launch, two processes: each starts its own vLLM engine on its half of the requests; the main
+    process merges the halves into the rows one process writes (chunks of 2 requests on both sides, so every
+    vLLM call sees the same prompts) and reports both processes."""
+    images = sorted(str(p) for p in image_dir.iterdir() if p.name != "img_003b.png")
+    args = ["infer", "--engine", "vllm", "--ckpt", str(demo), "--images", *images, "--prompt", "Describe the image.",
+            "--max-new-tokens", "12", "--batch-size", "2", "--json"]
+    one = vlmfast(*args, "--out", tmp_path / "one.jsonl", env={"VLLM_LOGGING_LEVEL": "WARNING"}, timeout=600)
+    assert one.returncode == 0, one.stderr
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "vlmfast"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "CUDA_VISIBLE_DEVICES": "",
+           "PATH": f"{VLMFAST.parent}{os.pathsep}{os.environ['PATH']}"}
+    two = subprocess.run([*launch, *args, "--out", str(tmp_path / "two.jsonl")], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert two.returncode == 0, two.stderr
+    assert read_jsonl(tmp_path / "two.jsonl") == read_jsonl(tmp_path / "one.jsonl")  # ids once, in order, same tokens
+    report = json.loads(two.stdout)  # the main process's report, over both
+    assert [(p["rank"], p["samples"]) for p in report["processes"]] == [(0, 4), (1, 4)]
+    assert report["engine_settings"]["data_parallel_engines"] == 2
+    assert report["new_tokens"] == sum(p["new_tokens"] for p in report["processes"])
+    assert not list(tmp_path.glob(".two.jsonl.part*"))  # the halves merged and removed

@@ -42,6 +42,7 @@ from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, draw_key, error_row, result_row, run_seed
 from vlmfast.engines.vllm.reload import ReloadState, run_canary, switch
+from vlmfast.engines.vllm.replicas import Replica, replica_for, replica_env
 from vlmfast.engines.vllm.support import (VllmSettings, check_cpu_head_size, chunk_timing, close_stacks, import_vllm,
                                           quiet_known_warnings, shutdown, validation_errors, vision_ban, vllm_version)
 
@@ -71,11 +72,11 @@ class VllmBackend(Preparer):
                  min_pixels: int | None = None, max_pixels: int | None = None, parallel: VllmSettings | None = None,
                  dtype: str | None = None, enforce_eager: bool | None = None, resize_rule: str = "qwen",
                  max_model_len: int | None = None, kv_cache_gib: float | None = None,
-                 trust_remote_code: bool = False, engine_kwargs: dict | None = None):
+                 trust_remote_code: bool = False, engine_kwargs: dict | None = None, replica: Replica | None = None):
         # what a rebuild for another checkpoint of a sweep (or the canary's fresh engine) is constructed with
         self._requested = dict(base=base, min_pixels=min_pixels, max_pixels=max_pixels, resize_rule=resize_rule, parallel=parallel, dtype=dtype,
                                enforce_eager=enforce_eager, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
-                               trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs)
+                               trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs, replica=replica)
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
@@ -92,7 +93,7 @@ class VllmBackend(Preparer):
             kv_cache_gib = CPU_KV_CACHE_GIB
         self.kv_cache_gib = kv_cache_gib
         self.trust_remote_code = trust_remote_code
-        self.engine_kwargs = dict(engine_kwargs or {})
+        self.engine_kwargs, self.replica = dict(engine_kwargs or {}), replica  # replica: a data-parallel launch's
         started = time.perf_counter()
         self.device = "cpu" if self.on_cpu else "cuda"
         self.llm = None
@@ -204,7 +205,7 @@ class VllmBackend(Preparer):
         from vllm import LLM
 
         started = time.perf_counter()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), replica_env(self.replica):  # a data-parallel launch: this process's devices
             quiet_known_warnings()
             self.llm = LLM(**self.engine_args())
         self.startup_s = time.perf_counter() - started
@@ -348,7 +349,7 @@ class VllmBackend(Preparer):
         return {
             "engine": self.name, "vllm_version": self.vllm_version, "device": "cpu" if self.on_cpu else "gpu",
             "model_dir": self.model_dir, "checkpoint": self.ckpt, "base": self.base,
-            "dtype": self.dtype, **self.parallel.described(),
+            "dtype": self.dtype, **self.parallel.described(), **(self.replica.described() if self.replica else {}),
             "enforce_eager": self.enforce_eager, "max_model_len": self.max_model_len,
             "kv_cache_gib": self.kv_cache_gib, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
             "stop_token_ids": [] if self.settings.ignore_eos else list(self.eos_token_ids),
@@ -390,11 +391,9 @@ class VllmBackend(Preparer):
 def open_vllm(options, found, loaded=None, dist=None) -> VllmBackend:
     """The vLLM engine for ``options`` (checkpoint overlay, processor, sampling settings; vLLM itself starts
     in :meth:`VllmBackend.ready`). What the report says about the KV cache comes from the checkpoint's own
-    configs, not the overlay's. vLLM loads its own model (``loaded`` is not used) and runs its own
-    processes: under accelerate (``dist.world`` > 1) it is refused."""
-    if dist is not None and dist.world > 1:
-        raise UsageError("--engine vllm runs its own processes: launch vlmfast once, without accelerate",
-                         hint="use --tensor-parallel-size N")
+    configs, not the overlay's. vLLM loads its own model (``loaded`` is not used); under accelerate (``dist.world``
+    > 1) each process starts its own engine on its own GPUs (:mod:`vlmfast.engines.vllm.replicas`)."""
+    replica = replica_for(dist.rank, dist.world, options.vllm, cuda=dist.cuda) if dist is not None else None
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
                        min_pixels=options.min_pixels, max_pixels=options.max_pixels, resize_rule=options.resize_rule, parallel=options.vllm,
-                       dtype=options.dtype, trust_remote_code=options.trust_remote_code)
+                       dtype=options.dtype, trust_remote_code=options.trust_remote_code, replica=replica)

@@ -21,7 +21,7 @@ class VllmSettings:
     each chunk of requests). ``distributed_executor_backend`` "ray" spans the nodes of a Ray cluster."""
 
     tensor_parallel_size: int = option(1, help="--engine vllm: GPUs per model replica (tensor parallel).", panel=SCALE)
-    data_parallel_size: int = option(1, help="--engine vllm: model replicas; vLLM runs one per torchrun process, which vlmfast does not launch: 1 only (run one vlmfast per GPU instead).", panel=SCALE)
+    data_parallel_size: int = option(1, help="--engine vllm: 1 only; for model replicas, launch one vlmfast per replica: accelerate launch --num_processes N -m vlmfast infer --engine vllm ….", panel=SCALE)
     pipeline_parallel_size: int = option(
         1, help="--engine vllm: pipeline stages per model replica (across GPUs or nodes).", panel=SCALE)
     distributed_executor_backend: str | None = option(
@@ -37,9 +37,9 @@ class VllmSettings:
                              "least 1", hint="e.g. 2")
         if self.data_parallel_size > 1:  # vLLM's LLM raises on it in one process, after the checkpoint is read
             raise UsageError(f"--data-parallel-size {self.data_parallel_size}: vLLM's offline engine runs one data-parallel "
-                             "rank per process (launched by torchrun), which vlmfast does not launch",
-                             hint="use --tensor-parallel-size N for one engine over N GPUs, or run one vlmfast per GPU "
-                                  "(CUDA_VISIBLE_DEVICES=k) on its own part of the manifest, each with its own --out")
+                             "replica per process, so the replicas are launched processes",
+                             hint=f"accelerate launch --num_processes {self.data_parallel_size} -m vlmfast infer --engine vllm "
+                                  "… (one vLLM engine per process, on its own GPUs; one results file)")
         if self.distributed_executor_backend is not None:
             check_choice("--distributed-executor-backend", self.distributed_executor_backend, EXECUTOR_BACKENDS)
         if not 0.05 <= self.gpu_memory_utilization <= 1.0:

@@ -1,0 +1,65 @@
+"""Data parallel on vLLM: each launched process's engine takes its own run of GPUs (tensor × pipeline parallel
+of them), a launch that needs more GPUs than the node has is refused before any engine starts, and vLLM starts
+without the launcher's variables, which come back afterwards."""
+
+import pytest
+
+from vlmfast.engines.vllm.replicas import LAUNCHER_VARIABLES, Replica, replica_env, replica_for
+from vlmfast.engines.vllm.support import VllmSettings
+from vlmfast.errors import UsageError
+
+GPUS = [str(i) for i in range(8)]
+
+
+def test_one_process_has_no_replica():
+    assert replica_for(0, 1, VllmSettings(), cuda=True, visible=GPUS, environ={}) is None
+
+
+@pytest.mark.parametrize("local_rank, tensor, devices", [(0, 1, ("0",)), (3, 1, ("3",)), (0, 2, ("0", "1")),
+                                                         (3, 2, ("6", "7"))])
+def test_each_process_takes_its_own_run_of_gpus(local_rank, tensor, devices):
+    environ = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(8 // tensor)}
+    replica = replica_for(local_rank, 8 // tensor, VllmSettings(tensor_parallel_size=tensor), cuda=True, visible=GPUS,
+                          environ=environ)
+    assert replica == Replica(local_rank, 8 // tensor, devices)
+
+
+def test_the_devices_are_counted_per_node_and_named_as_the_launch_names_them():
+    """Two nodes of two processes: the second node's first process (rank 2) takes its node's first GPUs, as
+    CUDA_VISIBLE_DEVICES lists them."""
+    replica = replica_for(2, 4, VllmSettings(tensor_parallel_size=2), cuda=True, visible=["4", "5", "6", "7"],
+                          environ={"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    assert replica.devices == ("4", "5")
+
+
+def test_more_gpus_than_the_node_has_is_refused_with_the_count_that_fits():
+    with pytest.raises(UsageError) as exc:
+        replica_for(0, 8, VllmSettings(tensor_parallel_size=2), cuda=True, visible=GPUS,
+                    environ={"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"})
+    assert "need 16 GPUs; this node has 8" in exc.value.message
+    assert "--num_processes 4" in exc.value.hint
+
+
+def test_ray_is_refused_under_a_launch():
+    with pytest.raises(UsageError, match="ray"):
+        replica_for(0, 2, VllmSettings(distributed_executor_backend="ray"), cuda=True, visible=GPUS, environ={})
+
+
+def test_a_cpu_replica_takes_no_devices():
+    assert replica_for(1, 2, VllmSettings(), cuda=False, environ={}) == Replica(1, 2, None)
+
+
+def test_vllm_starts_without_the_launchers_variables_on_its_own_devices_and_they_come_back():
+    environ = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+               "CUDA_VISIBLE_DEVICES": "0,1,2,3", "PATH": "/bin"}
+    before = dict(environ)
+    with replica_env(Replica(1, 2, ("2", "3")), environ):
+        assert not set(LAUNCHER_VARIABLES) & set(environ)
+        assert environ["CUDA_VISIBLE_DEVICES"] == "2,3" and environ["PATH"] == "/bin"
+    assert environ == before
+
+
+def test_one_process_leaves_the_environment_alone():
+    environ = {"RANK": "0", "CUDA_VISIBLE_DEVICES": "0"}
+    with replica_env(None, environ):
+        assert environ == {"RANK": "0", "CUDA_VISIBLE_DEVICES": "0"}
