@@ -123,3 +123,45 @@ def test_easyr1_rule_records_the_size_the_model_saw(processor, tmp_path):
                                      size={"shortest_edge": prep.min_pixels, "longest_edge": prep.max_pixels},
                                      return_tensors="pt")["image_grid_thw"].tolist()[0]
     assert prep.model_size(images["p"][0]) == [grid[2] * 14, grid[1] * 14] == [588, 448]  # EasyR1 scaled it to 591x443
+
+
+def _keyed_png(tmp_path):
+    """A PNG whose colour (10, 20, 30) is marked transparent (a tRNS chunk): PIL keeps the key beside the pixels."""
+    pixels = np.full((56, 84, 3), 200, dtype=np.uint8)
+    pixels[:28, :28] = (10, 20, 30)
+    Image.fromarray(pixels).save(tmp_path / "key.png", transparency=(10, 20, 30))
+    return tmp_path / "key.png"
+
+
+def _rotated_jpeg(tmp_path):
+    """A 56 × 28 JPEG whose EXIF says to show it turned a quarter (orientation 6), as phones save photos."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (56, 28), (90, 140, 60)).save(tmp_path / "phone.jpg", exif=exif)
+    return tmp_path / "phone.jpg"
+
+
+@pytest.mark.parametrize("rule", ["qwen", "easyr1"])
+def test_the_engines_get_pixels_only_as_the_trainers_conversion_gives_them(processor, tmp_path, rule):
+    """A PNG colour key and an EXIF orientation survive the RGB conversion and the resize as metadata, which
+    vLLM (EXIF rotation; colour key from 0.33) and transformers (colour key from 5.21) act on and the trainers'
+    PIL conversion does not. The engines get the pixels alone: the key colour stays, the photo is not turned,
+    and the processor computes from them what it computes from a metadata-free copy."""
+    from PIL import ImageOps
+
+    from vlmfast.engines.prepare import Preparer
+    from vlmfast.inputs.records import Request
+
+    limits = dict(min_pixels=1024, max_pixels=4194304, resize_rule="easyr1") if rule == "easyr1" else {}
+    prep = Preparer(processor, 100_000, **limits)
+    key, photo = _keyed_png(tmp_path), _rotated_jpeg(tmp_path)
+    images, failed = prep.load_images([Request(id="k", images=(str(key), str(photo)), prompt="q")])
+    keyed, turned = images["k"]
+    assert failed == {} and keyed.info == {} and turned.info == {}
+    assert keyed.getpixel((0, 0)) == (10, 20, 30) and keyed.getpixel((keyed.width - 1, 0)) == (200, 200, 200)
+    assert turned.width > turned.height and ImageOps.exif_transpose(turned).size == turned.size  # not turned
+    for image in (keyed, turned):
+        plain = Image.fromarray(np.asarray(image))
+        ours, again = (processor.image_processor(images=[i], do_resize=prep.processor_resizes, return_tensors="np")
+                       for i in (image, plain))
+        assert np.array_equal(ours["pixel_values"], again["pixel_values"])

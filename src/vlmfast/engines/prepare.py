@@ -21,6 +21,20 @@ DEFAULT_MAX_PIXELS_CAP = 1280 * 28 * 28  # the real default (16384·28·28) OOMs
 RESIZE_RULES = ("qwen", "easyr1")
 
 
+def pixels_only(image):
+    """``image`` without the metadata PIL keeps beside its pixels (``info``: a PNG colour key, EXIF and XMP
+    orientation, ICC profile), so that no library downstream changes the pixels prepared here. vLLM rotates
+    an image by its EXIF orientation (``normalize_image``) and, from 0.33, lays a PNG colour key on white;
+    transformers lays the key on white from 5.21; the HF engine hands the image to the processor as it is.
+    The trainers' PIL conversion (qwen-vl-utils' ``to_rgb``, EasyR1's ``convert("RGB")``) does neither, so the
+    pixels stay as that conversion gives them, for both engines, whichever versions are installed."""
+    if not getattr(image, "info", None):
+        return image
+    out = image.copy()  # the caller's image keeps its own metadata
+    out.info = {}
+    return out
+
+
 class Preparer:
     """Pixel limits (``min_pixels``, ``max_pixels``: the processor's own unless given, the maximum capped
     at 1280·28·28), Qwen's patch and merge sizes, and the request-level steps built on them. With
@@ -95,7 +109,8 @@ class Preparer:
         """One image (a path or a PIL image) in RGB at the size Qwen's rule gives it: qwen-vl-utils' ``fetch_image``
         (its RGB conversion, PIL's default resampling), with the size from the image processor's own
         ``smart_resize`` — qwen-vl-utils' leaves out the processor's floor of one block per side, so a long thin
-        image under a small ``max_pixels`` came out 0 px high and failed as "cannot decode image"."""
+        image under a small ``max_pixels`` came out 0 px high and failed as "cannot decode image". Its pixels
+        only (:func:`pixels_only`)."""
         from PIL import Image
         from qwen_vl_utils.vision_process import to_rgb
 
@@ -111,11 +126,12 @@ class Preparer:
         factor = self.patch_size * self.merge_size
         height, width = smart_resize(image.height, image.width, factor=factor, min_pixels=self.min_pixels,
                                      max_pixels=self.max_pixels)
-        return image.resize((width, height))
+        return pixels_only(image.resize((width, height)))
 
     def _easyr1_scaled(self, image):
         """EasyR1's ``process_image``: scaled into its bounds in the image's own mode (PIL's default resampling),
-        then RGB (the alpha dropped, not laid on white). The processor resizes it after (``processor_resizes``)."""
+        then RGB (the alpha dropped, not laid on white), its pixels only (:func:`pixels_only`). The processor
+        resizes it after (``processor_resizes``)."""
         from PIL import Image
 
         if not isinstance(image, Image.Image):
@@ -125,7 +141,7 @@ class Preparer:
         width, height = easyr1_size(image.width, image.height, *self.bounds)
         if (width, height) != image.size:
             image = image.resize((width, height))
-        return image if image.mode == "RGB" else image.convert("RGB")
+        return pixels_only(image if image.mode == "RGB" else image.convert("RGB"))
 
     def model_size(self, image) -> list[int]:
         """``[width, height]`` the model sees for an image :meth:`load_images` gave: its own size, or, where the

@@ -376,3 +376,27 @@ def test_engine_vllm_locates_the_checkpoint_once(demo, requests, tmp_path, monke
     with pytest.raises(Stop):
         infer(InferOptions(ckpt=str(run), images=[image], prompt=PROMPT, engine="vllm"))
     assert calls == [str(run)]
+
+
+def test_vllms_image_parser_keeps_the_pixels_vlmfast_prepared(demo, tmp_path):
+    """vLLM turns every PIL image a prompt carries by its EXIF orientation and, from 0.33, lays a PNG colour key
+    on white (vllm.multimodal.parse: convert_image_mode(normalize_image(image))). The images vlmfast hands it carry
+    neither, so vLLM keeps the pixels the HF engine gets."""
+    import numpy as np
+    from PIL import Image
+    from vllm.multimodal.image import convert_image_mode, normalize_image
+
+    pixels = np.full((56, 84, 3), 200, dtype=np.uint8)
+    pixels[:28, :28] = (10, 20, 30)
+    Image.fromarray(pixels).save(tmp_path / "key.png", transparency=(10, 20, 30))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown turned a quarter, as phones save photos
+    Image.new("RGB", (84, 56), (90, 140, 60)).save(tmp_path / "phone.jpg", exif=exif)
+    backend = VllmBackend(str(demo), GenerationSettings(max_new_tokens=4))
+    try:
+        images, _ = backend.load_images([Request("k", (str(tmp_path / "key.png"), str(tmp_path / "phone.jpg")), PROMPT)])
+    finally:
+        backend.close()
+    for image in images["k"]:
+        seen = convert_image_mode(normalize_image(image), "RGB")
+        assert seen.size == image.size and np.array_equal(np.asarray(seen), np.asarray(image))
