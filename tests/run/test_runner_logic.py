@@ -41,6 +41,23 @@ def test_rows_written_scored_and_reported_in_input_order(small, tmp_path):
     assert [r.id for r in report.results] == small and report.scores["format_rate"] == 1.0
 
 
+class _EngineInOtherProcesses(FakeBackend):
+    """vLLM's shape on a GPU machine: device "cuda", its model in processes of its own."""
+
+    device = "cuda"
+
+    def facts(self):
+        return dataclasses.replace(super().facts(), device="cuda", peak_mem_kind="this process only (the engine's not counted)")
+
+
+def test_an_engine_in_other_processes_reports_this_process_memory_and_starts_no_cuda_here(small, tmp_path):
+    """This process holds none of such an engine's GPU memory: its peak is this process's resident memory, and
+    CUDA is not started here for it (on a GPU machine a context on the first GPU in every launched process)."""
+    report = infer(_options(small, tmp_path / "r.jsonl"), backend=_EngineInOtherProcesses())
+    assert report.peak_mem_kind == "this process only (the engine's not counted)"
+    assert report.peak_mem_mib > 0  # the resident memory (on a machine without CUDA, asking CUDA's allocator raised)
+
+
 def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatch):
     import vlmfast.engines.open
 

@@ -333,7 +333,6 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
     truths = {r.id: r.truth_record() for r in my_todo}
     results: list[SampleResult] = []
     timings: list[BatchTiming] = []
-
     n = options.generation.n
 
     def emit(rows: list[SampleResult], new_tokens: int) -> None:
@@ -352,7 +351,8 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
         if progress:
             progress.advance(len(rows), new_tokens)
 
-    reset_peak_memory(backend.device)
+    memory = backend.device if backend.facts().peak_mem_kind is None else "cpu"  # vLLM's model in its own processes:
+    reset_peak_memory(memory)  # this process's memory then, and no CUDA context started here for nothing
     if progress:
         progress.start((len(my_todo) + len(my_bad)) * n - len(work.answered))
     start = time.perf_counter()
@@ -381,7 +381,7 @@ def run_batches(backend, options: InferOptions, work: Work, batch_size: int, dis
         fail_together(dist, failure, out, options.overwrite)
     elif failure is not None:
         raise failure
-    return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(backend.device))
+    return Share(dist.rank, backend.device, results, timings, time.perf_counter() - start, peak_memory_mib(memory))
 
 
 def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, reward=None) -> None:
