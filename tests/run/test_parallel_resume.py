@@ -38,6 +38,13 @@ class _Backend:
             yield [(None, [SampleResult(r.id, list(r.images), r.prompt, text="x", finish_reason="length",
                                         n_new_tokens=1)], None)]
 
+    def facts(self):  # run_batches reads peak_mem_kind from it (whose memory the peak is)
+        from vlmfast.engines.facts import EngineFacts
+
+        return EngineFacts(engine="hf", checkpoint="c", load_s=0.0, cache={}, device="cpu", dtype="float32",
+                           attn="sdpa", decoder="vlmfast", cuda_graphs=False, compiled=False, max_pixels=None,
+                           max_pixels_capped=False)
+
 
 def test_ctrl_c_at_a_batch_boundary_says_the_rows_are_kept_in_part_files(tmp_path):
     out = tmp_path / "r.jsonl"
