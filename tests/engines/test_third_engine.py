@@ -106,3 +106,25 @@ def test_bench_opens_the_third_engine_through_the_registry(third, run_dir, tmp_p
     third_run = report["scenarios"][1]
     assert third_run["accuracy"] == 1.0 and third_run["tokens_per_s"] > 0
     assert "hf_vs_third" in report["fidelity"]
+
+
+class OwnProcessEngine(ThirdEngine):
+    """The double, with its model in processes of its own (as vLLM's engine is by default)."""
+
+    def facts(self):
+        return dataclasses.replace(super().facts(), peak_mem_kind="this process only (the engine's processes not counted)")
+
+
+def test_bench_shows_no_peak_memory_for_an_engine_whose_model_runs_in_its_own_processes(third, monkeypatch, run_dir):
+    monkeypatch.setitem(ENGINES, "third", dataclasses.replace(
+        ENGINES["third"], opener=lambda options, found, loaded, dist: OwnProcessEngine(options, found)))
+    r = cli("bench", "--ckpt", run_dir / "run" / "checkpoint-200", "--manifest", run_dir / "m.jsonl",
+            "--engines", "hf,third", "--no-as-saved", "--batch-sizes", "2", "--warmup", "0", "--repeats", "1",
+            "--max-new-tokens", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    hf_run, third_run = report["scenarios"]
+    assert hf_run["peak_mem_mib"] > 0  # this process holds the HF engine's model
+    assert third_run["peak_mem_mib"] is None  # this process's RSS would pass for the engine's memory
+    assert third_run["peak_mem_kind"] == "this process only (the engine's processes not counted)"
+    assert any(n.startswith("ckpt-third (batch 2): peak memory not shown") for n in report["notes"])

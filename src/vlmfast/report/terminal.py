@@ -302,7 +302,8 @@ def _switches(checkpoints: list[dict]) -> str:
     from vlmfast.timing import percentile
 
     parts = []
-    for key, word in (("load_s", "loaded"), ("swap_s", "swapped in place"), ("reload_s", "reloaded")):
+    for key, word in (("load_s", "loaded"), ("engine_start_s", "vLLM engine started"), ("swap_s", "swapped in place"),
+                      ("reload_s", "reloaded")):
         seconds = [c[key] for c in checkpoints if c.get(key)]
         if seconds:
             each = f"{seconds[0]:.1f} s" if len(seconds) == 1 else f"median {percentile(seconds, 50):.2f} s"

@@ -143,6 +143,11 @@ class _Bench:
             summary.update(decode_gb_per_s=None, peak_gb_per_s=None, bandwidth_pct_of_peak=None)
         summary.update(_accuracy(score_results(runs[-1].results, self.truths, o)))
         facts = backend.facts()
+        if facts.peak_mem_kind is not None:  # the engine's memory is in its own processes, which this figure misses
+            own = summary["peak_mem_mib"]
+            self.notes.append(f"{name} (batch {batch_size}): peak memory not shown: {facts.peak_mem_kind}"
+                              + (f"; this process's own peak was {own} MiB" if own is not None else ""))
+            summary.update(peak_mem_mib=None, peak_mem_kind=facts.peak_mem_kind)
         summary["compiled"] = facts.compiled  # what ran, not what was asked: a failed compile falls back
         if o.compile and compiles and not facts.compiled:
             why = [n for n in facts.notes if "compile" in n.lower()]

@@ -400,3 +400,31 @@ def test_vllms_image_parser_keeps_the_pixels_vlmfast_prepared(demo, tmp_path):
     for image in images["k"]:
         seen = convert_image_mode(normalize_image(image), "RGB")
         assert seen.size == image.size and np.array_equal(np.asarray(seen), np.asarray(image))
+
+
+def test_the_canarys_fresh_engine_is_started_for_the_sweeps_own_settings(demo, good, monkeypatch):
+    """After the first in-place reload the canary's fresh engine takes over the sweep's rows: its engine arguments
+    are the run's (a sampled run on a CPU takes whole prefills; vLLM's sampler dies on a CPU generator after a
+    partial one), not those of the canary's greedy check. No engine starts here: ``start`` records its arguments."""
+    from vlmfast.engines.vllm.reload import run_canary
+
+    started = []
+
+    def start(self, requests=()):
+        started.append(self.engine_args())
+        self.llm = object()
+        return 0.0
+
+    monkeypatch.setattr(VllmBackend, "start", start)
+    monkeypatch.setattr(VllmBackend, "generate_batch", lambda self, batch: ([], None))
+    backend = VllmBackend(str(demo), GenerationSettings(max_new_tokens=8, temperature=1.0, n=2, seed=5))
+    try:
+        backend.start(good)
+        run_canary(backend, good)
+    finally:
+        backend.close()
+    own, fresh = started
+    assert fresh.get("enable_chunked_prefill") == own.get("enable_chunked_prefill")
+    assert fresh["seed"] == own["seed"]
+    if backend.on_cpu:
+        assert fresh["enable_chunked_prefill"] is False

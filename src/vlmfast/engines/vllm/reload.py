@@ -37,6 +37,7 @@ class ReloadState:
     checked: bool = False  # a canary has run in this sweep
     reload_s: float | None = None  # the last reload's seconds
     canary_s: float | None = None
+    started_s: float = 0.0  # vLLM start-ups of this backend's engine (the canary's excluded) not yet reported
     notes: list[str] = field(default_factory=list)
 
     def described(self) -> dict:
@@ -44,12 +45,15 @@ class ReloadState:
 
     def news(self) -> tuple[dict, list[str]]:
         """The canary's verdict after the first in-place reload: its seconds for the figures, and what it
-        found, said once (:meth:`vlmfast.engines.contract.Backend.news`)."""
+        found, said once (:meth:`vlmfast.engines.contract.Backend.news`); and ``engine_start_s``, the seconds vLLM's
+        engine took to start since last asked (a checkpoint's ``load_s`` ends before it: vLLM starts on first use)."""
+        started = {"engine_start_s": _rounded(self.started_s)} if self.started_s else {}
+        self.started_s = 0.0
         if not self.notes:
-            return {}, []
+            return started, []
         notes = list(self.notes)
         self.notes.clear()
-        return ({"canary_s": _rounded(self.canary_s)} if self.canary_s is not None else {}), notes
+        return {**started, **({"canary_s": _rounded(self.canary_s)} if self.canary_s is not None else {})}, notes
 
 
 def _rounded(seconds: float | None) -> float | None:
@@ -240,7 +244,9 @@ def run_canary(backend, requests) -> None:
     reloaded = _decode(backend, picks, greedy)
     shutdown(backend.llm)
     backend.llm = None  # should the fresh engine fail to start, the next run starts one for this checkpoint
-    fresh = type(backend)(backend.found, greedy, **backend.rebuild_kwargs())
+    # started for the run's own settings, not the canary's: it carries on with the sweep's rows, and its engine
+    # arguments depend on them (sampling on a CPU takes whole prefills, see VllmBackend.engine_args)
+    fresh = type(backend)(backend.found, dataclasses.replace(backend.settings, seed=backend.seed), **backend.rebuild_kwargs())
     try:
         fresh.start(requests)
         differs = first_differing_id(reloaded, _decode(fresh, picks, greedy))
