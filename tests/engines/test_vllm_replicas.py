@@ -56,7 +56,25 @@ def test_vllm_starts_without_the_launchers_variables_on_its_own_devices_and_they
     with replica_env(Replica(1, 2, ("2", "3")), environ):
         assert not set(LAUNCHER_VARIABLES) & set(environ)
         assert environ["CUDA_VISIBLE_DEVICES"] == "2,3" and environ["PATH"] == "/bin"
+        # spawned, not forked: a forked engine core inherits the launch's torch.distributed group (and a CUDA
+        # driver this process may have started), which vLLM's init_distributed_environment then takes as its own
+        assert environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert environ == before
+
+
+def test_a_fork_asked_for_is_overridden_while_vllm_starts_and_comes_back():
+    environ = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    with replica_env(Replica(0, 2, ("0",)), environ):
+        assert environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert environ == {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+
+
+def test_an_engine_inside_the_launched_process_is_refused():
+    """VLLM_ENABLE_V1_MULTIPROCESSING=0 runs vLLM's engine in this process, which already holds the launch's
+    process group: vLLM would take it for its own world."""
+    with pytest.raises(UsageError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        replica_for(0, 2, VllmSettings(), cuda=True, visible=GPUS,
+                    environ={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
 
 
 def test_one_process_leaves_the_environment_alone():

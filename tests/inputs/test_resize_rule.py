@@ -162,6 +162,6 @@ def test_the_engines_get_pixels_only_as_the_trainers_conversion_gives_them(proce
     assert turned.width > turned.height and ImageOps.exif_transpose(turned).size == turned.size  # not turned
     for image in (keyed, turned):
         plain = Image.fromarray(np.asarray(image))
-        ours, again = (processor.image_processor(images=[i], do_resize=prep.processor_resizes, return_tensors="np")
+        ours, again = (processor.image_processor(images=[i], do_resize=prep.processor_resizes, return_tensors="pt")
                        for i in (image, plain))
-        assert np.array_equal(ours["pixel_values"], again["pixel_values"])
+        assert ours["pixel_values"].equal(again["pixel_values"])

@@ -122,3 +122,43 @@ def test_rows_left_in_part_files_are_checked_against_the_settings_like_rows_in_o
     assert sorted(p.name for p in tmp_path.glob(".r.jsonl.part*")) == [".r.jsonl.part0", ".r.jsonl.part1"]  # kept
     report = infer(InferOptions(**opts, generation=GenerationSettings(max_new_tokens=4)))  # the same command resumes
     assert report.skipped_existing == 2 and report.samples == 1
+
+
+def test_a_launch_for_vllm_leaves_cuda_untouched_so_vllms_forked_processes_can_start_it(tmp_path):
+    """``Distributed(gloo=True)`` (``--engine vllm`` under accelerate launch) must not ask torch about CUDA:
+    ``torch.cuda.is_available()`` calls cudaGetDeviceCount, which marks every later fork of this process as a bad
+    fork (torch then refuses CUDA in it: "Cannot re-initialize CUDA in forked subprocess"), and vLLM forks its engine
+    core on CUDA machines. Checked in a fresh interpreter (another test may have asked CUDA in this one); needs a
+    torch built with CUDA, where the check means something (no GPU needed)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda._is_compiled():
+        pytest.skip("a CPU-only torch never poisons fork")
+    script = textwrap.dedent("""
+        import os, sys
+        import accelerate
+        import torch
+
+        class FakeState:  # the launch's process group, without a second process to meet
+            def __init__(self, cpu=False):
+                self.process_index, self.num_processes, self.device = 0, 2, torch.device("cpu")
+
+        accelerate.PartialState = FakeState
+        from vlmfast.run.parallel import Distributed
+
+        Distributed(gloo=True)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3 if torch._C._cuda_isInBadFork() else 0)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500"}
+    env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"a fork after Distributed(gloo=True) is a bad fork for CUDA ({done.returncode}): {done.stderr}"

@@ -50,13 +50,16 @@ class Distributed:
         self.world = launched_world_size()
         self.rank = 0
         self.device = None  # None: let the loader decide
-        self.cuda = False  # whether the machine has CUDA (the devices are the engine's matter under ``gloo``)
         self._state = None
         if self.world > 1:
             import torch
             from accelerate import PartialState
 
-            cuda = self.cuda = torch.cuda.is_available()
+            # Under ``gloo`` CUDA is not asked about at all: torch.cuda.is_available() calls cudaGetDeviceCount,
+            # which initialises the CUDA driver here (with the launch's CUDA_VISIBLE_DEVICES, not the engine's)
+            # and poisons fork, so vLLM's engine core, forked by default, could not start CUDA ("Cannot
+            # re-initialize CUDA in forked subprocess"). The engine asks its own platform (NVML) instead.
+            cuda = False if gloo else torch.cuda.is_available()
             if not gloo:
                 check_devices(self.world, cuda, torch.cuda.device_count() if cuda else 0)
             # On a machine without CUDA accelerate only starts its gloo backend when told cpu=True.

@@ -394,7 +394,7 @@ def open_vllm(options, found, loaded=None, dist=None) -> VllmBackend:
     in :meth:`VllmBackend.ready`). What the report says about the KV cache comes from the checkpoint's own
     configs, not the overlay's. vLLM loads its own model (``loaded`` is not used); under accelerate (``dist.world``
     > 1) each process starts its own engine on its own GPUs (:mod:`vlmfast.engines.vllm.replicas`)."""
-    replica = replica_for(dist.rank, dist.world, options.vllm, cuda=dist.cuda) if dist is not None else None
+    replica = replica_for(dist.rank, dist.world, options.vllm) if dist is not None else None
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
                        min_pixels=options.min_pixels, max_pixels=options.max_pixels, resize_rule=options.resize_rule, parallel=options.vllm,
                        dtype=options.dtype, trust_remote_code=options.trust_remote_code, replica=replica)

@@ -7,7 +7,8 @@ of vlmfast's: each engine is a whole, ordinary vLLM.
 A replica takes tensor × pipeline parallel GPUs: the process of local rank k takes the k-th run of that many
 devices the launch sees (``CUDA_VISIBLE_DEVICES``, else all). While vLLM starts, the launcher's variables
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, …) are hidden from it, as vLLM's torchrun data-parallel
-example deletes them: each engine is a launch of one, whose workers vLLM places itself."""
+example deletes them: each engine is a launch of one, whose workers vLLM places itself; and its processes are
+spawned (:func:`replica_env`). The launched processes meet over gloo and never ask torch about CUDA."""
 
 from __future__ import annotations
 
@@ -36,16 +37,30 @@ class Replica:
                 "devices": None if self.devices is None else ",".join(self.devices)}
 
 
-def replica_for(rank: int, world: int, settings, *, cuda: bool, visible: list[str] | None = None,
+def replica_for(rank: int, world: int, settings, *, cuda: bool | None = None, visible: list[str] | None = None,
                 environ=os.environ) -> Replica | None:
     """This process's replica in a launch of ``world`` processes (None for one process), its devices checked
-    before any engine starts. ``visible``: the launch's CUDA devices (default: CUDA_VISIBLE_DEVICES, else all)."""
+    before any engine starts. ``cuda``: whether the replicas take GPUs (default: vLLM's platform says, from
+    NVML: ``torch.cuda.is_available()`` would start CUDA in this process, see :func:`replica_env`). ``visible``:
+    the launch's CUDA devices (default: CUDA_VISIBLE_DEVICES, else all)."""
     if world <= 1:
         return None
+    if cuda is None:
+        from vlmfast.engines.vllm.support import import_vllm
+
+        import_vllm()  # its settings first, its logs on stderr
+        from vllm.platforms import current_platform
+
+        cuda = bool(current_platform.is_cuda_alike())
     if settings.distributed_executor_backend in ("ray", "external_launcher"):
         raise UsageError(f"--distributed-executor-backend {settings.distributed_executor_backend} with {world} launched "
                          "processes: each process runs its own vLLM engine, which places its workers on this node",
                          hint="launch once without accelerate for a Ray cluster, or drop the option for one engine per process")
+    if environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        raise UsageError(f"VLLM_ENABLE_V1_MULTIPROCESSING=0 with {world} launched processes: vLLM's engine would run inside "
+                         "this process, which already belongs to the launch's process group (vLLM would take that group, "
+                         "of every launched process, for its own) and may already have started CUDA on every GPU",
+                         hint="unset VLLM_ENABLE_V1_MULTIPROCESSING under accelerate launch")
     if not cuda:
         return Replica(rank, world, None)
     per_engine = settings.tensor_parallel_size * settings.pipeline_parallel_size
@@ -72,16 +87,20 @@ def launch_devices() -> list[str]:
 
 @contextlib.contextmanager
 def replica_env(replica: Replica | None, environ=os.environ):
-    """The environment vLLM starts its engine in: the replica's devices and no launcher variables. Restored
-    afterwards (the launch's collectives still need its variables)."""
+    """The environment vLLM starts its engine in: the replica's devices, no launcher variables, and its processes
+    spawned, not forked (``VLLM_WORKER_MULTIPROC_METHOD=spawn``): a forked engine core would inherit this process's
+    torch.distributed group — the launch's, which vLLM then takes for its own world (``init_distributed_environment``
+    skips its own when one is initialised) — and, where CUDA was initialised here, could not start CUDA. vLLM's
+    CPU platform spawns anyway. Restored afterwards (the launch's collectives still need its variables)."""
     if replica is None:
         yield
         return
-    keys = (*LAUNCHER_VARIABLES, "CUDA_VISIBLE_DEVICES")
+    keys = (*LAUNCHER_VARIABLES, "CUDA_VISIBLE_DEVICES", "VLLM_WORKER_MULTIPROC_METHOD")
     saved = {k: environ.get(k) for k in keys}
     try:
         for k in LAUNCHER_VARIABLES:
             environ.pop(k, None)
+        environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         if replica.devices is not None:
             environ["CUDA_VISIBLE_DEVICES"] = ",".join(replica.devices)
         yield
