@@ -79,9 +79,11 @@ def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.
     so far — is made less likely, its logit divided by ``penalty`` when positive and multiplied when negative.
     ``seen``: (rows, vocab) bool (:func:`seen_tokens`); float32 logits, as generate scores them.
 
-    Inside a compiled step it is one opaque operator running these eager kernels: on CUDA, inductor turns a
-    division by a constant into a product with its reciprocal (and Triton's division is approximate), which
-    can differ from generate's quotient in the last bit and flip a near-tie of the greedy choice."""
+    Inside a compiled step it is one opaque operator running these eager kernels, so its quotients are eager's
+    bit for bit. Eager CUDA divides by a Python number as a product with the reciprocal rounded from the double
+    quotient (measured on an H100); inductor's generated code may round that reciprocal, or divide, another
+    way (Triton's division is approximate), which would differ in the last bit and could flip a near-tie of
+    the greedy choice."""
     if torch.compiler.is_compiling():
         return _penalty_op(logits, seen, float(penalty))
     return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
