@@ -21,8 +21,8 @@
 # PLAN=one (the default): the Qwen2.5-VL-3B shape, its steps in the order of what a slice cut short should
 # have measured first: tests/test_cuda.py, the checkpoint, batch 32 by default (CUDA graphs; 32 images: TTFT
 # of 32 × 448 px, 32 × 128 tokens/s: two of issue 35's targets in ~50 s), the decode step at batch 1
-# compiled (8 images, `--compile`: SDPA attention, the default) and compiled with the attention by two
-# matrix products (VLMFAST_DECODE_ATTENTION=products), batch 1 by default, the compiled step's kernels per
+# compiled (8 images, `--compile`: on CUDA the attention by two matrix products, the default) and compiled
+# with SDPA's attention (VLMFAST_DECODE_ATTENTION=sdpa), batch 1 by default, the compiled step's kernels per
 # layer (benchmarks/bench_kernels.py), the decode attention's candidates alone
 # (benchmarks/bench_decode_attention.py), the prefill with the vision blocks compiled
 # (benchmarks/profile_prefill.py), last the real-length mix — ~12.5 min by the estimates below (which ran
@@ -233,16 +233,15 @@ for ckpt in "${ckpts[@]}"; do
     step "$name/$mode-b${sizes//,/-}" "$(est $many)" "$r-b${sizes//,/-}/report.json" vlmfast bench "${common[@]}" \
       "${extra[@]}" --images "$out/images-32" --batch-sizes "$sizes" --report "$r-b${sizes//,/-}"
   done
-  # PLAN=one: the compiled batch-1 step as `--compile` runs it (its attention by SDPA, the default), then
-  # with the attention by two matrix products (VLMFAST_DECODE_ATTENTION=products; the table's mode "compile,
-  # products attention"): each a load + a compile of the step and the vision blocks (cold) + 4 × 1,024
-  # steps ≈ 100 s
+  # PLAN=one: the compiled batch-1 step as `--compile` runs it (on CUDA its attention by two matrix products,
+  # the default), then with SDPA's attention (VLMFAST_DECODE_ATTENTION=sdpa; the table's mode "compile, SDPA
+  # attention"): each a load + a compile of the step and the vision blocks (cold) + 4 × 1,024 steps ≈ 100 s
   if [ "$plan" = one ]; then
     step "$name/compile-b1" "$(est 100)" "$out/reports/$name-compile-b1/report.json" vlmfast bench \
       "${common[@]}" --compile --images "$out/images-8" --batch-sizes 1 --report "$out/reports/$name-compile-b1"
-    step "$name/compile-products-b1" "$(est 100)" "$out/reports/$name-compile-products-b1/report.json" \
-      VLMFAST_DECODE_ATTENTION=products vlmfast bench "${common[@]}" --compile --images "$out/images-8" \
-      --batch-sizes 1 --report "$out/reports/$name-compile-products-b1"
+    step "$name/compile-sdpa-b1" "$(est 100)" "$out/reports/$name-compile-sdpa-b1/report.json" \
+      VLMFAST_DECODE_ATTENTION=sdpa vlmfast bench "${common[@]}" --compile --images "$out/images-8" \
+      --batch-sizes 1 --report "$out/reports/$name-compile-sdpa-b1"
   fi
   # two infers: load + compile (cold, then warm) + one batch of 32 each ≈ 215 s
   [ "$plan" = full ] && step "$name/infer" "$(est 280)" "$out/reports/$name-infer/second.json" infer_twice "$ckpt" \
@@ -288,7 +287,7 @@ fi
 # 32 × 128 tokens/s), what only the GPU can say about the compiled step (both attentions), then the rest (a whole run, if asked, stays last)
 if [ "$plan" = one ]; then
   ordered=()
-  for s in cuda-tests build default-b32 compile-b1 compile-products-b1 default-b1 kernels decode-attention \
+  for s in cuda-tests build default-b32 compile-b1 compile-sdpa-b1 default-b1 kernels decode-attention \
            prefill-compiled lengths; do
     for n in "${names[@]}"; do [ "${n##*/}" = "$s" ] && ordered+=("$n"); done
   done

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 MODES = ("default", "compile", "hf")  # vlmfast's CUDA graphs, + torch.compile, plain generate
-# gpu.sh's step run with VLMFAST_DECODE_ATTENTION=products reports into a *-products-* directory (a report
-# itself does not say which attention its static steps ran)
-PRODUCTS = ", products attention"
+# a step gpu.sh runs with VLMFAST_DECODE_ATTENTION=sdpa (or =products) reports into a *-sdpa-* (*-products-*)
+# directory: the row's mode says so (a report itself does not say which attention its static steps ran)
+ATTENTION = {"-sdpa-": ", SDPA attention", "-products-": ", products attention"}
 FIGURES = (("tokens_per_s", 1), ("ttft_ms_p50", 1), ("decode_ms_per_token", 2), ("decode_gb_per_s", 0),
            ("bandwidth_pct_of_peak", 1))
 
@@ -40,7 +40,7 @@ def mode_of(report: dict, where: str = "") -> str:
         # a compile that failed ran the uncompiled step: its figures are not "compile" figures
         ran = [s.get("compiled") for s in report.get("scenarios", []) if s.get("name") != "ckpt-vllm"]
         mode = "compile" if all(c is not False for c in ran) else "compile failed (uncompiled)"
-    return mode + PRODUCTS if "-products-" in where else mode
+    return mode + next((label for part, label in ATTENTION.items() if part in where), "")
 
 
 def _read(path: Path) -> dict | None:
@@ -77,8 +77,8 @@ def rows(benches: list[dict]) -> list[list[str]]:
             cells = ["–" if s.get(k) is None else f"{s[k]:.{d}f}" for k, d in FIGURES]
             vision, language = s.get("ttft_vision_ms_p50"), s.get("ttft_language_ms_p50")  # (reports since 0.12)
             cells.append("–" if vision is None or language is None else f"{vision:.1f} / {language:.1f}")
-            plain = mode.removesuffix(PRODUCTS)
-            order = (MODES.index(plain) if plain in MODES else len(MODES), plain != mode)  # products after SDPA
+            plain = mode.split(", ")[0]
+            order = (MODES.index(plain) if plain in MODES else len(MODES), plain != mode)  # the default attention first
             found.append(((name, order, s["batch_size"]), [name, mode, str(s["batch_size"]), str(samples), *cells]))
     return [cells for _, cells in sorted(found)]
 

@@ -154,6 +154,10 @@ def test_compiled_graphs_give_the_same_tokens(on_gpu, images, tmp_path, monkeypa
     # a compile that failed falls back to the uncompiled step and says why in the notes: show that cause
     assert compiled.policy.enabled, f"torch.compile fell back: {compiled.notes + compiled.policy.notes}"
     assert compiled.compile_vision, compiled.policy.notes  # the vision blocks compiled too, and gave these tokens
+    from vlmfast.engines.hf.text_decoder import PRODUCTS_DECODE_ATTENTION
+
+    # compiled on CUDA, the step attends by two products unless told otherwise
+    assert [s.attention for s in compiled._static.values()] == [PRODUCTS_DECODE_ATTENTION]
     events = compiled.policy.cache.events
     assert events and all(e["cache"] in ("miss", "hit", "partial") for e in events), (events, compiled.notes)
     assert got == eager

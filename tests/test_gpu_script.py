@@ -69,8 +69,8 @@ def test_dry_run_plans_every_step_and_skips_finished_reports(tmp_path):
 
 def test_the_default_plan_runs_its_steps_by_value(tmp_path):
     """PLAN=one: the CUDA tests first, then the 3B shape only, in the order a slice cut short should keep —
-    batch 1 compiled with SDPA and with the two-product attention, batch 32 by default, the decode attention's
-    candidates, batch 1 by default, the compiled prefill, the real-length mix last. The steps up to both
+    batch 1 compiled with its default attention (two products on CUDA) and with SDPA's, batch 32 by default,
+    the decode attention's candidates, batch 1 by default, the compiled prefill, the real-length mix last. The steps up to both
     compiled ones fit the one-call lease's SLICE_S=420 by their estimates; each step's limit is 2 × its
     estimate + 60 s."""
     out = tmp_path / "out"
@@ -78,23 +78,23 @@ def test_the_default_plan_runs_its_steps_by_value(tmp_path):
     assert r.returncode == 0, r.stderr
     steps = plan(r.stdout)
     assert [name for _, name, _ in steps] == ["cuda-tests"] + [f"qwen2.5-vl-3b-grpo/{s}" for s in (
-        "build", "default-b32", "compile-b1", "compile-products-b1", "default-b1", "kernels", "decode-attention",
+        "build", "default-b32", "compile-b1", "compile-sdpa-b1", "default-b1", "kernels", "decode-attention",
         "prefill-compiled", "lengths")]
     estimates = [int(rest.split()[0].lstrip("~")) for _, _, rest in steps]
     assert estimates[0] >= 180 and sum(estimates[:4]) <= 420  # the CUDA tests, TTFT and 32 × 128, batch 1 compiled
     assert all(f", limit {2 * e + 60} s: " in rest for e, (_, _, rest) in zip(estimates, steps))
     runs = {name: rest for _, name, rest in steps}
-    products = runs["qwen2.5-vl-3b-grpo/compile-products-b1"]
-    assert products.split(": ", 1)[1].startswith("VLMFAST_DECODE_ATTENTION=products vlmfast bench ")
-    assert f"--compile --images {out}/images-8 --batch-sizes 1 --report {out}/reports/qwen2.5-vl-3b-grpo-compile-products-b1" in products
-    assert [name for name, rest in runs.items() if "VLMFAST_DECODE_ATTENTION" in rest] == ["qwen2.5-vl-3b-grpo/compile-products-b1"]
+    sdpa = runs["qwen2.5-vl-3b-grpo/compile-sdpa-b1"]
+    assert sdpa.split(": ", 1)[1].startswith("VLMFAST_DECODE_ATTENTION=sdpa vlmfast bench ")
+    assert f"--compile --images {out}/images-8 --batch-sizes 1 --report {out}/reports/qwen2.5-vl-3b-grpo-compile-sdpa-b1" in sdpa
+    assert [name for name, rest in runs.items() if "VLMFAST_DECODE_ATTENTION" in rest] == ["qwen2.5-vl-3b-grpo/compile-sdpa-b1"]
     assert gpu_sh(out, "--dry-run", PLAN="one", STEP_LIMIT_S="30").stdout.count(", limit 30 s: ") == len(steps)
     assert f"--images {out}/images-32 --batch-sizes 32 " in runs["qwen2.5-vl-3b-grpo/default-b32"]
     assert "--runs 1 --modes static,continuous " in runs["qwen2.5-vl-3b-grpo/lengths"]
     assert f"--batch 32 --compile --json {out}/reports/qwen2.5-vl-3b-grpo-compiled-prefill.json" in runs[
         "qwen2.5-vl-3b-grpo/prefill-compiled"]
     assert [name for name, rest in runs.items() if "--compile" in rest] == [
-        "qwen2.5-vl-3b-grpo/compile-b1", "qwen2.5-vl-3b-grpo/compile-products-b1", "qwen2.5-vl-3b-grpo/prefill-compiled"]
+        "qwen2.5-vl-3b-grpo/compile-b1", "qwen2.5-vl-3b-grpo/compile-sdpa-b1", "qwen2.5-vl-3b-grpo/prefill-compiled"]
     assert f"--compile --images {out}/images-8 --batch-sizes 1 " in runs["qwen2.5-vl-3b-grpo/compile-b1"]
     default = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
                              env={k: v for k, v in {**os.environ, "OUT_DIR": str(out)}.items() if k != "PLAN"})
@@ -373,19 +373,19 @@ def test_only_runs_the_steps_it_names(tmp_path):
     assert "skip  qwen2.5-vl-3b-grpo/infer  (not in ONLY=build|default)" in r.stdout
 
 
-def test_the_products_attention_step_runs_with_its_variable_and_has_its_own_row(tmp_path):
-    """PLAN=one in one call: the steps run in the plan's order, VLMFAST_DECODE_ATTENTION=products reaches the
-    compile-products-b1 step's Python (and no other step's), and the table labels that row apart."""
+def test_the_sdpa_attention_step_runs_with_its_variable_and_has_its_own_row(tmp_path):
+    """PLAN=one in one call: the steps run in the plan's order, VLMFAST_DECODE_ATTENTION=sdpa reaches the
+    compile-sdpa-b1 step's Python (and no other step's), and the table labels that row apart."""
     out, fake = tmp_path / "out", _fake_python(tmp_path)
     r = gpu_sh(out, PYTHON=fake, PLAN="one", SLICE_S="100000")
     assert r.returncode == 0, r.stderr
     ran = [line.split()[1] for line in r.stderr.splitlines() if line.startswith("[gpu.sh]") and "(estimate" in line]
-    assert ran == [n for _, n, _ in plan(r.stdout)] and ran[4] == "qwen2.5-vl-3b-grpo/compile-products-b1"
+    assert ran == [n for _, n, _ in plan(r.stdout)] and ran[4] == "qwen2.5-vl-3b-grpo/compile-sdpa-b1"
     notes = {d.name: json.loads((d / "report.json").read_text())["notes"] for d in (out / "reports").iterdir() if d.is_dir()}
-    assert notes.pop("qwen2.5-vl-3b-grpo-compile-products-b1") == ["VLMFAST_DECODE_ATTENTION=products"]
+    assert notes.pop("qwen2.5-vl-3b-grpo-compile-sdpa-b1") == ["VLMFAST_DECODE_ATTENTION=sdpa"]
     assert notes and all(n == ["VLMFAST_DECODE_ATTENTION=None"] for n in notes.values())
     assert [line.split(" | ")[1:3] for line in (out / "table.md").read_text().splitlines() if line.startswith("| qwen")][:4] == [
-        ["default", "1"], ["default", "32"], ["compile", "1"], ["compile, products attention", "1"]]
+        ["default", "1"], ["default", "32"], ["compile", "1"], ["compile, SDPA attention", "1"]]
 
 
 @pytest.fixture
@@ -506,7 +506,7 @@ def test_only_small_results_are_copied_to_OUT(tmp_path):
     assert r.returncode == 0, r.stderr
     got = remote / "gpu-bench"
     copied = sorted(_delivered(remote))
-    assert "reports/qwen2.5-vl-3b-grpo-compile-products-b1/report.json" in copied and "reports/cuda-tests.txt" in copied
+    assert "reports/qwen2.5-vl-3b-grpo-compile-sdpa-b1/report.json" in copied and "reports/cuda-tests.txt" in copied
     assert {"device.json", "table.md", "reports/run-3b/sweep.json", "reports/cuda-tests.log"} <= set(copied)
     assert not [p for p in copied if p.endswith((".png", "huge.log", "RESULTS.md")) or "cache" in p or "checkpoint" in p]
     assert (got / "table.md").read_text() == (out / "table.md").read_text()

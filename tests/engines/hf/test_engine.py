@@ -426,19 +426,26 @@ def test_static_steps_attending_by_two_products_give_the_eager_tokens(loaded, im
     assert not [n for n in plain.decode_notes() if n.startswith("decode attention")]
 
 
-def test_static_steps_attend_with_sdpa_unless_told_and_a_misspelt_choice_stops_the_engine(loaded, monkeypatch):
+def test_compiled_steps_on_cuda_attend_by_products_others_by_sdpa_unless_told_and_a_misspelt_choice_stops(loaded, monkeypatch):
+    """The static step's attention: two products where it is compiled on CUDA (measured faster there), SDPA for
+    every other static step (an uncompiled graph, a compiled step on a CPU); the variable overrides both."""
     from vlmfast.engines.hf.text_decoder import DECODE_ATTENTION, PRODUCTS_DECODE_ATTENTION, static_attention
     from vlmfast.errors import UsageError
 
     monkeypatch.delenv("VLMFAST_DECODE_ATTENTION", raising=False)
-    assert static_attention() == DECODE_ATTENTION
-    assert Engine(loaded, GenerationSettings(), compile=True)._new_state(1, 64, static=True).attention == DECODE_ATTENTION
+    assert static_attention(compiled=True, cuda=True) == PRODUCTS_DECODE_ATTENTION
+    assert static_attention(compiled=False, cuda=True) == DECODE_ATTENTION
+    assert static_attention(compiled=True, cuda=False) == DECODE_ATTENTION
+    engine = Engine(loaded, GenerationSettings(), compile=True)  # on this model's device, a CPU here
+    assert engine._new_state(1, 64, static=True, forward=engine.policy.forward()).attention == DECODE_ATTENTION
     monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", " Products ")
-    assert static_attention() == PRODUCTS_DECODE_ATTENTION
+    assert static_attention(compiled=False, cuda=False) == PRODUCTS_DECODE_ATTENTION
+    monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "sdpa")
+    assert static_attention(compiled=True, cuda=True) == DECODE_ATTENTION
     monkeypatch.setenv("VLMFAST_DECODE_ATTENTION", "flash")
     with pytest.raises(UsageError, match="VLMFAST_DECODE_ATTENTION='flash' is not a decode attention") as caught:
         Engine(loaded, GenerationSettings())
-    assert caught.value.hint == "use one of sdpa, products, or unset it (sdpa)"
+    assert caught.value.hint == "use one of sdpa, products, or unset it (products for compiled steps on CUDA, sdpa otherwise)"
 
 
 @pytest.mark.parametrize("decoder", ["vlmfast", "hf"])

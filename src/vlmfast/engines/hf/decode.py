@@ -84,7 +84,9 @@ class DecodeState:
         self.bias, self.temperature, self.top_p = bias, temperature, top_p
         self.cache = decoder.new_cache(batch, max_len)
         self.forward = forward or (forward_static if static else forward_eager)
-        self.attention = static_attention() if static else DECODE_ATTENTION
+        # a static step that attends over the whole cache is a compiled one (an uncompiled one attends in buckets)
+        self.attention = (static_attention(compiled=not attend_buckets, cuda=device.type == "cuda") if static
+                          else DECODE_ATTENTION)
         self.eos = torch.tensor(list(eos_ids), **long)
         self.pad = torch.tensor(pad_id, **long)
         self.tokens = torch.full((batch, 1), pad_id, **long)

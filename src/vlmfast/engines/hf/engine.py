@@ -114,7 +114,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         if decoder == "vlmfast":
             from vlmfast.engines.hf.text_decoder import static_attention
 
-            static_attention()  # a misspelt VLMFAST_DECODE_ATTENTION stops here, not at the first static step
+            static_attention(compiled=False, cuda=False)  # a misspelt VLMFAST_DECODE_ATTENTION stops here, not at the first static step
         self.policy = CompilePolicy(compile if decoder == "vlmfast" else False, device=self.device,
                                     cache=compile_cache, compiler=compiler)
         self.sync_every = sync_every or (CUDA_SYNC_EVERY if self.on_cuda else 1)
