@@ -434,6 +434,9 @@ def test_compiled_steps_on_cuda_attend_by_products_others_by_sdpa_unless_told_an
 
     monkeypatch.delenv("VLMFAST_DECODE_ATTENTION", raising=False)
     assert static_attention(compiled=True, cuda=True) == PRODUCTS_DECODE_ATTENTION
+    monkeypatch.setattr("vlmfast.engines.hf.text_decoder.FLOAT32_SCORES", False)  # a torch before 2.8, or ROCm
+    assert static_attention(compiled=True, cuda=True) == DECODE_ATTENTION
+    monkeypatch.setattr("vlmfast.engines.hf.text_decoder.FLOAT32_SCORES", True)
     assert static_attention(compiled=False, cuda=True) == DECODE_ATTENTION
     assert static_attention(compiled=True, cuda=False) == DECODE_ATTENTION
     engine = Engine(loaded, GenerationSettings(), compile=True)  # on this model's device, a CPU here

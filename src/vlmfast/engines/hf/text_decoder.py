@@ -138,15 +138,15 @@ def products_decode_attention(module, query, key, value, attention_mask, dropout
     key/value head packed as :func:`decode_attention` packs them; for static steps (an additive mask tensor
     or None). A matrix library splits each product over the keys across the whole GPU, where SDPA's kernels
     give each row and key/value head one thread block for all its keys. On CUDA in 16-bit the scores come out
-    of the first product in float32 (``bmm``'s ``out_dtype``), as SDPA keeps them: rounded to the model's
-    dtype, as transformers' eager attention leaves them, their error grows with their size (measured on
+    of the first product in float32 (``bmm``'s ``out_dtype``, where torch has it), as SDPA keeps them: rounded
+    to the model's dtype, as transformers' eager attention leaves them, their error grows with their size (measured on
     random inputs: 2–14× SDPA's in bf16). Returns (batch, new tokens, heads, head dim)."""
     batch, heads, q_len, dim = query.shape
     kv, keys = key.shape[1], key.shape[2]
     scaling = dim ** -0.5 if scaling is None else scaling
     query = query.reshape(batch * kv, heads // kv * q_len, dim)
     key, value = key.reshape(batch * kv, keys, dim), value.reshape(batch * kv, keys, dim)
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and FLOAT32_SCORES:
         scores = torch.bmm(query, key.transpose(1, 2), out_dtype=torch.float32)
     else:
         scores = torch.bmm(query, key.transpose(1, 2)).float()
@@ -158,6 +158,9 @@ def products_decode_attention(module, query, key, value, attention_mask, dropout
     return out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 
+# bmm's float32 output from 16-bit inputs (``out_dtype``: torch 2.8 on, on NVIDIA's CUDA; ROCm's came later and is
+# not measured here): without it the products round their scores to 16 bits and are not the default
+FLOAT32_SCORES = "dtype" in torch.ops.aten.bmm.overloads() and torch.version.hip is None
 PRODUCTS_DECODE_ATTENTION = "vlmfast_decode_products"
 AttentionInterface.register(DECODE_ATTENTION, decode_attention)
 AttentionInterface.register(PRODUCTS_DECODE_ATTENTION, products_decode_attention)
@@ -174,8 +177,10 @@ def static_attention(*, compiled: bool, cuda: bool) -> str:
     batch 32), and the whole compiled step 3.37 ms against 3.66 at batch 1; in float32 its tokens are the eager
     loop's. Uncompiled, in a CUDA graph, the products are five kernels, slower than SDPA's one at batch 32
     (19.8 against 15.9 µs at 512 keys). Eager steps attend with SDPA always (their rows may be split in groups
-    of their own lengths)."""
-    wanted = os.environ.get("VLMFAST_DECODE_ATTENTION", "").strip().lower() or ("products" if compiled and cuda else "sdpa")
+    of their own lengths). Where torch's ``bmm`` cannot write float32 scores (:data:`FLOAT32_SCORES`), SDPA stays
+    the default everywhere."""
+    default = "products" if compiled and cuda and FLOAT32_SCORES else "sdpa"
+    wanted = os.environ.get("VLMFAST_DECODE_ATTENTION", "").strip().lower() or default
     if wanted not in STATIC_ATTENTION:
         raise UsageError(f"VLMFAST_DECODE_ATTENTION={wanted!r} is not a decode attention",
                          hint=f"use one of {', '.join(STATIC_ATTENTION)}, or unset it (products for compiled steps on "
