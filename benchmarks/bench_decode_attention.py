@@ -1,5 +1,7 @@
-"""The decode step's attention alone, by the ways a GPU could run it, side by side: what the compiled step
-calls now against the candidates, on the 3B shape's heads (16 query heads, 2 key/value heads, 128 dims).
+"""The decode step's attention alone, by the ways a GPU could run it, side by side: SDPA (what uncompiled
+static steps call) against the candidates, two matrix products among them (what a compiled step calls on
+CUDA since this benchmark measured it faster there), on the 3B shape's heads (16 query heads, 2 key/value
+heads, 128 dims).
 
 On an H200 the compiled decode step spent 0.50 ms of its 3.4 ms at batch 1 in cuDNN's attention (13.8 µs per
 layer for one new token: a prefill kernel with 64 × 128 tiles; benchmarks/RESULTS.md). Each way here takes

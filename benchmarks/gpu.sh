@@ -10,6 +10,11 @@
 # SLICE_S counts from the script's start, setup included: a step starts only if its estimate ends by 420 s,
 # which leaves 150 s of the 570 to steps that overrun their estimates. At 570 s `timeout` sends SIGTERM: the
 # script kills the running step's process tree and copies what it has, 30 s before the call is killed.
+# A lease of 900 s (2026-11-28, an H100): call 1 `KEEP_GOING=1 SLICE_S=420 timeout 555 bash benchmarks/gpu.sh`
+# ran cuda-tests to default-b1 in 399 s (the machine's start and the wheels besides: 428 s of the lease); call 2,
+# at once while the machine was warm, `ONLY='kernels|decode-attention|prefill|lengths' ... SLICE_S=330 timeout 395`
+# ran the rest in 231 s. Each step took: cuda-tests 84 s of tests, build ~40, default-b32 37, compile-b1 87, its
+# SDPA twin 87, default-b1 50, kernels 43, decode-attention 30, prefill-compiled 34, lengths 122.
 # Every step has its own limit, 2 × its estimate + 60 s (STEP_LIMIT_S=N: N s for every step): past it, the
 # step's process tree is killed, the step fails and the next one starts (KEEP_GOING=1).
 #

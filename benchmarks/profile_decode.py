@@ -60,8 +60,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--compile", action="store_true", help="the compiled decode step")
-    parser.add_argument("--attention", default="sdpa",
-                        help="the static step's attention, one or more (sdpa, products): each profiled in turn")
+    parser.add_argument("--attention", default="",
+                        help="the static step's attention, one or more (sdpa, products): each profiled in turn "
+                             "(default: the step's own, products compiled on CUDA, sdpa otherwise)")
     parser.add_argument("--uncaptured", action="store_true", help="also the step launched kernel by kernel")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -71,6 +72,7 @@ def main() -> None:
     from vlmfast.checkpoints.load import detect_runtime, load
     from vlmfast.engines.hf.engine import Engine, GenerationSettings
     from vlmfast.engines.hf.scheduler import Scheduler
+    from vlmfast.engines.hf.text_decoder import PRODUCTS_DECODE_ATTENTION
     from vlmfast.inputs.requests import Request
 
     runtime = detect_runtime()
@@ -80,8 +82,11 @@ def main() -> None:
     text_bytes = sum(p.numel() * p.element_size() for n, p in loaded.model.named_parameters() if "visual" not in n)
     result = {"gpu": torch.cuda.get_device_name(0), "batch": args.batch, "attn": runtime.attn,
               "text_weight_gb": round(text_bytes / 1e9, 3)}
-    for attention in args.attention.split(","):  # one load, a step per attention: an A/B in one process
-        os.environ["VLMFAST_DECODE_ATTENTION"] = attention
+    for attention in args.attention.split(",") if args.attention else [""]:  # one load, a step per attention
+        if attention:
+            os.environ["VLMFAST_DECODE_ATTENTION"] = attention
+        else:
+            os.environ.pop("VLMFAST_DECODE_ATTENTION", None)
         engine = Engine(loaded, GenerationSettings(max_new_tokens=128, ignore_eos=True), compile=args.compile)
         with torch.inference_mode():
             list(Scheduler(engine).run(reqs, {}, args.batch))
@@ -94,10 +99,12 @@ def main() -> None:
                 finally:
                     state.graphs = graphs
         engine.forget_shapes()
-        prefix = "" if attention == "sdpa" else f"{attention}-"
+        used = "products" if state.attention == PRODUCTS_DECODE_ATTENTION else "sdpa"
+        prefix = "" if attention in ("", "sdpa") else f"{attention}-"
         result.update({f"{prefix}{way}": r for way, r in ways.items()}, compiled=engine.policy.enabled)
+        result[f"{prefix}attention"] = used
         for way, r in ways.items():
-            print(f"{attention} {way}: {r['wall_ms_per_step']} ms/step wall, {r['kernel_ms_per_step']} ms of kernels, "
+            print(f"{used} {way}: {r['wall_ms_per_step']} ms/step wall, {r['kernel_ms_per_step']} ms of kernels, "
                   f"{r['kernels_per_step']} kernels/step ({result['text_weight_gb']} GB of text weights)")
             for k in r["top"]:
                 print(f"  {k['ms_per_step']:8.4f} ms  {k['per_step']:5.1f}x  {k['median_us']:7.1f} us  {k['kernel']}")

@@ -448,13 +448,14 @@ def test_answers_prefilled_ahead_take_rows_between_replays_with_the_eager_tokens
 def test_a_compiled_repetition_penalty_divides_as_eager_does():
     """Inside a compiled step the penalty is an opaque operator running eager's kernels, so its quotients are
     eager's bit for bit. On CUDA eager divides by a Python number as a product with its reciprocal (rounded to
-    float32 from the double quotient; measured on an H100: equal to ``logits * (1 / 1.05)`` everywhere), so
-    the check that the test can fail is a product by the reciprocal rounded another way: float32's own."""
+    float32 from the double quotient on torch 2.14, measured on an H100; torches before pytorch#169507 round
+    float32's own reciprocal), so the check that the test can fail is the correctly rounded quotient (a
+    division by a CUDA tensor), which misses either reciprocal's product on some logits."""
     from vlmfast.engines.hf.sampling import penalize
 
     logits = torch.randn(8, 151936, device="cuda") * 8
     seen = torch.ones_like(logits, dtype=torch.bool)
-    other = torch.tensor(1.0, device="cuda") / torch.tensor(1.05, device="cuda")  # float32's reciprocal
-    assert not torch.equal(logits / 1.05, logits * other)  # a quotient rounded otherwise shows: the test can fail
+    exact = logits / torch.tensor(1.05, device="cuda")  # a true division: no reciprocal
+    assert not torch.equal(logits / 1.05, exact)  # a quotient rounded otherwise shows: the test can fail
     compiled = torch.compile(lambda x, s: penalize(x, s, 1.05), fullgraph=True)
     assert torch.equal(compiled(logits, seen), penalize(logits, seen, 1.05))

@@ -426,6 +426,19 @@ def test_static_steps_attending_by_two_products_give_the_eager_tokens(loaded, im
     assert not [n for n in plain.decode_notes() if n.startswith("decode attention")]
 
 
+def test_a_static_state_attends_as_a_compiled_one_exactly_when_its_step_is_compiled(loaded, monkeypatch):
+    """What DecodeState tells static_attention: compiled for the policy's compiled step (one length, the whole
+    cache), not for the uncompiled step of CUDA graphs (attending in buckets) — on a CPU both pick SDPA, so
+    the flag itself is checked."""
+    from vlmfast.engines.hf.decode import forward_static
+
+    monkeypatch.setattr("vlmfast.engines.hf.decode.static_attention", lambda *, compiled, cuda: f"compiled={compiled}")
+    engine = Engine(loaded, GenerationSettings(), compile=True, compiler=lambda fn: fn)
+    assert engine._new_state(1, 512, static=True, forward=engine.policy.forward()).attention == "compiled=True"
+    assert engine._new_state(1, 512, static=True, forward=forward_static).attention == "compiled=False"
+    assert engine._new_state(1, 512, static=True).attention == "compiled=False"  # no forward: the uncompiled step
+
+
 def test_compiled_steps_on_cuda_attend_by_products_others_by_sdpa_unless_told_and_a_misspelt_choice_stops(loaded, monkeypatch):
     """The static step's attention: two products where it is compiled on CUDA (measured faster there), SDPA for
     every other static step (an uncompiled graph, a compiled step on a CPU); the variable overrides both."""

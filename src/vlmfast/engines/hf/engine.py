@@ -349,7 +349,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         s = self.settings
         return DecodeState(self._decoder(), rows, length, s.max_new_tokens, static=static, eos_ids=self._eos(),
                            pad_id=self.loaded.pad_token_id, bias=self.suppress(), temperature=s.temperature,
-                           top_p=s.top_p, forward=forward, attend_buckets=forward is forward_static, penalty=self.penalty)
+                           top_p=s.top_p, forward=forward, attend_buckets=forward in (None, forward_static), penalty=self.penalty)
 
     # -- phase 4: results ------------------------------------------------------------------------
     def result(self, request: Request, prepared: Prepared, new_ids: list[int], sample: int | None = None,
