@@ -447,10 +447,11 @@ def test_answers_prefilled_ahead_take_rows_between_replays_with_the_eager_tokens
 
 def test_a_compiled_repetition_penalty_divides_as_eager_does():
     """Inside a compiled step the penalty is an opaque operator running eager's kernels, so its quotients are
-    eager's bit for bit. On CUDA eager divides by a Python number as a product with its reciprocal (rounded to
-    float32 from the double quotient on torch 2.14, measured on an H100; torches before pytorch#169507 round
-    float32's own reciprocal), so the check that the test can fail is the correctly rounded quotient (a
-    division by a CUDA tensor), which misses either reciprocal's product on some logits."""
+    eager's bit for bit. On CUDA eager divides by a Python number as a product with its reciprocal: rounded to
+    float32 from the double quotient on an H100 with torch 2.11 (``logits / 1.05`` equalled
+    ``logits * (1 / 1.05)`` on every logit), float32's own reciprocal in older torches. So the check that the
+    test can fail is the correctly rounded quotient (a division by a CUDA tensor), which misses either
+    reciprocal's product on some logits."""
     from vlmfast.engines.hf.sampling import penalize
 
     logits = torch.randn(8, 151936, device="cuda") * 8
