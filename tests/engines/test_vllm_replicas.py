@@ -81,3 +81,31 @@ def test_one_process_leaves_the_environment_alone():
     environ = {"RANK": "0", "CUDA_VISIBLE_DEVICES": "0"}
     with replica_env(None, environ):
         assert environ == {"RANK": "0", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_a_replica_has_a_share_exactly_when_the_launchs_split_gives_it_requests(world):
+    from types import SimpleNamespace
+
+    from accelerate.state import PartialState
+
+    for n in range(8):
+        for rank in range(world):
+            launch = SimpleNamespace(num_processes=world, process_index=rank, device="cpu")
+            with PartialState.split_between_processes(launch, list(range(n))) as mine:
+                assert Replica(rank, world, None).has_share(n) == bool(list(mine)), (rank, world, n)
+
+
+def test_a_launched_process_without_a_share_starts_no_engine():
+    """Fewer requests than processes: the processes past the last request have nothing to run, and a vLLM engine
+    would cost them its whole start-up (minutes on a GPU) and its memory."""
+    from types import SimpleNamespace
+
+    from vlmfast.engines.vllm.backend import VllmBackend
+
+    started = []
+    for rank in (0, 1):
+        backend = SimpleNamespace(replica=Replica(rank, 2, None), start=lambda reqs, rank=rank: started.append(rank),
+                                  reload=SimpleNamespace(canary_due=False), device="cpu", settings=SimpleNamespace(n=1))
+        assert VllmBackend.ready(backend, ["only request"], {}, 4) == (4, None)
+    assert started == [0]

@@ -239,9 +239,9 @@ class VllmBackend(Preparer):
         return [list(range(i, min(i + per, len(requests)))) for i in range(0, len(requests), per)]
 
     def ready(self, requests: Sequence[Request], image_sizes: dict, requested: int | None) -> tuple[int, str | None]:
-        """Start vLLM, sized for the requests' images (and after a sweep's first in-place reload, run the canary:
-        before the run's clock starts); the chunk size (requests per ``LLM.generate`` call)."""
-        if requests:
+        """Start vLLM, sized for the requests' images, unless this launched process gets none of them (and after a
+        sweep's first in-place reload, run the canary: before the run's clock starts); the chunk size (answers)."""
+        if requests and (self.replica is None or self.replica.has_share(len(requests))):
             self.start(requests)
             if self.reload.canary_due:
                 run_canary(self, requests)

@@ -32,6 +32,12 @@ class Replica:
     world: int  # processes in the launch: engines
     devices: tuple[str, ...] | None  # the CUDA devices it takes, as CUDA_VISIBLE_DEVICES names them; None: a CPU
 
+    def has_share(self, requests: int) -> bool:
+        """Whether this process gets any of ``requests``: the launch splits them in contiguous shares, the first
+        ``requests % world`` one longer (accelerate's ``split_between_processes``), so a rank past the last
+        request gets none."""
+        return self.rank < requests
+
     def described(self) -> dict:
         return {"data_parallel_rank": self.rank, "data_parallel_engines": self.world,
                 "devices": None if self.devices is None else ",".join(self.devices)}
