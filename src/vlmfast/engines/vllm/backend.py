@@ -44,7 +44,7 @@ from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, 
 from vlmfast.engines.vllm.reload import ReloadState, run_canary, switch
 from vlmfast.engines.vllm.replicas import Replica, replica_for, replica_env
 from vlmfast.engines.vllm.support import (VllmSettings, check_cpu_head_size, chunk_timing, close_stacks, import_vllm,
-                                          quiet_known_warnings, shutdown, validation_errors, vision_ban, vllm_version)
+                                          interrupt_stops_start, quiet_known_warnings, shutdown, validation_errors, vision_ban, vllm_version)
 
 VLLM_CHUNK = {"cpu": 8, "cuda": 512}  # requests per LLM.generate call: vLLM batches inside; a chunk is what a kill can lose
 CPU_KV_CACHE_GIB = 4.0  # vLLM's own CPU default reserves 92 % of RAM (gpu_memory_utilization) for the worker
@@ -204,7 +204,7 @@ class VllmBackend(Preparer):
         self.max_images_per_prompt = max(1, needed)
         from vllm import LLM
         started = time.perf_counter()
-        with warnings.catch_warnings(), replica_env(self.replica):  # a data-parallel launch: this process's devices
+        with warnings.catch_warnings(), replica_env(self.replica), interrupt_stops_start():  # replica: its devices
             quiet_known_warnings()
             self.llm = LLM(**self.engine_args())
         self.startup_s = time.perf_counter() - started

