@@ -45,6 +45,10 @@ def test_an_engine_dead_of_the_same_ctrl_c_is_an_interrupt_and_other_failures_st
             raise RuntimeError("no Ctrl-C")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup file is given back too
+    watchers = [t for t in threading.enumerate() if t.name == "vlmfast-interrupt"]
+    for watcher in watchers:
+        watcher.join(timeout=30)
+    assert not [t for t in watchers if t.is_alive()]  # each start's watcher ended with it
 
 
 def test_an_ignored_ctrl_c_stays_ignored_and_other_threads_are_left_alone():

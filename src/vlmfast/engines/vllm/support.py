@@ -124,8 +124,9 @@ def interrupt_stops_start():
 
     def watch():
         try:
-            while signal.SIGINT not in reader.recv(64):
-                pass
+            while signal.SIGINT not in (data := reader.recv(64)):
+                if not data:  # the start ended: the socket was shut
+                    return
         except OSError:  # the start ended: the socket is closed
             return
         while not done.wait(1.0):
