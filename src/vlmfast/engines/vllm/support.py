@@ -97,61 +97,84 @@ INSTALL_HINT = ("install vLLM: pip install 'vlmfast[vllm]' (vLLM for CUDA); CPU 
 
 @contextlib.contextmanager
 def interrupt_stops_start():
-    """A Ctrl-C while vLLM starts ends the start within about a second, as a KeyboardInterrupt (exit 130, "rerun
-    the same command"). vLLM's start-up swallows a KeyboardInterrupt raised during its handshake with the engine
-    (its ZeroMQ socket context catches it), then waits up to ``VLLM_ENGINE_READY_TIMEOUT_S`` (600 s) in a ZeroMQ
-    poll for a ready message that never comes: vlmfast hung for minutes. So a watcher thread reads each signal
-    from Python's wakeup file and, once a Ctrl-C came, sends it to this thread again every second until the
-    start ends: the poll is interrupted and the interrupt raised where nothing catches it. vLLM's engine
-    processes get the same Ctrl-C and die, so vLLM may raise "Engine core initialization failed" instead: after
-    a Ctrl-C that is an interrupt too. Outside the main thread, or where Ctrl-C is ignored, nothing changes."""
+    """A Ctrl-C (or a SIGTERM that vlmfast maps to one) while vLLM starts ends the start within about a second, as a
+    KeyboardInterrupt (exit 130, "rerun the same command"). vLLM's start-up swallows a KeyboardInterrupt raised
+    during its handshake with the engine (its ZeroMQ socket context catches it), then waits up to
+    ``VLLM_ENGINE_READY_TIMEOUT_S`` (600 s) in a ZeroMQ poll for a ready message that never comes: vlmfast hung for
+    minutes. So a watcher thread reads each signal from Python's wakeup file and, once one came, sends it to this
+    thread again every second until the start ends: the poll is interrupted and the interrupt raised where nothing
+    catches it. It sends none while this thread is unwinding an exception (vLLM's cleanup of a start that was
+    interrupted: it terminates, waits for and kills its engine processes), nor once this context is leaving. vLLM's
+    engine processes get the same Ctrl-C and die, so vLLM may raise "Engine core initialization failed" instead:
+    after a Ctrl-C that is an interrupt too, and so is a start that completes after a Ctrl-C it swallowed.
+    Outside the main thread, or where both signals are ignored or left to the system, nothing changes."""
     import signal
     import socket
+    import sys
     import threading
 
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: handler for sig in (signal.SIGINT, signal.SIGTERM)
+                if callable(handler := signal.getsignal(sig))}  # not SIG_IGN (a background job), SIG_DFL or None
+    if not previous:
         yield
         return
     seen, done, sending = threading.Event(), threading.Event(), threading.Lock()
+    leaving = []  # not empty once this context exits: the handler then raises nothing
     main = threading.main_thread().ident
-    reader, writer = socket.socketpair()
-    writer.setblocking(False)
+    entered_with = sys.exc_info()[1]  # a start inside an except/finally block: that exception is not an unwinding
 
-    def on_interrupt(signum, frame):
+    def on_signal(signum, frame):
         seen.set()
-        previous(signum, frame)  # Python's own raises KeyboardInterrupt here
+        if not leaving:
+            previous[signum](signum, frame)  # Python's own (or terminate_as_interrupt's) raises KeyboardInterrupt
+
+    def unwinding() -> bool:
+        current = getattr(sys, "_current_exceptions", dict)().get(main)
+        current = current[1] if isinstance(current, tuple) else current  # Python 3.11: an exc_info tuple
+        return current is not None and current is not entered_with
 
     def watch():
+        got = []
         try:
-            while signal.SIGINT not in (data := reader.recv(64)):
-                if not data:  # the start ended: the socket was shut
+            while not got:
+                if not (data := reader.recv(64)):  # the start ended: the socket was shut
                     return
+                got = [sig for sig in previous if sig in data]
         except OSError:  # the start ended: the socket is closed
             return
         while not done.wait(1.0):
             with sending:  # never once the start has ended
-                if not done.is_set():
-                    signal.pthread_kill(main, signal.SIGINT)
+                if not done.is_set() and not unwinding():
+                    signal.pthread_kill(main, got[0])
 
-    signal.signal(signal.SIGINT, on_interrupt)
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # set_wakeup_fd requires it
     old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    watcher = threading.Thread(target=watch, name="vlmfast-interrupt", daemon=True)
-    watcher.start()
     try:
+        for sig in previous:
+            signal.signal(sig, on_signal)
+        watcher = threading.Thread(target=watch, name="vlmfast-interrupt", daemon=True)
+        watcher.start()
         yield
     except Exception:
         if seen.is_set():
             raise KeyboardInterrupt from None
         raise
     finally:
+        leaving.append(True)  # first, before any call: a signal sent meanwhile must not skip what follows
         with sending:
             done.set()
+        for sig, handler in previous.items():  # signal.signal runs pending handlers first: on_signal, quiet
+            signal.signal(sig, handler)
         signal.set_wakeup_fd(old_fd)
-        signal.signal(signal.SIGINT, previous)
         reader.shutdown(socket.SHUT_RDWR)  # ends the watcher's recv
         reader.close()
         writer.close()
+    if seen.is_set():  # the start completed after a Ctrl-C that vLLM swallowed: still an interrupt
+        raise KeyboardInterrupt
 
 
 def vllm_version() -> str | None:
