@@ -79,6 +79,46 @@ def test_the_state_dict_is_unchanged_and_a_copied_weight_reaches_the_fused_matri
     assert group._input is None and group._output is None  # nothing held between steps
 
 
+@pytest.mark.parametrize("key, per_layer", [("qwen3_5", 4), ("qwen3_5_moe", 5)])
+def test_qwen3_5s_linear_attention_and_shared_expert_projections_are_one_product_each(key, per_layer, family_ckpts,
+                                                                                          images):
+    """A Gated DeltaNet layer: its four input projections (Q/K/V, z, b, a) one product, then out, gate/up and
+    down (was 7); an MoE layer's experts block: the router, the shared expert's gate/up with its one-column
+    gate, the shared expert's down (was 5): the routed experts run grouped products, not linear layers."""
+    import transformers
+
+    from vlmfast.checkpoints.families import BY_KEY
+    from vlmfast.checkpoints.load import load
+
+    if not hasattr(transformers, BY_KEY[key].model_class):
+        pytest.skip("not in this transformers")
+    loaded = load(str(family_ckpts(key)), device="cpu")
+    layers = loaded.model.config.get_text_config().num_hidden_layers
+    counts = _linears_per_step(loaded, images)
+    assert counts and set(counts) == {layers * per_layer + 1}
+
+
+def test_a_group_may_span_an_owners_submodules_and_keeps_the_state_dict():
+    """The MoE block's shared expert gate/up and the block's own one-column gate read one input: one product."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Module()
+    mlp.shared_expert = torch.nn.Module()
+    mlp.shared_expert.gate_proj, mlp.shared_expert.up_proj = (torch.nn.Linear(8, 16, bias=False) for _ in range(2))
+    mlp.shared_expert_gate = torch.nn.Linear(8, 1, bias=False)
+    layer = torch.nn.Module()
+    layer.mlp = mlp
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    x = torch.randn(3, 8)
+    expected = [mlp.shared_expert.gate_proj(x), mlp.shared_expert.up_proj(x), mlp.shared_expert_gate(x)]
+    (group,) = fuse_projections([layer])
+    assert isinstance(mlp.shared_expert_gate, Part) and group.weight.shape == (33, 8)
+    after = layer.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
+    with fused_projections([group]):
+        got = [mlp.shared_expert.gate_proj(x), mlp.shared_expert.up_proj(x), mlp.shared_expert_gate(x)]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, expected))
+
+
 def test_a_second_engine_on_the_same_model_decodes_fused_too(loaded, images):
     layers = loaded.model.config.get_text_config().num_hidden_layers
     _linears_per_step(loaded, images)

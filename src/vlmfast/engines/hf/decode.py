@@ -24,6 +24,7 @@ import torch
 
 from vlmfast.engines.hf.fused import fused_projections
 from vlmfast.engines.hf.kv import StaticKV  # noqa: F401 - the decode cache, importable from here
+from vlmfast.engines.hf.moe import grouped_experts_for
 from vlmfast.engines.hf.sampling import mark_seen, penalize, select, token_hashes
 from vlmfast.engines.hf.text_decoder import (DECODE_ATTENTION, RowGroups, TextDecoder, decode_attention,  # noqa: F401
                                               decode_attention_for, forward_eager, forward_static, rope_positions,
@@ -246,8 +247,10 @@ class DecodeState:
 
     @contextlib.contextmanager
     def step_context(self):
-        """What every step runs inside, eager, captured or compiled: decode attention, fused projections."""
-        with decode_attention_for(self.decoder, self.attention), fused_projections(self.decoder.fused):
+        """What every step runs inside, eager, captured or compiled: decode attention, fused projections, the
+        routed experts' offsets by one search."""
+        with decode_attention_for(self.decoder, self.attention), fused_projections(self.decoder.fused), \
+                grouped_experts_for(self.decoder.experts):
             yield
 
     def _body(self) -> None:

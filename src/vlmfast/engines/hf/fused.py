@@ -2,16 +2,19 @@
 
 A decode step is a chain of small matrix multiplies (batch rows × one token); each costs a kernel launch
 and a pass over the input, so three projections of the same hidden state cost three of each where one
-would do. :func:`fuse_projections` concatenates, once, the weights of every attention module's
-``q_proj``/``k_proj``/``v_proj`` and every dense MLP's ``gate_proj``/``up_proj`` into one matrix each.
+would do. :func:`fuse_projections` concatenates, once, the weights of every group of linear layers that
+read one input (:data:`GROUPS`) into one matrix each: an attention module's ``q_proj``/``k_proj``/``v_proj``,
+a dense MLP's ``gate_proj``/``up_proj``, a Gated DeltaNet's four input projections (Qwen3.5: Q/K/V, the
+output gate ``z``, and the one-column-per-head ``b`` and ``a``), an MoE block's shared expert gate/up with
+the shared expert's one-column gate.
 The original parameters become views of it — the model's state dict keeps its names, shapes and values,
 and a checkpoint swapped in by ``copy_`` lands in the fused matrix too — and the modules become
 :class:`Part` s: while :func:`fused_projections` is active (the decode step) the first part called on an
 input computes the whole product and the others take their slice of it; otherwise each part computes its
 own slice as before (prefill and ``generate`` keep their numerics). LoRA-wrapped or mixed-dtype layers,
-MoE experts and linear-attention layers are left as they are. CUDA graphs hold the fused products, and a
+the routed MoE experts and the router are left as they are. CUDA graphs hold the fused products, and a
 compiled step traces them (dynamo follows the parts' shared state): one library product per group in
-inductor's code, where the unfused step had three and two.
+inductor's code, where the unfused step had one per layer of the group.
 
 On a CPU (float32, oneDNN present, room for a second copy of the weights) every decode product also runs
 on a *packed* weight: oneDNN's blocked layout of the same matrix (:class:`Packed`), as vLLM's CPU backend
@@ -32,8 +35,16 @@ import os
 import torch
 from torch.nn import functional
 
-GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-ALONE = (("o_proj",), ("down_proj",))  # groups of one: worth making only for a packed product
+# (a decoder layer's module, the linear layers under it that read one input): the names a family lacks are skipped
+GROUPS = (
+    ("self_attn", ("q_proj", "k_proj", "v_proj")),
+    ("mlp", ("gate_proj", "up_proj")),
+    ("linear_attn", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),  # Qwen3.5's Gated DeltaNet
+    ("mlp", ("shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert_gate")),  # Qwen3.5-MoE's shared expert
+)
+# groups of one: worth making only for a packed product
+ALONE = (("self_attn", ("o_proj",)), ("mlp", ("down_proj",)), ("linear_attn", ("out_proj",)),
+         ("mlp", ("shared_expert.down_proj",)))
 PACKED_SHARE = 0.25  # pack only when the packed copies take at most this share of the available memory
 
 
@@ -175,30 +186,42 @@ class Part(torch.nn.Module):
         return functional.linear(x, self.weight, self.bias)
 
 
+def _resolve(owner, name: str):
+    """(the module holding ``name``'s last part, that part, the module it names) under ``owner``; Nones where
+    the path is missing."""
+    *path, last = name.split(".")
+    for step in path:
+        owner = getattr(owner, step, None)
+    return owner, last, getattr(owner, last, None) if owner is not None else None
+
+
 def fuse_projections(layers, *, pack: bool = False) -> list[Fused]:
     """Fuse the projection groups of every decoder layer of ``layers`` that has them as plain linear layers of
     one dtype and device; returns the fused matrices (for :func:`fused_projections`), those fused before (by
     another engine on the same model) included. With ``pack`` every group's product runs on a packed weight,
-    and ``o_proj`` and ``down_proj`` become groups of one."""
+    and the output projections (``o_proj``, ``down_proj``, ``out_proj``) become groups of one."""
     fused = []
     for layer in layers:
-        for owner in (getattr(layer, "self_attn", None), getattr(layer, "mlp", None)):
-            for names in GROUPS + (ALONE if pack else ()):
-                linears = [getattr(owner, name, None) for name in names] if owner is not None else []
-                if linears and all(isinstance(m, Part) for m in linears) and len({id(m.fused) for m in linears}) == 1:
-                    group = linears[0].fused  # fused by an earlier engine on this model: the same group
-                    if pack and group.packed is None:
-                        group.packed = Packed(group.weight)
-                    fused.append(group)
-                    continue
-                if not linears or not all(type(m) is torch.nn.Linear for m in linears):
-                    continue
-                if len({(m.weight.dtype, m.weight.device, m.in_features, m.bias is None) for m in linears}) != 1:
-                    continue
-                group = Fused(linears, pack=pack)
-                for index, (name, linear) in enumerate(zip(names, linears)):
-                    setattr(owner, name, Part(group, index, linear))
+        for owner_name, names in GROUPS + (ALONE if pack else ()):
+            owner = getattr(layer, owner_name, None)
+            if owner is None:
+                continue
+            places = [_resolve(owner, name) for name in names]
+            linears = [module for _, _, module in places]
+            if all(isinstance(m, Part) for m in linears) and len({id(m.fused) for m in linears}) == 1:
+                group = linears[0].fused  # fused by an earlier engine on this model: the same group
+                if pack and group.packed is None:
+                    group.packed = Packed(group.weight)
                 fused.append(group)
+                continue
+            if not all(type(m) is torch.nn.Linear for m in linears):
+                continue
+            if len({(m.weight.dtype, m.weight.device, m.in_features, m.bias is None) for m in linears}) != 1:
+                continue
+            group = Fused(linears, pack=pack)
+            for index, ((parent, attr, _), linear) in enumerate(zip(places, linears)):
+                setattr(parent, attr, Part(group, index, linear))
+            fused.append(group)
     return fused
 
 

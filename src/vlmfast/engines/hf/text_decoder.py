@@ -16,6 +16,7 @@ from transformers import AttentionInterface
 from vlmfast.engines.hf.fused import Fused, decode_weights, fuse_projections, packing_plan
 from vlmfast.engines.hf.kv import StaticKV
 from vlmfast.engines.hf.linear_states import check_cache_api, linear_modules
+from vlmfast.engines.hf.moe import grouped_configs
 from vlmfast.errors import UsageError
 
 
@@ -39,6 +40,7 @@ class TextDecoder:
         self.head = Fused([self.lm_head], pack=True) if self.packed else None  # the module stays: ties hold
         if self.head is not None:
             self.fused.append(self.head)
+        self.experts = grouped_configs(self.layers)  # routed experts whose decode-step offsets take one search
         # transformers 5.24 renamed the layers' ``past_key_values`` argument ``cache`` (the old name still
         # works through a shim that warns at every call): pass the name this version's layers take
         self.cache_arg = "cache" if "cache" in inspect.signature(self.layers[0].forward).parameters else "past_key_values"

@@ -1,0 +1,97 @@
+"""Routed experts in the decode step: transformers' grouped products, with the groups' bounds found by one search.
+
+transformers 5.x computes an MoE layer's routed experts as two grouped matrix products over the
+(token, expert) pairs sorted by expert (``grouped_mm``). The products need each expert's end offset in
+the sorted list, and transformers counts them with a histogram and a running sum: a cast of the expert
+ids (``histc`` takes no integers on a CPU), ``histc`` and ``cumsum`` — three kernels per MoE layer in a
+decode step whose expert products are a few microseconds. The offsets are also where each expert's run
+ends in the sorted ids, which one ``searchsorted`` finds: the same int32 values, so the same products and
+the same tokens. :func:`decode_experts` is transformers' grouped forward with that one change; within
+:func:`grouped_experts_for` (the decode step) the layers that run ``grouped_mm`` run it instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+NAME = "vlmfast_decode_grouped_mm"
+
+
+def decode_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """transformers' ``grouped_mm_experts_forward`` (5.24) for one process (no expert parallelism), each
+    expert's end offset found by ``searchsorted`` in the sorted expert ids."""
+    from transformers.integrations.moe import _grouped_linear
+
+    num_top_k = top_k_index.size(-1)
+    num_tokens, hidden_dim = hidden_states.size(0), hidden_states.size(-1)
+    sample_weights, expert_ids = top_k_weights.reshape(-1), top_k_index.reshape(-1)  # (S,): S token-expert pairs
+
+    expert_ids_g, perm = torch.sort(expert_ids)
+    selected = hidden_states[perm // num_top_k]
+    sample_weights_g = sample_weights[perm]
+    # where each expert's run ends in the sorted ids: the running sum of a histogram of them. The experts'
+    # ids are a tensor made once (:func:`grouped_configs`): one made here would be a kernel of its own.
+    offsets = torch.searchsorted(expert_ids_g, self.vlmfast_expert_ids, right=True, out_int32=True)
+
+    if self.has_gate:
+        weights, biases = self.gate_up_proj, self.gate_up_proj_bias[expert_ids_g] if self.has_bias else None
+    else:
+        weights, biases = self.up_proj, self.up_proj_bias[expert_ids_g] if self.has_bias else None
+    out = _grouped_linear(selected, weights, offsets, bias=biases, is_transposed=self.is_transposed)
+    out = self._apply_gate(out) if self.has_gate else self.act_fn(out)
+    biases = self.down_proj_bias[expert_ids_g] if self.has_bias else None
+    out = _grouped_linear(out, self.down_proj, offsets, bias=biases, is_transposed=self.is_transposed)
+    if self.has_post_expert_norm:
+        out = self.post_expert_norm(out)
+    out = out * sample_weights_g.unsqueeze(-1)
+
+    inv_perm = torch.empty_like(perm)  # back to the pairs' order, each token's experts summed in their order
+    inv_perm[perm] = torch.arange(perm.size(0), device=perm.device)
+    out = out[inv_perm].view(num_tokens, num_top_k, hidden_dim).sum(dim=1)
+    return out.to(hidden_states.dtype)
+
+
+def _available() -> bool:
+    """Whether this transformers dispatches experts through an interface with transformers' grouped forward."""
+    try:
+        from transformers.integrations import moe
+    except ImportError:  # transformers 4.x: experts are modules of their own
+        return False
+    return all(hasattr(moe, name) for name in ("ALL_EXPERTS_FUNCTIONS", "ExpertsInterface", "_grouped_linear"))
+
+
+def grouped_configs(layers) -> list:
+    """The configs of ``layers``' routed experts that run transformers' ``grouped_mm`` forward (none where
+    this transformers has no experts interface, or a layer runs experts another way)."""
+    if not _available():
+        return []
+    configs = {}
+    for module in layers.modules():
+        config = getattr(module, "config", None)
+        if hasattr(module, "gate_up_proj") and getattr(config, "_experts_implementation", None) == "grouped_mm" \
+                and not getattr(module, "_is_expert_parallel", False):
+            configs[id(config)] = config
+            if getattr(module, "vlmfast_expert_ids", None) is None:
+                with torch.inference_mode(False):
+                    module.vlmfast_expert_ids = torch.arange(module.num_experts, device=module.gate_up_proj.device)
+    if configs:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+
+        if NAME not in ALL_EXPERTS_FUNCTIONS:
+            ExpertsInterface.register(NAME, decode_experts)
+    return list(configs.values())
+
+
+@contextlib.contextmanager
+def grouped_experts_for(configs: list):
+    """Within the block (a decode step) the experts of ``configs`` run :func:`decode_experts`. Switched outside
+    any compiled region: it sets a config attribute, which a compiled step reads as a constant."""
+    for config in configs:
+        config._experts_implementation = NAME
+    try:
+        yield
+    finally:
+        for config in configs:
+            config._experts_implementation = "grouped_mm"
