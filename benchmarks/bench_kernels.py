@@ -66,7 +66,8 @@ def main() -> None:
         "",
         f"Each family's {'checkpoint ' + args.ckpt if args.ckpt else 'demo-size random-weight checkpoint'} on {args.device}"
         f" ({args.dtype or 'float32'}), the static decode step of 4 rows × 256 keys as vlmfast runs it (decode "
-        "attention, Q/K/V and gate/up fused, the token choice included), compiled by inductor without a cache; "
+        "attention; Q/K/V, gate/up, Gated DeltaNet inputs and the MoE shared expert fused; routed experts' offsets by "
+        "one search; the token choice included), compiled by inductor without a cache; "
         "kernel calls in its code, "
         "what one decoder layer adds (Qwen3.5: a period of 4 layers, divided by 4). Target: 0 graph breaks, "
         "≤ 8 generated kernels per layer.",
