@@ -460,3 +460,52 @@ def test_a_compiled_repetition_penalty_divides_as_eager_does():
     assert not torch.equal(logits / 1.05, exact)  # a quotient rounded otherwise shows: the test can fail
     compiled = torch.compile(lambda x, s: penalize(x, s, 1.05), fullgraph=True)
     assert torch.equal(compiled(logits, seen), penalize(logits, seen, 1.05))
+
+
+@pytest.fixture(scope="module")
+def moe_ckpt(family_ckpts):
+    return family_ckpts("qwen3_vl_moe")
+
+
+@needs_qwen_vl_utils
+def test_moe_experts_in_float32_decode_as_their_transformers_allows(moe_ckpt, images):
+    """transformers 5.x reads a float32 grouped product's offsets on the host: no graphs, and the notes say why;
+    transformers 4.57 runs every expert on every token (fixed shapes): graphs, with the eager tokens."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.engines.hf.moe import dynamic_experts
+
+    loaded = load(str(moe_ckpt), device="cuda", dtype="float32", attn="sdpa")
+    settings = GenerationSettings(max_new_tokens=8, ignore_eos=True)
+    eager, _ = _run(Engine(loaded, settings, cuda_graphs=False), images)
+    engine = Engine(loaded, settings)
+    got, _ = _run(engine, images)
+    why = dynamic_experts(loaded.model, "cuda")
+    if why is not None:  # transformers 5.x
+        assert not engine.cuda_graphs and any("only in bfloat16" in n for n in engine.notes), engine.notes
+    else:
+        assert engine.cuda_graphs and all(loop.graph is not None for loop in engine._static.values())
+    assert got == eager
+
+
+@needs_qwen_vl_utils
+@needs_bf16
+@pytest.mark.parametrize("compiled", [False, True])
+def test_moe_bf16_graphs_agree_with_the_bf16_eager_loop(moe_ckpt, images, compiled):
+    """bfloat16 on a GPU of compute capability 8.0+: the grouped experts take their offsets on the device, so
+    the MoE step is captured (and compiled) as a dense one is."""
+    from vlmfast.checkpoints.load import load
+
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("grouped expert kernels need compute capability 8.0+")
+    torch._dynamo.reset()
+    loaded = load(str(moe_ckpt), device="cuda", dtype="bfloat16", attn="sdpa")
+    settings = GenerationSettings(max_new_tokens=BF16_TOKENS, ignore_eos=True)
+    eager, _ = _run(Engine(loaded, settings, cuda_graphs=False), images)
+    graphs = _eager_vision(Engine(loaded, settings, compile=compiled))
+    replayed, _ = _run(graphs, images)
+    torch._dynamo.reset()
+    assert graphs.cuda_graphs and all(loop.graph is not None for loop in graphs._static.values()), graphs.notes
+    assert graphs.policy.enabled == compiled, graphs.notes + graphs.policy.notes
+    prefixes = [_common_prefix(replayed[k], eager[k]) for k in eager]
+    assert all(p >= 1 for p in prefixes), prefixes
+    assert sum(prefixes) / len(prefixes) >= BF16_MIN_MEAN_PREFIX, prefixes

@@ -70,7 +70,7 @@ def test_table_maps_every_model_type_and_nothing_else():
         assert all(family_for(t) is f for t in f.model_types)
     assert family_for("glm4v") is None and family_for(None) is None and family_for("qwen3_5_text") is None
     assert {f.key: f.loop for f in FAMILIES} == {"qwen2_vl": "own", "qwen2_5_vl": "own", "qwen3_vl": "own",
-                                                "qwen3_vl_moe": "own-eager", "qwen3_5": "own", "qwen3_5_moe": "own-eager"}
+                                                "qwen3_vl_moe": "own", "qwen3_5": "own", "qwen3_5_moe": "own"}
     assert {f.key: f.bbox_space for f in FAMILIES if f.bbox_space == "resized"} == {"qwen2_5_vl": "resized"}
     assert decoder_for(BY_KEY["qwen3_5"], "vlmfast") == ("vlmfast", None)
     assert decoder_for(None, "vlmfast")[0] == "hf" and "untested" in decoder_for(None, "vlmfast")[1]

@@ -32,8 +32,9 @@ CHAT_STOP = "<|im_end|>"  # ends a chat turn; the default for a model type the t
 class Family:
     """One model family: what running, checking and scoring it needs to know.
 
-    ``loop``: ``"own"`` — vlmfast's decode loop, CUDA graphs and compile allowed; ``"own-eager"`` — the
-    loop without graphs or compile (data-dependent shapes in the step, e.g. MoE expert dispatch);
+    ``loop``: ``"own"`` — vlmfast's decode loop, CUDA graphs and compile allowed where the model's step has
+    fixed shapes (an MoE's experts: :func:`vlmfast.engines.hf.moe.dynamic_experts`); ``"own-eager"`` — the
+    loop without graphs or compile (data-dependent shapes in the step);
     ``"hf"`` — plain ``generate``. ``bbox_space``: ``"resized"`` — absolute pixels of the image the model
     saw (Qwen2.5-VL); ``"rel1000"`` — 0–1000 relative to the image (Qwen2-VL, Qwen3-VL, Qwen3.5).
     """
@@ -83,16 +84,16 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_vl", "Qwen3-VL", ("qwen3_vl",), "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
            "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", bbox_space="rel1000", since="4.57",
            real_first_special=151643, real_vocab=151936, patch_size=16),
-    # The stock expert dispatch gathers the tokens of each expert (nonzero / where): shapes depend on
-    # the data, which a CUDA graph cannot hold. The eager loop gives generate's tokens.
+    # MoE families: whether their experts have fixed shapes depends on the transformers and the device
+    # (vlmfast.engines.hf.moe.dynamic_experts); where they do not, the engine decodes without graphs.
     Family("qwen3_vl_moe", "Qwen3-VL-MoE", ("qwen3_vl_moe",), "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own-eager", bbox_space="rel1000", since="4.57",
+           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", bbox_space="rel1000", since="4.57",
            real_first_special=151643, real_vocab=151936, patch_size=16, moe=True),
     Family("qwen3_5", "Qwen3.5", ("qwen3_5",), "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor",
            "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", bbox_space="rel1000", since="5",
            real_first_special=248044, real_vocab=248320, patch_size=16, linear_attention=True, vocabulary="qwen3_5"),
     Family("qwen3_5_moe", "Qwen3.5-MoE", ("qwen3_5_moe",), "Qwen3_5MoeForConditionalGeneration", "Qwen3VLProcessor",
-           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own-eager", bbox_space="rel1000", since="5",
+           "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", loop="own", bbox_space="rel1000", since="5",
            real_first_special=248044, real_vocab=248320, patch_size=16, linear_attention=True, moe=True,
            vocabulary="qwen3_5"),
 )
@@ -139,17 +140,20 @@ def decoder_for(family: Family | None, requested: str) -> tuple[str, str | None]
     return requested, None
 
 
-def decode_choice(family: Family | None, decoder: str, compile, cuda_graphs) -> tuple[str, object, object, list[str]]:
+def decode_choice(family: Family | None, decoder: str, compile, cuda_graphs,
+                  dynamic: str | None = None) -> tuple[str, object, object, list[str]]:
     """(decoder, compile, cuda_graphs, notes) for ``family`` when these were asked for: a family the loop
-    does not run decodes with plain generate; one without fixed shapes (MoE expert dispatch) decodes
-    without CUDA graphs or compile. Each change is said in the notes."""
+    does not run decodes with plain generate; a step without fixed shapes decodes without CUDA graphs or
+    compile — a family's (loop ``own-eager``), or this model's on this device (``dynamic``: why, e.g. an
+    MoE's experts as this transformers runs them). Each change is said in the notes."""
     decoder, why = decoder_for(family, decoder)
-    fixed_shapes = family is None or family.graphs
+    fixed_shapes = (family is None or family.graphs) and dynamic is None
     if not why and fixed_shapes:
         return decoder, compile, cuda_graphs, []
     asked = [flag for flag, on in (("--compile", compile), ("--cuda-graphs", cuda_graphs)) if on]
-    notes = [why] if why else [f"{family.name} decodes without CUDA graphs or compile (its expert dispatch has "
-                               "data-dependent shapes)"]
+    name = family.name if family is not None else "this model"
+    notes = [why] if why else [f"{name} decodes without CUDA graphs or compile "
+                               f"({dynamic or 'its decode step has data-dependent shapes'})"]
     return decoder, False, False, notes + ([f"{' and '.join(asked)} not applied"] if asked else [])
 
 

@@ -77,3 +77,25 @@ def test_the_decode_step_finds_the_offsets_by_one_search_and_plain_forwards_keep
     assert counts and all(c["aten::searchsorted"] == layers and c["aten::histc"] == 0 for c in counts)
     experts = _experts(family_loaded, "qwen3_vl_moe")
     assert experts.config._experts_implementation == "grouped_mm"  # left as loaded outside the step
+
+
+def test_experts_whose_shapes_follow_the_routing_keep_the_step_eager_and_say_why(family_loaded, images):
+    """transformers 5.x's default grouped experts have fixed shapes on a CPU: the MoE step may be static and
+    compiled (its tokens: the family tests); its ``eager`` experts loop over the chosen ones: no static step."""
+    from vlmfast.engines.hf.engine import Engine, GenerationSettings
+    from vlmfast.engines.hf.moe import dynamic_experts
+
+    loaded = family_loaded("qwen3_vl_moe")
+    settings = GenerationSettings(max_new_tokens=3, ignore_eos=True)
+    assert dynamic_experts(loaded.model, "cpu") is None
+    assert Engine(loaded, settings, compile=True, compiler=lambda fn: fn).policy.enabled
+    config = _experts(family_loaded, "qwen3_vl_moe").config
+    config._experts_implementation = "eager"
+    try:
+        why = dynamic_experts(loaded.model, "cpu")
+        engine = Engine(loaded, settings, compile=True, compiler=lambda fn: fn)
+    finally:
+        config._experts_implementation = "grouped_mm"
+    assert "'eager' implementation" in why
+    assert not engine.policy.enabled and any(why in n for n in engine.notes), engine.notes
+    assert "--compile not applied" in engine.notes

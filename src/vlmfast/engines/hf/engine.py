@@ -91,22 +91,22 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
                  cuda_graphs: bool | None = None, compile: bool | None = False, sync_every: int | None = None,
                  compile_cache=None, max_batch_tokens: int | None = None, compiler=None, resize_rule: str = "qwen"):
         from vlmfast.checkpoints.families import decode_choice
+        from vlmfast.engines.hf.moe import dynamic_experts
 
         check_choice("--decoder", decoder, DECODERS)
         if decoder == "hf" and (compile or cuda_graphs):
             raise UsageError("--compile and --cuda-graphs apply to vlmfast's decoder; --decoder hf is plain generate",
                              hint="drop --decoder hf, or drop --compile / --cuda-graphs")
-        # what the model's family allows (a family the loop does not know runs plain generate), said aloud
-        decoder, compile, cuda_graphs, self.notes = decode_choice(loaded.family, decoder, compile, cuda_graphs)
-        self.loaded = loaded
-        self.settings = settings
+        # what the model's family (a family the loop does not know runs plain generate) and its experts allow, said aloud
+        dynamic = dynamic_experts(loaded.model, loaded.runtime.device) if decoder == "vlmfast" else None
+        decoder, compile, cuda_graphs, self.notes = decode_choice(loaded.family, decoder, compile, cuda_graphs, dynamic)
+        self.loaded, self.settings = loaded, settings
         from vlmfast.engines.hf.sampling import generation_config_processors
 
         self.penalty, self.config_notes = generation_config_processors(loaded.model, decoder, settings.repetition_penalty,
                                                                        sampling=not settings.greedy)
         self.notes = self.notes + self.config_notes
-        self.device = loaded.runtime.device
-        self.on_cuda = self.device.startswith("cuda")
+        self.device, self.on_cuda = loaded.runtime.device, loaded.runtime.device.startswith("cuda")
         self.decoder_name = decoder
         self.cuda_graphs = (self.on_cuda and decoder == "vlmfast") if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and not self.on_cuda:

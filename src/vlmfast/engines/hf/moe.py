@@ -95,3 +95,34 @@ def grouped_experts_for(configs: list):
     finally:
         for config in configs:
             config._experts_implementation = "grouped_mm"
+
+
+def dynamic_experts(model, device: str) -> str | None:
+    """Why ``model``'s routed experts would change shape or sync with the host inside a decode step on
+    ``device`` (no CUDA graph, no compiled step then); None when their shapes are fixed, as they are:
+
+    - transformers 4.x (Qwen3-VL-MoE): at inference every expert runs on every token in one batched product;
+    - transformers 5.x ``batched_mm``: each (token, expert) pair gathers its expert's weights;
+    - transformers 5.x ``grouped_mm`` on a CPU (a compiled step calls its loop as one opaque operator), and on
+      a GPU whose grouped kernel takes the offsets on the device (bfloat16, compute capability 8.0+); a
+      compiled step in another dtype falls back to a loop over the offsets read on the host.
+
+    ``eager`` loops over the experts a step chose: its shapes follow the routing."""
+    experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "num_experts")]
+    if not experts or not _available():
+        return None
+    from transformers.integrations import moe
+
+    for module in experts:
+        implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+        if implementation == "batched_mm" or (implementation == "grouped_mm" and not device.startswith("cuda")):
+            continue
+        if implementation == "grouped_mm":
+            weight = module.gate_up_proj
+            usable = getattr(moe, "_can_use_grouped_mm", None)
+            if weight.dtype == torch.bfloat16 and usable is not None and usable(weight[0], weight, weight.new_zeros(0)):
+                continue
+            return (f"its grouped experts are captured only in bfloat16 on compute capability 8.0+ ({str(weight.dtype)[6:]} "
+                    "here: transformers may read their offsets on the host)")
+        return f"its experts run transformers' {implementation!r} implementation, whose shapes follow the routing"
+    return None
