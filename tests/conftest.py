@@ -65,6 +65,20 @@ def family_ckpts(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def family_loaded(family_ckpts):
+    """Each family's tiny checkpoint loaded on the CPU, once per test module, on demand."""
+    from vlmfast.checkpoints.load import load
+
+    cache = {}
+
+    def get(key):
+        if key not in cache:
+            cache[key] = load(str(family_ckpts(key)), device="cpu")
+        return cache[key]
+    return get
+
+
 @pytest.fixture(scope="session")
 def grpo_ckpt(tmp_path_factory) -> Path:
     from vlmfast.checkpoints.tiny import build_checkpoint

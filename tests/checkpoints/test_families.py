@@ -31,19 +31,6 @@ ON_THIS_LINE = [pytest.param(k, marks=pytest.mark.skipif(not _has_class(k), reas
                 for k in NEW_FAMILIES]
 
 
-@pytest.fixture(scope="module")
-def family_loaded(family_ckpts):
-    from vlmfast.checkpoints.load import load
-
-    cache = {}
-
-    def get(key):
-        if key not in cache:
-            cache[key] = load(str(family_ckpts(key)), device="cpu")
-        return cache[key]
-    return get
-
-
 def _run(engine, requests, batch_size):
     from vlmfast.engines.hf.scheduler import Scheduler
 

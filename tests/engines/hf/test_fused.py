@@ -80,7 +80,7 @@ def test_the_state_dict_is_unchanged_and_a_copied_weight_reaches_the_fused_matri
 
 
 @pytest.mark.parametrize("key, per_layer", [("qwen3_5", 4), ("qwen3_5_moe", 5)])
-def test_qwen3_5s_linear_attention_and_shared_expert_projections_are_one_product_each(key, per_layer, family_ckpts,
+def test_qwen3_5s_linear_attention_and_shared_expert_projections_are_one_product_each(key, per_layer, family_loaded,
                                                                                           images):
     """A Gated DeltaNet layer: its four input projections (Q/K/V, z, b, a) one product, then out, gate/up and
     down (was 7); an MoE layer's experts block: the router, the shared expert's gate/up with its one-column
@@ -88,11 +88,10 @@ def test_qwen3_5s_linear_attention_and_shared_expert_projections_are_one_product
     import transformers
 
     from vlmfast.checkpoints.families import BY_KEY
-    from vlmfast.checkpoints.load import load
 
     if not hasattr(transformers, BY_KEY[key].model_class):
         pytest.skip("not in this transformers")
-    loaded = load(str(family_ckpts(key)), device="cpu")
+    loaded = family_loaded(key)
     layers = loaded.model.config.get_text_config().num_hidden_layers
     counts = _linears_per_step(loaded, images)
     assert counts and set(counts) == {layers * per_layer + 1}

@@ -10,19 +10,6 @@ moe = pytest.importorskip("transformers.integrations.moe")
 pytestmark = pytest.mark.skipif(not hasattr(moe, "ALL_EXPERTS_FUNCTIONS"), reason="transformers 4.x: no experts interface")
 
 
-@pytest.fixture(scope="module")
-def family_loaded(family_ckpts):
-    from vlmfast.checkpoints.load import load
-
-    cache = {}
-
-    def get(key):
-        if key not in cache:
-            cache[key] = load(str(family_ckpts(key)), device="cpu")
-        return cache[key]
-    return get
-
-
 def _experts(family_loaded, key):
     model = family_loaded(key).model
     return next(m for m in model.model.language_model.layers.modules() if hasattr(m, "gate_up_proj"))
