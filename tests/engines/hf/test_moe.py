@@ -2,6 +2,7 @@
 ``searchsorted``, bit for bit what transformers' own grouped forward gives; the decode step runs it."""
 
 import collections
+import types
 
 import pytest
 import torch
@@ -86,3 +87,44 @@ def test_experts_whose_shapes_follow_the_routing_keep_the_step_eager_and_say_why
     assert "'eager' implementation" in why
     assert not engine.policy.enabled and any(why in n for n in engine.notes), engine.notes
     assert "--compile not applied" in engine.notes
+
+
+@pytest.mark.parametrize("capability, captured", [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True),
+                                                 ((12, 0), False)])
+def test_bf16_grouped_experts_are_captured_only_where_torchs_kernel_takes_the_offsets_on_the_device(
+        capability, captured, monkeypatch):
+    """torch's grouped kernel (and inductor's template) runs bfloat16 at compute capability 9.x and 10.x; on
+    other GPUs ``_grouped_mm`` loops over ``offs.cpu()``: a host sync, which a CUDA graph capture refuses."""
+    from vlmfast.engines.hf.moe import dynamic_experts
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    experts = torch.nn.Module()
+    experts.num_experts = 4
+    experts.gate_up_proj = torch.nn.Parameter(torch.zeros(4, 16, 8, dtype=torch.bfloat16), requires_grad=False)
+    experts.config = types.SimpleNamespace(_experts_implementation="grouped_mm")
+    why = dynamic_experts(experts, "cuda")
+    assert (why is None) == captured, why
+    if not captured:
+        assert f"bfloat16 at {capability[0]}.{capability[1]} here" in why
+    assert dynamic_experts(experts, "cpu") is None  # a CPU has no graphs: its compiled loop is one operator
+
+
+def test_the_decode_step_leaves_experts_set_to_another_implementation_as_they_are(family_loaded):
+    """A config set to another implementation after the decoder was made keeps it, in the step and after."""
+    from vlmfast.engines.hf.moe import grouped_configs, grouped_experts_for
+
+    config = _experts(family_loaded, "qwen3_vl_moe").config
+    configs = grouped_configs(family_loaded("qwen3_vl_moe").model.model.language_model.layers)
+    assert configs == [config]
+    config._experts_implementation = "batched_mm"
+    try:
+        with grouped_experts_for(configs):
+            inside = config._experts_implementation
+        after = config._experts_implementation
+    finally:
+        config._experts_implementation = "grouped_mm"
+    assert (inside, after) == ("batched_mm", "batched_mm")
+    with grouped_experts_for(configs):
+        assert config._experts_implementation == "vlmfast_decode_grouped_mm"
+    assert config._experts_implementation == "grouped_mm"

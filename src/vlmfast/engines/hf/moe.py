@@ -70,10 +70,12 @@ def grouped_configs(layers) -> list:
     configs = {}
     for module in layers.modules():
         config = getattr(module, "config", None)
-        if hasattr(module, "gate_up_proj") and getattr(config, "_experts_implementation", None) == "grouped_mm" \
+        if hasattr(module, "gate_up_proj") and hasattr(module, "num_experts") \
+                and getattr(config, "_experts_implementation", None) == "grouped_mm" \
                 and not getattr(module, "_is_expert_parallel", False):
             configs[id(config)] = config
-            if getattr(module, "vlmfast_expert_ids", None) is None:
+            ids = getattr(module, "vlmfast_expert_ids", None)
+            if ids is None or ids.device != module.gate_up_proj.device:  # made once, again where the model moved
                 with torch.inference_mode(False):
                     module.vlmfast_expert_ids = torch.arange(module.num_experts, device=module.gate_up_proj.device)
     if configs:
@@ -87,13 +89,15 @@ def grouped_configs(layers) -> list:
 @contextlib.contextmanager
 def grouped_experts_for(configs: list):
     """Within the block (a decode step) the experts of ``configs`` run :func:`decode_experts`. Switched outside
-    any compiled region: it sets a config attribute, which a compiled step reads as a constant."""
-    for config in configs:
+    any compiled region: it sets a config attribute, which a compiled step reads as a constant. Only configs
+    still on ``grouped_mm`` are switched (one set to another implementation since keeps it, after the step too)."""
+    switched = [config for config in configs if config._experts_implementation == "grouped_mm"]
+    for config in switched:
         config._experts_implementation = NAME
     try:
         yield
     finally:
-        for config in configs:
+        for config in switched:
             config._experts_implementation = "grouped_mm"
 
 
@@ -104,8 +108,9 @@ def dynamic_experts(model, device: str) -> str | None:
     - transformers 4.x (Qwen3-VL-MoE): at inference every expert runs on every token in one batched product;
     - transformers 5.x ``batched_mm``: each (token, expert) pair gathers its expert's weights;
     - transformers 5.x ``grouped_mm`` on a CPU (a compiled step calls its loop as one opaque operator), and on
-      a GPU whose grouped kernel takes the offsets on the device (bfloat16, compute capability 8.0+); a
-      compiled step in another dtype falls back to a loop over the offsets read on the host.
+      a GPU whose grouped kernel takes the offsets on the device (:func:`_offsets_on_device`: bfloat16 at
+      compute capability 9.x or 10.x); elsewhere torch (or, compiled in another dtype, transformers) loops
+      over the offsets read on the host.
 
     ``eager`` loops over the experts a step chose: its shapes follow the routing."""
     experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "num_experts")]
@@ -120,9 +125,26 @@ def dynamic_experts(model, device: str) -> str | None:
         if implementation == "grouped_mm":
             weight = module.gate_up_proj
             usable = getattr(moe, "_can_use_grouped_mm", None)
-            if weight.dtype == torch.bfloat16 and usable is not None and usable(weight[0], weight, weight.new_zeros(0)):
+            if _offsets_on_device(weight) and usable is not None and usable(weight[0], weight, weight.new_zeros(0)):
                 continue
-            return (f"its grouped experts are captured only in bfloat16 on compute capability 8.0+ ({str(weight.dtype)[6:]} "
-                    "here: transformers may read their offsets on the host)")
+            here = (str(weight.dtype)[6:] if weight.dtype != torch.bfloat16 else
+                    "bfloat16 on ROCm" if torch.version.hip else f"bfloat16 at {_capability(weight)}")
+            return (f"its grouped experts are captured only in bfloat16 at compute capability 9.x or 10.x ({here} "
+                    "here: their grouped products read the offsets on the host)")
         return f"its experts run transformers' {implementation!r} implementation, whose shapes follow the routing"
     return None
+
+
+def _capability(weight: torch.Tensor) -> str:
+    major, minor = torch.cuda.get_device_capability(weight.device if weight.is_cuda else None)
+    return f"{major}.{minor}"
+
+
+def _offsets_on_device(weight: torch.Tensor) -> bool:
+    """Whether torch's grouped product of ``weight`` on a GPU takes its offsets on the device: its CUTLASS kernel
+    (and inductor's grouped template) runs bfloat16 at compute capability 9.x and 10.x only; elsewhere (an
+    A100's 8.0, an L4's 8.9, 12.x, ROCm) ``_grouped_mm`` falls back to a loop over ``offs.cpu()``, a host sync
+    that a CUDA graph cannot capture."""
+    if weight.dtype != torch.bfloat16 or torch.version.hip:
+        return False
+    return torch.cuda.get_device_capability(weight.device if weight.is_cuda else None)[0] in (9, 10)
