@@ -68,7 +68,7 @@
 # token-steps ≈ 20 s + load + graph capture ≈ 50 s; batch 32 = 4 × (0.42 + 128 × 5.84 ms) ≈ 5 s + load
 # + capture ≈ 50 s; kernels = two compiles ≈ 60 s; the mix = 6 runs of ~2,600 steps ≈ 140 s; the
 # prefill profile ≈ 30 s, compiled ≈ 45 s; the decode attention's candidates ≈ 40 s; the CUDA tests ≈
-# 180 s (29 tests; 22 took 89 s on an H100 in 0.14; 0.12's whole plan took 374 s against 530 s of its
+# 180 s (33 tests; 30 took 84 s on an H100 in 0.18.3; 0.12's whole plan took 374 s against 530 s of its
 # estimates): a step over its estimate only moves the rest to the next invocation. PLAN=full keeps the
 # older, generous sizes (torch 2.11, transformers 5.17, vlmfast 0.1 on an H100): plain generate takes
 # ~42 ms per token at batch 1 (48 ms on 7B: 13 min for 16,384 token-steps), and vlmfast's eager loop was
@@ -201,7 +201,7 @@ else
   for size in ${SIZES:-3b 7b}; do ckpts+=("$out/ckpt/qwen2.5-vl-$size-grpo"); done
 fi
 # PLAN=one: the CUDA-only tests first (tiny checkpoints: CUDA graphs, compiled steps, bf16, continuous
-# admission between replays; 29 tests, of which 22 took 89 s on an H100 in 0.14) ≈ 180 s, so a slice cut
+# admission between replays, MoE graphs; 33 tests: 30 took 84 s on an H100 in 0.18.3) ≈ 180 s, so a slice cut
 # short still says whether the tokens hold
 [ "$plan" = one ] && step cuda-tests 180 "$out/reports/cuda-tests.txt" cuda_tests "$out/reports/cuda-tests.txt"
 # the vision tower of the 3B and 7B (the same config), per-window vs merged attention: 2 workloads ×
