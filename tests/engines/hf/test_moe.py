@@ -128,3 +128,18 @@ def test_the_decode_step_leaves_experts_set_to_another_implementation_as_they_ar
     with grouped_experts_for(configs):
         assert config._experts_implementation == "vlmfast_decode_grouped_mm"
     assert config._experts_implementation == "grouped_mm"
+
+
+def test_experts_whose_grouped_forward_sums_otherwise_keep_transformers_forward(family_loaded, monkeypatch):
+    """Another transformers version's grouped forward may order or sum otherwise: where the copy's output is not
+    bit for bit transformers', the decode step keeps transformers' forward."""
+    from vlmfast.engines.hf import moe as ours
+
+    layers = family_loaded("qwen3_vl_moe").model.model.language_model.layers
+    assert ours.grouped_configs(layers)  # this transformers' forward is the one copied
+
+    def summed_otherwise(self, hidden_states, top_k_index, top_k_weights):
+        return ours.decode_experts(self, hidden_states, top_k_index, top_k_weights) * (1 + 2 ** -10)
+
+    monkeypatch.setattr(moe, "grouped_mm_experts_forward", summed_otherwise)
+    assert ours.grouped_configs(layers) == []

@@ -63,27 +63,54 @@ def _available() -> bool:
 
 
 def grouped_configs(layers) -> list:
-    """The configs of ``layers``' routed experts that run transformers' ``grouped_mm`` forward (none where
-    this transformers has no experts interface, or a layer runs experts another way)."""
+    """The configs of ``layers``' routed experts that run transformers' ``grouped_mm`` forward, where
+    :func:`decode_experts` gives that forward's outputs bit for bit (none where this transformers has no
+    experts interface, a layer runs experts another way, or its grouped forward sums otherwise)."""
     if not _available():
         return []
-    configs = {}
+    configs, checked = {}, {}
     for module in layers.modules():
         config = getattr(module, "config", None)
         if hasattr(module, "gate_up_proj") and hasattr(module, "num_experts") \
                 and getattr(config, "_experts_implementation", None) == "grouped_mm" \
                 and not getattr(module, "_is_expert_parallel", False):
-            configs[id(config)] = config
             ids = getattr(module, "vlmfast_expert_ids", None)
             if ids is None or ids.device != module.gate_up_proj.device:  # made once, again where the model moved
                 with torch.inference_mode(False):
                     module.vlmfast_expert_ids = torch.arange(module.num_experts, device=module.gate_up_proj.device)
+            if id(config) not in checked:
+                checked[id(config)] = same_as_transformers(module)
+            if checked[id(config)]:
+                configs[id(config)] = config
     if configs:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
         if NAME not in ALL_EXPERTS_FUNCTIONS:
             ExpertsInterface.register(NAME, decode_experts)
     return list(configs.values())
+
+
+def same_as_transformers(module) -> bool:
+    """Whether :func:`decode_experts` gives this transformers' grouped forward's output bit for bit on
+    ``module``'s weights (four tokens, two experts each, drawn from a fixed seed): it copies 5.24's, and
+    another version's may order or sum otherwise."""
+    from transformers.integrations import moe
+
+    forward = getattr(moe, "grouped_mm_experts_forward", None)
+    if forward is None:
+        return False
+    weight = module.gate_up_proj
+    hidden = weight.shape[1] if getattr(module, "is_transposed", False) else weight.shape[-1]
+    g = torch.Generator().manual_seed(0)
+    k = min(2, module.num_experts)
+    index = torch.stack([torch.randperm(module.num_experts, generator=g)[:k] for _ in range(4)]).to(weight.device)
+    x = torch.randn(4, hidden, generator=g).to(weight.device, weight.dtype)
+    routing = torch.rand(4, k, generator=g).to(weight.device, weight.dtype)
+    with torch.inference_mode():
+        try:
+            return torch.equal(forward(module, x, index, routing), decode_experts(module, x, index, routing))
+        except Exception:  # a forward this copy does not know how to call: transformers' own runs the step
+            return False
 
 
 @contextlib.contextmanager
