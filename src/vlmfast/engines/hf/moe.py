@@ -7,7 +7,11 @@ ids (``histc`` takes no integers on a CPU), ``histc`` and ``cumsum`` — three k
 decode step whose expert products are a few microseconds. The offsets are also where each expert's run
 ends in the sorted ids, which one ``searchsorted`` finds: the same int32 values, so the same products and
 the same tokens. :func:`decode_experts` is transformers' grouped forward with that one change; within
-:func:`grouped_experts_for` (the decode step) the layers that run ``grouped_mm`` run it instead.
+:func:`grouped_experts_for` (the decode step) the layers that run ``grouped_mm`` run it instead, where it
+gives this transformers' outputs bit for bit (:func:`same_as_transformers`).
+
+:func:`dynamic_experts` says whether an MoE's experts keep fixed shapes and stay on the device in a decode
+step — whether the step may be a CUDA graph or compiled.
 """
 
 from __future__ import annotations
