@@ -66,6 +66,11 @@ def _available() -> bool:
     return all(hasattr(moe, name) for name in ("ALL_EXPERTS_FUNCTIONS", "ExpertsInterface", "_grouped_linear"))
 
 
+def experts_modules(module) -> list:
+    """The routed-experts modules under ``module`` (transformers' experts: stacked ``gate_up_proj`` weights)."""
+    return [m for m in module.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "num_experts")]
+
+
 def grouped_configs(layers) -> list:
     """The configs of ``layers``' routed experts that run transformers' ``grouped_mm`` forward, where
     :func:`decode_experts` gives that forward's outputs bit for bit (none where this transformers has no
@@ -73,11 +78,9 @@ def grouped_configs(layers) -> list:
     if not _available():
         return []
     configs, checked = {}, {}
-    for module in layers.modules():
+    for module in experts_modules(layers):
         config = getattr(module, "config", None)
-        if hasattr(module, "gate_up_proj") and hasattr(module, "num_experts") \
-                and getattr(config, "_experts_implementation", None) == "grouped_mm" \
-                and not getattr(module, "_is_expert_parallel", False):
+        if getattr(config, "_experts_implementation", None) == "grouped_mm" and not getattr(module, "_is_expert_parallel", False):
             ids = getattr(module, "vlmfast_expert_ids", None)
             if ids is None or ids.device != module.gate_up_proj.device:  # made once, again where the model moved
                 with torch.inference_mode(False):
@@ -144,7 +147,7 @@ def dynamic_experts(model, device: str) -> str | None:
       over the offsets read on the host.
 
     ``eager`` loops over the experts a step chose: its shapes follow the routing."""
-    experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "num_experts")]
+    experts = experts_modules(model)
     if not experts or not _available():
         return None
     from transformers.integrations import moe
@@ -159,16 +162,15 @@ def dynamic_experts(model, device: str) -> str | None:
             if _offsets_on_device(weight) and usable is not None and usable(weight[0], weight, weight.new_zeros(0)):
                 continue
             here = (str(weight.dtype)[6:] if weight.dtype != torch.bfloat16 else
-                    "bfloat16 on ROCm" if torch.version.hip else f"bfloat16 at {_capability(weight)}")
+                    "bfloat16 on ROCm" if torch.version.hip else "bfloat16 at {}.{}".format(*_capability(weight)))
             return (f"its grouped experts are captured only in bfloat16 at compute capability 9.x or 10.x ({here} "
                     "here: their grouped products read the offsets on the host)")
         return f"its experts run transformers' {implementation!r} implementation, whose shapes follow the routing"
     return None
 
 
-def _capability(weight: torch.Tensor) -> str:
-    major, minor = torch.cuda.get_device_capability(weight.device if weight.is_cuda else None)
-    return f"{major}.{minor}"
+def _capability(weight: torch.Tensor) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(weight.device if weight.is_cuda else None)
 
 
 def _offsets_on_device(weight: torch.Tensor) -> bool:
@@ -178,4 +180,4 @@ def _offsets_on_device(weight: torch.Tensor) -> bool:
     that a CUDA graph cannot capture."""
     if weight.dtype != torch.bfloat16 or torch.version.hip:
         return False
-    return torch.cuda.get_device_capability(weight.device if weight.is_cuda else None)[0] in (9, 10)
+    return _capability(weight)[0] in (9, 10)
