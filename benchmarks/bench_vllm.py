@@ -117,7 +117,7 @@ def step_ops(engine, requests) -> dict:
     def counted(self):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             step(self)
-        counts.append(Counter(e.name for e in prof.events() if e.name.startswith(("aten::", "mkldnn::"))))
+        counts.append(Counter(e.name for e in prof.events() if e.name.startswith(("aten::", "mkldnn::", "mkl::"))))
 
     decode.DecodeState.step = counted
     try:
@@ -125,7 +125,7 @@ def step_ops(engine, requests) -> dict:
     finally:
         decode.DecodeState.step = step
     last = counts[-1]
-    packed = last["mkldnn::_linear_pointwise"]
+    packed = last["mkldnn::_linear_pointwise"] + last["mkl::_mkl_linear"]
     return {"all": sum(last.values()), "products": last["aten::linear"] + packed, "packed": packed}
 
 

@@ -13,6 +13,9 @@ from vlmfast.engines.hf.scheduler import Scheduler
 from vlmfast.inputs.requests import Request
 
 
+PRODUCTS = ("aten::linear", "mkldnn::_linear_pointwise", "mkl::_mkl_linear")  # plain, oneDNN-packed, MKL-packed
+
+
 def _ops_per_step(loaded, images, *names):
     """Per decode step of a 2-row batch: how many ops of the given names the profiler saw; and the engine."""
     from vlmfast.engines.hf import decode
@@ -37,7 +40,7 @@ def _ops_per_step(loaded, images, *names):
 
 
 def _linears_per_step(loaded, images):
-    return _ops_per_step(loaded, images, "aten::linear", "mkldnn::_linear_pointwise")[0]  # plain or packed (CPU)
+    return _ops_per_step(loaded, images, *PRODUCTS)[0]  # plain or packed (CPU)
 
 
 def test_a_decode_step_runs_four_products_per_layer_not_seven(loaded, images):
@@ -126,11 +129,13 @@ def test_a_second_engine_on_the_same_model_decodes_fused_too(loaded, images):
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 def test_on_a_cpu_every_decode_product_runs_on_a_packed_weight_and_the_head_is_left_in_place(loaded, images):
     from vlmfast.engines.hf.decode import TextDecoder
+    from vlmfast.engines.hf.fused import packed_layout
 
     layers = loaded.model.config.get_text_config().num_hidden_layers
-    counts, engine = _ops_per_step(loaded, images, "mkldnn::_linear_pointwise")
+    layout = packed_layout()
+    counts, engine = _ops_per_step(loaded, images, {"MKL": "mkl::_mkl_linear", "oneDNN": "mkldnn::_linear_pointwise"}[layout])
     assert set(counts) == {layers * 4 + 1}
-    assert [n for n in engine.decode_notes() if "oneDNN-packed" in n]  # the report says so
+    assert [n for n in engine.decode_notes() if f"{layout}-packed" in n]  # the report says so
     # the head is packed from the module's own weight, the module untouched: a head tied to the embedding stays so
     decoder = TextDecoder(loaded.model)
     assert type(loaded.model.lm_head) is torch.nn.Linear and decoder.head.weight is loaded.model.lm_head.weight
@@ -161,23 +166,53 @@ def test_a_packed_weight_follows_a_weight_copied_into_the_model():
         assert torch.equal(mlp.up_proj(torch.randn(3, 1, 8)), torch.zeros(3, 1, 16))
 
 
-def test_a_row_of_a_packed_product_does_not_depend_on_the_batch(monkeypatch):
-    """What makes batch 1 and batch N decode the same tokens: row 0's result is the same bits for any rows —
-    on the torch the setup installs (2.14); an older one whose oneDNN lacks it (2.11) is said aloud."""
+@pytest.mark.parametrize("layout", ["MKL", "oneDNN"])
+def test_a_row_of_a_packed_product_does_not_depend_on_the_batch(monkeypatch, request, layout):
+    """What makes batch 1 and batch N decode the same tokens: a row's result is the same bits for any rows —
+    one row included (it takes another kernel, whose sums differ from 2,048 inputs on), in either packed
+    layout, on the torch the setup installs (2.14); an older one whose oneDNN lacks it (2.11) is said aloud."""
     from vlmfast.engines.hf import fused
 
+    if layout == "MKL" and fused.packed_layout() != "MKL":
+        pytest.skip("this torch's MKL does not serve every row count from one pack")
+    monkeypatch.setattr(fused, "packed_layout", lambda: layout)
+    fused.row_invariant.cache_clear()  # measured again for this layout, and again after it
+    request.addfinalizer(fused.row_invariant.cache_clear)
     torch.manual_seed(0)
-    weight, x = torch.randn(512, 256), torch.randn(64, 1, 256)
-    packed = fused.Packed(weight)
-    alone = packed(x[:1], None)
-    invariant = all(torch.equal(packed(x[:rows], None)[:1], alone) for rows in (2, 3, 8, 13, 32, 64))
-    assert torch.allclose(alone, torch.nn.functional.linear(x[:1], weight), rtol=1e-5, atol=1e-4)
+    invariant = True
+    for shape in ((192, 64), (512, 256), (96, 2048)):
+        weight, bias, x = torch.randn(*shape), torch.randn(shape[0]), torch.randn(64, 1, shape[1])
+        packed = fused.Packed(weight)
+        alone = [packed(x[row:row + 1], bias) for row in range(8)]
+        invariant &= all(torch.equal(packed(x[:rows], bias)[row:row + 1], alone[row])
+                         for rows in (2, 3, 8, 13, 32, 64) for row in range(min(rows, 8)))
+        assert torch.allclose(alone[0], torch.nn.functional.linear(x[:1], weight, bias), rtol=1e-5, atol=1e-4)
     assert fused.row_invariant() == invariant
     monkeypatch.setattr(fused, "available_memory", lambda: 10**9)
     pack, note = fused.packing_plan([torch.zeros(64, 64)])
-    assert pack and ("batch 1 and batch N may choose other tokens" in note) == (not invariant)
+    assert pack and f"on {layout}-packed weights" in note
+    assert ("batch 1 and batch N may choose other tokens" in note) == (not fused.row_invariant())
     if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14):
-        assert invariant
+        assert invariant and fused.row_invariant()
+
+
+def test_mkl_packs_a_weight_once_for_products_of_any_row_count():
+    """MKL's API packs a weight for a row count; here one pack (made for 2 rows) serves every count: as many
+    bytes as a pack for 64 rows, ``linear``'s values to rounding, and for each row the bits it has in a
+    product of all 40 rows — what :func:`packed_layout` checks before it chooses MKL."""
+    from vlmfast.engines.hf import fused
+
+    if fused.packed_layout() != "MKL":
+        pytest.skip("this torch's MKL does not serve every row count from one pack (oneDNN packs instead)")
+    torch.manual_seed(1)
+    weight, bias, x = torch.randn(200, 2048), torch.randn(200), torch.randn(40, 2048)
+    packed = fused.Packed(weight)
+    whole = packed(x, bias)
+    assert packed.blocked.shape == torch.ops.mkl._mkl_reorder_linear_weight(weight, 64).shape
+    for rows in (1, 2, 5, 17, 40):
+        got = packed(x[:rows], bias)
+        assert torch.equal(got, whole[:rows])
+        assert torch.allclose(got, torch.nn.functional.linear(x[:rows], weight, bias), rtol=1e-4, atol=1e-3)
 
 
 def test_packing_needs_float32_cpu_weights_with_version_counters_and_room(monkeypatch):
@@ -198,13 +233,15 @@ def test_packing_needs_float32_cpu_weights_with_version_counters_and_room(monkey
     assert not fits([])
 
 
-def test_a_cpu_whose_onednn_cannot_pack_decodes_unpacked_and_says_why(monkeypatch):
+@pytest.mark.parametrize("layout, op", [("MKL", torch.ops.mkl), ("oneDNN", torch.ops.mkldnn)])
+def test_a_cpu_that_cannot_pack_decodes_unpacked_and_says_why(monkeypatch, layout, op):
     from vlmfast.engines.hf import fused
 
     def refuse(*args):
         raise RuntimeError("no packed format for this CPU")
 
     monkeypatch.setattr(fused, "available_memory", lambda: 10**9)
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    monkeypatch.setattr(fused, "packed_layout", lambda: layout)
+    monkeypatch.setattr(op, "_mkl_reorder_linear_weight" if layout == "MKL" else "_reorder_linear_weight", refuse)
     pack, note = fused.packing_plan([torch.zeros(64, 64)])
-    assert not pack and "could not pack here (no packed format for this CPU)" in note
+    assert not pack and f"{layout} could not pack here (no packed format for this CPU)" in note

@@ -16,14 +16,16 @@ the routed MoE experts and the router are left as they are. CUDA graphs hold the
 compiled step traces them (dynamo follows the parts' shared state): one library product per group in
 inductor's code, where the unfused step had one per layer of the group.
 
-On a CPU (float32, oneDNN present, room for a second copy of the weights) every decode product also runs
-on a *packed* weight: oneDNN's blocked layout of the same matrix (:class:`Packed`), as vLLM's CPU backend
-and inductor's CPU freezing do. Measured on the 2-core development machine, a batch-8 decode step's
-products took 60 / 42 / 28 µs packed against 115 / 82 / 37 µs with the plain ``linear`` (MKL) for gate/up,
-down and Q/K/V of the demo model, and a packed product's result for a row does not depend on how many
-rows the batch has (MKL's does). Then ``o_proj``, ``down_proj`` and the LM head
-are groups of one (no copy: the group's matrix is the layer's own weight). A packed weight is a copy:
-it is made again when its source changed in place (a checkpoint swap), which its version counter shows.
+On a CPU (float32, room for a second copy of the weights) every decode product also runs on a *packed*
+weight (:class:`Packed`), as vLLM's CPU backend and inductor's CPU freezing do: MKL's packed GEMM where it
+serves any row count from one pack, oneDNN's blocked layout otherwise. The plain ``linear`` (MKL) gives a
+row other bits when the batch has other rows; a packed product gives a row the same bits for any number of
+rows above one, and a single row is computed as two (alone it takes another kernel, whose sums differ:
+MKL's at 64 inputs, oneDNN's from 2,048 on) — what makes batch 1 and batch N choose the same tokens. Measured on the 2-core
+development machine (µs per call, 8 rows): at the tiny checkpoints' 64-wide shapes MKL's packed product 6,
+oneDNN's 21, plain ``linear`` 5; at 2,048 × 2,048, 353 / 471 / ~1,000. Then ``o_proj``, ``down_proj`` and the
+LM head are groups of one (no copy: the group's matrix is the layer's own weight). A packed weight is a
+copy: it is made again when its source changed in place (a checkpoint swap), which its version counter shows.
 """
 
 from __future__ import annotations
@@ -49,37 +51,76 @@ PACKED_SHARE = 0.25  # pack only when the packed copies take at most this share 
 
 
 class Packed:
-    """A CPU float32 weight in oneDNN's blocked layout, made again whenever its source changes in place."""
+    """A CPU float32 weight in a packed layout (:func:`packed_layout`: MKL's or oneDNN's), made again whenever
+    its source changes in place."""
 
     def __init__(self, source: torch.Tensor):
         self.source = source
         self.version = -1
         self.blocked = None  # made by the first refresh (a decode step's), so an unused one costs nothing
+        self.mkl = packed_layout() == "MKL"
 
     def refresh(self) -> None:
         if self.version != self.source._version:
             with torch.no_grad():
-                self.blocked = torch.ops.mkldnn._reorder_linear_weight(self.source)
+                self.blocked = (torch.ops.mkl._mkl_reorder_linear_weight(self.source, 2) if self.mkl
+                                else torch.ops.mkldnn._reorder_linear_weight(self.source))
             self.version = self.source._version
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.blocked is None:
             self.refresh()
+        rows = x.numel() // x.shape[-1]
+        if rows == 1:  # alone, one row takes another kernel, whose sums differ: computed as two
+            return self(torch.cat([x, x]), bias)[:1]
+        if self.mkl:  # one pack serves every row count (checked by packed_layout)
+            return torch.ops.mkl._mkl_linear(x.contiguous(), self.blocked, self.source, bias, rows)
         return torch.ops.mkldnn._linear_pointwise(x, self.blocked, bias, "none", [], "")
 
 
+@functools.cache
+def packed_layout() -> str:
+    """"MKL" where this torch's MKL packs a weight once for products of any row count, else "oneDNN". MKL's
+    API packs a weight for a row count; checked here on a narrow and a 2,048-wide shape: a pack made for 2
+    rows takes as many bytes as one made for 64, and serves 2 to 33 rows with ``linear``'s values (to
+    rounding) and a row's bits whatever rows share the product (:func:`row_invariant` checks that too)."""
+    mkl = getattr(torch.ops.mkl, "_mkl_linear", None)
+    if mkl is None or not torch.backends.mkl.is_available():
+        return "oneDNN"
+    reorder = torch.ops.mkl._mkl_reorder_linear_weight
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            g = torch.Generator().manual_seed(0)
+            for out_features, in_features in ((96, 64), (160, 2048)):
+                weight, bias = torch.randn(out_features, in_features, generator=g), torch.randn(out_features, generator=g)
+                x, pack = torch.randn(33, in_features, generator=g), reorder(weight, 2)
+                if pack.shape != reorder(weight, 64).shape:
+                    return "oneDNN"
+                whole = mkl(x, pack, weight, bias, 33)
+                for rows in (2, 3, 8, 13):
+                    got = mkl(x[:rows], pack, weight, bias, rows)
+                    if not (torch.equal(got, whole[:rows])
+                            and torch.allclose(got, functional.linear(x[:rows], weight, bias), rtol=1e-4, atol=1e-3)):
+                        return "oneDNN"
+    except RuntimeError:
+        return "oneDNN"
+    return "MKL"
+
+
 def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
-    """Whether to pack a model's decode weights — on a CPU, in float32, where oneDNN packs and the copies
-    fit easily in memory — and what to say of it ("" where packing never applies: a GPU, another dtype)."""
+    """Whether to pack a model's decode weights — on a CPU, in float32, where MKL or oneDNN packs and the
+    copies fit easily in memory — and what to say of it ("" where packing never applies: a GPU, another dtype)."""
     if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 or w.is_inference() for w in weights):
         return False, ""  # (an inference tensor keeps no version counter: a change to it could not be seen)
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return False, "CPU decode products unpacked: this torch has no oneDNN"
+    layout = packed_layout()
+    if layout == "oneDNN" and not (torch.backends.mkldnn.is_available()
+                                   and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False, "CPU decode products unpacked: this torch has neither MKL's packed GEMM nor oneDNN"
     try:  # oneDNN builds differ by CPU (x86, Arm): one small product says whether this one packs
         with torch.inference_mode(False):
             Packed(torch.ones(8, 8))(torch.ones(2, 8), None)
     except RuntimeError as exc:
-        return False, f"CPU decode products unpacked: oneDNN could not pack here ({str(exc).splitlines()[0][:120]})"
+        return False, f"CPU decode products unpacked: {layout} could not pack here ({str(exc).splitlines()[0][:120]})"
     needed = sum(w.numel() * w.element_size() for w in {id(w): w for w in weights}.values())
     available = available_memory()
     if needed > PACKED_SHARE * available:
@@ -88,20 +129,24 @@ def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
     varies = "" if row_invariant() else ("; on this torch a product's row depends on how many rows share it, so batch 1 "
                                          "and batch N may choose other tokens where two logits nearly tie (torch 2.14 "
                                          "packs row-invariantly)")
-    return True, f"CPU decode products on oneDNN-packed weights ({needed / 2**30:.2f} GiB of copies){varies}"
+    return True, f"CPU decode products on {layout}-packed weights ({needed / 2**30:.2f} GiB of copies){varies}"
 
 
 @functools.cache
 def row_invariant() -> bool:
     """Whether a packed product's row is the same bits whatever rows share the product: what makes batch 1
-    and batch N decode the same tokens on a CPU. Measured on x86: torch 2.14.1's oneDNN yes, 2.11.0's no
-    (nor its plain ``linear``, so packing costs nothing there)."""
+    and batch N decode the same tokens on a CPU. Measured on x86: torch 2.14.1 yes (a single row computed as
+    two), 2.11.0's oneDNN no (nor its plain ``linear``, so packing costs nothing there)."""
     with torch.inference_mode(False):
         g = torch.Generator().manual_seed(0)
-        weight, x = torch.randn(256, 256, generator=g), torch.randn(32, 256, generator=g)
-        packed = Packed(weight)
-        alone = packed(x[:1], None)
-        return all(torch.equal(packed(x[:rows], None)[:1], alone) for rows in (2, 13, 32))
+        for shape in ((192, 64), (160, 2048)):
+            weight, x = torch.randn(*shape, generator=g), torch.randn(32, shape[1], generator=g)
+            packed = Packed(weight)
+            alone = {row: packed(x[row:row + 1], None) for row in (0, 5)}
+            if not all(torch.equal(packed(x[:rows], None)[row:row + 1], alone[row])
+                       for rows in (2, 13, 32) for row in alone if row < rows):
+                return False
+        return True
 
 
 def available_memory() -> int:
