@@ -84,7 +84,7 @@ def main() -> None:
         f"all cores but one); vLLM eager, started once before its clock ({startup:.1f} s). Each engine alone: 1 "
         f"warm-up + median of {args.runs} runs (s: "
         + "; ".join(f"{n} " + ", ".join(f"{t:.3f}" for t in ts) for n, ts in alone.items()) + "). Then "
-        f"interleaved, vLLM's engine resident (s: "
+        "interleaved, vLLM's engine resident (s: "
         + "; ".join(f"{n} " + ", ".join(f"{t:.3f}" for t in ts) for n, ts in times.items()) + ").",
         "",
         "| figure | value | target |",

@@ -129,16 +129,29 @@ def test_a_second_engine_on_the_same_model_decodes_fused_too(loaded, images):
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 def test_on_a_cpu_every_decode_product_runs_on_a_packed_weight_and_the_head_is_left_in_place(loaded, images):
     from vlmfast.engines.hf.decode import TextDecoder
-    from vlmfast.engines.hf.fused import packed_layout
+    from vlmfast.engines.hf.fused import layout_of
 
     layers = loaded.model.config.get_text_config().num_hidden_layers
-    layout = packed_layout()
+    layout = layout_of(loaded.model.lm_head.weight)  # the tiny checkpoint's weights are all small: one layout
     counts, engine = _ops_per_step(loaded, images, {"MKL": "mkl::_mkl_linear", "oneDNN": "mkldnn::_linear_pointwise"}[layout])
     assert set(counts) == {layers * 4 + 1}
-    assert [n for n in engine.decode_notes() if f"{layout}-packed" in n]  # the report says so
+    assert [n for n in engine.decode_notes() if f"on {layout}-packed weights" in n]  # the report says so
     # the head is packed from the module's own weight, the module untouched: a head tied to the embedding stays so
     decoder = TextDecoder(loaded.model)
     assert type(loaded.model.lm_head) is torch.nn.Linear and decoder.head.weight is loaded.model.lm_head.weight
+
+
+def test_small_weights_pack_for_mkl_and_large_ones_for_onednn():
+    """MKL's packed product is the faster at every row count for a small weight and loses at many rows of a
+    large one (a pack made for 2 rows): the layout is chosen per weight, once, so a row's bits never depend
+    on the batch."""
+    from vlmfast.engines.hf import fused
+
+    if not fused.mkl_serves_any_rows():
+        pytest.skip("this torch's MKL does not serve every row count from one pack (oneDNN packs instead)")
+    small, large = torch.zeros(1024, 1024), torch.zeros(1025, 1024)
+    assert (fused.layout_of(small), fused.layout_of(large)) == ("MKL", "oneDNN")
+    assert (fused.Packed(small).mkl, fused.Packed(large).mkl) == (True, False)
 
 
 def test_a_packed_weight_follows_a_weight_copied_into_the_model():
@@ -167,17 +180,16 @@ def test_a_packed_weight_follows_a_weight_copied_into_the_model():
 
 
 @pytest.mark.parametrize("layout", ["MKL", "oneDNN"])
-def test_a_row_of_a_packed_product_does_not_depend_on_the_batch(monkeypatch, request, layout):
+def test_a_row_of_a_packed_product_does_not_depend_on_the_batch(monkeypatch, layout):
     """What makes batch 1 and batch N decode the same tokens: a row's result is the same bits for any rows —
-    one row included (it takes another kernel, whose sums differ from 2,048 inputs on), in either packed
-    layout, on the torch the setup installs (2.14); an older one whose oneDNN lacks it (2.11) is said aloud."""
+    one row included (alone it takes another kernel, whose sums differ: MKL's at 64 inputs, oneDNN's from
+    2,048 on), in either packed layout, on the torch the setup installs (2.14); an older one whose oneDNN
+    lacks it (2.11) is said aloud."""
     from vlmfast.engines.hf import fused
 
-    if layout == "MKL" and fused.packed_layout() != "MKL":
+    if layout == "MKL" and not fused.mkl_serves_any_rows():
         pytest.skip("this torch's MKL does not serve every row count from one pack")
-    monkeypatch.setattr(fused, "packed_layout", lambda: layout)
-    fused.row_invariant.cache_clear()  # measured again for this layout, and again after it
-    request.addfinalizer(fused.row_invariant.cache_clear)
+    monkeypatch.setattr(fused, "layout_of", lambda weight: layout)
     torch.manual_seed(0)
     invariant = True
     for shape in ((192, 64), (512, 256), (96, 2048)):
@@ -187,26 +199,27 @@ def test_a_row_of_a_packed_product_does_not_depend_on_the_batch(monkeypatch, req
         invariant &= all(torch.equal(packed(x[:rows], bias)[row:row + 1], alone[row])
                          for rows in (2, 3, 8, 13, 32, 64) for row in range(min(rows, 8)))
         assert torch.allclose(alone[0], torch.nn.functional.linear(x[:1], weight, bias), rtol=1e-5, atol=1e-4)
-    assert fused.row_invariant() == invariant
+    assert fused.row_invariant(layout) == invariant
     monkeypatch.setattr(fused, "available_memory", lambda: 10**9)
     pack, note = fused.packing_plan([torch.zeros(64, 64)])
     assert pack and f"on {layout}-packed weights" in note
-    assert ("batch 1 and batch N may choose other tokens" in note) == (not fused.row_invariant())
+    assert ("batch 1 and batch N may choose other tokens" in note) == (not invariant)
     if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14):
-        assert invariant and fused.row_invariant()
+        assert invariant
 
 
 def test_mkl_packs_a_weight_once_for_products_of_any_row_count():
     """MKL's API packs a weight for a row count; here one pack (made for 2 rows) serves every count: as many
     bytes as a pack for 64 rows, ``linear``'s values to rounding, and for each row the bits it has in a
-    product of all 40 rows — what :func:`packed_layout` checks before it chooses MKL."""
+    product of all 40 rows — what :func:`mkl_serves_any_rows` checks before MKL packs."""
     from vlmfast.engines.hf import fused
 
-    if fused.packed_layout() != "MKL":
+    if not fused.mkl_serves_any_rows():
         pytest.skip("this torch's MKL does not serve every row count from one pack (oneDNN packs instead)")
     torch.manual_seed(1)
     weight, bias, x = torch.randn(200, 2048), torch.randn(200), torch.randn(40, 2048)
     packed = fused.Packed(weight)
+    assert packed.mkl
     whole = packed(x, bias)
     assert packed.blocked.shape == torch.ops.mkl._mkl_reorder_linear_weight(weight, 64).shape
     for rows in (1, 2, 5, 17, 40):
@@ -241,7 +254,7 @@ def test_a_cpu_that_cannot_pack_decodes_unpacked_and_says_why(monkeypatch, layou
         raise RuntimeError("no packed format for this CPU")
 
     monkeypatch.setattr(fused, "available_memory", lambda: 10**9)
-    monkeypatch.setattr(fused, "packed_layout", lambda: layout)
+    monkeypatch.setattr(fused, "layout_of", lambda weight: layout)
     monkeypatch.setattr(op, "_mkl_reorder_linear_weight" if layout == "MKL" else "_reorder_linear_weight", refuse)
     pack, note = fused.packing_plan([torch.zeros(64, 64)])
     assert not pack and f"{layout} could not pack here (no packed format for this CPU)" in note

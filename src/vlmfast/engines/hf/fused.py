@@ -17,15 +17,16 @@ compiled step traces them (dynamo follows the parts' shared state): one library 
 inductor's code, where the unfused step had one per layer of the group.
 
 On a CPU (float32, room for a second copy of the weights) every decode product also runs on a *packed*
-weight (:class:`Packed`), as vLLM's CPU backend and inductor's CPU freezing do: MKL's packed GEMM where it
-serves any row count from one pack, oneDNN's blocked layout otherwise. The plain ``linear`` (MKL) gives a
-row other bits when the batch has other rows; a packed product gives a row the same bits for any number of
-rows above one, and a single row is computed as two (alone it takes another kernel, whose sums differ:
-MKL's at 64 inputs, oneDNN's from 2,048 on) — what makes batch 1 and batch N choose the same tokens. Measured on the 2-core
-development machine (µs per call, 8 rows): at the tiny checkpoints' 64-wide shapes MKL's packed product 6,
-oneDNN's 21, plain ``linear`` 5; at 2,048 × 2,048, 353 / 471 / ~1,000. Then ``o_proj``, ``down_proj`` and the
-LM head are groups of one (no copy: the group's matrix is the layer's own weight). A packed weight is a
-copy: it is made again when its source changed in place (a checkpoint swap), which its version counter shows.
+weight (:class:`Packed`), as vLLM's CPU backend and inductor's CPU freezing do: MKL's packed GEMM for
+weights of up to a million elements (where one pack serves any row count), oneDNN's blocked layout for
+larger ones (:func:`layout_of` has the figures). The plain ``linear`` (MKL) gives a row other bits when the
+batch has other rows; a packed product gives a row the same bits for any number of rows above one, and a
+single row is computed as two (alone it takes another kernel, whose sums differ: MKL's at 64 inputs,
+oneDNN's from 2,048 on) — what makes batch 1 and batch N choose the same tokens. At 2,048 × 2,048 and 8
+rows oneDNN's packed product takes 554 µs against plain ``linear``'s 1,029 on 2 cores. Then ``o_proj``,
+``down_proj`` and the LM head are groups of one (no copy: the group's matrix is the layer's own weight). A
+packed weight is a copy: it is made again when its source changed in place (a checkpoint swap), which its
+version counter shows.
 """
 
 from __future__ import annotations
@@ -50,15 +51,18 @@ ALONE = (("self_attn", ("o_proj",)), ("mlp", ("down_proj",)), ("linear_attn", ("
 PACKED_SHARE = 0.25  # pack only when the packed copies take at most this share of the available memory
 
 
+MKL_MOST = 1 << 20  # weights up to this many elements pack for MKL; larger ones for oneDNN (see layout_of)
+
+
 class Packed:
-    """A CPU float32 weight in a packed layout (:func:`packed_layout`: MKL's or oneDNN's), made again whenever
+    """A CPU float32 weight in a packed layout (:func:`layout_of`: MKL's or oneDNN's), made again whenever
     its source changes in place."""
 
     def __init__(self, source: torch.Tensor):
         self.source = source
         self.version = -1
         self.blocked = None  # made by the first refresh (a decode step's), so an unused one costs nothing
-        self.mkl = packed_layout() == "MKL"
+        self.mkl = layout_of(source) == "MKL"
 
     def refresh(self) -> None:
         if self.version != self.source._version:
@@ -73,20 +77,35 @@ class Packed:
         rows = x.numel() // x.shape[-1]
         if rows == 1:  # alone, one row takes another kernel, whose sums differ: computed as two
             return self(torch.cat([x, x]), bias)[:1]
-        if self.mkl:  # one pack serves every row count (checked by packed_layout)
+        if self.mkl:  # one pack serves every row count (checked by mkl_serves_any_rows)
             return torch.ops.mkl._mkl_linear(x.contiguous(), self.blocked, self.source, bias, rows)
         return torch.ops.mkldnn._linear_pointwise(x, self.blocked, bias, "none", [], "")
 
 
+def layout_of(weight: torch.Tensor) -> str:
+    """The packed layout for a weight: MKL's for weights of up to :data:`MKL_MOST` elements where one MKL pack
+    serves every row count, else oneDNN's (where this torch has it). Measured on 2 cores (µs per call at 1 / 8
+    / 32 rows): 128 × 64, MKL 9 / 6 / 10 against oneDNN 26 / 22 / 23; 1,024 × 1,024, 69 / 77 / 267 against
+    95 / 120 / 287; 2,048 × 2,048, 382 / 443 / 1,515 against 423 / 554 / 1,098 — a pack made for 2 rows
+    slows down at many rows of a large weight."""
+    if mkl_serves_any_rows() and (weight.numel() <= MKL_MOST or not onednn_packs()):
+        return "MKL"
+    return "oneDNN"
+
+
+def onednn_packs() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
 @functools.cache
-def packed_layout() -> str:
-    """"MKL" where this torch's MKL packs a weight once for products of any row count, else "oneDNN". MKL's
-    API packs a weight for a row count; checked here on a narrow and a 2,048-wide shape: a pack made for 2
-    rows takes as many bytes as one made for 64, and serves 2 to 33 rows with ``linear``'s values (to
-    rounding) and a row's bits whatever rows share the product (:func:`row_invariant` checks that too)."""
+def mkl_serves_any_rows() -> bool:
+    """Whether one MKL pack of a weight serves products of any row count. MKL's API packs a weight for a row
+    count; checked here on a narrow and a 2,048-wide shape: a pack made for 2 rows takes as many bytes as
+    one made for 64, and serves 2 to 33 rows with ``linear``'s values (to rounding) and a row's bits
+    whatever rows share the product (:func:`row_invariant` checks that too)."""
     mkl = getattr(torch.ops.mkl, "_mkl_linear", None)
     if mkl is None or not torch.backends.mkl.is_available():
-        return "oneDNN"
+        return False
     reorder = torch.ops.mkl._mkl_reorder_linear_weight
     try:
         with torch.inference_mode(False), torch.no_grad():
@@ -95,16 +114,16 @@ def packed_layout() -> str:
                 weight, bias = torch.randn(out_features, in_features, generator=g), torch.randn(out_features, generator=g)
                 x, pack = torch.randn(33, in_features, generator=g), reorder(weight, 2)
                 if pack.shape != reorder(weight, 64).shape:
-                    return "oneDNN"
+                    return False
                 whole = mkl(x, pack, weight, bias, 33)
                 for rows in (2, 3, 8, 13):
                     got = mkl(x[:rows], pack, weight, bias, rows)
                     if not (torch.equal(got, whole[:rows])
                             and torch.allclose(got, functional.linear(x[:rows], weight, bias), rtol=1e-4, atol=1e-3)):
-                        return "oneDNN"
+                        return False
     except RuntimeError:
-        return "oneDNN"
-    return "MKL"
+        return False
+    return True
 
 
 def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
@@ -112,36 +131,42 @@ def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
     copies fit easily in memory — and what to say of it ("" where packing never applies: a GPU, another dtype)."""
     if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 or w.is_inference() for w in weights):
         return False, ""  # (an inference tensor keeps no version counter: a change to it could not be seen)
-    layout = packed_layout()
-    if layout == "oneDNN" and not (torch.backends.mkldnn.is_available()
-                                   and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return False, "CPU decode products unpacked: this torch has neither MKL's packed GEMM nor oneDNN"
-    try:  # oneDNN builds differ by CPU (x86, Arm): one small product says whether this one packs
-        with torch.inference_mode(False):
-            Packed(torch.ones(8, 8))(torch.ones(2, 8), None)
-    except RuntimeError as exc:
-        return False, f"CPU decode products unpacked: {layout} could not pack here ({str(exc).splitlines()[0][:120]})"
-    needed = sum(w.numel() * w.element_size() for w in {id(w): w for w in weights}.values())
+    weights = list({id(w): w for w in weights}.values())
+    layouts = {layout_of(w) for w in weights}
+    if "oneDNN" in layouts and not onednn_packs():
+        return False, "CPU decode products unpacked: this torch has neither oneDNN nor MKL's packed GEMM"
+    for layout in layouts:  # builds differ by CPU (x86, Arm): one small product says whether this one packs
+        try:
+            with torch.inference_mode(False):
+                probe = Packed(torch.ones(8, 8))
+                probe.mkl = layout == "MKL"
+                probe(torch.ones(2, 8), None)
+        except RuntimeError as exc:
+            return False, f"CPU decode products unpacked: {layout} could not pack here ({str(exc).splitlines()[0][:120]})"
+    needed = sum(w.numel() * w.element_size() for w in weights)
     available = available_memory()
     if needed > PACKED_SHARE * available:
         return False, (f"CPU decode products unpacked: packed copies of the weights would take {needed / 2**30:.1f} GiB, "
                        f"more than {PACKED_SHARE:.0%} of the {available / 2**30:.1f} GiB available")
-    varies = "" if row_invariant() else ("; on this torch a product's row depends on how many rows share it, so batch 1 "
-                                         "and batch N may choose other tokens where two logits nearly tie (torch 2.14 "
-                                         "packs row-invariantly)")
-    return True, f"CPU decode products on {layout}-packed weights ({needed / 2**30:.2f} GiB of copies){varies}"
+    varies = "" if all(row_invariant(layout) for layout in layouts) else (
+        "; on this torch a product's row depends on how many rows share it, so batch 1 and batch N may choose "
+        "other tokens where two logits nearly tie (torch 2.14 packs row-invariantly)")
+    said = ("MKL- and oneDNN-packed weights, MKL's up to 2^20 elements" if len(layouts) == 2
+            else f"{next(iter(layouts))}-packed weights")
+    return True, f"CPU decode products on {said} ({needed / 2**30:.2f} GiB of copies){varies}"
 
 
 @functools.cache
-def row_invariant() -> bool:
-    """Whether a packed product's row is the same bits whatever rows share the product: what makes batch 1
-    and batch N decode the same tokens on a CPU. Measured on x86: torch 2.14.1 yes (a single row computed as
-    two), 2.11.0's oneDNN no (nor its plain ``linear``, so packing costs nothing there)."""
+def row_invariant(layout: str) -> bool:
+    """Whether a product packed in ``layout`` gives a row the same bits whatever rows share the product: what
+    makes batch 1 and batch N decode the same tokens on a CPU. Measured on x86: torch 2.14.1 yes (a single
+    row computed as two), 2.11.0's oneDNN no (nor its plain ``linear``, so packing costs nothing there)."""
     with torch.inference_mode(False):
         g = torch.Generator().manual_seed(0)
         for shape in ((192, 64), (160, 2048)):
             weight, x = torch.randn(*shape, generator=g), torch.randn(32, shape[1], generator=g)
             packed = Packed(weight)
+            packed.mkl = layout == "MKL"
             alone = {row: packed(x[row:row + 1], None) for row in (0, 5)}
             if not all(torch.equal(packed(x[:rows], None)[row:row + 1], alone[row])
                        for rows in (2, 13, 32) for row in alone if row < rows):
