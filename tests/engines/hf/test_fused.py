@@ -149,9 +149,27 @@ def test_small_weights_pack_for_mkl_and_large_ones_for_onednn():
 
     if not fused.mkl_serves_any_rows():
         pytest.skip("this torch's MKL does not serve every row count from one pack (oneDNN packs instead)")
-    small, large = torch.zeros(1024, 1024), torch.zeros(1025, 1024)
-    assert (fused.layout_of(small), fused.layout_of(large)) == ("MKL", "oneDNN")
+    small, large, one = torch.zeros(1024, 1024), torch.zeros(1025, 1024), torch.zeros(1, 64)
+    assert (fused.layout_of(small), fused.layout_of(large), fused.layout_of(one)) == ("MKL", "oneDNN", "oneDNN")
     assert (fused.Packed(small).mkl, fused.Packed(large).mkl) == (True, False)
+
+
+def test_the_layouts_are_those_of_the_fused_matrices_not_of_the_layers(monkeypatch):
+    """A layer's own weight may be small (a 2-head K of 256 x 2,048) where its fused group is not: the note names
+    (and the probes check) the layouts the packed matrices get, not the layers'."""
+    from vlmfast.engines.hf import fused
+
+    if not fused.mkl_serves_any_rows():
+        pytest.skip("this torch's MKL does not serve every row count from one pack (oneDNN packs instead)")
+    monkeypatch.setattr(fused, "available_memory", lambda: 10**11)
+    layer = torch.nn.Module()
+    layer.self_attn = torch.nn.Module()
+    for name, out in (("q_proj", 2048), ("k_proj", 256), ("v_proj", 256), ("o_proj", 2048)):
+        setattr(layer.self_attn, name, torch.nn.Linear(2048, out, bias=False))
+    layers, head = torch.nn.ModuleList([layer]), torch.nn.Linear(2048, 1000, bias=False)
+    pack, note = fused.packing_plan(fused.decode_weights(layers, head), fused.decode_matrices(layers, head))
+    groups = fused.fuse_projections(layers, pack=pack) + [fused.Fused([head], pack=True)]
+    assert pack and {g.packed.mkl for g in groups} == {False} and "on oneDNN-packed weights" in note
 
 
 def test_a_packed_weight_follows_a_weight_copied_into_the_model():

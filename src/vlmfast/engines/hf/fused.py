@@ -85,10 +85,11 @@ class Packed:
 def layout_of(weight: torch.Tensor) -> str:
     """The packed layout for a weight: MKL's for weights of up to :data:`MKL_MOST` elements where one MKL pack
     serves every row count, else oneDNN's (where this torch has it). Measured on 2 cores (µs per call at 1 / 8
-    / 32 rows): 128 × 64, MKL 9 / 6 / 10 against oneDNN 26 / 22 / 23; 1,024 × 1,024, 69 / 77 / 267 against
-    95 / 120 / 287; 2,048 × 2,048, 382 / 443 / 1,515 against 423 / 554 / 1,098 — a pack made for 2 rows
-    slows down at many rows of a large weight."""
-    if mkl_serves_any_rows() and (weight.numel() <= MKL_MOST or not onednn_packs()):
+    / 32 rows): 128 × 64, MKL 8.8 / 5.6 / 8.1 against oneDNN 23.9 / 19.2 / 22.2; 1,024 × 1,024, 69 / 77 / 267
+    against 95 / 120 / 287; 2,048 × 2,048, 379 / 454 / 1,616 against 415 / 542 / 1,118 — a pack made for 2 rows
+    slows down at many rows of a large weight. A one-output weight is oneDNN's: MKL gives its rows other bits
+    from 4 rows on (measured; none is packed alone today)."""
+    if mkl_serves_any_rows() and weight.shape[0] > 1 and (weight.numel() <= MKL_MOST or not onednn_packs()):
         return "MKL"
     return "oneDNN"
 
@@ -126,13 +127,15 @@ def mkl_serves_any_rows() -> bool:
     return True
 
 
-def packing_plan(weights: list[torch.Tensor]) -> tuple[bool, str]:
+def packing_plan(weights: list[torch.Tensor], matrices: list[torch.Tensor] | None = None) -> tuple[bool, str]:
     """Whether to pack a model's decode weights — on a CPU, in float32, where MKL or oneDNN packs and the
-    copies fit easily in memory — and what to say of it ("" where packing never applies: a GPU, another dtype)."""
+    copies fit easily in memory — and what to say of it ("" where packing never applies: a GPU, another dtype).
+    ``matrices``: the matrices that will be packed (:func:`decode_matrices`: fused groups, not the layers' own
+    weights), whose sizes choose the layouts; the weights themselves where not given."""
     if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 or w.is_inference() for w in weights):
         return False, ""  # (an inference tensor keeps no version counter: a change to it could not be seen)
     weights = list({id(w): w for w in weights}.values())
-    layouts = {layout_of(w) for w in weights}
+    layouts = {layout_of(m) for m in (weights if matrices is None else matrices)}
     if "oneDNN" in layouts and not onednn_packs():
         return False, "CPU decode products unpacked: this torch has neither oneDNN nor MKL's packed GEMM"
     for layout in layouts:  # builds differ by CPU (x86, Arm): one small product says whether this one packs
@@ -265,12 +268,9 @@ def _resolve(owner, name: str):
     return owner, last, getattr(owner, last, None) if owner is not None else None
 
 
-def fuse_projections(layers, *, pack: bool = False) -> list[Fused]:
-    """Fuse the projection groups of every decoder layer of ``layers`` that has them as plain linear layers of
-    one dtype and device; returns the fused matrices (for :func:`fused_projections`), those fused before (by
-    another engine on the same model) included. With ``pack`` every group's product runs on a packed weight,
-    and the output projections (``o_proj``, ``down_proj``, ``out_proj``) become groups of one."""
-    fused = []
+def _groups(layers, pack: bool):
+    """Per decoder layer, each projection group :func:`fuse_projections` takes: (the places of its layers, the
+    layers, the group fused before by another engine or None)."""
     for layer in layers:
         for owner_name, names in GROUPS + (ALONE if pack else ()):
             owner = getattr(layer, owner_name, None)
@@ -279,19 +279,41 @@ def fuse_projections(layers, *, pack: bool = False) -> list[Fused]:
             places = [_resolve(owner, name) for name in names]
             linears = [module for _, _, module in places]
             if all(isinstance(m, Part) for m in linears) and len({id(m.fused) for m in linears}) == 1:
-                group = linears[0].fused  # fused by an earlier engine on this model: the same group
-                if pack and group.packed is None:
-                    group.packed = Packed(group.weight)
-                fused.append(group)
+                yield places, linears, linears[0].fused  # fused by an earlier engine on this model: the same group
                 continue
             if not all(type(m) is torch.nn.Linear for m in linears):
                 continue
             if len({(m.weight.dtype, m.weight.device, m.in_features, m.bias is None) for m in linears}) != 1:
                 continue
-            group = Fused(linears, pack=pack)
-            for index, ((parent, attr, _), linear) in enumerate(zip(places, linears)):
-                setattr(parent, attr, Part(group, index, linear))
+            yield places, linears, None
+
+
+def decode_matrices(layers, lm_head) -> list[torch.Tensor]:
+    """The matrices a packed decode step packs (as shapes only, on the meta device): each group of
+    :func:`fuse_projections` with ``pack``, concatenated, and the head — what :func:`layout_of` decides on."""
+    if type(lm_head) is not torch.nn.Linear:
+        return []
+    shapes = [group.weight.shape if group is not None else (sum(m.out_features for m in linears), linears[0].in_features)
+              for _, linears, group in _groups(layers, pack=True)]
+    return [torch.empty(shape, device="meta") for shape in shapes + [lm_head.weight.shape]]
+
+
+def fuse_projections(layers, *, pack: bool = False) -> list[Fused]:
+    """Fuse the projection groups of every decoder layer of ``layers`` that has them as plain linear layers of
+    one dtype and device; returns the fused matrices (for :func:`fused_projections`), those fused before (by
+    another engine on the same model) included. With ``pack`` every group's product runs on a packed weight,
+    and the output projections (``o_proj``, ``down_proj``, ``out_proj``) become groups of one."""
+    fused = []
+    for places, linears, group in _groups(layers, pack):
+        if group is not None:
+            if pack and group.packed is None:
+                group.packed = Packed(group.weight)
             fused.append(group)
+            continue
+        group = Fused(linears, pack=pack)
+        for index, ((parent, attr, _), linear) in enumerate(zip(places, linears)):
+            setattr(parent, attr, Part(group, index, linear))
+        fused.append(group)
     return fused
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 
-from vlmfast.engines.hf.fused import Fused, decode_weights, fuse_projections, packing_plan
+from vlmfast.engines.hf.fused import Fused, decode_matrices, decode_weights, fuse_projections, packing_plan
 from vlmfast.engines.hf.kv import StaticKV
 from vlmfast.engines.hf.linear_states import check_cache_api, linear_modules
 from vlmfast.engines.hf.moe import grouped_configs
@@ -35,7 +35,8 @@ class TextDecoder:
         if self.linear:
             check_cache_api()
         # Q/K/V and gate/up as one product each in decode steps; on a CPU, every product on a packed weight
-        self.packed, self.pack_note = packing_plan(decode_weights(self.layers, self.lm_head))
+        self.packed, self.pack_note = packing_plan(decode_weights(self.layers, self.lm_head),
+                                                   decode_matrices(self.layers, self.lm_head))
         self.fused = fuse_projections(self.layers, pack=self.packed)
         self.head = Fused([self.lm_head], pack=True) if self.packed else None  # the module stays: ties hold
         if self.head is not None:
