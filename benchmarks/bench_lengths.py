@@ -152,6 +152,7 @@ def main() -> None:
         row_steps = 0 if name == "vLLM-CPU" else (sum(getattr(t, "row_steps", 0) for t in timings)
                                                   or sum(t.size * args.n * t.steps for t in timings))
         pct = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
+        total = lambda items, field: sum(getattr(t, field, None) or 0 for t in items)  # noqa: E731
         lines.append(f"| {name} | {len(lengths)} | {pct(0.1)} / {pct(0.5)} / {pct(0.9)} / {lengths[-1]} | "
                      f"{sum(n >= args.new_tokens for n in lengths)} | {rate[name]:,.0f} | "
                      + (f"{useful / row_steps:.0%} ({useful:,} of {row_steps:,} row-steps) |" if row_steps else "– |"))
@@ -159,9 +160,9 @@ def main() -> None:
         admissions = [t for t in timings if getattr(t, "size", 0)]
         figures[name] = {"answer_tokens": useful, "row_steps": row_steps, "at_limit": sum(n >= args.new_tokens for n in lengths),
                          "length_p10_p50_p90_max": [pct(0.1), pct(0.5), pct(0.9), lengths[-1]],
-                         "prefills": len(admissions), "prefill_s": sum(t.ttft_s for t in admissions),
-                         "cache_fill_s": sum(getattr(t, "cache_fill_s", 0.0) for t in timings),
-                         "decode_s": sum(t.decode_s for t in timings), "decode_steps": sum(t.steps for t in timings)}
+                         "prefills": len(admissions), "prefill_s": total(admissions, "ttft_s"),
+                         "cache_fill_s": total(timings, "cache_fill_s"),  # None where an engine does not time it
+                         "decode_s": total(timings, "decode_s"), "decode_steps": total(timings, "steps")}
     ratios = [f"{a} ÷ {b}: **{rate[a] / rate[b]:.2f}×**" for a, b in ((f"{label}continuous", f"{label}static batches"),
                                                                         (f"{label}continuous, admitting at a quarter free", f"{label}static batches"),
                                                                         (f"{label}continuous", "vLLM-CPU")) if a in rate and b in rate]
