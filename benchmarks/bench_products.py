@@ -31,11 +31,6 @@ def main() -> None:
 
     from vlmfast.engines.hf import fused
 
-    def packed(layout: str, weight):
-        product = fused.Packed(weight)
-        product.mkl = layout == "MKL"
-        return product
-
     lines = [
         f"### A CPU decode step's products, µs per call — torch {torch.__version__}, {torch.get_num_threads()} threads",
         "",
@@ -50,9 +45,9 @@ def main() -> None:
         invariant = {}
         for name, (out_features, in_features) in SHAPES.items():
             weight, x = torch.randn(out_features, in_features, generator=g), torch.randn(32, in_features, generator=g)
-            products = {"linear": lambda v, w=weight: functional.linear(v, w), "oneDNN": packed("oneDNN", weight)}
+            products = {"linear": lambda v, w=weight: functional.linear(v, w), "oneDNN": fused.Packed(weight, "oneDNN")}
             if fused.mkl_serves_any_rows():
-                products["MKL"] = packed("MKL", weight)
+                products["MKL"] = fused.Packed(weight, "MKL")
             for key, product in products.items():
                 fn = product if key == "linear" else (lambda v, p=product: p(v, None))
                 alone = [fn(x[row:row + 1]) for row in range(8)]

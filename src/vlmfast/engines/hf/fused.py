@@ -49,8 +49,6 @@ GROUPS = (
 ALONE = (("self_attn", ("o_proj",)), ("mlp", ("down_proj",)), ("linear_attn", ("out_proj",)),
          ("mlp", ("shared_expert.down_proj",)))
 PACKED_SHARE = 0.25  # pack only when the packed copies take at most this share of the available memory
-
-
 MKL_MOST = 1 << 20  # weights up to this many elements pack for MKL; larger ones for oneDNN (see layout_of)
 
 
@@ -58,11 +56,11 @@ class Packed:
     """A CPU float32 weight in a packed layout (:func:`layout_of`: MKL's or oneDNN's), made again whenever
     its source changes in place."""
 
-    def __init__(self, source: torch.Tensor):
+    def __init__(self, source: torch.Tensor, layout: str | None = None):
         self.source = source
         self.version = -1
         self.blocked = None  # made by the first refresh (a decode step's), so an unused one costs nothing
-        self.mkl = layout_of(source) == "MKL"
+        self.mkl = (layout or layout_of(source)) == "MKL"
 
     def refresh(self) -> None:
         if self.version != self.source._version:
@@ -141,9 +139,7 @@ def packing_plan(weights: list[torch.Tensor], matrices: list[torch.Tensor] | Non
     for layout in layouts:  # builds differ by CPU (x86, Arm): one small product says whether this one packs
         try:
             with torch.inference_mode(False):
-                probe = Packed(torch.ones(8, 8))
-                probe.mkl = layout == "MKL"
-                probe(torch.ones(2, 8), None)
+                Packed(torch.ones(8, 8), layout)(torch.ones(2, 8), None)
         except RuntimeError as exc:
             return False, f"CPU decode products unpacked: {layout} could not pack here ({str(exc).splitlines()[0][:120]})"
     needed = sum(w.numel() * w.element_size() for w in weights)
@@ -168,8 +164,7 @@ def row_invariant(layout: str) -> bool:
         g = torch.Generator().manual_seed(0)
         for shape in ((192, 64), (160, 2048)):
             weight, x = torch.randn(*shape, generator=g), torch.randn(32, shape[1], generator=g)
-            packed = Packed(weight)
-            packed.mkl = layout == "MKL"
+            packed = Packed(weight, layout)
             alone = {row: packed(x[row:row + 1], None) for row in (0, 5)}
             if not all(torch.equal(packed(x[:rows], None)[row:row + 1], alone[row])
                        for rows in (2, 13, 32) for row in alone if row < rows):
