@@ -52,3 +52,28 @@ def test_a_swap_into_a_checkpoint_without_a_generation_config_derives_it_from_it
     ours = swapped.model.generation_config.repetition_penalty
     assert ours == fresh.repetition_penalty and (ours or 1.0) == 1.0  # None on transformers 5: no penalty
     assert swapped.model.generation_config.use_cache
+
+
+def test_a_checkpoint_with_other_prompting_files_is_loaded_afresh_not_swapped(tmp_path):
+    """Another chat template (or a processor file one of them lacks) makes other prompts: the loaded
+    processor must not serve it, in place (vlmfast's engine) or reloaded (vLLM's); the same files swap."""
+    from vlmfast.checkpoints.load import load
+    from vlmfast.checkpoints.locate import locate
+    from vlmfast.checkpoints.swap import layout_difference, plan_swap
+    from vlmfast.checkpoints.tiny import build_checkpoint
+
+    first = build_checkpoint(tmp_path / "a", preset="tiny", like="grpo", seed=1)
+    same = build_checkpoint(tmp_path / "b", preset="tiny", like="grpo", seed=2)
+    loaded = load(locate(first), device="cpu", dtype="float32")
+    assert plan_swap(loaded, same).files is not None and layout_difference(first, same) is None
+
+    template = same / "chat_template.jinja"
+    template.write_text("<|im_start|>system\nBe brief.<|im_end|>\n" + template.read_text())
+    plan = plan_swap(loaded, same)
+    assert plan.files is None and "chat_template.jinja" in plan.reason
+    assert "chat_template.jinja" in layout_difference(first, same)
+
+    lost = build_checkpoint(tmp_path / "c", preset="tiny", like="grpo", seed=3)
+    (lost / "processor_config.json").unlink()
+    plan = plan_swap(loaded, lost)
+    assert plan.files is None and plan.reason.endswith("(processor_config.json)")

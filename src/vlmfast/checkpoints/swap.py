@@ -4,8 +4,8 @@ Checkpoints of one training run share the architecture and every shape; only the
 the next one's config matches the loaded model's and each of its tensors has a home of the same shape,
 its safetensors are copied into the loaded parameters in place: no new model object, no processor
 reload, and CUDA graphs and compiled decode steps stay valid because the parameters' storage is reused.
-Anything else (another architecture, a LoRA adapter, pickle weights, a tensor without a home) is a full
-load, and :func:`plan_swap` says why.
+Anything else (another architecture, a LoRA adapter, pickle weights, a tensor without a home, processor,
+tokenizer or chat-template files other than the loaded ones) is a full load, and :func:`plan_swap` says why.
 
 Trainers save under the layout their transformers version writes (``model.layers.*``, ``visual.*``)
 while the loaded model names them ``model.language_model.*``, ``model.visual.*``: names are compared
@@ -20,8 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import cache_off_locations, read_configs, saved_cache_enabled, saved_eos
+from vlmfast.checkpoints.readers import (PROCESSOR_GROUP, TEMPLATE_FILES, TOKENIZER_FILES, cache_off_locations, read_configs,
+                                        saved_cache_enabled, saved_eos)
 from vlmfast.errors import VlmfastError
+
+# what the processor, its tokenizer and the chat template are read from: a checkpoint whose files differ from
+# the loaded ones prompts otherwise (another template, other special tokens, other image sizes), so it loads afresh
+PROCESSING_FILES = (*PROCESSOR_GROUP, *TOKENIZER_FILES, *TEMPLATE_FILES)
 
 # config keys that say nothing about the weights (what a trainer flips, or records about itself)
 IGNORED_CONFIG_KEYS = frozenset({"use_cache", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
@@ -61,6 +66,8 @@ def plan_swap(loaded, directory: Path) -> SwapPlan:
         return SwapPlan(None, "its weights are incomplete")
     if _weights_config(directory) != _weights_config(loaded.config_dir):
         return SwapPlan(None, "its config differs from the loaded model's (architecture, sizes or settings)")
+    if (differing := processing_difference(Path(loaded.config_dir), directory)) is not None:
+        return SwapPlan(None, differing)
     model = loaded.model
     state = model.state_dict()
     homes = {normal_name(name): name for name in state}
@@ -179,8 +186,22 @@ def layout_difference(a: Path, b: Path) -> str | None:
                        for name, meta in safetensors_header(f).items() if name != "__metadata__"})
     if _weights_config(a) != _weights_config(b):
         return "its config differs from the running model's (architecture, sizes or settings)"
+    if (differing := processing_difference(Path(a), Path(b))) is not None:
+        return differing
     if shapes[0] != shapes[1]:
         differing = sorted(set(shapes[0].items()) ^ set(shapes[1].items()))
         return f"its tensors differ from the running model's (e.g. {differing[0][0]})"
     return None
 
+
+
+def processing_difference(a: Path, b: Path) -> str | None:
+    """Which processor, tokenizer or chat-template files of checkpoint ``b`` differ from ``a``'s (saved in one
+    of them only, or with other bytes); None when they are the same."""
+    def content(path: Path) -> bytes | None:
+        return path.read_bytes() if path.is_file() else None
+
+    differing = [name for name in PROCESSING_FILES if content(a / name) != content(b / name)]
+    if not differing:
+        return None
+    return f"its processor, tokenizer or chat-template files differ from the loaded ones ({', '.join(differing)})"
