@@ -148,6 +148,10 @@ def test_eos_list_adds_im_end(loaded):
     ids, note = eos_list(eot, tok)  # a merged checkpoint that lost <|im_end|>
     assert ids == [eot, im_end] and "lacks <|im_end|>" in note
     assert eos_list([im_end, eot], tok) == ([im_end, eot], None)
+    # a token written as text is no id: left out and said (a list of its characters crashed the decode loop)
+    ids, note = eos_list("<|im_end|>", tok)
+    assert ids == [im_end] and note.startswith("eos_token_id holds '<|im_end|>', not token ids: left out; EOS list [] lacks")
+    assert eos_list([eot, "<|im_end|>"], tok)[0] == [eot, im_end]
 
 
 def test_load_reports_what_it_found(loaded, grpo_ckpt):

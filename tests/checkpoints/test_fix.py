@@ -357,6 +357,7 @@ def test_an_eos_written_as_text_is_said_and_replaced_not_a_traceback(base_ckpt, 
     shutil.copytree(base_ckpt, d)
     full = json.loads((d / "generation_config.json").read_text())["eos_token_id"]
     edit_json(d / "generation_config.json", lambda c: c.update(eos_token_id="<|im_end|>"))
-    assert "eos-missing-im-end" in {f.code for f in diagnose(d)}
+    found = {f.code: f for f in diagnose(d)}["eos-missing-im-end"]
+    assert found.message.startswith("EOS list [] (and '<|im_end|>', which is no token id) lacks <|im_end|>")
     apply_fix(plan_fix(d))
     assert set(json.loads((d / "generation_config.json").read_text())["eos_token_id"]) == set(full)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import (
     NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
-    has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, tensor_index,
+    has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, saved_eos_not_ids, tensor_index,
     incomplete_said, saved_cache_enabled,
 )
 from vlmfast.checkpoints.weight_files import zero_said
@@ -104,10 +104,12 @@ def _eos(d, config, generation, base_dir, base_cfg) -> list[Finding]:
     stop, stop_id = chat_stop(d, config, base_dir)
     base_eos = saved_eos(base_cfg, maybe_json(base_dir / "generation_config.json") or None)[0] if base_dir else None
     fix = _fix_cmd(d, base_dir)
+    text = saved_eos_not_ids(config, generation)  # e.g. "<|im_end|>" written as text: no id, left out
+    said = f"EOS list {eos}" + (f" (and {', '.join(map(repr, text))}, which is no token id)" if text else "")
     if stop_id is not None and stop_id not in eos:
         wanted = f"the base's {base_eos}" if base_eos else f"{family_eos(d, config, eos, stop_id)}"
         return [Finding("error", "eos-missing-im-end", where,
-                        f"EOS list {eos} lacks {stop} (id {stop_id}): chat replies never stop and run to the token cap",
+                        f"{said} lacks {stop} (id {stop_id}): chat replies never stop and run to the token cap",
                         f"{fix} (sets it to {wanted})")]
     if base_eos and set(eos) != set(base_eos):
         return [Finding("warning", "eos-differs-from-base", where, f"EOS list {eos} differs from the base's {base_eos}",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmfast.checkpoints.readers import (CHAT_TEMPLATE, QWEN2_VL_CHAT_TEMPLATE, cache_off_locations, read_configs,
-                                         require_loadable, saved_cache_enabled)
+                                         require_loadable, saved_cache_enabled, token_ids)
 from vlmfast.errors import CheckpointError, UsageError, check_choice
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
@@ -306,12 +306,15 @@ def load_processor(path, *, trust_remote_code: bool, hint: str, template: str | 
 def eos_list(saved, tokenizer, family: Family | None = None) -> tuple[list[int], str | None]:
     """The checkpoint's EOS ids plus the family's chat stop (``<|im_end|>``; its id is the
     tokenizer's): merged checkpoints that lost it run away."""
-    ids = [saved] if isinstance(saved, int) else list(saved or [])
+    ids = token_ids(saved)
+    text = [v for v in (saved if isinstance(saved, (list, tuple)) else [saved]) if v is not None and v not in ids]
     stop = family.chat_stop if family else CHAT_STOP
     stop_id = tokenizer.convert_tokens_to_ids(stop)
     extra = [i for i in dict.fromkeys((stop_id, tokenizer.eos_token_id))
              if isinstance(i, int) and i != tokenizer.unk_token_id and i not in ids]
     note = f"EOS list {ids} lacks {stop}: stopping on {ids + extra}" if stop_id in extra else None
+    if text:  # what plain generate would be handed as ids
+        note = f"eos_token_id holds {', '.join(map(repr, text))}, not token ids: left out" + (f"; {note}" if note else "")
     return ids + extra, note
 
 

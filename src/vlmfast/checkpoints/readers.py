@@ -149,13 +149,31 @@ def token_id(d: Path, token: str) -> int | None:
 # -- what the configs say ------------------------------------------------------------------------
 def saved_eos(config: dict, generation: dict | None) -> tuple[list[int], str]:
     """The EOS ids plain generate stops on, and where they come from (``file: key``)."""
+    values, where = _saved_eos_values(config, generation)
+    return token_ids(values), where
+
+
+def saved_eos_not_ids(config: dict, generation: dict | None) -> list:
+    """What the saved EOS setting holds besides token ids (a token written as text, ``"<|im_end|>"``):
+    left out of :func:`saved_eos`, and worth saying."""
+    values = _saved_eos_values(config, generation)[0]
+    ids = token_ids(values)
+    return [v for v in values if v not in ids]
+
+
+def token_ids(values) -> list[int]:
+    """The integer token ids among ``values`` (one value or a list; a token written as text is no id)."""
+    values = values if isinstance(values, (list, tuple)) else [] if values is None else [values]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _saved_eos_values(config: dict, generation: dict | None) -> tuple[list, str]:
     for where, data in (("generation_config.json: eos_token_id", generation),
                         ("config.json: eos_token_id", config),
                         ("config.json: text_config.eos_token_id", config.get("text_config"))):
         if isinstance(data, dict) and data.get("eos_token_id") is not None:
             value = data["eos_token_id"]
-            values = value if isinstance(value, list) else [value]  # a token written as text is no id: left out
-            return [v for v in values if isinstance(v, int) and not isinstance(v, bool)], where
+            return (value if isinstance(value, list) else [value]), where
     return [], "generation_config.json: eos_token_id"
 
 
