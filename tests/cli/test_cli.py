@@ -222,5 +222,7 @@ def test_with_json_a_command_line_click_refuses_is_one_json_error_and_exit_codes
     results.write_text(json.dumps({"id": "a", "text": "<answer>1</answer>"}) + "\n")
     r = vlmfast("score", results, "--manifest", manifest, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["accuracy"] == 1.0
+    r = vlmfast("score", results, "--manifest", manifest, "--iou", "2", "--json")  # no box could count as correct
+    assert r.returncode == 2 and "--iou 2.0: expected a value in [0, 1]" in json.loads(r.stdout)["error"]["message"]
     r = vlmfast("infer", "--help", "--json")
     assert r.returncode == 0 and "Usage: vlmfast infer" in r.stdout

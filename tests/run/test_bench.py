@@ -139,6 +139,8 @@ def test_ratio_labels_name_both_batch_sizes():
 @pytest.mark.parametrize("kwargs, message", [
     ({}, "no workload"),
     ({"synthetic": 0}, "--synthetic 0"),
+    ({"synthetic": 1, "synthetic_size": 0}, "--synthetic-size 0"),
+    ({"synthetic": 1, "iou": -3.0}, "--iou -3.0"),
     ({"synthetic": 1, "batch_sizes": "0,x"}, "positive integers"),
     ({"synthetic": 1, "batch_sizes": (2, 0)}, "positive integers"),
     ({"synthetic": 1, "batch_sizes": ""}, "positive integers"),

@@ -43,11 +43,12 @@ def score(
         from vlmfast.files import check_output_file
         from vlmfast.inputs.datasets import DatasetKeys
 
-        from vlmfast.run.options import check_image_root
+        from vlmfast.run.options import check_image_root, check_iou
 
         if out is not None:
             check_output_file("--out", out)
         check_image_root(image_root)
+        check_iou(iou)
         check_reward_options(reward, weights=reward_weights, kwargs=reward_kwargs, threshold=reward_threshold)
         scoring = load_rewards(reward, weights=reward_weights, kwargs=reward_kwargs,
                                threshold=reward_threshold) if reward else None

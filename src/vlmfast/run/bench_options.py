@@ -69,13 +69,17 @@ class BenchOptions:
         None, help="Exit 5 when ckpt accuracy < base accuracy − X (needs ground truth in --manifest).", panel=GATES)
 
     def __post_init__(self):
-        from vlmfast.run.options import check_image_root
+        from vlmfast.run.options import check_image_root, check_iou
 
         check_image_root(self.image_root)
+        check_iou(self.iou)
         self.batch_sizes = _batch_sizes(self.batch_sizes)
         self.engines = _engines(self.engines)
         if self.synthetic is not None and self.synthetic < 1:
             raise UsageError(f"--synthetic {self.synthetic}: expected at least 1 image", hint="e.g. --synthetic 8")
+        if self.synthetic_size < 1:
+            raise UsageError(f"--synthetic-size {self.synthetic_size}: expected a side of at least 1 pixel",
+                             hint="e.g. --synthetic-size 448")
         if not (self.images or self.manifest or self.synthetic):
             raise UsageError("no workload", hint="give --images, --manifest or --synthetic N")
         if self.warmup < 0 or self.repeats < 1:

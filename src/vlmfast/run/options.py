@@ -165,8 +165,7 @@ class InferOptions:
                              hint="drop one of them")
         if self.bbox_space is not None:
             check_choice("--bbox-space", self.bbox_space, BBOX_SPACES)
-        if not 0 <= self.iou <= 1:
-            raise UsageError(f"--iou {self.iou}: expected a value in [0, 1]", hint="e.g. --iou 0.5")
+        check_iou(self.iou)
         for flag, value in (("--max-image-pixels", self.max_image_pixels), ("--max-batch-tokens", self.max_batch_tokens),
                             ("--threads", self.threads),
                             ("--max-pixels", self.max_pixels), ("--min-pixels", self.min_pixels)):
@@ -199,6 +198,12 @@ def _batch_size(value) -> int | None:
     if isinstance(number, bool) or not isinstance(number, int) or number < 1:
         raise UsageError(f"--batch-size {value}: expected a positive integer or auto", hint="e.g. --batch-size 8")
     return number
+
+
+def check_iou(iou: float) -> None:
+    """A UsageError when ``--iou`` is no overlap a box can reach (above 1 none counts, below 0 every box does)."""
+    if not 0 <= iou <= 1:
+        raise UsageError(f"--iou {iou}: expected a value in [0, 1]", hint="e.g. --iou 0.5")
 
 
 def check_image_root(image_root: str | None) -> None:
