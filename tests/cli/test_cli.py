@@ -145,6 +145,8 @@ def test_text_on_screen_is_shown_as_written(capsys):
 
 
 def test_demo_runs_offline_and_reports_the_as_saved_comparison(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "notes.txt").write_text("not an image")  # a stray file: the demo runs the images it wrote
     r = vlmfast("demo", "--workdir", tmp_path, "--max-new-tokens", 4)
     assert r.returncode == 0, r.stderr
     assert "forced on" in r.stderr and "identical greedy tokens for 8/8 samples" in r.stderr

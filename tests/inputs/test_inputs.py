@@ -127,6 +127,9 @@ def test_the_hint_offers_skip_bad_only_where_it_helps(images, tmp_path):
     with pytest.raises(InputError) as some:  # a good image beside the bad one: --skip-bad runs it
         raise_for_problems(collect(images=[str(images[0]), str(tmp_path / "gone.png")], prompt="p"))
     assert "--skip-bad" in some.value.hint
+    with pytest.raises(InputError) as bench:  # a command without --skip-bad (bench) does not offer it
+        raise_for_problems(collect(images=[str(images[0]), str(tmp_path / "gone.png")], prompt="p"), offers_skip_bad=False)
+    assert bench.value.hint == "fix or remove them"
 
 
 def test_unknown_manifest_fields_warn(images, tmp_path):

@@ -45,7 +45,8 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
         f"--out {out} --overwrite", markup=False,
     )
     options = InferOptions(
-        ckpt=str(ckpt), images=[str(images[0].parent)], prompt="What shapes are in this image?", template="r1",
+        # the images it wrote, not whatever else the folder holds
+        ckpt=str(ckpt), images=[str(p) for p in images], prompt="What shapes are in this image?", template="r1",
         out=str(out), overwrite=True, batch_size=batch_size, generation=GenerationSettings(max_new_tokens=max_new_tokens),
     )
     loaded = load(str(ckpt))

@@ -376,19 +376,22 @@ def collect(
                      manifest=manifest)
 
 
-def raise_for_problems(collected: Collected, *, skip_bad: bool = False) -> None:
+def raise_for_problems(collected: Collected, *, skip_bad: bool = False, offers_skip_bad: bool = True) -> None:
     """Any bad input fails the whole run before anything is loaded or written, every problem listed in
     one error; with ``skip_bad`` only fatal problems (duplicate ids) do, with the others listed too — and bad
-    inputs with none to run beside them (no model is loaded to write error rows alone)."""
+    inputs with none to run beside them (no model is loaded to write error rows alone). ``offers_skip_bad``:
+    whether the command has ``--skip-bad`` to suggest (``bench`` measures whole workloads: it has none)."""
     if not collected.fatal and (not collected.bad or (skip_bad and collected.requests)):
         return
     problems = list(dict.fromkeys([*collected.fatal, *(p for b in collected.bad for p in b.problems)]))  # once each
     listing = "\n".join(f"  - {p}" for p in problems[:50])
     more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
     # --skip-bad is offered only where it helps: other inputs to run, and problems it turns into rows
-    hint = ("fix or remove them, or pass --skip-bad to record an error row for each and run the rest" if collected.requests
-            else "fix them: there is no other input to run" + (" (--skip-bad keeps error rows beside inputs that run; "
-                                                               "no model was loaded)" if skip_bad else ""))
+    if collected.requests:
+        hint = "fix or remove them" + ", or pass --skip-bad to record an error row for each and run the rest" * offers_skip_bad
+    else:
+        hint = "fix them: there is no other input to run" + (
+            " (--skip-bad keeps error rows beside inputs that run; no model was loaded)" if skip_bad else "")
     if collected.manifest and sum("file not found" in str(p) for p in problems) * 2 > len(problems):  # elsewhere
         hint += ("; a manifest's relative image paths are read against its own folder: for images in another folder "
                  "(VLM-R1's --image_folders), give --image-root DIR")

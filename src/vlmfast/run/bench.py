@@ -356,5 +356,5 @@ def _workload(options: BenchOptions, scratch: str):
         images += [str(p) for p in make_images(scratch, n=options.synthetic, sizes=[(size, size)])]
     collected = collect(images=images or None, prompt=options.prompt or "Describe this image.",
                         manifest=options.manifest, template=options.template, image_root=options.image_root)
-    raise_for_problems(collected)
+    raise_for_problems(collected, offers_skip_bad=False)
     return collected.requests, collected.image_sizes
