@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from vlmfast.files import publish_directory
-from vlmfast.checkpoints.tiny import PRESETS, _STAMP, _build_into, _existing_checkpoint, _read_json, _write_json, build_checkpoint
+from vlmfast.checkpoints.tiny import PRESETS, STAMP, _build_into, _existing_checkpoint, _read_json, _write_json, build_checkpoint
 
 LAYOUTS = ("vlmr1", "easyr1", "swift", "swift-lora", "base")
 _SWIFT_RUN = "v0-20250101-000000"
@@ -86,7 +86,7 @@ def build_layout(out_dir, like: str, preset: str = "tiny", seed: int = 0, overwr
             {"vlmr1": _vlmr1, "easyr1": _easyr1, "swift": _swift}[like](tmp, model, seed)
             shutil.rmtree(model)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-        _write_json(tmp / _STAMP, {**stamp, "files": files})
+        _write_json(tmp / STAMP, {**stamp, "files": files})
         publish_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

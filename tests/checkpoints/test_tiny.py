@@ -97,6 +97,31 @@ def test_existing_dir_reused_rejected_or_overwritten(tmp_path):
     empty.mkdir()
     assert (tiny.build_checkpoint(empty) / "config.json").is_file()
 
+    # a build edited since (`vlmfast fix` turned its cache on): not what these arguments give, so not reused
+    config = _load_json(empty / "config.json")
+    (empty / "config.json").write_text(json.dumps({**config, "use_cache": True}))
+    with pytest.raises(UsageError, match=r"files changed since it was built \(config.json\)") as err:
+        tiny.build_checkpoint(empty)
+    assert "--overwrite" in err.value.hint
+    assert _load_json(tiny.build_checkpoint(empty, overwrite=True) / "config.json") == config
+
+
+def test_make_checkpoint_says_reused_and_refuses_a_file_as_its_directory(tmp_path):
+    from conftest import cli
+
+    first = cli("make-checkpoint", tmp_path / "ck")
+    again = cli("make-checkpoint", tmp_path / "ck")
+    assert first.returncode == again.returncode == 0 and first.stdout == again.stdout
+    assert "wrote a qwen2_5_vl checkpoint" in first.stderr and "reused the qwen2_5_vl checkpoint" in again.stderr
+    plain = tmp_path / "notes.jsonl"
+    plain.write_text("{}\n")
+    for target in (plain, plain / "x"):
+        r = cli("make-checkpoint", target, "--overwrite")
+        assert r.returncode == 2 and "is a file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert plain.read_text() == "{}\n"  # --overwrite replaces directories, never a file
+    r = cli("demo", "--workdir", plain)
+    assert r.returncode == 2 and "--workdir" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
 
 @pytest.mark.parametrize("kwargs, word", [({"preset": "huge"}, "tiny"), ({"like": "sft"}, "grpo")])
 def test_unknown_choices_list_valid_ones(tmp_path, kwargs, word):

@@ -80,7 +80,7 @@ _PRETOKENIZE_REGEX_QWEN3_5 = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-_STAMP = "vlmfast_tiny.json"
+STAMP = "vlmfast_tiny.json"
 _IMAGE_SIZES = [(56, 56), (112, 84), (84, 112), (112, 112)]  # (width, height)
 
 _CORPUS = """\
@@ -242,13 +242,35 @@ def _build_into(d: pathlib.Path, spec: dict, like: str, seed: int, family: Famil
     _write_json(d / "generation_config.json", gen)
 
 
+# files up to this size are stamped with their digest (configs, tokenizer, template: what `fix` edits); larger
+# ones (weights) with their size, so that reusing a build stays quick for the real shapes
+_DIGESTED_BYTES = 4 << 20
+
+
+def _file_stamps(d: pathlib.Path, files: list[str]) -> dict:
+    import hashlib
+
+    stamps = {}
+    for name in files:
+        path = d / name
+        size = path.stat().st_size
+        stamps[name] = hashlib.sha256(path.read_bytes()).hexdigest() if size <= _DIGESTED_BYTES else size
+    return stamps
+
+
+def _changed_since_built(out: pathlib.Path, found: dict) -> list[str]:
+    """The files of a build that differ from its stamp (stamps before digests: none checked)."""
+    stamps = found.get("stamps") or {}
+    return [name for name, stamp in _file_stamps(out, list(stamps)).items() if stamp != stamps[name]]
+
+
 def _existing_checkpoint(out: pathlib.Path, want: dict) -> bool:
     """True if ``out`` holds a complete build with the same arguments, False if it is missing or an
     empty directory; UsageError if it holds anything else."""
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return False
     try:
-        found = _read_json(out / _STAMP)
+        found = _read_json(out / STAMP)
     except (OSError, ValueError):
         found = None
     if found is None:
@@ -258,10 +280,12 @@ def _existing_checkpoint(out: pathlib.Path, want: dict) -> bool:
         what = ", ".join(f"{k}={found.get(k, DEFAULT_FAMILY if k == 'family' else None)!r}"
                          for k in ("family", "preset", "like", "seed", "transformers_version"))
         reason = f"a different tiny checkpoint ({what})"
-    elif found.get("files") and all((out / f).is_file() for f in found["files"]):
-        return True
-    else:
+    elif not (found.get("files") and all((out / f).is_file() for f in found["files"])):
         reason = "an incomplete tiny checkpoint"
+    elif changed := _changed_since_built(out, found):
+        reason = f"a tiny checkpoint whose files changed since it was built ({', '.join(changed)})"
+    else:
+        return True
     raise UsageError(
         f"{out} already holds {reason}; wanted family={want.get('family', DEFAULT_FAMILY)!r}, "
         f"preset={want['preset']!r}, like={want['like']!r}, seed={want['seed']!r} with transformers "
@@ -307,7 +331,7 @@ def build_checkpoint(out_dir, preset: str = "tiny", like: str = "grpo", seed: in
     try:
         _build_into(tmp, presets[preset], like, int(seed), fam)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-        _write_json(tmp / _STAMP, {**stamp, "files": files})  # written last: marks the build complete
+        _write_json(tmp / STAMP, {**stamp, "files": files, "stamps": _file_stamps(tmp, files)})  # last: marks it complete
         if not overwrite and _existing_checkpoint(out, stamp):  # a concurrent build finished first
             shutil.rmtree(tmp)
             return out

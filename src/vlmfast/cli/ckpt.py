@@ -118,10 +118,14 @@ def make_checkpoint(
 
     def run():
         from vlmfast.report.terminal import stderr
-        from vlmfast.checkpoints.tiny import build_checkpoint
+        from vlmfast.checkpoints.tiny import STAMP, build_checkpoint
+        from vlmfast.files import check_output_dir
 
+        check_output_dir("make-checkpoint", out)  # a file there: an error line, never replaced by --overwrite
+        there = (out / STAMP).is_file() and not overwrite
         path = build_checkpoint(out, preset=preset, like=like, seed=seed, overwrite=overwrite, family=family)
-        stderr.print(f"wrote a {family} checkpoint ({preset}, like {like}):", markup=False)  # the path: on stdout, once
+        said = "reused the" if there else "wrote a"  # a build with the same arguments whose files are unchanged
+        stderr.print(f"{said} {family} checkpoint ({preset}, like {like}):", markup=False)  # the path: on stdout, once
         typer.echo(str(path))
 
     guarded(run)

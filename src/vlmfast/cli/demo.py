@@ -30,7 +30,10 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     from vlmfast.engines.hf.scheduler import Scheduler
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
+    from vlmfast.files import check_output_dir
+
     workdir = Path(workdir) if workdir else default_workdir()
+    check_output_dir("--workdir", workdir)  # a file there: an error line, not mkdir's traceback
     stderr.print(f"[bold]vlmfast demo[/bold] in {escape(str(workdir))}")
     with stderr.status("building the demo checkpoint (random weights, saved cache-off like a GRPO run)…"):
         import transformers
