@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -173,6 +174,10 @@ def test_a_resume_onto_rows_made_from_other_weights_is_refused(grpo_ckpt, images
     with pytest.raises(UsageError, match="holds rows made from other weights") as caught:
         infer(_options(ckpt, images[:4], out))
     assert "--overwrite" in caught.value.hint and len(read_jsonl(out)) == 2
+    with pytest.raises(UsageError) as both:  # other weights and another prompt: one refusal names both
+        infer(dataclasses.replace(_options(ckpt, images[:4], out), prompt="Name them."))
+    assert "other weights" in both.value.message and 'and other settings: prompt: "Count." then, "Name them." now' \
+        in both.value.message, both.value.message
     assert infer(_options(ckpt, images[:4], out, overwrite=True)).samples == 4
 
 

@@ -94,7 +94,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
     if settings is not None and not options.overwrite:
         from vlmfast.run.sweep_record import refuse_other_weights
 
-        refuse_other_weights(Path(options.out), weights_id)  # a resume onto rows another checkpoint's weights made
+        refuse_other_weights(Path(options.out), weights_id, settings)  # a resume onto rows other weights made
     work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None, reward)
     work = dataclasses.replace(work, notes=work.notes + [n for n in (seed_note, getattr(reward, "note", None)) if n])
     if weights is not None and weights.allowed:

@@ -116,10 +116,7 @@ def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
         earlier = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    then = earlier.get("settings", {}) if isinstance(earlier, dict) else {}
-    then = {**ABSENT_MEANS, **then}  # a record from before a setting existed ran with what it means now
-    differs = [line for key, value in settings.items() if key not in SAME_BY_CONTENT and key in then
-               for line in _differences(key, _norm(then[key]), _norm(value))]
+    differs = setting_differences(earlier, settings)
     if differs:
         raise UsageError(f"{what}: " + "; ".join(differs), hint=hint)
     from vlmfast.timing import versions
@@ -128,6 +125,15 @@ def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
     changed = [f"{k} {before[k]} → {now[k]}" for k in ("vlmfast", "torch", "transformers")
                if k in before and k in now and _release(before[k]) != _release(now[k])]
     return f"earlier rows were made with {', '.join(changed)}; resuming with the same settings" if changed else None
+
+
+def setting_differences(record, settings: dict) -> list[str]:
+    """Each of ``settings`` that the run ``record`` (a ``.run.json``'s object) holds with another value, as
+    "name: then-value then, now-value now" (see :func:`compare`)."""
+    then = record.get("settings", {}) if isinstance(record, dict) else {}
+    then = {**ABSENT_MEANS, **then}  # a record from before a setting existed ran with what it means now
+    return [line for key, value in settings.items() if key not in SAME_BY_CONTENT and key in then
+            for line in _differences(key, _norm(then[key]), _norm(value))]
 
 
 def _release(version) -> str:
@@ -256,19 +262,22 @@ def same_digest(then: str, weights_id: dict) -> bool:
     return then in (weights_id["digest"], weights_id.get("digest_before_0_18"))
 
 
-def refuse_other_weights(results: Path, weights_id: dict | None) -> None:
+def refuse_other_weights(results: Path, weights_id: dict | None, settings: dict | None = None) -> None:
     """A UsageError when ``results``' rows were made from weights other than the checkpoint's now (its record
-    holds another fingerprint): resuming would mix the answers of two models in one file."""
+    holds another fingerprint): resuming would mix the answers of two models in one file. It names the
+    ``settings`` that differ too, so that one rerun finds every difference."""
     from vlmfast.files import holds_rows  # rows in --out, or in a parallel run's part files
 
     try:
-        then = json.loads(sidecar(results).read_text(encoding="utf-8")).get("fingerprint")
+        record = json.loads(sidecar(results).read_text(encoding="utf-8"))
+        then = record.get("fingerprint")
     except (OSError, ValueError, AttributeError):
         return
     now = weights_id["digest"] if weights_id else None
     if then is not None and now is not None and not same_digest(then, weights_id) and holds_rows(results):
+        differs = setting_differences(record, settings or {})
         raise UsageError(f"{results} holds rows made from other weights: the checkpoint's weight files changed since "
-                         f"(fingerprint {then} then, {now} now)",
+                         f"(fingerprint {then} then, {now} now)" + ("; and other settings: " + "; ".join(differs)) * bool(differs),
                          hint="rerun with --overwrite to redo them with these weights, or give another --out")
 
 
