@@ -215,6 +215,7 @@ def test_greedy_n_copies_are_not_counted_as_generated_tokens(loaded, grpo_ckpt, 
         rows = read_jsonl(tmp_path / f"{decoder}.jsonl")
         assert len(rows) == reports[decoder].samples == 8 and all(r["n_new_tokens"] == 6 for r in rows)
     hf, own = reports["hf"], reports["vlmfast"]
+    assert hf.batching == "static" and "--decoder hf: static batches" in " ".join(hf.notes)  # said, not silent
     assert hf.new_tokens == 4 * 6 and own.new_tokens == 8 * 6  # decoded once per request; twice per request
     assert hf.decode_row_utilization == own.decode_row_utilization == 1.0  # every row computed made a token
     # generate_s is rounded to 0.1 ms and tokens_per_s to 0.01: the rate lies within what those roundings allow

@@ -218,6 +218,9 @@ def open_hf(options, found, loaded, dist) -> HfBackend:
         threads, why = cpu_threads(options.threads)
         torch.set_num_threads(threads)
         notes.append(f"CPU threads: {threads} ({why})")
+    if options.decoder == "hf" and getattr(options, "batching", None) == "continuous":
+        notes.append("--decoder hf: static batches (plain generate decodes a batch whole; continuous batching is "
+                     "vlmfast's decode loop's)")
     if dist.world > 1 and options.decoder == "vlmfast" and getattr(options, "batching", "continuous") == "continuous":
         notes.append(f"static batches across the {dist.world} processes (each batch boundary is a check that stops "
                      "every process together); continuous batching runs in one process")
