@@ -51,6 +51,17 @@ def own_compile_cache(tmp_path_factory):
     os.environ["VLMFAST_CACHE"] = str(tmp_path_factory.getbasetemp() / "vlmfast-cache")
 
 
+@pytest.fixture(autouse=True)
+def pillow_pixel_limit():
+    """Collecting inputs sets Pillow's process-wide pixel limit to the run's --max-image-pixels (so decoding
+    agrees with the check); a test that collects with a small limit must not leave it to the next test."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    yield
+    Image.MAX_IMAGE_PIXELS = limit
+
+
 @pytest.fixture(scope="session")
 def family_ckpts(tmp_path_factory):
     """Each family's tiny GRPO-like checkpoint, built once per session, on demand (read only: copy to change)."""

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmfast.checkpoints.readers import (CHAT_TEMPLATE, QWEN2_VL_CHAT_TEMPLATE, cache_off_locations, read_configs,
-                                         require_loadable, saved_cache_enabled, token_ids)
+from vlmfast.checkpoints.readers import cache_off_locations, read_configs, require_loadable, saved_cache_enabled, token_ids
+from vlmfast.checkpoints.templates import CHAT_TEMPLATE, QWEN2_VL_CHAT_TEMPLATE
 from vlmfast.errors import CheckpointError, UsageError, check_choice
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require

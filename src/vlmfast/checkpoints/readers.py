@@ -25,48 +25,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 NOT_WEIGHTS = ("training_args.bin",)  # HF Trainer pickles its arguments into every checkpoint-N
 
-# ChatML, one block per turn; image/video parts become vision placeholder runs. The tiny test
-# checkpoints ship it, and the loader falls back to it for checkpoints that lost their template.
-CHAT_TEMPLATE = r"""{#- vlmfast: ChatML turns, vision parts rendered as placeholder runs -#}
-{%- for turn in messages -%}
-{{- '<|im_start|>' + turn['role'] + '\n' -}}
-{%- if turn['content'] is string -%}
-{{- turn['content'] -}}
-{%- else -%}
-{%- for part in turn['content'] -%}
-{%- if part.get('type') in ('image', 'image_url') or 'image' in part -%}
-{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
-{%- elif part.get('type') == 'video' or 'video' in part -%}
-{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
-{%- elif 'text' in part -%}
-{{- part['text'] -}}
-{%- endif -%}
-{%- endfor -%}
-{%- endif -%}
-{{- '<|im_end|>\n' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-{{- '<|im_start|>assistant\n' -}}
-{%- endif -%}
-"""
-
-# Qwen2-VL's and Qwen2.5-VL's released chat template, verbatim: a prompt without a system turn gets
-# "You are a helpful assistant." (trainers that load the released processor train with it)
-QWEN2_VL_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
-    "<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content "
-    "or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture "
-    "{{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' "
-    "or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video "
-    "{{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}"
-    "{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}"
-    "<|im_start|>assistant\n{% endif %}"
-)
-
-
-
 def read_json_object(path: Path, what: str = "a transformers config") -> dict:
     """A JSON object from ``path``, or a CheckpointError saying what is wrong with the file."""
     try:
@@ -148,28 +106,25 @@ def token_id(d: Path, token: str) -> int | None:
 
 # -- what the configs say ------------------------------------------------------------------------
 def saved_eos(config: dict, generation: dict | None) -> tuple[list[int], str]:
-    """The EOS ids plain generate stops on, and where they come from (``file: key``)."""
+    """The EOS ids plain generate stops on, and where they come from (``file: key``); :func:`saved_eos_not_ids`
+    says what else the setting holds (a token written as text, ``"<|im_end|>"``, is no id)."""
     values, where = _saved_eos_values(config, generation)
     return token_ids(values), where
 
 
 def saved_eos_not_ids(config: dict, generation: dict | None) -> list:
-    """What the saved EOS setting holds besides token ids (a token written as text, ``"<|im_end|>"``):
-    left out of :func:`saved_eos`, and worth saying."""
     values = _saved_eos_values(config, generation)[0]
-    ids = token_ids(values)
-    return [v for v in values if v not in ids]
+    return [v for v in values if v not in token_ids(values)]
 
 
 def token_ids(values) -> list[int]:
-    """The integer token ids among ``values`` (one value or a list; a token written as text is no id)."""
+    """The integer token ids among ``values`` (one value or a list)."""
     values = values if isinstance(values, (list, tuple)) else [] if values is None else [values]
     return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 def _saved_eos_values(config: dict, generation: dict | None) -> tuple[list, str]:
-    for where, data in (("generation_config.json: eos_token_id", generation),
-                        ("config.json: eos_token_id", config),
+    for where, data in (("generation_config.json: eos_token_id", generation), ("config.json: eos_token_id", config),
                         ("config.json: text_config.eos_token_id", config.get("text_config"))):
         if isinstance(data, dict) and data.get("eos_token_id") is not None:
             value = data["eos_token_id"]

@@ -17,7 +17,7 @@ import random
 import shutil
 import tempfile
 
-from vlmfast.checkpoints.readers import CHAT_TEMPLATE
+from vlmfast.checkpoints.templates import CHAT_TEMPLATE
 from vlmfast.errors import UsageError
 from vlmfast.checkpoints.families import BY_KEY, QWEN_SPECIAL, Family, family_by_key
 from vlmfast.files import publish_directory

@@ -387,11 +387,9 @@ def raise_for_problems(collected: Collected, *, skip_bad: bool = False, offers_s
     listing = "\n".join(f"  - {p}" for p in problems[:50])
     more = f"\n  … and {len(problems) - 50} more" if len(problems) > 50 else ""
     # --skip-bad is offered only where it helps: other inputs to run, and problems it turns into rows
-    if collected.requests:
-        hint = "fix or remove them" + ", or pass --skip-bad to record an error row for each and run the rest" * offers_skip_bad
-    else:
-        hint = "fix them: there is no other input to run" + (
-            " (--skip-bad keeps error rows beside inputs that run; no model was loaded)" if skip_bad else "")
+    hint = ("fix or remove them" + ", or pass --skip-bad to record an error row for each and run the rest" * offers_skip_bad
+            if collected.requests else "fix them: there is no other input to run"
+            + " (--skip-bad keeps error rows beside inputs that run; no model was loaded)" * skip_bad)
     if collected.manifest and sum("file not found" in str(p) for p in problems) * 2 > len(problems):  # elsewhere
         hint += ("; a manifest's relative image paths are read against its own folder: for images in another folder "
                  "(VLM-R1's --image_folders), give --image-root DIR")
