@@ -55,12 +55,16 @@ def test_hf_trainer_checkpoints_in_numeric_step_order(tmp_path):
     for n in (100, 2, 10):
         _model(tmp_path / f"checkpoint-{n}")
     (tmp_path / "checkpoint-5").mkdir()  # nothing written
+    (tmp_path / "checkpoint-5" / "training_args.bin").write_bytes(b"")  # the trainer's, not weights
+    _model(tmp_path / "checkpoint-7")
+    (tmp_path / "checkpoint-7" / "config.json").unlink()  # weights without their config
     _adapter(tmp_path / "checkpoint-20")  # TRL with peft
     listing = find_run_checkpoints(tmp_path)
     assert _steps(listing) == [(2, "checkpoint-2", "hf-trainer"), (10, "checkpoint-10", "hf-trainer"),
                                (20, "checkpoint-20", "lora"), (100, "checkpoint-100", "hf-trainer")]
     assert listing.steps == [2, 10, 20, 100]
-    assert [(s.path.name, s.step, s.reason) for s in listing.skipped] == [("checkpoint-5", 5, "no config.json and no weights")]
+    assert [(s.path.name, s.step, s.reason) for s in listing.skipped] == [
+        ("checkpoint-5", 5, "no config.json and no weights"), ("checkpoint-7", 7, "weights but no config.json")]
 
 
 def test_final_model_in_the_run_dir(tmp_path):

@@ -237,6 +237,42 @@ def test_a_sweep_that_fails_before_its_first_checkpoint_leaves_no_out_dir(run, t
         assert r.returncode == 2 and not out.exists(), (k, r.stderr)
 
 
+def test_a_run_with_its_own_step_0_and_a_base_is_refused_before_anything_is_written(run, tmp_path):
+    """--base is step 0 of a sweep: a run that saved checkpoint-0 too would put two models' rows and paired
+    figures under one step."""
+    import shutil
+
+    from vlmfast.errors import UsageError
+    from vlmfast.run.sweep import sweep
+
+    own = tmp_path / "run"
+    for step in (0, 100):
+        shutil.copytree(run["run"] / "checkpoint-100", own / f"checkpoint-{step}")
+    options = _options({**run, "run": own}, tmp_path / "out", base=str(run["base"]))
+    with pytest.raises(UsageError, match=r"--base .* and .*checkpoint-0 are both step 0 of the sweep") as err:
+        sweep(options)
+    assert "drop --base" in err.value.hint and not (tmp_path / "out").exists()
+    assert [f["step"] for f in sweep(dataclasses.replace(options, base=None))["checkpoints"]] == [0, 100]
+
+
+def test_when_no_checkpoint_can_be_evaluated_the_error_names_every_reason(run, tmp_path):
+    """Skipped when listed (weights without a config) and refused when loaded (a config that is no JSON): the
+    one error of a sweep with nothing to report names both."""
+    from vlmfast.errors import CheckpointError
+    from vlmfast.run.sweep import sweep
+
+    own = tmp_path / "run"
+    for step in (100, 200):
+        shutil.copytree(run["run"] / "checkpoint-100", own / f"checkpoint-{step}")
+    (own / "checkpoint-100" / "config.json").unlink()
+    (own / "checkpoint-200" / "config.json").write_text('{"model_type": "qwen2_5_vl", ')
+    with pytest.raises(CheckpointError) as err:
+        sweep(_options({**run, "run": own}, tmp_path / "out"))
+    lines = err.value.message.splitlines()
+    assert lines[1].startswith("  - step 100: ") and lines[1].endswith("weights but no config.json"), lines
+    assert lines[2].startswith("  - step 200: ") and len(lines) == 3, lines
+
+
 def test_sweep_takes_the_prompt_its_hint_names(run, tmp_path):
     """A manifest without prompts: the error's hint names --prompt, and sweep takes it."""
     bare = tmp_path / "bare.jsonl"

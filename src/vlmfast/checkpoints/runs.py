@@ -148,6 +148,10 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
     except CheckpointError:
         if shards := sorted((d / "actor").glob(FSDP_SHARDS)):
             return _unmerged(step, d, Located(d / "actor" / "huggingface", "fsdp", shards=tuple(shards)))
+        # model weights without the config that says their model (an optimizer.bin or training_args.bin is not)
+        if any(next(d.glob(g), None) for g in ("*.safetensors", "pytorch_model*.bin", "model*.bin")):
+            return Skipped(d, step, "weights but no config.json", "the save was interrupted or is still being written; "
+                           "or copy the base model's config.json beside them", pending=complete_only)
         return Skipped(d, step, "no config.json and no weights", pending=complete_only)
     if found.kind == "fsdp":
         return _unmerged(step, d, found)

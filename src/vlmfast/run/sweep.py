@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted
+from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted, UsageError
 from vlmfast.files import held_alone
 from vlmfast.run.parallel import refuse_launched
 from vlmfast.run.sweep_engine import SweepEngine, for_checkpoint, on_adapters_base, rewritten
@@ -57,6 +57,11 @@ def _checked_sweep(options: SweepOptions, progress, say, wait, on_report) -> dic
 
     out_dir = Path(options.out_dir)
     listing = find_run_checkpoints(options.run_dir, steps=options.steps, complete_only=options.watch)
+    zero = next((c.path for c in [*listing.checkpoints, *listing.skipped] if c.step == 0), None)
+    if options.base and zero is not None:  # one step, two models: their rows and paired figures would mix
+        raise UsageError(f"--base {options.base} and {zero} are both step 0 of the sweep",
+                         hint="drop --base (the run's own step 0 is the model it started from), or name the other steps "
+                              "with --steps")
     # the training's settings read once (--match-training adopts them now, for every checkpoint alike); sampling
     # without --seed: one seed for every checkpoint (paired comparisons), the one its steps recorded on resume
     adopted, parity = prepare(options.infer, listing.checkpoints[-1].path if listing.checkpoints else options.run_dir)
@@ -178,8 +183,10 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                      + " to go on")
     finally:
         models.close()
-    if not figures and refused and not interrupted:  # not a sweep's result: every checkpoint was refused
-        listing_ = "\n".join(f"  - step {r['step']}: {r['reason']}" for r in refused[:20])
+    if not figures and refused and not interrupted:  # not a sweep's result: every checkpoint was refused or skipped
+        why = [(s.step, f"{s.path}: {s.reason}") for s in listing.skipped if not s.pending]
+        why = sorted([*why, *((r["step"], r["reason"]) for r in refused)], key=lambda w: (w[0] is None, w[0] or 0))
+        listing_ = "\n".join(f"  - step {step}: {reason}" for step, reason in why[:20])
         raise CheckpointError(f"no checkpoint of {options.run_dir} could be evaluated:\n{listing_}",
                               hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)")
     report = _report(options, figures, notes, tables, by)
