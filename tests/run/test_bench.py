@@ -257,6 +257,15 @@ def test_bench_usage_errors(grpo_ckpt):
     assert r.returncode == 2 and "positive integers" in r.stderr
 
 
+def test_an_accuracy_gate_on_a_manifest_without_ground_truth_is_refused_before_any_run(grpo_ckpt, images, tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "Count."}) + "\n")
+    r = vlmfast("bench", "--ckpt", grpo_ckpt, "--compare-base", grpo_ckpt, "--manifest", manifest,
+                "--fail-if-less-accurate", 0.1, "--report", tmp_path / "report", "--json")
+    assert r.returncode == 2 and "has none in any record" in json.loads(r.stdout)["error"]["message"], r.stderr
+    assert not (tmp_path / "report").exists() and "loading" not in r.stderr  # nothing measured, nothing written
+
+
 def test_bench_n_answers_per_request_count_as_answers(grpo_ckpt, images):
     """bench --n 2: every request gives two sampled answers; --batch-sizes counts answers, as in infer, and
     the throughput counts every answer's tokens."""

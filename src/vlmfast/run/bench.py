@@ -357,4 +357,10 @@ def _workload(options: BenchOptions, scratch: str):
     collected = collect(images=images or None, prompt=options.prompt or "Describe this image.",
                         manifest=options.manifest, template=options.template, image_root=options.image_root)
     raise_for_problems(collected, offers_skip_bad=False)
+    if options.fail_if_less_accurate is not None and all(r.truth is None for r in collected.requests):
+        from vlmfast.errors import UsageError  # said now, not after every scenario ran and wrote its report
+
+        raise UsageError(f"--fail-if-less-accurate needs ground truth, and {options.manifest} has none in any record",
+                         hint='give each record its answer as "solution" (vlmfast score --help names the fields '
+                              'read), or drop --fail-if-less-accurate')
     return collected.requests, collected.image_sizes
