@@ -152,6 +152,35 @@ def test_watch_takes_new_checkpoints_as_the_trainer_writes_them(run, tmp_path):
     assert report["not_evaluated"] == []  # step 400, corrupt at first, was evaluated once saved again
 
 
+def test_watch_tries_again_a_checkpoint_caught_before_its_processor_was_saved(run, tmp_path):
+    """HF Trainer saves the weights and config, then the processor: a look in between refuses the checkpoint
+    (its processor does not load), and the next look after the files changed evaluates it."""
+    from vlmfast.run.sweep import sweep
+
+    live = tmp_path / "live"
+    shutil.copytree(run["run"] / "checkpoint-100", live / "checkpoint-100")
+    source, later = run["run"] / "checkpoint-300", live / "checkpoint-300"
+    looks = []
+
+    def wait(seconds):
+        looks.append(seconds)
+        if len(looks) == 1:  # weights and config written, the processor and tokenizer not yet
+            later.mkdir()
+            for name in ("config.json", "generation_config.json", "model.safetensors"):
+                shutil.copyfile(source / name, later / name)
+        if len(looks) == 2:
+            shutil.copytree(source, later, dirs_exist_ok=True)
+        return len(looks) < 3
+
+    said = []
+    options = _options({**run, "run": live}, tmp_path / "s", watch=True, poll_s=5)
+    report = sweep(options, wait=wait, say=said.append)
+    assert [s for s in said if s.startswith("step 300 not evaluated: ")]  # the look in between
+    assert [c["step"] for c in report["checkpoints"]] == [100, 300] and report["not_evaluated"] == []
+    assert not [n for n in report["notes"] if "not evaluated" in n]
+    assert _tokens(read_jsonl(tmp_path / "s" / "step-300.jsonl")) == _tokens(run["fresh"][300])
+
+
 @pytest.mark.parametrize("step_dir", ["checkpoint-{}", "global_step_{}/actor/huggingface"])
 def test_a_checkpoint_corrupt_in_the_first_pass_and_saved_again_is_evaluated_and_not_listed_as_skipped(run, tmp_path,
                                                                                                        step_dir):

@@ -19,7 +19,7 @@ from pathlib import Path
 from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted, UsageError
 from vlmfast.files import held_alone
 from vlmfast.run.parallel import refuse_launched
-from vlmfast.run.sweep_engine import SweepEngine, for_checkpoint, on_adapters_base, rewritten
+from vlmfast.run.sweep_engine import SweepEngine, files_signature, for_checkpoint, on_adapters_base, rewritten
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.rescore import judge_all_raised, judge_failed
 from vlmfast.run.search import steering_accuracy
@@ -115,13 +115,17 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     for step, out in gone_steps(out_dir, listed, options.steps, options.run_dir):  # evaluated, then deleted by the trainer
         figures.append(_gone(step, out, tables, notes, options.run_dir))
 
+    signs: dict[str, tuple] = {}  # a refused checkpoint's files as they were: --watch tries it again once they change
+
     def evaluate(entry: _Entry) -> float | None:
         if _refuse(entry, options, refused, notes, say):
+            signs[str(entry.path)] = files_signature(entry.path)
             return None
         try:
             figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes, by))
         except CheckpointError as exc:  # it does not load (an unknown model type, a broken config): go on without it
             _not_evaluated(entry, exc, refused, notes, say)
+            signs[str(entry.path)] = files_signature(entry.path)
             return None
         checked, news = models.engine_news()
         figures[-1].update(checked)
@@ -168,7 +172,12 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
                                CheckpointError(skipped.reason, hint=skipped.hint), refused, notes, say)
             listed = {c.step for c in looked.checkpoints}  # a broken one saved again, whole: evaluated after all
             mended = {r["path"] for r in refused if r["path"] in broken and r["step"] in listed}
+            # one refused when loaded, written on since (the trainer saves the processor after the weights): again
+            mended |= {r["path"] for r in refused if r["path"] in signs and r["step"] in listed
+                       and files_signature(r["path"]) != signs[r["path"]]}
             broken -= mended
+            notes[:] = [n for n in notes if n not in {f"step {r['step']} not evaluated: {r['reason']}" for r in refused
+                                                      if r["path"] in mended}]
             refused[:] = [r for r in refused if r["path"] not in mended]
             seen |= {r["step"] for r in refused}
             for c in rewritten(looked.checkpoints, figures, options):  # saved again in place: its rows are stale

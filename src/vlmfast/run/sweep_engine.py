@@ -103,7 +103,7 @@ def rewritten(checkpoints, figures: list[dict], options) -> list:
         if then.get((c.step, str(c.path))) is None:
             continue
         key = (str(c.path), then[(c.step, str(c.path))])
-        if _LOOKED.get(key) == (sign := _files_signature(c.path)):
+        if _LOOKED.get(key) == (sign := files_signature(c.path)):
             continue  # no file of it written since the last look: not digested again (--fingerprint full reads every byte)
         _LOOKED[key] = sign
         try:
@@ -118,7 +118,7 @@ def rewritten(checkpoints, figures: list[dict], options) -> list:
 _LOOKED: dict[tuple[str, str], tuple] = {}  # (checkpoint dir, fingerprint it was evaluated with) → its files' signature
 
 
-def _files_signature(path) -> tuple:
+def files_signature(path) -> tuple:
     """Names, sizes and modification times of the files in ``path``: what a rewrite in place changes."""
     try:
         return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in Path(path).iterdir()
