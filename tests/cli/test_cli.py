@@ -228,3 +228,28 @@ def test_with_json_a_command_line_click_refuses_is_one_json_error_and_exit_codes
     assert r.returncode == 2 and "--iou 2.0: expected a value in [0, 1]" in json.loads(r.stdout)["error"]["message"]
     r = vlmfast("infer", "--help", "--json")
     assert r.returncode == 0 and "Usage: vlmfast infer" in r.stdout
+
+
+def test_an_interrupt_while_a_finished_report_is_written_waits_for_it_and_keeps_its_exit_code(capsys):
+    """Ctrl-C or SIGTERM while the report's files are written: they are completed, then it is said, and the
+    command ends with the report's exit code (before, it said nothing was written and exited 130)."""
+    import os
+    import signal
+
+    import typer
+
+    from vlmfast.cli.common import finishing
+
+    written, before = [], signal.getsignal(signal.SIGINT)
+    with pytest.raises(typer.Exit) as ended:
+        with finishing(5):
+            os.kill(os.getpid(), signal.SIGINT)
+            written.append("report.json")
+            os.kill(os.getpid(), signal.SIGTERM)
+            written.append("report.html")
+    assert ended.value.exit_code == 5 and written == ["report.json", "report.html"]
+    assert "it was written whole first" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before  # restored
+    with finishing(0):  # nothing held: nothing said, no exit
+        written.append("plot.png")
+    assert written[-1] == "plot.png"

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from vlmfast.cli.build import takes
-from vlmfast.cli.common import EXIT_CODES_HELP, OUTPUT, Command, Json, command, guarded
+from vlmfast.cli.common import EXIT_CODES_HELP, OUTPUT, Command, Json, command, finishing, guarded
 from vlmfast.run.bench_options import BenchOptions
 
 
@@ -38,14 +38,15 @@ def bench(
             report = run_bench(options, progress=bar, say=render_note if not bar.live else (lambda text: None))
         finally:
             bar.stop()
-        render_bench(report, report["gates"]["messages"])
-        if report_dir is not None:
-            written, note = write_bench_dir(report, report_dir)
-            render_note("wrote " + ", ".join(written))
-            if note:
-                render_note(note)
-        if json_out:
-            print_json(report)
+        with finishing(report["gates"]["exit_code"]):
+            render_bench(report, report["gates"]["messages"])
+            if report_dir is not None:
+                written, note = write_bench_dir(report, report_dir)
+                render_note("wrote " + ", ".join(written))
+                if note:
+                    render_note(note)
+            if json_out:
+                print_json(report)
         if report["gates"]["exit_code"]:
             raise typer.Exit(report["gates"]["exit_code"])
 

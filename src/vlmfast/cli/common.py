@@ -140,6 +140,31 @@ def terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def finishing(report_exit_code: int = 0):
+    """The last writes of a command whose work is done (its report's files, the report printed): a Ctrl-C or
+    SIGTERM meanwhile is held until they are complete, then said, and the command ends with the report's own
+    ``report_exit_code`` — stopping half-way would leave a report that disagrees with what is on disk."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held:
+        from vlmfast.report.terminal import render_note
+
+        render_note("interrupted while the finished work's report was written: it was written whole first")
+        raise typer.Exit(report_exit_code)
+
+
 def explicit_params(ctx) -> frozenset[str]:
     """The parameters given on the command line (or by environment), not left at their defaults: what
     ``--match-training`` must leave as given."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from vlmfast.cli.build import takes
-from vlmfast.cli.common import EXIT_CODES_HELP, Command, Json, UsageError, command, explicit_params, guarded
+from vlmfast.cli.common import EXIT_CODES_HELP, Command, Json, UsageError, command, explicit_params, finishing, guarded
 from vlmfast.run.options import InferOptions
 
 
@@ -33,9 +33,10 @@ def infer(ctx: typer.Context, parsed, json_out: Json = False):
         finally:
             bar.stop()
         if is_main_process():
-            render_infer(report)
-            render_parity(report.parity)
-            if json_out:
-                print_json(report.as_dict())
+            with finishing():
+                render_infer(report)
+                render_parity(report.parity)
+                if json_out:
+                    print_json(report.as_dict())
 
     guarded(run, json_out)

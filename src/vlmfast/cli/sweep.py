@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from vlmfast.cli.build import takes
-from vlmfast.cli.common import EXIT_CODES_HELP, Command, Json, command, explicit_params, guarded
+from vlmfast.cli.common import EXIT_CODES_HELP, Command, Json, command, explicit_params, finishing, guarded
 from vlmfast.run.sweep_options import SweepOptions
 
 
@@ -38,14 +38,15 @@ def sweep(ctx: typer.Context, parsed, json_out: Json = False):
                                    on_report=(lambda so_far: _log_now(trackers, so_far, bar.note)) if trackers else None)
             finally:
                 bar.stop()
-            render_sweep(report)
-            render_parity(report.get("parity"))
-            for line in write_sweep_dir(report, out_dir) + publish(report, options, trackers=trackers):
-                render_note(line)
+            with finishing(report["exit_code"]):
+                render_sweep(report)
+                render_parity(report.get("parity"))
+                for line in write_sweep_dir(report, out_dir) + publish(report, options, trackers=trackers):
+                    render_note(line)
+                if json_out:
+                    print_json(report)
         finally:
             trackers.close()
-        if json_out:
-            print_json(report)
         if report["exit_code"]:
             raise typer.Exit(report["exit_code"])
 
