@@ -207,9 +207,11 @@ def test_a_sweep_of_adapters_whose_named_base_is_elsewhere_runs_them_on_its_base
     manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": str(p), "prompt": "Count.", "answer": "3"}) + "\n"
                                 for i, p in enumerate(images[:2])))
     settings = dict(manifest=str(manifest), device="cpu")
+    said = []
     report = sweep(SweepOptions(run_dir=str(run), out_dir=str(tmp_path / "s"), base=str(lora.base),
-                                infer=InferOptions(ckpt=str(run), **settings)), say=lambda _: None)
+                                infer=InferOptions(ckpt=str(run), **settings)), say=said.append)
     assert [c["step"] for c in report["checkpoints"]] == [0, 1, 2] and report["not_evaluated"] == []
+    assert any(s.endswith("checkpoint-1: loaded afresh (its LoRA adapter loads with the sweep's --base)") for s in said), said
     assert any(n.startswith("the run's LoRA adapters name /mnt/trainer/models/Qwen2.5-VL as their base") for n in report["notes"])
     alone = infer(InferOptions(ckpt=str(run / "checkpoint-1"), base=str(lora.base), out=str(tmp_path / "one.jsonl"), **settings))
     assert alone.samples == 2

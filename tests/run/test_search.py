@@ -66,3 +66,14 @@ def test_sweep_search_coarse_finds_the_known_peak_of_a_made_run(grpo_ckpt, tmp_p
     assert report["best"]["step"] == 1500 and len(seen) <= 12 and sorted(seen) == report["search"]["evaluated"]
     assert sorted(report["search"]["skipped"] + seen) == STEPS and report["search"]["every"] == 3
     assert any("--search coarse evaluated" in note for note in report["notes"])
+
+
+def test_every_without_the_coarse_search_is_refused_not_ignored(tmp_path):
+    from vlmfast.errors import UsageError
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.sweep import SweepOptions
+
+    infer = InferOptions(ckpt=str(tmp_path), images=["x.png"], prompt="p")
+    with pytest.raises(UsageError, match=r"--every 3 is the stride of --search coarse"):
+        SweepOptions(run_dir=str(tmp_path), out_dir=str(tmp_path / "out"), infer=infer, every=3)
+    assert SweepOptions(run_dir=str(tmp_path), out_dir=str(tmp_path / "out"), infer=infer, every=3, search="coarse").every == 3

@@ -34,7 +34,7 @@ class SweepEngine:
         try:
             if self.backend is not None and for_checkpoint(self.options.infer, found).base is not None:
                 self.close()  # adapters on the sweep's --base: the engine was opened without it (a full model first)
-                self.backend = None
+                self.backend, why = None, "its LoRA adapter loads with the sweep's --base"
             if self.backend is not None:
                 how, seconds, why = self.backend.switch_to(found, canary=self.options.canary)
                 if how is None:  # this engine cannot move to another checkpoint: a new one for it

@@ -92,6 +92,8 @@ class SweepOptions:
                              hint="drop one of them")
         if self.every is not None and self.every < 1:
             raise UsageError(f"--every {self.every}: expected a stride of 1 or more", hint="e.g. --every 5")
+        if self.every is not None and self.search != "coarse":  # else it would be ignored without a word
+            raise UsageError(f"--every {self.every} is the stride of --search coarse", hint="add --search coarse, or drop --every")
         if self.tensorboard is not None or self.wandb is not None:  # a missing package is said now, not after the sweep
             from vlmfast.report.trackers import check_trackers
 
