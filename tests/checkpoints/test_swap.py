@@ -78,4 +78,4 @@ def test_a_checkpoint_with_other_prompting_files_is_loaded_afresh_not_swapped(tm
     name = next(n for n in ("processor_config.json", "preprocessor_config.json") if (lost / n).is_file())
     (lost / name).unlink()
     plan = plan_swap(loaded, lost)
-    assert plan.files is None and plan.reason.endswith(f"({name})")
+    assert plan.files is None and plan.reason.endswith(f"loaded ones: {name}")

@@ -204,4 +204,4 @@ def processing_difference(a: Path, b: Path) -> str | None:
     differing = [name for name in PROCESSING_FILES if content(a / name) != content(b / name)]
     if not differing:
         return None
-    return f"its processor, tokenizer or chat-template files differ from the loaded ones ({', '.join(differing)})"
+    return f"its processor, tokenizer or chat-template files differ from the loaded ones: {', '.join(differing)}"
