@@ -253,3 +253,9 @@ def test_an_interrupt_while_a_finished_report_is_written_waits_for_it_and_keeps_
     with finishing(0):  # nothing held: nothing said, no exit
         written.append("plot.png")
     assert written[-1] == "plot.png"
+    with pytest.raises(KeyboardInterrupt):  # asked twice: stops at once
+        with finishing(0):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            written.append("never")
+    assert written[-1] == "plot.png" and signal.getsignal(signal.SIGINT) is before

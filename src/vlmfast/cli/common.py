@@ -144,7 +144,8 @@ def terminate_as_interrupt():
 def finishing(report_exit_code: int = 0):
     """The last writes of a command whose work is done (its report's files, the report printed): a Ctrl-C or
     SIGTERM meanwhile is held until they are complete, then said, and the command ends with the report's own
-    ``report_exit_code`` — stopping half-way would leave a report that disagrees with what is on disk."""
+    ``report_exit_code`` — stopping half-way would leave a report that disagrees with what is on disk. A second
+    one stops at once."""
     import signal
     import threading
 
@@ -152,7 +153,13 @@ def finishing(report_exit_code: int = 0):
         yield
         return
     held = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def hold(signum, frame):
+        held.append(signum)
+        if len(held) > 1:  # asked twice (a tracker's upload that hangs, say): stop now after all
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
