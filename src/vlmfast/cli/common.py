@@ -146,30 +146,20 @@ def finishing(report_exit_code: int = 0):
     SIGTERM meanwhile is held until they are complete, then said, and the command ends with the report's own
     ``report_exit_code`` — stopping half-way would leave a report that disagrees with what is on disk. A second
     one stops at once."""
-    import signal
-    import threading
+    from vlmfast.run.results import sigint_deferred
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = []
-
-    def hold(signum, frame):
-        held.append(signum)
-        if len(held) > 1:  # asked twice (a tracker's upload that hangs, say): stop now after all
-            raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    written = False
     try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if held:
+        with sigint_deferred(second_stops=True):
+            yield
+            written = True
+    except KeyboardInterrupt:
+        if not written:  # a second one, inside the writes: stop now
+            raise
         from vlmfast.report.terminal import render_note
 
         render_note("interrupted while the finished work's report was written: it was written whole first")
-        raise typer.Exit(report_exit_code)
+        raise typer.Exit(report_exit_code) from None
 
 
 def explicit_params(ctx) -> frozenset[str]:

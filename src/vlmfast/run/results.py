@@ -139,14 +139,20 @@ def _append(path: Path, rows: list[dict]) -> None:
 
 
 @contextlib.contextmanager
-def sigint_deferred():
-    """Ctrl-C (or SIGTERM) during a write lands after it: the batch is on disk whole, then KeyboardInterrupt."""
+def sigint_deferred(second_stops: bool = False):
+    """Ctrl-C (or SIGTERM) during a write lands after it: the batch is on disk whole, then KeyboardInterrupt.
+    ``second_stops``: a second one stops at once (writes that may hang, such as a tracker's upload)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def hold(signum, frame):
+        received.append(signum)
+        if second_stops and len(received) > 1:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
