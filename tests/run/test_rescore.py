@@ -125,6 +125,22 @@ def test_rows_of_another_tool_are_scored_from_their_text(tmp_path):
     assert json.loads(r.stdout)["accuracy"] == 5 / 9
 
 
+def test_rows_of_another_tool_name_an_option_by_its_text_from_the_manifest_s_prompt(tmp_path):
+    """id + text only: an answer that names an option by its text ("square") is read against the options of
+    the manifest's prompt, as a row vlmfast wrote (which carries the prompt) is; the prompt is not written
+    into the scored rows."""
+    prompt = "Question: Which shape?\nOptions:\nA. square\nB. circle\nPlease select the correct answer from the options above. \n"
+    manifest = tmp_path / "mcq.jsonl"
+    manifest.write_text("".join(json.dumps({"id": rid, "image": f"{rid}.png", "prompt": prompt, "solution": "A",
+                                            "scorer": "choice"}) + "\n" for rid in ("a", "b")))
+    rows = [{"id": "a", "text": "square"}, {"id": "b", "text": "circle"}]
+    out = tmp_path / "scored.jsonl"
+    summary = rescore_file(_results(tmp_path, rows), str(manifest), out=out)
+    assert (summary["scored"], summary["accuracy"], summary["answer_parse_failures"]) == (2, 0.5, 0)
+    written = read_jsonl(out)
+    assert [w["correct"] for w in written] == [True, False] and all("prompt" not in w for w in written)
+
+
 def test_other_fields_are_written_back_unchanged(tmp_path):
     manifest = _manifest(tmp_path, {"a": "3", "b": "B"})
     rows = [{"id": "a", "text": "<answer>3</answer>", "answer": "a stale 7", "latency_ms": 12.5, "meta": {"k": [1]}},

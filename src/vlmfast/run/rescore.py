@@ -118,10 +118,11 @@ def _check_matches(rows: list[dict], truths: dict, results: Path, manifest: str,
                          f"{looked}; the records have {found}", hint=hint)
 
 
-def _refuse_other_requests(rows: list[dict], manifest: str, keys, image_root, results: Path) -> None:
+def _refuse_other_requests(rows: list[dict], manifest: str, keys, image_root, results: Path) -> dict:
     """An InputError when rows that carry their prompt or images (vlmfast's do) answered other requests than
     their ids name in ``manifest`` now: a line added or removed moves the ids given by position (or by an
-    image's rank), and scoring them would judge answers against other questions' truths."""
+    image's rank), and scoring them would judge answers against other questions' truths. Returns the
+    manifest's requests by id."""
     import os
 
     from vlmfast.inputs.convert import _good_requests
@@ -143,6 +144,19 @@ def _refuse_other_requests(rows: list[dict], manifest: str, keys, image_root, re
                          f"({', '.join(other[:5])}{' …' if len(other) > 5 else ''}): another prompt or other images",
                          hint="give the manifest the results were made from (ids by position move when lines are added "
                               "or removed)")
+    return asked
+
+
+def _with_prompts(rows: list[dict], asked: dict) -> list[dict]:
+    """``rows``, where one carries no prompt (another tool's: id and text only), with its manifest request's
+    prompt, as a row vlmfast wrote carries it: a multiple-choice answer naming an option by its text is read
+    from the prompt's options, and a reward function is handed the question."""
+    def prompt(row):
+        request = asked.get(str(row["id"]))
+        return request.prompt if request is not None and request.prompt != "-" else None
+
+    return [row if isinstance(row.get("prompt"), str) or prompt(row) is None else {**row, "prompt": prompt(row)}
+            for row in rows]
 
 
 def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
@@ -174,14 +188,15 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     rows, notes = read_result_rows(results)
     truths = read_truths(manifest, keys, image_root)
     _check_matches(rows, truths, results, manifest, keys)
-    _refuse_other_requests(rows, manifest, keys, image_root, results)
+    asked = _with_prompts(rows, _refuse_other_requests(rows, manifest, keys, image_root, results))
     lines = read_reward_truths(manifest, keys, image_root) if reward is not None or by else None
     values = _column_values(by, lines, rows, manifest, results) if by else None  # checked before anything is written
     if reward is not None:
-        scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(rows, lines, skip_bad=skip_bad))]
+        scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(asked, lines, skip_bad=skip_bad))]
         notes += [n for n in [getattr(reward, "note", None)] if n]  # several functions: what decides "correct"
-    else:
-        scored = rescore(rows, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space)
+    else:  # the scoring fields onto the rows as read: a prompt taken from the manifest is not written into them
+        scored = [new if "prompt" in row else {k: v for k, v in new.items() if k != "prompt"}
+                  for row, new in zip(rows, rescore(asked, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space))]
     if out is not None:  # a row the manifest does not hold is written as it was (scored against another manifest?)
         kept = [row if str(row["id"]) not in truths else new for row, new in zip(rows, scored)]
         Path(out).parent.mkdir(parents=True, exist_ok=True)
