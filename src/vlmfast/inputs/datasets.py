@@ -265,8 +265,6 @@ def dig(row: dict, key: str):
 def load_images(requests) -> dict[tuple[str, int], object]:
     """``(request id, image position) → PIL image`` for every embedded image of ``requests`` (decoded from
     bytes read just now; nothing written to disk). Path images are not in it."""
-    from PIL import Image
-
     refs = [d for r in requests for d in (getattr(r, "image_data", None) or ()) if d is not None]
     if not refs:
         return {}
@@ -275,8 +273,19 @@ def load_images(requests) -> dict[tuple[str, int], object]:
         from vlmfast.inputs.tsv import fetch_tsv_bytes
 
         found.update(fetch_tsv_bytes([d for d in refs if d.kind == "tsv"]))
-    return {(r.id, k): Image.open(io.BytesIO(found[d])) for r in requests
+    return {(r.id, k): _decoded(found[d], d.kind) for r in requests
             for k, d in enumerate(getattr(r, "image_data", None) or ()) if d is not None}
+
+
+def _decoded(data: bytes, kind: str):
+    """The PIL image of embedded bytes. A TSV's image as VLMEvalKit's ``decode_base64_to_image`` gives it
+    (vlmeval/smp/vlm.py at e8e78f05): RGBA, LA and palette images converted to RGB, which drops the alpha
+    (the colour under a transparent pixel, often black), before the model's loader sees the file it writes —
+    qwen-vl-utils would lay a transparent pixel on white."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    return image.convert("RGB") if kind == "tsv" and image.mode in ("RGBA", "P", "LA") else image
 
 
 # -- EasyR1's format prompt -------------------------------------------------------------------------------
