@@ -3,7 +3,10 @@
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
+
+from vlmfast.errors import InputError
 
 
 def _png(path):
@@ -104,3 +107,39 @@ def test_a_data_uri_is_named_as_one_and_not_echoed_whole(tmp_path):
     (tmp_path / "m.jsonl").write_text(json.dumps({"id": "u", "image": uri, "prompt": "What?"}) + "\n")
     (bad,) = collect(manifest=str(tmp_path / "m.jsonl")).bad
     assert "a data URI: images are read from local files" in bad.error and uri not in bad.error
+
+
+def test_base64_image_data_where_a_path_goes_is_named_as_such_and_not_echoed(tmp_path):
+    """ms-swift lines may hold an image as a base64 string: refused as base64 data (its length said), never
+    echoed whole (not as the line's id either: a line without an id is named by its position), by --manifest
+    and by convert alike."""
+    import base64
+    import io
+
+    from vlmfast.inputs.convert import convert_file
+    from vlmfast.inputs.requests import collect
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, "PNG")
+    data = base64.b64encode(buf.getvalue()).decode()
+    line = {"messages": [{"role": "user", "content": "<image>What is this?"}], "images": [data]}
+    (tmp_path / "swift.jsonl").write_text(json.dumps(line) + "\n")
+    (bad,) = collect(manifest=str(tmp_path / "swift.jsonl")).bad
+    assert bad.id == "swift.jsonl:1" and f"base64 data ({len(data):,} characters)" in bad.error
+    assert data[:100] not in bad.error
+    with pytest.raises(InputError) as err:
+        convert_file(str(tmp_path / "swift.jsonl"))
+    assert "base64 data" in err.value.message and data[:100] not in err.value.message
+
+
+def test_a_trainer_s_problem_line_is_refused_with_the_convert_command_even_with_prompt(tmp_path):
+    """An EasyR1 / VLM-R1 dataset line ("problem", "answer", "images") has no "prompt": --prompt would have asked
+    every line the same generic question, noted only as an ignored field; it is a bad line naming convert."""
+    from vlmfast.inputs.requests import collect
+
+    a = _png(tmp_path / "a.png")
+    (tmp_path / "easyr1.jsonl").write_text(json.dumps({"images": [a], "problem": "<image>Find x.", "answer": "3"}) + "\n")
+    for prompt in (None, "Describe."):
+        c = collect(manifest=str(tmp_path / "easyr1.jsonl"), prompt=prompt)
+        assert c.requests == [] and "holds \"problem\"" in c.bad[0].error
+        assert f"vlmfast convert {tmp_path / 'easyr1.jsonl'} --out easyr1.manifest.jsonl" in c.bad[0].error

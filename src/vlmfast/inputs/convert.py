@@ -17,7 +17,8 @@ from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
 from vlmfast.inputs.datasets import VLMR1_SCORERS
-from vlmfast.inputs.requests import Request, parse_messages, read_manifest
+from vlmfast.inputs.records import is_base64_image, parse_messages
+from vlmfast.inputs.requests import Request, read_manifest
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 
 FORMATS = ("vlmr1", "swift", "auto")
@@ -172,8 +173,9 @@ def _images(record: dict, image_root: str | None) -> list[str]:
     paths = []
     for item in value:
         path = item.get("path") if isinstance(item, dict) else item  # ms-swift also writes {"path": ...}
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"image {item!r} is not a path")
+        if not isinstance(path, str) or not path or is_base64_image(path):
+            raise ValueError(f"image {item!r:.60} is not a path" + (f" but base64 data ({len(path):,} characters): write it "
+                                                                    "to a file first" if isinstance(path, str) and path else ""))
         relative = not (os.path.isabs(path) or path.startswith(_URL_PREFIXES))
         paths.append(os.path.join(image_root, path) if image_root and relative else path)
     return paths

@@ -100,6 +100,25 @@ def first_image(record: dict) -> str | None:
     return first if isinstance(first, str) and first else None
 
 
+# The first bytes of the image formats a base64 string written where a path goes (ms-swift reads such strings) holds.
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
+
+
+def is_base64_image(text: str) -> bool:
+    """Whether ``text`` is base64 image data rather than a path: a long run of the base64 alphabet whose
+    decoded start is an image format's signature."""
+    import base64
+    import binascii
+    import re
+
+    if len(text) < 100 or not re.fullmatch(r"[A-Za-z0-9+/\s]+=*", text[:4096]):
+        return False
+    try:
+        return base64.b64decode(text[:16]).startswith(_IMAGE_MAGIC)
+    except (binascii.Error, ValueError):
+        return False
+
+
 def content_text(content) -> str:
     """The text of a chat turn's content: a string, or OpenAI-style parts (text parts joined)."""
     if isinstance(content, str):
