@@ -3,21 +3,30 @@ with an ``index`` column, the image as base64 in ``image`` (or a list of them; o
 repeated image, the ``index`` of the row holding it), the ``question``, option columns ``A``, ``B``, …,
 an optional ``hint`` and the ``answer``.
 
-Each row becomes the request VLMEvalKit would send: its images first, then the prompt its multiple-choice
-datasets build (``ImageMCQDataset.build_prompt``)::
+Each row becomes the request VLMEvalKit sends a Qwen-VL model: its images first, then the prompt of the
+dataset (VLMEvalKit e8e78f0). Its Qwen2.5-VL, Qwen3-VL and Qwen3.5 entries in vlmeval/config.py set
+``use_custom_prompt=False``, and for a TSV it does not know by name (``DATASET_TYPE`` is None) no wrapper
+builds its own, so the dataset's ``build_prompt`` writes it. A file with columns ``A`` and ``B`` is
+multiple choice, as vlmeval/dataset/__init__.py ``build_dataset`` decides for a custom set
+(``CustomMCQDataset``: vlmeval/dataset/image_mcq.py ``ImageMCQDataset.build_prompt``)::
 
-    Hint: {hint}\\n            (when the row has one)
-    Question: {question}\\n
-    Options:\\n
-    A. {A}\\n                  (every option column that is not empty, in letter order)
-    Please select the correct answer from the options above. \\n
+    Hint: {hint}\n            (when the row has one)
+    Question: {question}\n
+    Options:\n               (these two parts when the row has an option)
+    A. {A}\n                  (every option column that is not missing, in letter order)
+    Please select the correct answer from the options above. \n
 
-with ``answer`` as the truth and the ``choice`` scorer. A row without options is a plain question (its
-VQA datasets' prompt: the question as it is), scored by the manifest's default scorer. The id is the
-``index``. Images are kept as references (the row's byte offset in the file) and decoded from base64
-when their batch is prepared; nothing is written to disk.
+with ``answer`` as the truth and the ``choice`` scorer. Any other file is VQA (``CustomVQADataset``,
+vlmeval/dataset/image_vqa.py): the prompt is the question as it is, scored by the manifest's default
+scorer. Cells are printed as pandas reads them (:mod:`vlmfast.inputs.tsv_cells`). Where VLMEvalKit sends
+another prompt: Qwen2-VL's entries keep ``Qwen2VLPromptMixin`` (vlmeval/vlm/qwen2_vl/prompt.py), used
+for sets VLMEvalKit registers by name (MMBench_DEV_EN, …): the multiple-choice prompt stripped at the end
+(``请直接回答选项字母。`` in place of the English line when the text is Chinese), "\nPlease try to answer the
+question with short words or phrases if possible." after a VQA question, " Please answer yes or no." after
+HallusionBench's and POPE's. The id is the ``index``. Images are kept as references (the row's byte offset
+in the file) and decoded from base64 when their batch is prepared; nothing is written to disk.
 
-Rows are split as pandas' ``read_csv(sep="\\t")`` splits them (VLMEvalKit reads these files so), with
+Rows are split as pandas' ``read_csv(sep="\t")`` splits them (VLMEvalKit reads these files so), with
 :mod:`csv`'s same rules, a line at a time so that each record keeps its byte offset: a quote opens a quoted
 field only at a field's start, a quote inside a field is text, blank lines are skipped.
 """
@@ -37,9 +46,12 @@ from vlmfast.errors import InputError
 from vlmfast.evaluation.scoring import truth_text
 from vlmfast.inputs.embedded import EmbeddedImage
 from vlmfast.inputs.records import BadInput, Problem, Request, check_image_bytes
+from vlmfast.inputs.tsv_cells import is_missing, printed
 
 MCQ_TAIL = "Please select the correct answer from the options above. \n"
 TEXT_COLUMNS = ("question", "hint", "answer", *string.ascii_uppercase)
+PROMPT_COLUMNS = ("question", "hint", *string.ascii_uppercase)
+SHORT = 64  # an image cell this long or shorter names the row holding the image (vlmeval/dataset/image_base.py)
 
 
 def is_tsv(path: str) -> bool:
@@ -47,28 +59,26 @@ def is_tsv(path: str) -> bool:
     return Path(path).suffix.lower() == ".tsv"
 
 
-def build_prompt(row: dict) -> tuple[str, bool]:
-    """The prompt VLMEvalKit builds for the row, and whether it is multiple choice."""
-    options = {c: row[c] for c in string.ascii_uppercase if _given(row.get(c))}
-    if not options:
-        return row.get("question") or "", False
-    prompt = f"Hint: {row['hint']}\n" if _given(row.get("hint")) else ""
-    prompt += f"Question: {row.get('question') or ''}\n"
-    prompt += "Options:\n" + "".join(f"{key}. {item}\n" for key, item in options.items())
-    return prompt + MCQ_TAIL, True
-
-
-def _given(value) -> bool:
-    """A cell pandas would not read as NaN (empty, or one of its NaN spellings)."""
-    return value is not None and value.strip() not in ("", "nan", "NaN", "None", "null", "NA", "N/A")
+def build_prompt(row: dict, mcq: bool) -> str:
+    """The prompt VLMEvalKit's dataset builds for the row (its cells as :func:`vlmfast.inputs.tsv_cells.printed`
+    gives them, None where missing); ``mcq``: the file has option columns ``A`` and ``B``."""
+    if not mcq:
+        return row.get("question") or ""
+    options = {c: row[c] for c in string.ascii_uppercase if row.get(c) is not None}
+    prompt = f"Hint: {row['hint']}\n" if row.get("hint") is not None else ""
+    prompt += f"Question: {row['question'] if row.get('question') is not None else 'nan'}\n"  # pandas' NaN prints so
+    if options:
+        prompt += "Options:\n" + "".join(f"{key}. {item}\n" for key, item in options.items()) + MCQ_TAIL
+    return prompt
 
 
 class _Unreadable(Exception):
-    """Where the file's records cannot be told apart: its line, and what is wrong there."""
+    """Where the file cannot be read on: its line, what is wrong there, and what to do (None: the rows after
+    it cannot be told apart, a quote's doing)."""
 
-    def __init__(self, line: int, what: str):
+    def __init__(self, line: int, what: str, hint: str | None = None):
         super().__init__(what)
-        self.line, self.what = line, what
+        self.line, self.what, self.hint = line, what, hint
 
 
 def _records(f):
@@ -83,7 +93,11 @@ def _records(f):
 
     def lines():
         for raw in iter(f.readline, b""):
-            text = raw.decode("utf-8")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _Unreadable(line + read["lines"], f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte "
+                                                        f"{exc.start + 1} of line {line + read['lines']})", _NOT_UTF8_HINT) from None
             if read["bytes"] == 0 and offset == 0:
                 text = text.removeprefix("\ufeff")  # a byte-order mark
             read["bytes"] += len(raw)
@@ -113,6 +127,10 @@ def _blank(fields: list[str]) -> bool:
     return len(fields) <= 1 and not "".join(fields).strip()
 
 
+_NOT_UTF8_HINT = ("VLMEvalKit reads TSVs as UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8 IN.tsv > OUT.tsv, "
+                  "naming the encoding it was written in)")
+_EXTRA_TAB_HINT = ("a tab inside a cell splits it in two: put that cell in quotes, or replace the tab (pandas, "
+                   "VLMEvalKit's reader, stops at such a row too)")
 _UNREADABLE_HINT = ("a quote (\") at the start of a field opens a quoted field that runs to the next quote, as "
                     "pandas reads it for VLMEvalKit: double a quote inside a quoted field (\"6\"\" ruler\"), or quote "
                     "the whole field")
@@ -130,31 +148,44 @@ def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None
         with open(p, "rb") as f:
             records = _records(f)
             columns = next(records, (0, 0, []))[2]
+            if "image" not in columns and "image_path" in columns:
+                raise InputError(f"{path} names its images by image_path only (no image column): vlmfast reads a TSV's "
+                                 "images as base64 from its 'image' column, not by path (VLMEvalKit reads such paths "
+                                 "against its working directory, else $LMUData/images/<dataset name>)",
+                                 hint="write a JSONL manifest instead, one {\"id\", \"image\": PATH, \"prompt\", "
+                                      "\"answer\"} line per row (relative paths are read against its folder, or "
+                                      "--image-root DIR), or embed the images as base64 in an 'image' column")
             if "image" not in columns:
                 raise InputError(f"{path} has no image column (columns: {', '.join(columns)})",
                                  hint="VLMEvalKit TSVs hold base64 images in an 'image' column")
             for line, offset, fields, lines in records:
                 if _blank(fields):
                     continue
-                if len(fields) > len(columns):  # a quote that opened a field by mistake and ran into later rows
-                    raise _Unreadable(line, f"{len(fields)} fields where the header has {len(columns)}"
-                                            + (f" ({lines} lines read as one row)" if lines > 1 else ""))
+                if len(fields) > len(columns) and lines > 1:  # a quote that opened a field by mistake, run into later rows
+                    raise _Unreadable(line, f"{len(fields)} fields where the header has {len(columns)} ({lines} lines "
+                                            "read as one row)")
+                if len(fields) > len(columns):
+                    raise _Unreadable(line, f"{len(fields)} fields where the header has {len(columns)}: a tab too "
+                                            "many in the row?", _EXTRA_TAB_HINT)
                 if lines > 1 and any("\t" in v and "\n" in v for v in fields):
                     joined.append(line)
                 row = dict(zip(columns, fields))
                 cell = row.pop("image", None) or ""
-                short = cell.strip() if len(cell.strip()) < 64 else None
+                short = cell.strip() if len(cell.strip()) <= SHORT else None
                 rows.append((row, offset, short, None if short is not None else _checked(cell, images, max_image_pixels)))
     except _Unreadable as exc:
-        raise InputError(f"{path}:{exc.line}: {exc.what}; the rows after it cannot be told apart", hint=_UNREADABLE_HINT) from None
-    except (OSError, UnicodeDecodeError) as exc:
+        rest = "; the rows after it cannot be told apart" if exc.hint is None else ""
+        raise InputError(f"{path}:{exc.line}: {exc.what}{rest}", hint=exc.hint or _UNREADABLE_HINT) from None
+    except OSError as exc:
         raise InputError(f"cannot read manifest {path}: {exc}", hint="give a UTF-8, tab-separated VLMEvalKit file") from exc
     by_index = {row.get("index"): k for k, (row, *_) in enumerate(rows) if row.get("index")}
     items, extra = [], sorted(set(columns) - {"index", "image", "image_path", *TEXT_COLUMNS})
+    mcq = "A" in columns and "B" in columns
+    texts = printed([row for row, *_ in rows], PROMPT_COLUMNS)
     for number, (row, offset, short, checks) in enumerate(rows):
         where = f"{path}#row={number}"
         rid = row.get("index") or str(number)
-        prompt, mcq = build_prompt(row)
+        prompt = build_prompt(texts[number], mcq)
         prompt = prompt if prompt.strip() else default_prompt
         if not prompt:
             items.append(BadInput(rid, (Problem(where, "no question in the row (--prompt gives one for all)"),)))
@@ -162,16 +193,21 @@ def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None
         source = offset
         if short is not None and short in by_index:  # MMBench: a repeated image names the row that holds it
             held = rows[by_index[short]]
-            source, checks = held[1], held[3] if held[3] is not None else _checked(held[2], images, max_image_pixels)
+            source, checks = held[1], held[3] if held[3] is not None or not images else [(None, (
+                f"the image cell {short!r} names row {short}, which holds no image of its own (VLMEvalKit asserts it does)"))]
+        elif short:  # VLMEvalKit asserts that the row it names is there
+            checks = [(None, None if not images else (
+                f"the image cell {short!r} names no row: no row has index {short} (a cell of up to {SHORT} characters "
+                "is the index of the row holding the image, as MMBench writes a repeated one)"))]
         elif short is not None:
-            checks = _checked(short, images, max_image_pixels)
+            checks = []
         labels = tuple(f"{path}#row={number}/image={k}" for k in range(len(checks)))
         refs = tuple(EmbeddedImage(str(p), "tsv", source, number, "image", k if len(checks) > 1 else None)
                      for k in range(len(checks)))
         problems = [Problem(label, problem) for label, (_, problem) in zip(labels, checks) if problem is not None]
         if not checks and images:
             problems.append(Problem(where, "no image in column \"image\""))
-        answer = row.get("answer") if _given(row.get("answer")) else None
+        answer = row.get("answer") if not is_missing(row.get("answer")) else None
         request = Request(id=rid, images=labels, prompt=prompt, system=None, truth=truth_text(answer),
                           scorer="choice" if mcq and answer is not None else None, data_source=None,
                           manifest_truth=answer, record=row, image_data=refs or None)
