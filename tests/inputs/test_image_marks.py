@@ -21,13 +21,18 @@ def test_jsonl_marks_must_match_images(tmp_path):
     lines = [{"id": "ok", "images": [a, b], "prompt": "<image><image>Which is larger?"},
              {"id": "none", "images": [a, b], "prompt": "Which is larger?"},
              {"id": "two-marks-one-image", "image": a, "prompt": "Compare <image> with <image>."},
-             {"id": "swift", "messages": [{"role": "user", "content": "<image><image>Compare"}], "images": [a]}]
+             {"id": "swift", "messages": [{"role": "user", "content": "<image><image>Compare"}], "images": [a]},
+             # fewer marks than images: ms-swift adds the missing ones before the first message; the prompt's own
+             # fewer marks are refused
+             {"id": "swift-fewer", "messages": [{"role": "user", "content": "<image>Compare"}], "images": [a, b]},
+             {"id": "prompt-fewer", "images": [a, b], "prompt": "<image>Compare"}]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
     c = collect(manifest=str(manifest))
-    assert [r.id for r in c.requests] == ["ok", "none"]
+    assert [(r.id, r.prompt) for r in c.requests] == [("ok", "Which is larger?"), ("none", "Which is larger?"),
+                                                      ("swift-fewer", "Compare")]
+    assert len(c.requests[2].images) == 2 and {b.id for b in c.bad} == {"two-marks-one-image", "swift", "prompt-fewer"}
     bad = {b.id: b.error for b in c.bad}
-    assert set(bad) == {"two-marks-one-image", "swift"}
     assert "m.jsonl:3" in bad["two-marks-one-image"] and "2 <image> mark(s)" in bad["two-marks-one-image"]
 
 

@@ -135,7 +135,7 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
         raise ValueError(f"an image is base64 data ({len(data):,} characters), not a path: images are read from local "
                          "files (write it to a file first, or embed it in a parquet dataset)")
     texts = [content_text(m.get("content")) for m in turns if isinstance(m, dict)] if isinstance(turns, list) else []
-    check_image_marks([record.get("prompt")] + texts, len(images))  # "<image>" marks are dropped: one per image
+    check_image_marks([record.get("prompt")] + texts, len(images), fewer_ok="messages" in record)  # marks are dropped
     if isinstance(prompt, str) and IMAGE_MARK in prompt:  # the image's place, as in every format read: images go first
         prompt = prompt.replace(IMAGE_MARK, "").strip()  # a prompt without a mark is kept as written
     if not prompt and isinstance(record.get("problem"), str):  # --prompt would ask every line the same question

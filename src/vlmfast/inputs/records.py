@@ -83,11 +83,13 @@ def parse_messages(messages, system=None):
     return question.replace("<image>", "").strip(), system, reply
 
 
-def check_image_marks(texts, n_images: int) -> None:
+def check_image_marks(texts, n_images: int, *, fewer_ok: bool = False) -> None:
     """A ValueError when the texts hold ``<image>`` marks but not one per image: the trainers' processors refuse
-    such a row (one image slot per mark), and dropping the marks would silently ask another question."""
+    such a row (one image slot per mark), and dropping the marks would silently ask another question.
+    ``fewer_ok`` (ms-swift's records): fewer marks than images pass, as ms-swift's ``_add_default_tags`` puts the
+    missing marks before the first message (its images first, as vlmfast puts every image)."""
     marks = sum(t.count("<image>") for t in texts if isinstance(t, str))
-    if marks and marks != n_images:
+    if marks and (marks > n_images if fewer_ok else marks != n_images):
         raise ValueError(f"{marks} <image> mark(s) in the text but {n_images} image(s): give one mark per image "
                          "(or none: the images then go before the text)")
 
