@@ -148,3 +148,17 @@ def test_a_trainer_s_problem_line_is_refused_with_the_convert_command_even_with_
         c = collect(manifest=str(tmp_path / "easyr1.jsonl"), prompt=prompt)
         assert c.requests == [] and "holds \"problem\"" in c.bad[0].error
         assert f"vlmfast convert {tmp_path / 'easyr1.jsonl'} --out easyr1.manifest.jsonl" in c.bad[0].error
+
+
+def test_a_null_solution_leaves_the_answer_as_the_truth(tmp_path):
+    """"solution": null beside "answer" (a dataset export that writes every column): the answer is the truth, in
+    --manifest and in convert, not hidden by the null."""
+    from vlmfast.inputs.convert import convert_file
+    from vlmfast.inputs.requests import collect
+
+    a = _png(tmp_path / "a.png")
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "n1", "image": a, "prompt": "Q", "solution": None, "answer": "B"}) + "\n")
+    assert [r.truth for r in collect(manifest=str(tmp_path / "m.jsonl")).requests] == ["B"]
+    swift = {"messages": [{"role": "user", "content": "<image>Q"}], "images": [a], "solution": None, "answer": "B"}
+    (tmp_path / "s.jsonl").write_text(json.dumps(swift) + "\n")
+    assert [row["solution"] for row in convert_file(str(tmp_path / "s.jsonl"))] == ["B"]

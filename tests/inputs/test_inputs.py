@@ -98,7 +98,7 @@ def test_duplicate_ids_and_missing_prompt_and_nothing_found(images, tmp_path):
         f"--images named {len(spelled.requests)} image(s) more than once")
     m = tmp_path / "dup.jsonl"
     m.write_text(2 * (json.dumps({"id": "a", "image": str(images[0]), "prompt": "p"}) + "\n"))
-    with pytest.raises(InputError, match="duplicate id"):
+    with pytest.raises(InputError, match=f"duplicate id \\(2 records: {m}:1, {m}:2\\)"):  # the lines named
         raise_for_problems(collect(manifest=str(m)))
     with pytest.raises(UsageError, match="no prompt"):
         collect(images=[str(images[0])])
@@ -157,7 +157,7 @@ def test_every_problem_of_a_manifest_in_one_error(images, tmp_path):
     with pytest.raises(InputError) as err:
         raise_for_problems(collect(manifest=str(m)))
     text = err.value.message
-    assert "3 bad input(s)" in text and "a: duplicate id (2 records)" in text
+    assert "3 bad input(s)" in text and f"a: duplicate id (2 records: {m}:1, {m}:2)" in text
     assert f"{m}:3: invalid JSON" in text and f"gone.png: file not found ({m}:4, id c)" in text
 
 
@@ -226,6 +226,9 @@ def test_a_vlmr1_line_whose_image_is_elsewhere_names_it_once_and_says_how_to_poi
         raise_for_problems(collect(manifest="jsonl/m.jsonl"))
     assert "  - jsonl/a.png: file not found" in str(err.value) and "jsonl/jsonl" not in str(err.value)
     assert "give --image-root DIR" in err.value.hint
+    with pytest.raises(InputError) as err:  # --image-root given, and wrong: the hint names it, not the option to give
+        raise_for_problems(collect(manifest="jsonl/m.jsonl", image_root="elsewhere"))
+    assert "read under --image-root elsewhere" in err.value.hint and "give --image-root DIR" not in err.value.hint
     with pytest.raises(InputError) as err:  # --images names files: no manifest whose paths to re-read
         raise_for_problems(collect(images=["nothere.png"], prompt="x"))
     assert "nothere.png: file not found" in str(err.value) and "manifest" not in err.value.hint
@@ -252,7 +255,7 @@ def test_lines_without_an_id_asking_about_one_image_are_named_by_its_rank(images
     assert not c.fatal and any(f"({image}#2, …)" in w for w in c.warnings)
     with m.open("a") as f:
         f.write(json.dumps({"id": f"{image}#2", "image": image, "prompt": "Q5"}) + "\n")
-    with pytest.raises(InputError, match="duplicate id"):
+    with pytest.raises(InputError, match=f"duplicate id \\(2 records: {m}:2, {m}:5\\)"):  # the lines named
         raise_for_problems(collect(manifest=str(m)))
 
 

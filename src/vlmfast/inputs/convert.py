@@ -144,7 +144,7 @@ def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
         prompt = turns[0].get("value")  # VLM-R1's loader takes the first turn as the problem
     if not isinstance(prompt, str) or not prompt.replace("<image>", "").strip():
         raise ValueError('no question: give "problem" (or "question", or a first "conversations" turn)')
-    truth = record.get("solution", record.get("answer"))
+    truth = record["solution"] if record.get("solution") is not None else record.get("answer")
     if truth is None and len(turns) > 1 and isinstance(turns[1], dict):
         truth = turns[1].get("value")
     # VLM-R1's loader only drops the marks (grpo_jsonl.py: .replace('<image>', '')): the question keeps its
@@ -158,7 +158,7 @@ def _from_swift(record: dict, index: int, image_root: str | None) -> dict:
     prompt, system, reply = parse_messages(record.get("messages"), record.get("system"))
     if not prompt:
         raise ValueError("the last user turn has no text")
-    truth = record.get("solution", record.get("answer"))
+    truth = record["solution"] if record.get("solution") is not None else record.get("answer")
     row = _row(record, index, _images(record, image_root), prompt)
     if system:
         row["system"] = system

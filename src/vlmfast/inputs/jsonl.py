@@ -116,7 +116,7 @@ def _bad_line(where: str, what: str, rid: str) -> BadInput:
 def _record_to_request(record: dict, where: str, base: Path, default_prompt: str | None) -> Request:
     system = record.get("system")
     prompt = record.get("prompt")
-    truth = record.get("solution", record.get("answer"))
+    truth = record["solution"] if record.get("solution") is not None else record.get("answer")
     # ms-swift's "messages", TRL's conversational "prompt" (a list of turns): the last user turn is the prompt
     turns = record["messages"] if "messages" in record else prompt if isinstance(prompt, list) else None
     if turns is not None:

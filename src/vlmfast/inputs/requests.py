@@ -40,6 +40,7 @@ class Collected:
     order: list[str] = field(default_factory=list)  # every id, good or bad, in input order
     fatal: list[Problem] = field(default_factory=list)  # problems no --skip-bad can turn into rows (duplicate ids)
     manifest: str | None = None  # the --manifest the requests came from, if any
+    image_root: str | None = None  # the --image-root its relative image paths were read under, if given
 
 
 def apply_template(prompt: str, template: str) -> str:
@@ -211,12 +212,13 @@ def collect(
     if not entries:
         raise InputError("no images found", hint="check the paths, directories and globs given to --images")
 
-    seen: dict[str, int] = {}
-    for e in entries:  # bad rows take an id (and a row) too
-        seen[e.id] = seen.get(e.id, 0) + 1
+    seen: dict[str, list[str]] = {}
+    for e in entries:  # bad rows take an id (and a row) too; where each record is, to name them
+        seen.setdefault(e.id, []).append(e.source if isinstance(e, Request) else e.problems[0].where)
     # ids key the results file and resume: a repeated one cannot become a row of its own
-    fatal = [Problem(rid, f"duplicate id ({seen[rid]} records): give each record its own \"id\"")
-             for rid in sorted(rid for rid, n in seen.items() if n > 1)]
+    fatal = [Problem(rid, f"duplicate id ({len(seen[rid])} records: {', '.join(str(w) for w in seen[rid][:5] if w)}"
+                          f"{' …' if len(seen[rid]) > 5 else ''}): give each record its own \"id\"")
+             for rid in sorted(rid for rid, where in seen.items() if len(where) > 1)]
 
     requests = [e for e in entries if isinstance(e, Request)]
     # a dataset's rows come with their images checked (embedded ones can only be checked as they are read)
@@ -237,7 +239,7 @@ def collect(
         else:
             good.append(dataclasses.replace(r, image_sizes=tuple(sizes[p] for p in r.images)))
     return Collected(requests=good, bad=bad, image_sizes=sizes, warnings=warnings, order=[e.id for e in entries], fatal=fatal,
-                     manifest=manifest)
+                     manifest=manifest, image_root=image_root)
 
 
 def raise_for_problems(collected: Collected, *, skip_bad: bool = False, offers_skip_bad: bool = True) -> None:
@@ -255,7 +257,9 @@ def raise_for_problems(collected: Collected, *, skip_bad: bool = False, offers_s
             if collected.requests else "fix them: there is no other input to run"
             + " (--skip-bad keeps error rows beside inputs that run; no model was loaded)" * skip_bad)
     if collected.manifest and sum("file not found" in str(p) for p in problems) * 2 > len(problems):  # elsewhere
-        hint += ("; a manifest's relative image paths are read against its own folder: for images in another folder "
+        hint += (f"; relative image paths were read under --image-root {collected.image_root} (then the working "
+                 "folder): give the folder they are relative to" if collected.image_root else
+                 "; a manifest's relative image paths are read against its own folder: for images in another folder "
                  "(VLM-R1's --image_folders), give --image-root DIR")
     if collected.fatal:
         unique = "ids must be unique (they key the results file and resume)"
