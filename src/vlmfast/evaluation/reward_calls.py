@@ -11,7 +11,8 @@ Read from the trainers' own sources:
   positionally, one row per call, ``score_function_kwargs`` bound; the reward is ``overall``.
 - TRL (huggingface/trl ``trl/trainer/grpo_trainer.py`` ``_calculate_rewards`` at f2cd5771):
   ``reward_func(prompts=, completions=, completion_ids=, **every dataset column as a list, trainer_state=,
-  log_extra=, log_metric=)``; a ``None`` in the returned list is NaN: not applicable to that row.
+  log_extra=, log_metric=)``; a ``None`` in the returned list is NaN, and a NaN stays NaN: not applicable to
+  that row (``nansum`` over the functions, ``nanmean`` over the rows).
 - VLM-R1 (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/trainer/grpo_trainer.py`` and
   ``grpo_jsonl.py`` at 90052f47): as TRL, with the columns its pipeline adds: ``image_path`` (the row's
   image paths), ``problem``, ``accu_reward_method`` and, from the Qwen module, ``image_grid_thw`` (the
@@ -218,8 +219,9 @@ def _chat_prompt(item: Item):
 # -- reading what came back ---------------------------------------------------------------------------
 def reward_value(value, key: str | None, item: Item, *, none_ok: bool = False) -> tuple[float | None, dict]:
     """(reward, sub-scores) from a returned number, or from a dict's ``key`` plus its other numbers.
-    ``none_ok`` (TRL): None is "not applicable" and comes back as None."""
-    if none_ok and value is None:
+    ``none_ok`` (TRL, ms-swift): None or NaN is "not applicable" and comes back as None (both trainers turn
+    None into NaN and take nansum / nanmean)."""
+    if none_ok and (value is None or _is_nan(value)):
         return None, {}
     if key is not None and isinstance(value, Mapping):
         if key not in value:
@@ -236,12 +238,20 @@ def reward_value(value, key: str | None, item: Item, *, none_ok: bool = False) -
 
 def number(value) -> float | None:
     """A finite float from a number, a 0-d numpy array or torch tensor; else None."""
+    got = _real(value)
+    return got if got is not None and math.isfinite(got) else None
+
+
+def _is_nan(value) -> bool:
+    got = _real(value)
+    return got is not None and math.isnan(got)
+
+
+def _real(value) -> float | None:
+    """The float of a number, a 0-d numpy array or torch tensor (NaN and infinities included); else None."""
     if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)):
         try:
             value = value.item()
         except (TypeError, ValueError, RuntimeError):
             return None
-    if isinstance(value, numbers.Real):
-        got = float(value)
-        return got if math.isfinite(got) else None
-    return None
+    return float(value) if isinstance(value, numbers.Real) else None

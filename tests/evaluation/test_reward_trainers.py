@@ -1,0 +1,48 @@
+"""What trainers accept of a reward function beyond the plain call: a NaN for "not applicable" (TRL, ms-swift),
+``async def`` functions (TRL, ms-swift), ms-swift's ORM classes and its ``orms`` registry."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from vlmfast.errors import RewardError
+from vlmfast.evaluation.rewards import load_reward, load_rewards
+
+ROWS = [{"id": str(i), "text": text, "n_new_tokens": 5, "prompt": "What is 1+2?", "error": None}
+        for i, text in enumerate(["<think>a</think><answer>3</answer>", "<think>a</think><answer>4</answer>", "3"])]
+TRUTHS = {"0": "3", "1": "3", "2": "unparsable"}
+
+
+def _write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_a_nan_from_a_trl_function_is_not_applicable_as_none_is(tmp_path):
+    """TRL turns None into NaN and takes nansum/nanmean: a NaN it is handed is the same "not applicable"."""
+    path = _write(tmp_path, "nan_rewards.py", """
+        import math
+
+        def accuracy_reward(completions, solution, **kwargs):
+            return [math.nan if s == "unparsable" else float(s in c[0]["content"]) for c, s in zip(completions, solution)]
+
+        def format_reward(completions, **kwargs):
+            return [float(c[0]["content"].startswith("<think>")) for c in completions]
+    """)
+    got = load_rewards([f"{path}:accuracy_reward", f"{path}:format_reward"]).score_rows(ROWS, TRUTHS)
+    assert [g["rewards"] for g in got] == [{"accuracy_reward": 1.0, "format_reward": 1.0},
+                                          {"accuracy_reward": 0.0, "format_reward": 1.0},
+                                          {"accuracy_reward": None, "format_reward": 0.0}]
+    assert [(g["score"], g["correct"]) for g in got] == [(2.0, True), (1.0, False), (0.0, None)]
+    alone = load_reward(f"{path}:accuracy_reward").score_rows(ROWS, TRUTHS)
+    assert alone[2]["score"] is None and alone[2]["correct"] is None and alone[2]["reward_error"] is None
+
+
+def test_a_nan_from_an_easyr1_function_is_still_an_error(tmp_path):
+    """EasyR1 has no "not applicable": a NaN there is a broken reward, named."""
+    path = _write(tmp_path, "easy.py", "def compute_score(reward_input):\n    return {'overall': float('nan')}\n")
+    with pytest.raises(RewardError, match="returned float nan, not a finite number"):
+        load_reward(f"{path}:compute_score").score_rows(ROWS[:1], TRUTHS)
