@@ -46,3 +46,16 @@ def test_a_nan_from_an_easyr1_function_is_still_an_error(tmp_path):
     path = _write(tmp_path, "easy.py", "def compute_score(reward_input):\n    return {'overall': float('nan')}\n")
     with pytest.raises(RewardError, match="returned float nan, not a finite number"):
         load_reward(f"{path}:compute_score").score_rows(ROWS[:1], TRUTHS)
+
+
+def test_an_async_trl_function_is_awaited(tmp_path):
+    """TRL runs ``async def`` rewards (an LLM judge) in its event loop: the coroutine's list is the reward."""
+    path = _write(tmp_path, "judge.py", """
+        import asyncio
+
+        async def judged(completions, solution, **kwargs):
+            await asyncio.sleep(0)
+            return [float(s in c[0]["content"]) for c, s in zip(completions, solution)]
+    """)
+    got = load_reward(f"{path}:judged").score_rows(ROWS, TRUTHS)
+    assert [g["score"] for g in got] == [1.0, 0.0, 0.0] and [g["correct"] for g in got] == [True, False, False]

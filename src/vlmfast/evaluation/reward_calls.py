@@ -11,8 +11,8 @@ Read from the trainers' own sources:
   positionally, one row per call, ``score_function_kwargs`` bound; the reward is ``overall``.
 - TRL (huggingface/trl ``trl/trainer/grpo_trainer.py`` ``_calculate_rewards`` at f2cd5771):
   ``reward_func(prompts=, completions=, completion_ids=, **every dataset column as a list, trainer_state=,
-  log_extra=, log_metric=)``; a ``None`` in the returned list is NaN, and a NaN stays NaN: not applicable to
-  that row (``nansum`` over the functions, ``nanmean`` over the rows).
+  log_extra=, log_metric=)``, awaited when it is ``async def``; a ``None`` in the returned list is NaN, and
+  a NaN stays NaN: not applicable to that row (``nansum`` over the functions, ``nanmean`` over the rows).
 - VLM-R1 (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/trainer/grpo_trainer.py`` and
   ``grpo_jsonl.py`` at 90052f47): as TRL, with the columns its pipeline adds: ``image_path`` (the row's
   image paths), ``problem``, ``accu_reward_method`` and, from the Qwen module, ``image_grid_thw`` (the
@@ -24,6 +24,7 @@ Read from the trainers' own sources:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import numbers
@@ -124,7 +125,7 @@ def call_batch(kind: str, fn, items: list[Item], bound: Mapping, accepts) -> lis
         values = invoke(fn, items, [easyr1_input(i) for i in items], **bound)
     else:
         kwargs = {**trl_kwargs(items), **bound}
-        values = invoke(fn, items, **{k: v for k, v in kwargs.items() if accepts(k)})
+        values = invoke(fn, items, **{k: v for k, v in kwargs.items() if accepts(k)}, awaited=True)
     if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
         raise CallFailed(items[0], f"returned {type(values).__name__}, expected a list of {len(items)}", len(items))
     values = list(values)
@@ -146,9 +147,12 @@ def call_one(kind: str, fn, item: Item, bound: Mapping, accepts):
     return invoke(fn, [item], **{k: v for k, v in kwargs.items() if accepts(k)})
 
 
-def invoke(fn, items: list[Item], *args, **kwargs):
+def invoke(fn, items: list[Item], *args, awaited: bool = False, **kwargs):
+    """``fn(*args, **kwargs)``; ``awaited`` (TRL, ms-swift: trainers that run ``async def`` rewards in an event
+    loop): a coroutine it returns is run to its result, one event loop per call."""
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        return asyncio.run(result) if awaited and inspect.iscoroutine(result) else result
     except Exception as exc:  # the user's code: any exception is theirs to report, with the row
         raise CallFailed(items[0], f"{type(exc).__name__}: {exc}", len(items)) from exc
 
