@@ -59,3 +59,23 @@ def test_an_async_trl_function_is_awaited(tmp_path):
     """)
     got = load_reward(f"{path}:judged").score_rows(ROWS, TRUTHS)
     assert [g["score"] for g in got] == [1.0, 0.0, 0.0] and [g["correct"] for g in got] == [True, False, False]
+
+
+@pytest.mark.parametrize("truth, answered", [("<answer> 3 </answer>", "<think>check</think><answer> 3 </answer>"),
+                                             ("3", "<think>check</think><answer>3</answer>"),
+                                             ([1, 2], "<think>check</think><answer>[1, 2]</answer>")])
+def test_the_check_call_answers_with_a_tagged_truth_as_it_is(tmp_path, truth, answered):
+    """The call made before the model loads answers with the first request's truth; one that holds its answer
+    tags (VLM-R1's ``<answer> 3 </answer>``) is not wrapped in a second pair."""
+    from vlmfast.inputs.records import Request
+
+    path = _write(tmp_path, "seen.py", """
+        SEEN = []
+
+        def acc(completions, solution, **kwargs):
+            SEEN.extend(c[0]["content"] for c in completions)
+            return [1.0 for _ in completions]
+    """)
+    rewards = load_rewards([f"{path}:acc"])
+    rewards.check([Request("q0", (), "Count?", truth=truth, manifest_truth=truth, record={"solution": truth})])
+    assert rewards.rewards[0].fn.__globals__["SEEN"] == [answered]

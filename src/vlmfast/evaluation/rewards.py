@@ -189,16 +189,18 @@ class RewardSet:
 
     def check(self, requests) -> None:
         """Call every function once, before any model loads, on the first of ``requests`` with ground truth,
-        answered with its own truth (``<think>…</think><answer>TRUTH</answer>``): a function that cannot even
-        be called (a missing column, a wrong signature, an import inside it) fails in a second, not after the
-        first batch has generated. A RewardError saying so."""
+        answered with its own truth (``<think>…</think><answer>TRUTH</answer>``; a truth that holds its
+        ``<answer>`` tags already is the answer as it is): a function that cannot even be called (a missing
+        column, a wrong signature, an import inside it) fails in a second, not after the first batch has
+        generated. A RewardError saying so."""
         request = next((r for r in requests if _truth_record(r.truth_record())[0]), None)
         if request is None:
             return
         truth = _truth_record(request.truth_record())[1]
         answer = truth if isinstance(truth, str) else json.dumps(truth)
+        answer = answer if "<answer>" in answer else f"<answer>{answer}</answer>"
         sizes = [list(size) for size in request.image_sizes] if request.image_sizes else None
-        row = {"id": request.id, "text": f"<think>check</think><answer>{answer}</answer>", "prompt": request.prompt,
+        row = {"id": request.id, "text": f"<think>check</think>{answer}", "prompt": request.prompt,
                "images": list(request.images), "n_new_tokens": 8, "token_ids": [0] * 8, "error": None,
                "model_image_sizes": sizes}  # the images' own sizes stand in for the resized ones
         try:
