@@ -17,6 +17,12 @@ Read from the trainers' own sources:
   ``grpo_jsonl.py`` at 90052f47): as TRL, with the columns its pipeline adds: ``image_path`` (the row's
   image paths), ``problem``, ``accu_reward_method`` and, from the Qwen module, ``image_grid_thw`` (the
   processor's grid per image: ``[t, height / 14, width / 14]``).
+- ms-swift (modelscope/ms-swift ``swift/rl_core/grpo_algorithm.py`` ``compute_rewards_per_func`` and
+  ``swift/rl_core/data.py`` at 1ed8be3c): an ORM (:mod:`vlmfast.evaluation.reward_files`) called as
+  ``orm(completions, **reward_kwargs)``, ``completions`` the answers' plain texts, the keywords each row's
+  reward row batched into lists (every dataset column, ``messages`` ending in the answer, ``images``,
+  ``prompt_id``, ``request_id``, ``finish_reason``, ``is_truncated``, ``rollout_infos``) and ``trainer_state``;
+  ``async def __call__`` (``AsyncORM``) awaited; None and NaN as TRL's.
 - verl (volcengine/verl ``verl/workers/reward_manager/naive.py`` at b178a3cd): one call per row,
   ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` where ``extra_info`` is the
   row's own dict plus ``num_turns`` and ``rollout_reward_scores``; a dict result's ``score`` is the reward.
@@ -33,15 +39,17 @@ from dataclasses import dataclass
 
 from vlmfast.errors import UsageError
 
-KINDS = ("easyr1-batch", "easyr1", "easyr1-legacy", "trl", "verl")
+KINDS = ("easyr1-batch", "easyr1", "easyr1-legacy", "trl", "swift", "verl")
 FORMS = (
     "EasyR1 batch: compute_score(reward_inputs: list[dict]) -> list[dict] (REWARD_TYPE = \"batch\")",
     "EasyR1 sequential: compute_score(reward_input: dict) -> dict with 'overall' (REWARD_TYPE = \"sequential\")",
     "EasyR1 <= 0.3: compute_score(predict_str, ground_truth, **kwargs) -> dict with 'overall'",
     "TRL / VLM-R1: f(completions, solution, **kwargs) -> list[float | None]",
+    "ms-swift: a class deriving from ORM or AsyncORM, an instance of one, or a key of the file's orms dict "
+    "(__call__(self, completions: list[str], **kwargs) -> list[float | None])",
     "verl: compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict",
 )
-BATCH_KINDS = ("easyr1-batch", "trl")
+BATCH_KINDS = ("easyr1-batch", "trl", "swift")
 # VLM-R1's Qwen module maps boxes with grid × 14 whatever the model's patch size: so does image_grid_thw here.
 VLMR1_PATCH = 14
 _VERL_ARGS = {"data_source", "solution_str", "ground_truth", "extra_info"}
@@ -64,6 +72,7 @@ class Item:
     data_source: str | None = None
     token_ids: list | None = None
     model_sizes: list | None = None
+    finish_reason: str | None = None
 
 
 class CallFailed(Exception):
@@ -123,6 +132,10 @@ def call_batch(kind: str, fn, items: list[Item], bound: Mapping, accepts) -> lis
     """One call for ``items`` (a batch kind); the returned values, one per item (None allowed for TRL)."""
     if kind == "easyr1-batch":
         values = invoke(fn, items, [easyr1_input(i) for i in items], **bound)
+    elif kind == "swift":
+        kwargs = {**swift_kwargs(items), **bound}
+        values = invoke(fn, items, [item.text for item in items], **{k: v for k, v in kwargs.items() if accepts(k)},
+                        awaited=True)
     else:
         kwargs = {**trl_kwargs(items), **bound}
         values = invoke(fn, items, **{k: v for k, v in kwargs.items() if accepts(k)}, awaited=True)
@@ -169,10 +182,7 @@ def trl_kwargs(items: list[Item]) -> dict:
     ``trainer_state`` (None: nothing is training), ``log_extra``/``log_metric`` (no-ops), and VLM-R1's
     ``image_path``, ``image_grid_thw``, ``problem``, ``accu_reward_method`` and ``solution`` where the
     lines have no such column."""
-    columns: list[str] = []
-    for item in items:
-        columns += [k for k in (item.record or {}) if k not in columns and k not in ("prompt", "completion", "completion_ids")]
-    kwargs = {key: [(item.record or {}).get(key) for item in items] for key in columns}
+    kwargs = _columns(items, ("prompt", "completion", "completion_ids"))
     added = {
         "solution": [item.truth for item in items],
         "image_path": [list(item.images) for item in items],
@@ -186,6 +196,46 @@ def trl_kwargs(items: list[Item]) -> dict:
                   completion_ids=[item.token_ids for item in items], trainer_state=None,
                   log_extra=_ignore, log_metric=_ignore)
     return kwargs
+
+
+def swift_kwargs(items: list[Item]) -> dict:
+    """The keyword arguments ms-swift's GRPO trainer gives an ORM beside the completions for ``items``: each
+    row's reward row (``to_reward_row``) batched into lists, a row without a key giving None there — every
+    column of the manifest line, ``solution`` (the truth) where the line has no such column, ``messages`` (the
+    line's conversation, its assistant turns left out, or one user turn of the prompt, then the answer as the
+    assistant's turn), ``images`` (the row's image paths, as the sample holds them; None without), ``prompt_id`` and
+    ``request_id`` (the row's id), ``finish_reason`` (vLLM's words: ``stop`` or ``length``), ``is_truncated``,
+    ``rollout_infos`` ({}: no rollout scheduler) — and ``trainer_state`` (None: nothing is training)."""
+    kwargs = _columns(items, ())
+    kwargs.setdefault("solution", [item.truth for item in items])
+    kwargs.update(messages=[_swift_messages(item) for item in items], images=[list(i.images) or None for i in items],
+                  prompt_id=[item.id for item in items],
+                  request_id=[item.id for item in items], finish_reason=[_VLLM_FINISH.get(i.finish_reason) for i in items],
+                  is_truncated=[item.finish_reason == "length" for item in items],
+                  rollout_infos=[{} for _ in items], trainer_state=None)
+    return kwargs
+
+
+_VLLM_FINISH = {"eos": "stop", "length": "length"}
+
+
+def _swift_messages(item: Item) -> list:
+    record = item.record or {}
+    if isinstance(record.get("messages"), list):
+        turns = [m for m in record["messages"] if not (isinstance(m, Mapping) and m.get("role") == "assistant")]
+    else:
+        system = [{"role": "system", "content": record["system"]}] if isinstance(record.get("system"), str) else []
+        turns = [*system, {"role": "user", "content": item.prompt}]
+    return [*turns, {"role": "assistant", "content": item.text}]
+
+
+def _columns(items: list[Item], left_out: tuple) -> dict:
+    """Every column of the items' manifest lines but ``left_out``, as a list over the items (None where a line
+    lacks it, as a dataset column holds it)."""
+    columns: list[str] = []
+    for item in items:
+        columns += [k for k in (item.record or {}) if k not in columns and k not in left_out]
+    return {key: [(item.record or {}).get(key) for item in items] for key in columns}
 
 
 def _ignore(*args, **kwargs) -> None:
