@@ -16,7 +16,8 @@ Read from the trainers' own sources:
 - VLM-R1 (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/trainer/grpo_trainer.py`` and
   ``grpo_jsonl.py`` at 90052f47): as TRL, with the columns its pipeline adds: ``image_path`` (the row's
   image paths), ``problem``, ``accu_reward_method`` and, from the Qwen module, ``image_grid_thw`` (the
-  processor's grid per image: ``[t, height / 14, width / 14]``).
+  processor's grid per image: ``[t, height / patch, width / patch]``, patch 14 for Qwen2/2.5-VL, 16 for
+  Qwen3-VL and Qwen3.5).
 - ms-swift (modelscope/ms-swift ``swift/rl_core/grpo_algorithm.py`` ``compute_rewards_per_func`` and
   ``swift/rl_core/data.py`` at 1ed8be3c): an ORM (:mod:`vlmfast.evaluation.reward_files`) called as
   ``orm(completions, **reward_kwargs)``, ``completions`` the answers' plain texts, the keywords each row's
@@ -50,7 +51,8 @@ FORMS = (
     "verl: compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict",
 )
 BATCH_KINDS = ("easyr1-batch", "trl", "swift")
-# VLM-R1's Qwen module maps boxes with grid × 14 whatever the model's patch size: so does image_grid_thw here.
+# The patch size a row without the processor's grid (from older vlmfast, from another tool) is read with: Qwen2
+# and Qwen2.5-VL's, the models VLM-R1's Qwen module was written for (it maps boxes with grid × 14).
 VLMR1_PATCH = 14
 _VERL_ARGS = {"data_source", "solution_str", "ground_truth", "extra_info"}
 _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -73,6 +75,7 @@ class Item:
     token_ids: list | None = None
     model_sizes: list | None = None
     finish_reason: str | None = None
+    grids: list | None = None
 
 
 class CallFailed(Exception):
@@ -186,7 +189,7 @@ def trl_kwargs(items: list[Item]) -> dict:
     added = {
         "solution": [item.truth for item in items],
         "image_path": [list(item.images) for item in items],
-        "image_grid_thw": [image_grid_thw(item.model_sizes) for item in items],
+        "image_grid_thw": [image_grid_thw(item) for item in items],
         "problem": [_problem(item) for item in items],
         "accu_reward_method": ["default" for _ in items],  # VLM-R1's value when the data names none
     }
@@ -242,11 +245,15 @@ def _ignore(*args, **kwargs) -> None:
     """TRL's log_extra / log_metric: nothing to log outside training."""
 
 
-def image_grid_thw(model_sizes) -> list[int] | None:
-    """The first image's ``[t, h, w]`` patch grid from the ``[width, height]`` the model saw, as VLM-R1's
-    Qwen module reads the processor's ``image_grid_thw`` (height = h × 14); None without sizes."""
+def image_grid_thw(item: Item) -> list[int] | None:
+    """The first image's ``[t, h, w]`` patch grid, as VLM-R1's Qwen module hands the processor's
+    ``image_grid_thw``: the row's own (engines write the processor's, size / 16 for Qwen3-VL and Qwen3.5), else,
+    for a row written without it, from the ``[width, height]`` the model saw over :data:`VLMR1_PATCH`; None
+    without either."""
     try:
-        width, height = model_sizes[0]
+        if item.grids:
+            return [int(n) for n in item.grids[0]]
+        width, height = item.model_sizes[0]
         return [1, int(height) // VLMR1_PATCH, int(width) // VLMR1_PATCH]
     except (TypeError, ValueError, IndexError):
         return None

@@ -176,8 +176,10 @@ class RewardSet:
                 continue
             fields["format_ok"] = format_ok(row.get("text"))
             found, truth, record, source = _truth_record(truths.get(str(row.get("id"))))
-            if found:
-                todo.append((fields, replace(_item(row, truth, record, source), finish_reason=row.get("finish_reason"))))
+            if found:  # and what the engine wrote beside the text: how the answer ended, the processor's grid
+                item = replace(_item(row, truth, record, source), finish_reason=row.get("finish_reason"),
+                               grids=row.get("image_grid_thw"))
+                todo.append((fields, item))
         items = [item for _, item in todo]
         per_function = [reward.rewards(items, skip_bad) for reward in self.rewards]
         for k, (fields, _) in enumerate(todo):
