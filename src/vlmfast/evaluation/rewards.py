@@ -1,11 +1,11 @@
 """A trainer's own reward functions as the scorer: ``--reward path/to/file.py:function`` (repeatable).
 
 Each file is imported by path and its function called exactly the way its trainer calls it (EasyR1
-batch / sequential / ≤ 0.3, TRL / VLM-R1, ms-swift, verl: see :mod:`vlmfast.evaluation.reward_calls`), with the
-manifest's ground truth untouched and ``--reward-kwargs`` bound as EasyR1's ``reward_function_kwargs``.
-Several functions are weighted and summed as TRL's GRPOTrainer does (``reward_weights``; a ``None``, or from TRL
-and ms-swift a NaN, is "not applicable": left out of that function's mean and out of the sum, the row left out entirely
-when every function says None). The total becomes the row's ``score``; ``correct`` is
+batch / sequential / ≤ 0.3, TRL / VLM-R1, ms-swift, verl: see :mod:`vlmfast.evaluation.reward_calls`), with
+the manifest's ground truth untouched and ``--reward-kwargs`` bound as EasyR1's ``reward_function_kwargs``.
+Several functions are weighted and summed as TRL's GRPOTrainer does (``reward_weights``; a ``None``, or
+from TRL and ms-swift a NaN, is "not applicable": left out of that function's mean and out of the sum, the
+row left out entirely when every function says None). The total becomes the row's ``score``; ``correct`` is
 ``score >= threshold``, or, when a function returns an ``accuracy`` (``acc``) sub-score, that sub-score
 ``>= threshold`` (a total that also weights the format must not call a right answer wrong). Standard library only at import time: the user's file imports what it needs.
 """
