@@ -45,8 +45,8 @@ def test_infer_json_report_and_jsonl_results(grpo_ckpt, images, tmp_path):
     rows = read_jsonl(out)
     assert [row["id"] for row in rows] == [str(d / f"img_{i:03d}.png") for i in range(6)]  # input order
     assert set(rows[0]) == {"id", "images", "prompt", "text", "think", "answer", "finish_reason", "n_prompt_tokens",
-                            "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes", "bbox_space",
-                            "score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped"}
+                            "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes", "image_grid_thw",
+                            "bbox_space", "score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped"}
     assert rows[0]["bbox_space"] == "resized"  # Qwen2.5-VL answers boxes in the resized image's pixels
     assert all(row["error"] is None and 1 <= row["n_new_tokens"] <= 12 for row in rows)
     assert rows[0]["image_sizes"] == [[56, 56]] and rows[0]["score"] is None and rows[0]["format_ok"] is False

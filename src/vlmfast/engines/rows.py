@@ -66,6 +66,7 @@ class SampleResult:
     error: str | None = None
     image_sizes: list[list[int]] | None = None  # [width, height] of each image as given
     model_image_sizes: list[list[int]] | None = None  # [width, height] the model saw (after resizing)
+    image_grid_thw: list[list[int]] | None = None  # the processor's [t, h, w] patch grid of each image
     bbox_space: str | None = None  # where the model family puts box coordinates (vlmfast.evaluation.scoring.BBOX_SPACES)
     sample: int | None = None  # which of the request's n answers (0…n−1); None when one answer per request
     token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids, EOS included
@@ -76,7 +77,8 @@ class SampleResult:
 
     RECORD_FIELDS = (
         "id", "images", "prompt", "text", "think", "answer", "finish_reason",
-        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes", "bbox_space",
+        "n_prompt_tokens", "n_image_tokens", "n_new_tokens", "error", "image_sizes", "model_image_sizes", "image_grid_thw",
+        "bbox_space",
     )
 
     def record(self) -> dict:
@@ -151,9 +153,10 @@ class BatchTiming:
 
 def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_prompt: int, n_image: int,
                model_sizes: list[list[int]] | None, sample: int | None = None,
-               bbox_space: str | None = None) -> SampleResult:
+               bbox_space: str | None = None, patch_size: int | None = None) -> SampleResult:
     """The row of one finished request: ids cut after the first EOS (kept, as generate keeps it), text
-    decoded by the checkpoint's tokenizer without special tokens, think/answer parsed from the text."""
+    decoded by the checkpoint's tokenizer without special tokens, think/answer parsed from the text, each
+    image's patch grid from its model size and the processor's ``patch_size`` (:func:`image_grids`)."""
     eos = set(eos_ids)
     end = next((i + 1 for i, t in enumerate(new_ids) if t in eos), None)
     kept = list(new_ids if end is None else new_ids[:end])
@@ -164,8 +167,19 @@ def result_row(request: Request, new_ids: list[int], *, eos_ids, tokenizer, n_pr
         finish_reason="eos" if end is not None else "length", n_prompt_tokens=n_prompt, n_image_tokens=n_image,
         n_new_tokens=len(kept), token_ids=kept,
         image_sizes=[list(s) for s in request.image_sizes] if request.image_sizes else None,
-        model_image_sizes=model_sizes, sample=sample, bbox_space=bbox_space,
+        model_image_sizes=model_sizes, image_grid_thw=image_grids(model_sizes, patch_size), sample=sample,
+        bbox_space=bbox_space,
     )
+
+
+def image_grids(model_sizes: list[list[int]] | None, patch_size: int | None) -> list[list[int]] | None:
+    """Each image's ``[t, h, w]`` patch grid as the Qwen image processor gives it (``image_grid_thw``) for the
+    ``[width, height]`` it resized the image to: one temporal patch (an image's frame is repeated to the
+    temporal patch size), height and width over ``patch_size`` (14: Qwen2/2.5-VL; 16: Qwen3-VL, Qwen3.5).
+    None without sizes or a patch size."""
+    if not model_sizes or not patch_size:
+        return None
+    return [[1, int(height) // patch_size, int(width) // patch_size] for width, height in model_sizes]
 
 
 def error_row(rid: str, request: Request | None, error: str) -> SampleResult:

@@ -11,11 +11,19 @@ Read from the trainers' own sources:
   positionally, one row per call, ``score_function_kwargs`` bound; the reward is ``overall``.
 - TRL (huggingface/trl ``trl/trainer/grpo_trainer.py`` ``_calculate_rewards`` at f2cd5771):
   ``reward_func(prompts=, completions=, completion_ids=, **every dataset column as a list, trainer_state=,
-  log_extra=, log_metric=)``; a ``None`` in the returned list is NaN: not applicable to that row.
+  log_extra=, log_metric=)``, awaited when it is ``async def``; a ``None`` in the returned list is NaN, and
+  a NaN stays NaN: not applicable to that row (``nansum`` over the functions, ``nanmean`` over the rows).
 - VLM-R1 (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/trainer/grpo_trainer.py`` and
   ``grpo_jsonl.py`` at 90052f47): as TRL, with the columns its pipeline adds: ``image_path`` (the row's
   image paths), ``problem``, ``accu_reward_method`` and, from the Qwen module, ``image_grid_thw`` (the
-  processor's grid per image: ``[t, height / 14, width / 14]``).
+  processor's grid per image: ``[t, height / patch, width / patch]``, patch 14 for Qwen2/2.5-VL, 16 for
+  Qwen3-VL and Qwen3.5).
+- ms-swift (modelscope/ms-swift ``swift/rl_core/grpo_algorithm.py`` ``compute_rewards_per_func`` and
+  ``swift/rl_core/data.py`` at 1ed8be3c): an ORM (:mod:`vlmfast.evaluation.reward_files`) called as
+  ``orm(completions, **reward_kwargs)``, ``completions`` the answers' plain texts, the keywords each row's
+  reward row batched into lists (every dataset column, ``messages`` ending in the answer, ``images``,
+  ``prompt_id``, ``request_id``, ``finish_reason``, ``is_truncated``, ``rollout_infos``) and ``trainer_state``;
+  ``async def __call__`` (``AsyncORM``) awaited; None and NaN as TRL's.
 - verl (volcengine/verl ``verl/workers/reward_manager/naive.py`` at b178a3cd): one call per row,
   ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` where ``extra_info`` is the
   row's own dict plus ``num_turns`` and ``rollout_reward_scores``; a dict result's ``score`` is the reward.
@@ -23,6 +31,7 @@ Read from the trainers' own sources:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import numbers
@@ -31,16 +40,19 @@ from dataclasses import dataclass
 
 from vlmfast.errors import UsageError
 
-KINDS = ("easyr1-batch", "easyr1", "easyr1-legacy", "trl", "verl")
+KINDS = ("easyr1-batch", "easyr1", "easyr1-legacy", "trl", "swift", "verl")
 FORMS = (
     "EasyR1 batch: compute_score(reward_inputs: list[dict]) -> list[dict] (REWARD_TYPE = \"batch\")",
     "EasyR1 sequential: compute_score(reward_input: dict) -> dict with 'overall' (REWARD_TYPE = \"sequential\")",
     "EasyR1 <= 0.3: compute_score(predict_str, ground_truth, **kwargs) -> dict with 'overall'",
     "TRL / VLM-R1: f(completions, solution, **kwargs) -> list[float | None]",
+    "ms-swift: a class deriving from ORM or AsyncORM, an instance of one, or a key of the file's orms dict "
+    "(__call__(self, completions: list[str], **kwargs) -> list[float | None])",
     "verl: compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict",
 )
-BATCH_KINDS = ("easyr1-batch", "trl")
-# VLM-R1's Qwen module maps boxes with grid × 14 whatever the model's patch size: so does image_grid_thw here.
+BATCH_KINDS = ("easyr1-batch", "trl", "swift")
+# The patch size a row without the processor's grid (from older vlmfast, from another tool) is read with: Qwen2
+# and Qwen2.5-VL's, the models VLM-R1's Qwen module was written for (it maps boxes with grid × 14).
 VLMR1_PATCH = 14
 _VERL_ARGS = {"data_source", "solution_str", "ground_truth", "extra_info"}
 _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -62,6 +74,8 @@ class Item:
     data_source: str | None = None
     token_ids: list | None = None
     model_sizes: list | None = None
+    finish_reason: str | None = None
+    grids: list | None = None
 
 
 class CallFailed(Exception):
@@ -121,9 +135,13 @@ def call_batch(kind: str, fn, items: list[Item], bound: Mapping, accepts) -> lis
     """One call for ``items`` (a batch kind); the returned values, one per item (None allowed for TRL)."""
     if kind == "easyr1-batch":
         values = invoke(fn, items, [easyr1_input(i) for i in items], **bound)
+    elif kind == "swift":
+        kwargs = {**swift_kwargs(items), **bound}
+        values = invoke(fn, items, [item.text for item in items], **{k: v for k, v in kwargs.items() if accepts(k)},
+                        awaited=True)
     else:
         kwargs = {**trl_kwargs(items), **bound}
-        values = invoke(fn, items, **{k: v for k, v in kwargs.items() if accepts(k)})
+        values = invoke(fn, items, **{k: v for k, v in kwargs.items() if accepts(k)}, awaited=True)
     if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
         raise CallFailed(items[0], f"returned {type(values).__name__}, expected a list of {len(items)}", len(items))
     values = list(values)
@@ -145,9 +163,12 @@ def call_one(kind: str, fn, item: Item, bound: Mapping, accepts):
     return invoke(fn, [item], **{k: v for k, v in kwargs.items() if accepts(k)})
 
 
-def invoke(fn, items: list[Item], *args, **kwargs):
+def invoke(fn, items: list[Item], *args, awaited: bool = False, **kwargs):
+    """``fn(*args, **kwargs)``; ``awaited`` (TRL, ms-swift: trainers that run ``async def`` rewards in an event
+    loop): a coroutine it returns is run to its result, one event loop per call."""
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        return asyncio.run(result) if awaited and inspect.iscoroutine(result) else result
     except Exception as exc:  # the user's code: any exception is theirs to report, with the row
         raise CallFailed(items[0], f"{type(exc).__name__}: {exc}", len(items)) from exc
 
@@ -164,14 +185,11 @@ def trl_kwargs(items: list[Item]) -> dict:
     ``trainer_state`` (None: nothing is training), ``log_extra``/``log_metric`` (no-ops), and VLM-R1's
     ``image_path``, ``image_grid_thw``, ``problem``, ``accu_reward_method`` and ``solution`` where the
     lines have no such column."""
-    columns: list[str] = []
-    for item in items:
-        columns += [k for k in (item.record or {}) if k not in columns and k not in ("prompt", "completion", "completion_ids")]
-    kwargs = {key: [(item.record or {}).get(key) for item in items] for key in columns}
+    kwargs = _columns(items, ("prompt", "completion", "completion_ids"))
     added = {
         "solution": [item.truth for item in items],
         "image_path": [list(item.images) for item in items],
-        "image_grid_thw": [image_grid_thw(item.model_sizes) for item in items],
+        "image_grid_thw": [image_grid_thw(item) for item in items],
         "problem": [_problem(item) for item in items],
         "accu_reward_method": ["default" for _ in items],  # VLM-R1's value when the data names none
     }
@@ -183,15 +201,59 @@ def trl_kwargs(items: list[Item]) -> dict:
     return kwargs
 
 
+def swift_kwargs(items: list[Item]) -> dict:
+    """The keyword arguments ms-swift's GRPO trainer gives an ORM beside the completions for ``items``: each
+    row's reward row (``to_reward_row``) batched into lists, a row without a key giving None there — every
+    column of the manifest line, ``solution`` (the truth) where the line has no such column, ``messages`` (the
+    line's conversation, its assistant turns left out, or one user turn of the prompt, then the answer as the
+    assistant's turn), ``images`` (the row's image paths, as the sample holds them; None without), ``prompt_id`` and
+    ``request_id`` (the row's id), ``finish_reason`` (vLLM's words: ``stop`` or ``length``), ``is_truncated``,
+    ``rollout_infos`` ({}: no rollout scheduler) — and ``trainer_state`` (None: nothing is training)."""
+    kwargs = _columns(items, ())
+    kwargs.setdefault("solution", [item.truth for item in items])
+    kwargs.update(messages=[_swift_messages(item) for item in items], images=[list(i.images) or None for i in items],
+                  prompt_id=[item.id for item in items],
+                  request_id=[item.id for item in items], finish_reason=[_VLLM_FINISH.get(i.finish_reason) for i in items],
+                  is_truncated=[item.finish_reason == "length" for item in items],
+                  rollout_infos=[{} for _ in items], trainer_state=None)
+    return kwargs
+
+
+_VLLM_FINISH = {"eos": "stop", "length": "length"}
+
+
+def _swift_messages(item: Item) -> list:
+    record = item.record or {}
+    if isinstance(record.get("messages"), list):
+        turns = [m for m in record["messages"] if not (isinstance(m, Mapping) and m.get("role") == "assistant")]
+    else:
+        system = [{"role": "system", "content": record["system"]}] if isinstance(record.get("system"), str) else []
+        turns = [*system, {"role": "user", "content": item.prompt}]
+    return [*turns, {"role": "assistant", "content": item.text}]
+
+
+def _columns(items: list[Item], left_out: tuple) -> dict:
+    """Every column of the items' manifest lines but ``left_out``, as a list over the items (None where a line
+    lacks it, as a dataset column holds it)."""
+    columns: list[str] = []
+    for item in items:
+        columns += [k for k in (item.record or {}) if k not in columns and k not in left_out]
+    return {key: [(item.record or {}).get(key) for item in items] for key in columns}
+
+
 def _ignore(*args, **kwargs) -> None:
     """TRL's log_extra / log_metric: nothing to log outside training."""
 
 
-def image_grid_thw(model_sizes) -> list[int] | None:
-    """The first image's ``[t, h, w]`` patch grid from the ``[width, height]`` the model saw, as VLM-R1's
-    Qwen module reads the processor's ``image_grid_thw`` (height = h × 14); None without sizes."""
+def image_grid_thw(item: Item) -> list[int] | None:
+    """The first image's ``[t, h, w]`` patch grid, as VLM-R1's Qwen module hands the processor's
+    ``image_grid_thw``: the row's own (engines write the processor's, size / 16 for Qwen3-VL and Qwen3.5), else,
+    for a row written without it, from the ``[width, height]`` the model saw over :data:`VLMR1_PATCH`; None
+    without either."""
     try:
-        width, height = model_sizes[0]
+        if item.grids:
+            return [int(n) for n in item.grids[0]]
+        width, height = item.model_sizes[0]
         return [1, int(height) // VLMR1_PATCH, int(width) // VLMR1_PATCH]
     except (TypeError, ValueError, IndexError):
         return None
@@ -218,8 +280,9 @@ def _chat_prompt(item: Item):
 # -- reading what came back ---------------------------------------------------------------------------
 def reward_value(value, key: str | None, item: Item, *, none_ok: bool = False) -> tuple[float | None, dict]:
     """(reward, sub-scores) from a returned number, or from a dict's ``key`` plus its other numbers.
-    ``none_ok`` (TRL): None is "not applicable" and comes back as None."""
-    if none_ok and value is None:
+    ``none_ok`` (TRL, ms-swift): None or NaN is "not applicable" and comes back as None (both trainers turn
+    None into NaN and take nansum / nanmean)."""
+    if none_ok and (value is None or _is_nan(value)):
         return None, {}
     if key is not None and isinstance(value, Mapping):
         if key not in value:
@@ -236,12 +299,20 @@ def reward_value(value, key: str | None, item: Item, *, none_ok: bool = False) -
 
 def number(value) -> float | None:
     """A finite float from a number, a 0-d numpy array or torch tensor; else None."""
+    got = _real(value)
+    return got if got is not None and math.isfinite(got) else None
+
+
+def _is_nan(value) -> bool:
+    got = _real(value)
+    return got is not None and math.isnan(got)
+
+
+def _real(value) -> float | None:
+    """The float of a number, a 0-d numpy array or torch tensor (NaN and infinities included); else None."""
     if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)):
         try:
             value = value.item()
         except (TypeError, ValueError, RuntimeError):
             return None
-    if isinstance(value, numbers.Real):
-        got = float(value)
-        return got if math.isfinite(got) else None
-    return None
+    return float(value) if isinstance(value, numbers.Real) else None

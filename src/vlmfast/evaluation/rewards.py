@@ -1,25 +1,22 @@
 """A trainer's own reward functions as the scorer: ``--reward path/to/file.py:function`` (repeatable).
 
 Each file is imported by path and its function called exactly the way its trainer calls it (EasyR1
-batch / sequential / ≤ 0.3, TRL / VLM-R1, verl: see :mod:`vlmfast.evaluation.reward_calls`), with the
-manifest's ground truth untouched and ``--reward-kwargs`` bound as EasyR1's ``reward_function_kwargs``.
-Several functions are weighted and summed as TRL's GRPOTrainer does (``reward_weights``; a ``None`` is
-"not applicable": left out of that function's mean and out of the sum, the row left out entirely
-when every function says None). The total becomes the row's ``score``; ``correct`` is
+batch / sequential / ≤ 0.3, TRL / VLM-R1, ms-swift, verl: see :mod:`vlmfast.evaluation.reward_calls`), with
+the manifest's ground truth untouched and ``--reward-kwargs`` bound as EasyR1's ``reward_function_kwargs``.
+Several functions are weighted and summed as TRL's GRPOTrainer does (``reward_weights``; a ``None``, or
+from TRL and ms-swift a NaN, is "not applicable": left out of that function's mean and out of the sum, the
+row left out entirely when every function says None). The total becomes the row's ``score``; ``correct`` is
 ``score >= threshold``, or, when a function returns an ``accuracy`` (``acc``) sub-score, that sub-score
 ``>= threshold`` (a total that also weights the format must not call a right answer wrong). Standard library only at import time: the user's file imports what it needs.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import itertools
 import json
 import re
-import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vlmfast.errors import RewardError, UsageError
@@ -34,6 +31,7 @@ from vlmfast.evaluation.reward_calls import (
     detect_kind,
     reward_value,
 )
+from vlmfast.evaluation.reward_files import import_file, resolve
 from vlmfast.evaluation.scoring import ROW_FIELDS, format_ok
 from vlmfast.evaluation.stats import accuracy_key
 
@@ -43,7 +41,6 @@ __all__ = ["FIELDS", "FORMS", "KINDS", "Reward", "RewardError", "RewardSet", "lo
 # The fields score_rows gives a row: scoring's own (so a rewarded results file has the usual columns),
 # each function's reward by name (None: not applicable), the sub-scores, and the error --skip-bad recorded.
 FIELDS = (*ROW_FIELDS, "rewards", "reward_scores", "reward_error")
-_modules = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -100,7 +97,7 @@ class Reward:
     def _batch(self, items: list[Item]) -> list:
         values = call_batch(self.kind, self.fn, items, self.bound, self._accepts)
         key = "overall" if self.kind == "easyr1-batch" else None
-        return [reward_value(v, key, item, none_ok=self.kind == "trl") for v, item in zip(values, items)]
+        return [reward_value(v, key, item, none_ok=self.kind in ("trl", "swift")) for v, item in zip(values, items)]
 
     def _one(self, item: Item):
         key = "score" if self.kind == "verl" else "overall"
@@ -179,8 +176,10 @@ class RewardSet:
                 continue
             fields["format_ok"] = format_ok(row.get("text"))
             found, truth, record, source = _truth_record(truths.get(str(row.get("id"))))
-            if found:
-                todo.append((fields, _item(row, truth, record, source)))
+            if found:  # and what the engine wrote beside the text: how the answer ended, the processor's grid
+                item = replace(_item(row, truth, record, source), finish_reason=row.get("finish_reason"),
+                               grids=row.get("image_grid_thw"))
+                todo.append((fields, item))
         items = [item for _, item in todo]
         per_function = [reward.rewards(items, skip_bad) for reward in self.rewards]
         for k, (fields, _) in enumerate(todo):
@@ -189,16 +188,18 @@ class RewardSet:
 
     def check(self, requests) -> None:
         """Call every function once, before any model loads, on the first of ``requests`` with ground truth,
-        answered with its own truth (``<think>…</think><answer>TRUTH</answer>``): a function that cannot even
-        be called (a missing column, a wrong signature, an import inside it) fails in a second, not after the
-        first batch has generated. A RewardError saying so."""
+        answered with its own truth (``<think>…</think><answer>TRUTH</answer>``; a truth that holds its
+        ``<answer>`` tags already is the answer as it is): a function that cannot even be called (a missing
+        column, a wrong signature, an import inside it) fails in a second, not after the first batch has
+        generated. A RewardError saying so."""
         request = next((r for r in requests if _truth_record(r.truth_record())[0]), None)
         if request is None:
             return
         truth = _truth_record(request.truth_record())[1]
         answer = truth if isinstance(truth, str) else json.dumps(truth)
+        answer = answer if "<answer>" in answer else f"<answer>{answer}</answer>"
         sizes = [list(size) for size in request.image_sizes] if request.image_sizes else None
-        row = {"id": request.id, "text": f"<think>check</think><answer>{answer}</answer>", "prompt": request.prompt,
+        row = {"id": request.id, "text": f"<think>check</think>{answer}", "prompt": request.prompt,
                "images": list(request.images), "n_new_tokens": 8, "token_ids": [0] * 8, "error": None,
                "model_image_sizes": sizes}  # the images' own sizes stand in for the resized ones
         try:
@@ -314,11 +315,11 @@ def parse_reward_kwargs(kwargs) -> dict:
 def load_reward(spec: str, *, threshold: float = 1.0, kwargs: Mapping | None = None, _imported=None) -> Reward:
     """The reward function ``spec`` names (``path/to/file.py:function_name``), ready to score rows.
 
-    The file is imported under a module name of its own, with its directory first on ``sys.path``
-    while it imports (so ``from utils import …`` of a sibling file works, as when the trainer runs it).
-    The calling form is recognised by :func:`vlmfast.evaluation.reward_calls.detect_kind`; ``kwargs``
-    are bound to every call (EasyR1's ``reward_function_kwargs``). Raises UsageError (with a hint) for
-    a bad spec, a file that fails to import, or a name that is not such a function."""
+    The file is imported and the name looked up by :mod:`vlmfast.evaluation.reward_files` (a function, a
+    ``Class.method``, an ms-swift ORM class or instance, a key of the file's ``orms``). An ORM is called as
+    ms-swift calls it; any other form is recognised by :func:`vlmfast.evaluation.reward_calls.detect_kind`.
+    ``kwargs`` are bound to every call (EasyR1's ``reward_function_kwargs``). Raises UsageError (with a
+    hint) for a bad spec, a file that fails to import, or a name that is not such a function."""
     path_text, sep, name = str(spec).rpartition(":")
     forms = "accepted forms: " + "; ".join(FORMS)
     if not sep or not path_text or not name:
@@ -329,24 +330,14 @@ def load_reward(spec: str, *, threshold: float = 1.0, kwargs: Mapping | None = N
         raise UsageError(f"--reward: {path}: no such file",
                          hint="give the path of the Python file holding the reward function")
     key = path.resolve()
-    module = _imported[key] if _imported is not None and key in _imported else _import(path)
+    module = _imported[key] if _imported is not None and key in _imported else import_file(path)
     if _imported is not None:
         _imported[key] = module
-    owner, _, attribute = name.rpartition(".")  # Class.method: a reward kept as a static method (VLM-R1's modules)
-    owner_obj = _attribute(module, owner) if owner else module
-    if owner_obj is None or not hasattr(owner_obj, attribute):
-        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                       and getattr(v, "__module__", None) == module.__name__)
-        raise UsageError(f"--reward: {path} has no {name!r}",
-                         hint=f"functions defined there: {', '.join(found) or 'none'}")
-    fn = getattr(owner_obj, attribute)
-    if not callable(fn):
-        raise UsageError(f"--reward: {path}:{name} is a {type(fn).__name__}, not a function",
-                         hint="name the reward function itself")
+    fn, orm = resolve(module, name, path)
     bound = dict(kwargs or {})
     try:
         params = list(inspect.signature(fn).parameters.values())
-        kind = detect_kind(fn, module, bound)
+        kind = "swift" if orm else detect_kind(fn, module, bound)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--reward: cannot read the signature of {name} ({exc})", hint=forms) from exc
     if kind is None:
@@ -361,33 +352,3 @@ def load_reward(spec: str, *, threshold: float = 1.0, kwargs: Mapping | None = N
     return Reward(fn, name, kind, path, keywords, any(p.kind is p.VAR_KEYWORD for p in params), float(threshold),
                   bound, label if isinstance(label, str) else None)
 
-
-def _attribute(obj, dotted: str):
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
-
-def _import(path: Path):
-    stem = re.sub(r"\W", "_", path.stem)
-    module_name = f"vlmfast_reward_{next(_modules)}_{stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"--reward: {path} is not a Python file Python can import", hint="give a .py file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
-    directory = str(path.resolve().parent)
-    added = directory not in sys.path
-    if added:
-        sys.path.insert(0, directory)  # first, as when the file is run as a script: its siblings win
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:
-        del sys.modules[module_name]
-        raise UsageError(f"--reward: importing {path} failed: {type(exc).__name__}: {exc}",
-                         hint="run python on the file to see the traceback; install what it imports into this "
-                              "environment") from exc
-    finally:
-        if added and directory in sys.path:
-            sys.path.remove(directory)
-    return module

@@ -358,7 +358,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         family = self.loaded.family
         row = result_row(request, new_ids, eos_ids=self._eos(), tokenizer=self.loaded.processor.tokenizer,
                          n_prompt=n_prompt, n_image=n_image, model_sizes=prepared.model_sizes.get(request.id),
-                         sample=sample, bbox_space=family.bbox_space if family else None)
+                         sample=sample, bbox_space=family.bbox_space if family else None, patch_size=self.patch_size)
         row.copied = copied  # a greedy answer given to another sample: written, not counted as generated
         return row
 

@@ -325,7 +325,7 @@ class VllmBackend(Preparer):
         prompt_ids = list(out.prompt_token_ids or [])
         # vLLM keeps the stop token in token_ids, as generate does: the same cut and decoding as the HF engine
         rows = [result_row(request, list(c.token_ids), eos_ids=[] if self.settings.ignore_eos else self.eos_token_ids,
-                           tokenizer=self.tokenizer, n_prompt=len(prompt_ids),
+                           tokenizer=self.tokenizer, n_prompt=len(prompt_ids), patch_size=self.patch_size,
                            n_image=sum(1 for t in prompt_ids if t == self.image_token_id),
                            model_sizes=[self.model_size(im) for im in images], sample=k if n > 1 else None, bbox_space=self.bbox_space)
                 for k, c in enumerate(completions)]
