@@ -140,8 +140,9 @@ def test_a_clear_difference_keeps_a_small_p_value():
     ckpt = [{"id": f"q{i}", "correct": True, "error": None} for i in range(100)]
     got = compare(ckpt, base)
     assert got["p_value"] == float(f"{2 / 2 ** 100:.4g}") and got["p_value"] > 0  # not rounded away to 0.0
-    # 100 of 100 flipped up: the exact interval's low end is 2·0.025^(1/100) − 1, not the bootstrap's 1.0
-    assert (got["difference"], got["ci_low"], got["ci_high"]) == (1.0, round(2 * 0.025 ** 0.01 - 1, 4), 1.0)
+    # 100 of 100 flipped up: Newcombe's interval (Wilson of 100/100 and 0/100 from statsmodels) is
+    # [0.947683, 1], not the bootstrap's [1, 1]
+    assert (got["difference"], got["ci_low"], got["ci_high"]) == (1.0, 0.9477, 1.0)
 
 
 def test_without_base_only_the_rules_that_need_none():

@@ -89,8 +89,8 @@ def flipped(a: list[dict] | dict, b: list[dict] | dict) -> dict[str, list[str]]:
 
 def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dict:
     """Checkpoint ``a`` against ``b`` (result rows or :func:`per_request` tables): ``n`` requests both scored,
-    ``difference`` (a − b, per-request mean correctness) with its ``ci_low``/``ci_high`` (95 %: exact for 0/1
-    scores, else a paired bootstrap of 10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
+    ``difference`` (a − b, per-request mean correctness) with its ``ci_low``/``ci_high`` (95 %: Newcombe's hybrid
+    score interval for 0/1 scores, else a paired bootstrap of 10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
     (:func:`flipped`) and ``p_value`` (4 significant digits): the paired test of ``difference`` — with one
     answer per request the exact McNemar test on the flips; with several, the exact sign-flip test on the
     per-request mean scores (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation),
