@@ -140,8 +140,9 @@ def test_a_clear_difference_keeps_a_small_p_value():
     ckpt = [{"id": f"q{i}", "correct": True, "error": None} for i in range(100)]
     got = compare(ckpt, base)
     assert got["p_value"] == float(f"{2 / 2 ** 100:.4g}") and got["p_value"] > 0  # not rounded away to 0.0
-    # 100 of 100 flipped up: the exact interval's low end is 2·0.025^(1/100) − 1, not the bootstrap's 1.0
-    assert (got["difference"], got["ci_low"], got["ci_high"]) == (1.0, round(2 * 0.025 ** 0.01 - 1, 4), 1.0)
+    # 100 of 100 flipped up: Newcombe's interval (Wilson of 100/100 and 0/100 from statsmodels) is
+    # [0.947683, 1], not the bootstrap's [1, 1]
+    assert (got["difference"], got["ci_low"], got["ci_high"]) == (1.0, 0.9477, 1.0)
 
 
 def test_without_base_only_the_rules_that_need_none():
@@ -205,3 +206,25 @@ def test_with_one_answer_per_request_the_test_is_still_mcnemar():
 
     assert sign_flip_exact([1.0] * 9 + [-1.0] * 2 + [0.0] * 5) == pytest.approx(mcnemar_exact(9, 2))
     assert sign_flip_exact([0.25, 0.5, -0.25]) == pytest.approx(6 / 8)  # of the 8 sign flips, 6 reach |0.5|
+
+
+def test_a_gain_of_exactly_the_threshold_is_not_more_than_it():
+    """0.46 − 0.41 is 0.05000000000000002 in floating point: 5 points, not "more than 5 points"."""
+    assert 0.46 - 0.41 > 0.05  # the float arithmetic the rules must not trust
+    n = 200
+    base = {f"q{i}": (float(i < 82), i < 82, True) for i in range(n)}  # 41.0 %, every answer in format
+    step = {f"q{i}": (float(i < 92), i < 92, True) for i in range(n)}  # 46.0 %
+    figures = [{"step": 0, "accuracy": 0.41, "ci_low": 0.34, "ci_high": 0.48, "reward_mean": 0.41},
+               {"step": 100, "accuracy": 0.46, "ci_low": 0.39, "ci_high": 0.53, "reward_mean": 0.46}]
+    assert flag_run(figures, {0: base, 100: step}, base_step=0) == []
+    figures[1].update(accuracy=0.4601, reward_mean=0.4601)  # just over: both rules trip
+    assert [f["code"] for f in flag_run(figures, {0: base, 100: step}, base_step=0)] == \
+        ["format_only_gain", "reward_without_accuracy"]
+
+
+def test_a_flag_on_the_base_names_it_base_as_the_table_does():
+    figures = [{"step": 0, "accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6, "truncation_rate": 0.2},
+               {"step": 100, "accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6, "truncation_rate": 0.2}]
+    messages = [f["message"] for f in flag_run(figures, {}, base_step=0)]
+    assert messages == ["base: 20% of answers stopped at the length limit", "step 100: 20% of answers stopped at the length limit"]
+    assert [f["message"] for f in flag_run(figures, {})][0].startswith("step 0: ")  # no --base: a step like any

@@ -67,11 +67,10 @@ def test_paired_comparison_binary():
     assert r["discordant"] == {"a_better": 7, "b_better": 1}
     # exact McNemar: 2 · (C(8,0) + C(8,1)) / 2^8 = 18/256
     assert r["p_value"] == pytest.approx(18 / 256)
-    # the interval that test inverts (Clopper–Pearson of 7 of 8, statsmodels' "beta": [0.4735, 0.9968], as
-    # 8/20 · (2·share − 1)); p > 0.05, so it holds 0 — a bootstrap's [0.1, 0.5] (or the normal
-    # approximation's [0.056, 0.544]) would call the difference clear where the exact test does not
-    assert r["ci_low"] == pytest.approx(-0.02121, abs=1e-4) and r["ci_high"] == pytest.approx(0.39745, abs=1e-4)
-    assert r["ci_low"] < 0 < r["difference"] < r["ci_high"]
+    # Newcombe's hybrid score interval (method 10) for 8 both right, 7 only a, 1 only b, 4 neither; reference:
+    # Wilson intervals from statsmodels' proportion_confint(…, method="wilson") combined by Newcombe's formula.
+    # It leaves out 0 while McNemar's exact p is above 0.05: two methods, near the line they can disagree
+    assert r["ci_low"] == pytest.approx(0.025724, abs=1e-6) and r["ci_high"] == pytest.approx(0.515976, abs=1e-6)
     assert paired_comparison(a, b, resamples=2000, seed=1) == r  # deterministic for a seed
 
 
@@ -81,7 +80,7 @@ def test_paired_comparison_edges():
     assert all(empty[k] is None for k in ("accuracy_a", "accuracy_b", "difference", "ci_low", "ci_high", "p_value", "discordant"))
     one = paired_comparison({"x": 1}, {"x": 0}, resamples=50)
     assert (one["n"], one["difference"], one["ci_high"]) == (1, 1.0, 1.0)
-    assert one["ci_low"] == pytest.approx(-0.95)  # one request flipped up tells little: 2·0.025 − 1
+    assert one["ci_low"] == pytest.approx(-0.122109, abs=1e-6)  # one request flipped up tells little
     assert one["p_value"] == 1.0  # one discordant pair: 2 · ½ = 1
     graded = paired_comparison({"x": 0.5, "y": 1.0, "z": None}, {"x": 0.25, "y": 1.0, "z": 1.0}, resamples=50)
     assert graded["n"] == 2 and graded["p_value"] is None and graded["difference"] == pytest.approx(0.125)
@@ -96,16 +95,21 @@ def test_mcnemar_exact(a_only, b_only, p):
     assert mcnemar_exact(a_only, b_only) == pytest.approx(p)
 
 
-def test_the_binary_interval_agrees_with_the_exact_test():
-    """For 0/1 scores the interval leaves out 0 exactly when McNemar's exact p is below 0.05, at every split of
-    up to 60 discordant requests; and it matches Clopper–Pearson at thousands of them."""
-    for m in range(1, 61):
-        for up in range(m + 1):
-            r = paired_comparison({i: int(i < up) for i in range(m)}, {i: int(i >= up) for i in range(m)})
-            assert (r["ci_low"] > 0 or r["ci_high"] < 0) == (r["p_value"] < 0.05), (up, m - up)
-    big = paired_comparison({i: int(i < 5100) for i in range(10_000)}, {i: int(i >= 5100) for i in range(10_000)})
-    # statsmodels' proportion_confint(5100, 10000, method="beta") = (0.50015, 0.51984), as 2·share − 1
-    assert big["ci_low"] == pytest.approx(0.00030, abs=1e-5) and big["ci_high"] == pytest.approx(0.03969, abs=1e-5)
+@pytest.mark.parametrize("both, up, down, neither, low, high", [
+    (38, 0, 2, 0, -0.165039, 0.044797),   # 2 of 40 flipped right → wrong
+    (600, 5, 0, 395, 0.000163, 0.009855),  # 5 up, 0 down of 1,000: leaves out 0, McNemar p = 0.0625
+    (3, 0, 0, 0, -0.561497, 0.561497),    # nothing discordant: not [0, 0] — 3 requests say little
+    (0, 0, 0, 50, -0.071348, 0.071348),
+    (0, 3, 0, 0, 0.205923, 1.0),          # 3 of 3 flipped up (p 0.25)
+    (0, 5100, 4900, 0, 0.0004, 0.039584),  # thousands of discordant requests
+])
+def test_the_binary_interval_is_newcombes_hybrid_score(both, up, down, neither, low, high):
+    """Newcombe (1998) method 10 with the continuity-corrected phi. Reference values: statsmodels 0.15's
+    Wilson intervals (proportion_confint(…, method="wilson")) combined by Newcombe's formula."""
+    pattern = [(1, 1)] * both + [(1, 0)] * up + [(0, 1)] * down + [(0, 0)] * neither
+    r = paired_comparison({i: x for i, (x, _) in enumerate(pattern)}, {i: y for i, (_, y) in enumerate(pattern)})
+    assert r["difference"] == pytest.approx((up - down) / len(pattern))
+    assert r["ci_low"] == pytest.approx(low, abs=1e-6) and r["ci_high"] == pytest.approx(high, abs=1e-6)
 
 
 def test_mcnemar_large_counts_do_not_underflow():

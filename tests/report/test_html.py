@@ -84,7 +84,7 @@ def test_more_figures_show_what_checkpoints_carry_and_nothing_else():
     heads = re.findall(r"<th[^>]*>(.*?)</th>", more)
     assert heads == ["checkpoint", "vs base [95 % CI] p", "length max", "reward acc&lt;r&gt;"]
     cells = re.findall(r"<td[^>]*>(.*?)</td>", more)
-    assert cells == ["base", "–", "–", "–", "step 100", "+30.0 [+10.0, +50.0] p=0.0312 (4↑ 1↓)", "64", "0.250"]
+    assert cells == ["base", "–", "–", "–", "step 100", "+30.0 pp [+10.0, +50.0] p=0.0312 (4↑ 1↓)", "64", "0.250"]
 
 
 def test_a_report_without_health_flags_or_manifest_still_renders(tmp_path):
@@ -293,3 +293,32 @@ def test_a_page_written_from_another_directory_still_finds_the_images_beside_the
     page = page_data(report, rows_by_step={100: [row]})
     images, _ = _thumbnails(page["samples"])
     assert images[0].startswith("data:image/jpeg;base64,")
+
+
+def test_the_vs_base_cell_has_its_unit_and_p_best_is_worded_as_what_it_is():
+    page = _page(best={"step": 100, "path": "p", "accuracy": 0.5, "p_best": 0.36, "indistinguishable": [0, 100],
+                       "alpha": 0.05})
+    page["checkpoints"][1]["vs_base"] = {"n": 10, "difference": 0.2, "ci_low": -0.1, "ci_high": 0.5, "p_value": 0.2,
+                                         "wrong_to_right": 3, "right_to_wrong": 1}
+    text = render(page)
+    table = text.split("<table class='steps'>")[1].split("</table>")[0]
+    assert "<td class=''>+20.0 pp (3↑ 1↓)</td>" in table  # as the terminal writes it: "+20.0 pp"
+    assert "how often it is highest when the requests are resampled, not the chance it is truly best" in text
+
+
+def test_the_pages_flips_count_failed_and_raised_answers_as_wrong_as_report_json_does():
+    """Base right on q0–q3. Step 100 failed on q1 (an error row) and its reward raised on q2: report.json's
+    vs_base counts both as right → wrong (flags.judged_tables, as the sweep judges them), so the page does too."""
+    from vlmfast.run.sweep_page import page_data
+
+    def row(rid, correct, **kw):
+        return {"id": rid, "prompt": "p", "text": "<answer>1</answer>", "error": None, "score": None if correct is None else float(correct),
+                "correct": correct, "format_ok": True, **kw}
+
+    base = [row(f"q{i}", True) for i in range(4)] + [row("q4", False)]
+    step = [row("q0", True), {"id": "q1", "prompt": "p", "error": "CUDA out of memory"},
+            row("q2", None, score=None, reward_error="ValueError"), row("q3", False), row("q4", True)]
+    report = {"run_dir": "r", "best": None, "checkpoints": [{"step": 0, "label": "base", "results": "none.jsonl"},
+                                                            {"step": 100, "label": "hf-trainer", "results": "none.jsonl"}]}
+    flips = page_data(report, {0: base, 100: step}, truths={})["flips"][100]
+    assert (len(flips["wrong_to_right"]), len(flips["right_to_wrong"])) == (1, 3)  # q4 up; q1, q2, q3 down

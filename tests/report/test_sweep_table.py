@@ -111,3 +111,17 @@ def test_sweep_by_names_a_tie_not_a_best_step(monkeypatch):
     terminal._sweep_groups({"by": "category", "checkpoints": checkpoints})
     said = out.getvalue()
     assert "best step by category: color: 200 (50.0%) · shape: a tie (0.0%)" in said and "shape (2)" in said, said
+
+
+def test_without_base_step_0_is_a_step_and_p_best_is_worded_as_what_it_is(monkeypatch):
+    """No --base: the run's checkpoint-0 is step 0 in the best line, as in the table; "base" is the --base model's."""
+    report = {**REPORT, "checkpoints": [{**c, "label": "hf-trainer"} for c in REPORT["checkpoints"]],
+              "best": {**REPORT["best"], "p_best": 0.36, "indistinguishable": [0, 1200], "requests": 40, "alpha": 0.05}}
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "stderr", Console(file=out, width=400, highlight=False, soft_wrap=True))
+    terminal.render_sweep(report)
+    best = next(line for line in out.getvalue().splitlines() if line.startswith("best:"))
+    assert best.endswith("(Holm over every two steps, alpha 0.05): 0") and "base" not in best
+    assert "P(best) 36% (how often it is highest when the 40 requests are resampled; not the chance it is truly best" in best
+    rows = [line.split()[0] for line in out.getvalue().splitlines() if line.split() and line.split()[0] in ("0", "base")]
+    assert rows == ["0"]

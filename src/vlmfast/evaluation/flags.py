@@ -17,10 +17,11 @@ Flags (:func:`flag_run`), each rule with its threshold:
 - ``truncation``: more than ``TRUNCATION`` of the answers stopped at the length limit.
 - ``repetition``: more than ``REPETITION`` of the answers end in a loop
   (:func:`vlmfast.evaluation.health.repeats`).
-- ``collapse_after_peak``: a checkpoint after the best one that is worse than it by the test that decides
-  the steps not distinguishable from the best (:mod:`vlmfast.evaluation.best`: the paired McNemar test
-  against the best, Holm-corrected over every step compared with it, below ``ALPHA``); the figure is the
-  adjusted p-value. Without per-request tables (figures only), below the best's interval (its ``ci_low``).
+- ``collapse_after_peak``: a checkpoint after the best one that is outside the set not distinguishable from
+  the best (:mod:`vlmfast.evaluation.best`: a paired test shows it below another step, Holm-corrected over
+  both one-sided hypotheses of every two steps, below ``ALPHA``), so worse than the best with a family-wise
+  error of at most ``ALPHA``; the figure is its adjusted p-value. Without per-request tables (figures only),
+  below the best's interval (its ``ci_low``).
 - ``reward_without_accuracy``: the mean reward (``reward_mean``, the rows' total ``--reward``; only when
   both have one) is above base's by more than ``REWARD_GAIN`` while the accuracy stays inside base's
   interval (``ci_low`` to ``ci_high``).
@@ -39,6 +40,9 @@ COLLAPSE = 0.5
 TRUNCATION = 0.05
 REPETITION = 0.05
 REWARD_GAIN = 0.05
+# figures are fractions in floating point (0.46 − 0.41 = 0.05000000000000002): a figure within this of a threshold
+# is at the threshold, so "more than 5 points" is not tripped by 5 points
+TOLERANCE = 1e-9
 CODES = ("format_only_gain", "length_blowup", "length_collapse", "truncation", "repetition", "collapse_after_peak",
          "reward_without_accuracy")
 
@@ -72,6 +76,43 @@ def reward_errors_as_wrong(rows: list[dict], scored_elsewhere: bool = False) -> 
     return [{**r, "score": 0.0, "correct": False} if bad else r for r, bad in zip(rows, raised)], sum(raised)
 
 
+def failed_as_wrong(rows: list[dict], elsewhere: set[str]) -> tuple[list[dict], list[dict], int]:
+    """``rows`` with each error row on a request in ``elsewhere`` (ids another step was scored on) made as many
+    wrong answers as a request has (k, its most answers: a failed request has one error row whatever --n), the
+    error rows so judged, and k."""
+    from collections import Counter
+
+    failed = [r for r in rows if r.get("error") is not None and str(r.get("id")) in elsewhere]
+    answers = Counter(str(r.get("id")) for r in rows if r.get("error") is None)
+    k = max(answers.values(), default=1)
+    if not failed:
+        return rows, [], k
+    rows = [judged for r in rows for judged in (
+        [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False, "sample": j if k > 1 else None}
+         for j in range(k)] if r.get("error") is not None and str(r.get("id")) in elsewhere else [r])]
+    return rows, failed, k
+
+
+def judged_tables(rows_by_step: dict[int, list[dict]]) -> dict[int, dict]:
+    """step → the :func:`vlmfast.evaluation.flags.per_request` table of its rows judged as a sweep's report
+    judges them (so the page counts the flips report.json counts): answers the reward function raised on
+    count as wrong (a step where it raised on every answer too, when it scored another step's:
+    :func:`vlmfast.run.rescore.judge_all_raised`), and failed requests another step was scored on count as
+    wrong (:func:`vlmfast.run.rescore.judge_failed`)."""
+    judged = {step: reward_errors_as_wrong(rows)[0] for step, rows in rows_by_step.items()}
+    tables = {step: per_request(rows) for step, rows in judged.items()}
+    if any(tables.values()):
+        for step in [s for s, t in tables.items() if not t]:
+            judged[step] = reward_errors_as_wrong(judged[step], True)[0]
+            tables[step] = per_request(judged[step])
+    for step, rows in judged.items():
+        elsewhere = set().union(*(set(t) for s, t in tables.items() if s != step))
+        rows, failed, _ = failed_as_wrong(rows, elsewhere)
+        if failed:
+            tables[step] = per_request(reward_errors_as_wrong(rows, True)[0])
+    return tables
+
+
 def table_of(rows_or_table: list[dict] | dict) -> dict[str, tuple[float, bool, bool]]:
     """A :func:`per_request` table: made from result rows (a list), or given as one already (a dict)."""
     return rows_or_table if isinstance(rows_or_table, dict) else per_request(rows_or_table)
@@ -89,38 +130,51 @@ def flipped(a: list[dict] | dict, b: list[dict] | dict) -> dict[str, list[str]]:
 
 def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dict:
     """Checkpoint ``a`` against ``b`` (result rows or :func:`per_request` tables): ``n`` requests both scored,
-    ``difference`` (a − b, per-request mean correctness) with its ``ci_low``/``ci_high`` (95 %: exact for 0/1
-    scores, else a paired bootstrap of 10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
+    ``difference`` (a − b, per-request mean correctness) with its ``ci_low``/``ci_high`` (95 %: Newcombe's hybrid
+    score interval for 0/1 scores, else a paired bootstrap of 10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
     (:func:`flipped`) and ``p_value`` (4 significant digits): the paired test of ``difference`` — with one
     answer per request the exact McNemar test on the flips; with several, the exact sign-flip test on the
     per-request mean scores (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation),
     so the test judges the figure the steps are ranked by, not the majority vote."""
-    from vlmfast.evaluation.stats import mcnemar_exact, paired_comparison, sign_flip_exact
+    from vlmfast.evaluation.stats import paired_comparison
 
     a, b = table_of(a), table_of(b)
     paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, seed=seed)
     flips = {k: len(v) for k, v in flipped(a, b).items()}
     rounded = {k: None if paired[k] is None else round(paired[k], 4) for k in ("difference", "ci_low", "ci_high")}
     shared = [rid for rid in a if rid in b]
-    if not paired["n"]:
-        p = None
-    elif all(a[r][0] in (0.0, 1.0) and b[r][0] in (0.0, 1.0) for r in shared):
-        p = mcnemar_exact(flips["wrong_to_right"], flips["right_to_wrong"])
-    else:
-        p = sign_flip_exact([a[r][0] - b[r][0] for r in shared])
+    p = paired_p([a[r][0] for r in shared], [b[r][0] for r in shared]) if paired["n"] else None
     # significant digits, not decimals: a clear difference over thousands of requests has p far below 1e-6
     p_value = None if p is None else float(f"{p:.4g}")
     return {"n": paired["n"], **rounded, "p_value": p_value, **flips}
 
 
-def _flag(code: str, step: int, figure, threshold, message: str) -> dict:
-    return {"code": code, "step": step, "figure": figure, "threshold": threshold, "message": f"step {step}: {message}"}
+def paired_p(a_scores, b_scores) -> float:
+    """Two-sided p-value of the paired test that two checkpoints' per-request scores (sequences in the same
+    request order) have equal means: the exact McNemar test on the requests that differ when every score is
+    0 or 1 (:func:`vlmfast.evaluation.stats.mcnemar_exact`), else the exact sign-flip test on the differences
+    (:func:`vlmfast.evaluation.stats.sign_flip_exact`)."""
+    import numpy as np
+
+    from vlmfast.evaluation.stats import mcnemar_exact, sign_flip_exact
+
+    x, y = np.asarray(a_scores, dtype=float), np.asarray(b_scores, dtype=float)
+    if np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all():
+        return mcnemar_exact(int((x > y).sum()), int((y > x).sum()))
+    return sign_flip_exact((x - y).tolist())
+
+
+def _flag(code: str, step: int, figure, threshold, message: str, base_step: int | None = None) -> dict:
+    """A flag; its message starts with the step's name: "base" for the base (``base_step``), as the table names it."""
+    name = "base" if step == base_step else f"step {step}"
+    return {"code": code, "step": step, "figure": figure, "threshold": threshold, "message": f"{name}: {message}"}
 
 
 def flag_run(checkpoints: list[dict], rows_by_step: dict[int, list[dict] | dict], *,
              base_step: int | None = None) -> list[dict]:
     """The flags of a sweep, ordered by step: ``checkpoints`` are its per-step figures (``step``, ``accuracy``,
-    ``ci_low``/``ci_high``, the :func:`vlmfast.evaluation.health.health` figures), ``rows_by_step`` each step's
+    ``ci_low``/``ci_high``, the :func:`vlmfast.evaluation.health.health` figures; ``near_best`` and ``holm_p``
+    where :func:`vlmfast.evaluation.best.held_up` set them, else that test is run here), ``rows_by_step`` each step's
     result rows or its :func:`per_request` table (a sweep keeps only the tables), ``base_step`` the base's
     step (None: no base, so no rule that needs one). A flag: ``code`` (one of :data:`CODES`), ``step``,
     ``figure`` (the value that tripped the rule), ``threshold`` (the bound it crossed), ``message``."""
@@ -130,24 +184,29 @@ def flag_run(checkpoints: list[dict], rows_by_step: dict[int, list[dict] | dict]
     base = by_step.get(base_step) if base_step is not None else None
     ranked = [c for c in checkpoints if c.get("accuracy") is not None]
     best = max(ranked, key=lambda c: (c["accuracy"], -c["step"])) if ranked else None
-    worse = worse_than_best(best["step"], [c["step"] for c in ranked], tables) if best else {}
+    if best is not None and all("near_best" in c for c in ranked):  # judged by held_up already: not twice
+        worse = {c["step"]: c["holm_p"] for c in ranked if not c["near_best"] and c["step"] in tables}
+    else:
+        worse = worse_than_best(best["step"], [c["step"] for c in ranked], tables) if best else {}
+    best_name = ("base" if best["step"] == base_step else f"step {best['step']}") if best else ""
     for c in sorted(checkpoints, key=lambda c: c["step"]):
         step = c["step"]
-        if (c.get("truncation_rate") or 0) > TRUNCATION:
+        if (c.get("truncation_rate") or 0) > TRUNCATION + TOLERANCE:
             flags.append(_flag("truncation", step, c["truncation_rate"], TRUNCATION,
-                               f"{c['truncation_rate']:.0%} of answers stopped at the length limit"))
-        if (c.get("repetition_rate") or 0) > REPETITION:
+                               f"{c['truncation_rate']:.0%} of answers stopped at the length limit", base_step))
+        if (c.get("repetition_rate") or 0) > REPETITION + TOLERANCE:
             flags.append(_flag("repetition", step, c["repetition_rate"], REPETITION,
-                               f"{c['repetition_rate']:.0%} of answers end in a repeated phrase"))
+                               f"{c['repetition_rate']:.0%} of answers end in a repeated phrase", base_step))
         if best is not None and step > best["step"] and step in worse:
             flags.append(_flag("collapse_after_peak", step, worse[step], ALPHA,
-                               f"accuracy {c['accuracy']:.1%} is below the best step {best['step']}'s "
-                               f"{best['accuracy']:.1%}, told apart by the paired test (Holm-adjusted p {worse[step]:.2g})"))
+                               f"accuracy {c['accuracy']:.1%} is below the best {best_name}'s "
+                               f"{best['accuracy']:.1%}, and a paired test shows it below another step "
+                               f"(Holm-adjusted over every two steps, p {worse[step]:.2g})", base_step))
         elif best is not None and step > best["step"] and step not in tables and c.get("accuracy") is not None \
-                and best.get("ci_low") is not None and c["accuracy"] < best["ci_low"]:
+                and best.get("ci_low") is not None and c["accuracy"] < best["ci_low"] - TOLERANCE:
             flags.append(_flag("collapse_after_peak", step, c["accuracy"], best["ci_low"],
-                               f"accuracy {c['accuracy']:.1%} is below the interval of the best step {best['step']} "
-                               f"(from {best['ci_low']:.1%})"))
+                               f"accuracy {c['accuracy']:.1%} is below the interval of the best {best_name} "
+                               f"(from {best['ci_low']:.1%})", base_step))
         if base is None or c is base:
             continue
         flags += _against_base(c, base, tables.get(step, {}), tables.get(base["step"], {}))
@@ -155,15 +214,17 @@ def flag_run(checkpoints: list[dict], rows_by_step: dict[int, list[dict] | dict]
 
 
 def worse_than_best(best: int, steps: list[int], tables: dict) -> dict[int, float]:
-    """Steps told apart from ``best`` by the paired test (:func:`compare`'s McNemar p-value, Holm-adjusted
-    over every step with a table compared with it) and below it: step → adjusted p-value."""
-    from vlmfast.evaluation.best import holm
+    """Steps (of ``steps``, with a table) that a paired test shows below another step, Holm-corrected over
+    both one-sided hypotheses of every two of them (:func:`vlmfast.evaluation.best.indistinguishable`, the
+    test that decides the set not distinguishable from the best): step → its adjusted p-value. Each is below
+    the best by its accuracy, and truly worse than the best with a family-wise error of at most ``ALPHA``."""
+    from vlmfast.evaluation.best import indistinguishable, pairwise
 
     if best not in tables:
         return {}
-    tested = {s: compare(tables[s], tables[best]) for s in steps if s != best and s in tables}
-    adjusted = holm({s: t["p_value"] for s, t in tested.items() if t["p_value"] is not None})
-    return {s: p for s, p in adjusted.items() if p < ALPHA and (tested[s]["difference"] or 0) < 0}
+    tested = [s for s in steps if s in tables]
+    keep, adjusted = indistinguishable(best, tested, pairwise({s: tables[s] for s in tested}))
+    return {s: p for s, p in adjusted.items() if s not in keep}
 
 
 def _against_base(c: dict, base: dict, mine: dict, theirs: dict) -> list[dict]:
@@ -171,21 +232,23 @@ def _against_base(c: dict, base: dict, mine: dict, theirs: dict) -> list[dict]:
     ours, base_p50 = c.get("new_tokens_p50"), base.get("new_tokens_p50")
     if ours is not None and base_p50:
         ratio = round(ours / base_p50, 3)
-        if ratio >= BLOWUP:
+        if ratio >= BLOWUP - TOLERANCE:
             flags.append(_flag("length_blowup", step, ratio, BLOWUP, f"median length {ours:g} tokens is {ratio:g}× base's"))
-        elif ratio <= COLLAPSE:
+        elif ratio <= COLLAPSE + TOLERANCE:
             flags.append(_flag("length_collapse", step, ratio, COLLAPSE, f"median length {ours:g} tokens is {ratio:g}× base's"))
-    if c.get("accuracy") is not None and base.get("accuracy") is not None and c["accuracy"] - base["accuracy"] > GAIN:
+    if c.get("accuracy") is not None and base.get("accuracy") is not None \
+            and c["accuracy"] - base["accuracy"] > GAIN + TOLERANCE:
         common = [rid for rid in mine if rid in theirs and mine[rid][2] and theirs[rid][2]]
         if len(common) >= MIN_COMMON:
             gain = round(sum(mine[r][0] - theirs[r][0] for r in common) / len(common), 4)
-            if gain <= GAIN:
+            if gain <= GAIN + TOLERANCE:
                 flags.append(_flag("format_only_gain", step, gain, GAIN,
                                    f"accuracy is {c['accuracy'] - base['accuracy']:+.1%} over base, but {gain:+.1%} over "
                                    f"the {len(common)} requests both answered in format: the gain is the format"))
     rewards = c.get("reward_mean"), base.get("reward_mean")
-    if None not in rewards and rewards[0] - rewards[1] > REWARD_GAIN and c.get("accuracy") is not None \
-            and base.get("ci_low") is not None and base["ci_low"] <= c["accuracy"] <= base["ci_high"]:
+    if None not in rewards and rewards[0] - rewards[1] > REWARD_GAIN + TOLERANCE and c.get("accuracy") is not None \
+            and base.get("ci_low") is not None \
+            and base["ci_low"] - TOLERANCE <= c["accuracy"] <= base["ci_high"] + TOLERANCE:
         flags.append(_flag("reward_without_accuracy", step, round(rewards[0] - rewards[1], 4), REWARD_GAIN,
                            f"mean reward {rewards[0] - rewards[1]:+.3f} over base while accuracy {c['accuracy']:.1%} "
                            f"stays inside base's interval"))

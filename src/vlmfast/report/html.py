@@ -106,8 +106,9 @@ def _best(best, name_of: dict) -> str:
     if best.get("p_best") is None:
         return text + ")"
     others = [name_of.get(s, f"step {s}") for s in best.get("indistinguishable", []) if s != best["step"]]
-    return (text + f", P(best) {best['p_best']:.0%}) · ≈ not distinguishable from it (paired test, Holm-corrected, "
-            f"alpha {best['alpha']}): {', '.join(others) or 'none'}")
+    return (text + f", P(best) {best['p_best']:.0%}: how often it is highest when the requests are resampled, not "
+            f"the chance it is truly best, and it overstates the observed best) · ≈ no paired test shows it below "
+            f"another step (Holm over every two steps, alpha {best['alpha']}): {', '.join(others) or 'none'}")
 
 
 def _pct(value) -> str:
@@ -211,7 +212,7 @@ def _table(checkpoints: list[dict], names: list[str], flagged: dict, best_step) 
                                                    for h in head) + "</tr>"]
     for c, name in zip(checkpoints, names):
         vs = c.get("vs_base") or {}
-        versus = (f"{vs['difference'] * 100:+.1f} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
+        versus = (f"{vs['difference'] * 100:+.1f} pp ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)"
                   if vs.get("difference") is not None else "–")
         ci = f" ({_pct(c.get('ci_low'))}–{_pct(c.get('ci_high'))})" if c.get("ci_low") is not None else ""
         held = "–" if c.get("p_best") is None else f"{c['p_best']:.0%}" + (" ≈" if c.get("near_best") else "")
@@ -232,7 +233,7 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
             vs = c.get(key) or {}
             if vs.get("difference") is None:
                 return None
-            return (f"{vs['difference'] * 100:+.1f} [{vs['ci_low'] * 100:+.1f}, {vs['ci_high'] * 100:+.1f}] "
+            return (f"{vs['difference'] * 100:+.1f} pp [{vs['ci_low'] * 100:+.1f}, {vs['ci_high'] * 100:+.1f}] "
                     f"p={vs['p_value']:.3g} ({vs['wrong_to_right']}↑ {vs['right_to_wrong']}↓)")
         return cell
 
@@ -245,7 +246,7 @@ def _details(checkpoints: list[dict], names: list[str]) -> str:
                        is not None})
     rewards = sorted({f for c in checkpoints for f in (c.get("reward_means") or {})})
     columns = [("vs base [95 % CI] p", paired("vs_base")), ("vs best [95 % CI] p", paired("vs_best")),
-               ("vs best p, Holm-adjusted", lambda c: _opt(c.get("holm_p"), lambda v: f"{v:.3g}")),
+               ("below another step: p, Holm over every two steps", lambda c: _opt(c.get("holm_p"), lambda v: f"{v:.3g}")),
                ("mean length", lambda c: _opt(c.get("mean_new_tokens"), _num)),
                ("length max", lambda c: _opt(c.get("new_tokens_max"), _num)),
                ("think chars", lambda c: _opt(c.get("mean_think_chars"), _num)),

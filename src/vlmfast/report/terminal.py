@@ -183,9 +183,12 @@ def render_sweep(report: dict) -> None:
     where = ("base" if best.get("label") == "base" else f"step {best['step']}") if best else ""
     held = ""
     if best and best.get("p_best") is not None:
-        others = [str(s) if s else "base" for s in best.get("indistinguishable", []) if s != best["step"]]
-        held = (f", P(best) {best['p_best']:.0%} over {best['requests']} requests; ≈ not distinguishable from it "
-                f"(paired test, Holm-corrected, alpha {best['alpha']}): {', '.join(others) or 'no other step'}")
+        bases = {c["step"] for c in report["checkpoints"] if c.get("label") == "base"}  # the --base model only
+        others = ["base" if s in bases else str(s) for s in best.get("indistinguishable", []) if s != best["step"]]
+        held = (f", P(best) {best['p_best']:.0%} (how often it is highest when the {best['requests']} requests are "
+                f"resampled; not the chance it is truly best, and it overstates the observed best); ≈ no paired test "
+                f"shows it below another step (Holm over every two steps, alpha {best['alpha']}): "
+                f"{', '.join(others) or 'no other step'}")
     scored = [c["accuracy"] for c in report["checkpoints"] if c.get("accuracy") is not None]
     if best and len(scored) > 1 and len(set(scored)) == 1:  # nothing to choose: not a "best" at all
         stderr.print(f"best: a tie — every checkpoint scored {_pct(best['accuracy'])}; none is better than another")

@@ -328,25 +328,16 @@ def judge_failed(figures: list[dict], tables: dict, groups=None) -> list[str]:
     step with 8 of 9 right and 3 failures would rank above one with 9 of 12). Requests no step answered stay
     out of every step's figures. Figures, ``--by`` groups (``groups``: the column's values by id and its name)
     and per-request tables updated in place; returns what to say."""
-    from collections import Counter
-
-    from vlmfast.evaluation.flags import reward_errors_as_wrong
+    from vlmfast.evaluation.flags import failed_as_wrong, reward_errors_as_wrong
 
     said = []
     for f in figures:
         if not f.get("errors") or not Path(f["results"]).is_file():
             continue
         elsewhere = set().union(*(set(t) for step, t in tables.items() if step != f["step"]))
-        rows = _rows_of(f)
-        failed = [r for r in rows if r.get("error") is not None and str(r.get("id")) in elsewhere]
+        rows, failed, k = failed_as_wrong(_rows_of(f), elsewhere)
         if not failed:
             continue
-        # a failed request has one error row whatever --n: it stands for as many wrong answers as a request has
-        answers = Counter(str(r.get("id")) for r in rows if r.get("error") is None)
-        k = max(answers.values(), default=1)
-        rows = [judged for r in rows for judged in (
-            [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False, "sample": j if k > 1 else None}
-             for j in range(k)] if r.get("error") is not None and str(r.get("id")) in elsewhere else [r])]
         _rejudge(f, tables, reward_errors_as_wrong(rows, True)[0], groups)
         said.append(f"{_name(f)}: {len(failed)} request(s) the run failed on (e.g. {failed[0].get('id')}: "
                     f"{str(failed[0]['error'])[:80]}) count as wrong{f' ({k} answers each, as --n)' if k > 1 else ''}, as other checkpoints answered those requests")

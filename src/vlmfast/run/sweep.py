@@ -364,7 +364,8 @@ def _report(options: SweepOptions, figures: list[dict], notes: list[str], tables
         "checkpoints": sorted(figures, key=lambda f: f["step"]),
         "best": {"step": best["step"], "label": best["label"], "path": best["path"], "accuracy": best["accuracy"],
                  **({"p_best": held["p_best"].get(best["step"]), "indistinguishable": held["indistinguishable"],
-                     "requests": held["requests"], "alpha": held["alpha"], "resamples": held["resamples"]} if held else {})}
+                     "requests": held["requests"], "comparisons": held["comparisons"], "alpha": held["alpha"],
+                     "resamples": held["resamples"]} if held else {})}
         if best else None,
         "gate": gate, "exit_code": EXIT_LESS_ACCURATE if gate and gate["failed"] else 0, "notes": notes,
         "flags": flag_run(figures, tables, base_step=base["step"] if base else None),

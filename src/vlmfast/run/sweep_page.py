@@ -26,7 +26,7 @@ def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None, t
     ``best`` as they are, plus ``samples`` (id, prompt, truth, image path and size, true box), ``answers`` per
     step (per sample: [answer, correct 1/0/None, score, predicted box] or None) and ``flips`` per step
     against base (sample indices). ``truths`` (id → truth) stands in for reading ``report["manifest"]``."""
-    from vlmfast.evaluation.flags import flipped, per_request
+    from vlmfast.evaluation.flags import flipped, judged_tables
     from vlmfast.run.results import read_existing
 
     rows_by_step = dict(rows_by_step or {})
@@ -44,11 +44,11 @@ def page_data(report: dict, rows_by_step: dict[int, list[dict]] | None = None, t
     answers = {c["step"]: _answers(rows_by_step.get(c["step"], []), index) for c in report["checkpoints"]}
     base = next((c for c in report["checkpoints"] if c["label"] == "base"), None)
     flips = {}
-    if base is not None:
-        reference = per_request(rows_by_step.get(base["step"], []))
+    if base is not None:  # failed requests and raised rewards count as wrong, as in report.json's vs_base
+        tables = judged_tables({c["step"]: rows_by_step.get(c["step"], []) for c in report["checkpoints"]})
         for c in report["checkpoints"]:
             if c is not base:
-                got = flipped(per_request(rows_by_step.get(c["step"], [])), reference)
+                got = flipped(tables[c["step"]], tables[base["step"]])
                 flips[c["step"]] = {k: [index[rid] for rid in ids] for k, ids in got.items()}
     return {"run_dir": report["run_dir"], "best": report.get("best"), "flags": report.get("flags", []),
             "notes": report.get("notes", []), "checkpoints": report["checkpoints"], "samples": samples,
