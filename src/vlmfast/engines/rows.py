@@ -11,6 +11,10 @@ from vlmfast.inputs.requests import Request
 from vlmfast.evaluation.scoring import parse_reasoning
 
 
+# The smallest sampling temperature: logits divided by less overflow float32 to inf (vLLM's _SAMPLING_EPS)
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """How to decode. ``temperature == 0`` means greedy (the default)."""
@@ -34,8 +38,10 @@ class GenerationSettings:
             raise UsageError(f"--n {self.n}: expected at least 1 answer per request", hint="e.g. --n 8 --temperature 1.0")
         if self.max_new_tokens < 1:
             raise UsageError(f"--max-new-tokens {self.max_new_tokens}: expected at least 1", hint="e.g. --max-new-tokens 256")
-        if self.temperature < 0:
-            raise UsageError(f"--temperature {self.temperature}: expected 0 (greedy) or more", hint="e.g. --temperature 0.7")
+        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < float("inf")):  # NaN fails both
+            said = (f"below {MIN_TEMPERATURE:g} the scores divided by it overflow (vLLM samples greedily there)"
+                    if 0 < self.temperature < MIN_TEMPERATURE else "expected 0 (greedy) or a positive finite number")
+            raise UsageError(f"--temperature {self.temperature}: {said}", hint="give 0 for greedy, or e.g. --temperature 0.7")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"--top-p {self.top_p}: expected a value in (0, 1]", hint="e.g. --top-p 0.95")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:

@@ -210,6 +210,12 @@ def test_impossible_settings_are_usage_errors(loaded):
         Engine(loaded, GenerationSettings(), decoder="hf", compile=True)
     with pytest.raises(UsageError, match="unknown"):
         Engine(loaded, GenerationSettings(), decoder="fast")
+    # a temperature whose division overflows the scores sampled token 0 at every step, silently
+    for temperature, said in ((1e-40, "below 1e-05 the scores divided by it overflow"), (float("nan"), "finite"),
+                              (float("inf"), "finite"), (-0.5, "expected 0")):
+        with pytest.raises(UsageError, match=said):
+            GenerationSettings(temperature=temperature)
+    assert GenerationSettings(temperature=1e-5).temperature == 1e-5
 
 
 def test_decode_attention_is_sdpa_whatever_the_model_loaded_with(grpo_ckpt, images):
