@@ -52,6 +52,13 @@ def test_parquet_marks_must_match_images(tmp_path):
     c = collect(manifest=str(tmp_path / "t.parquet"))
     assert [r.id for r in c.requests] == ["0"]
     assert [b.id for b in c.bad] == ["1"] and "2 <image> mark(s)" in c.bad[0].error
+    # ms-swift's rows in parquet ("messages"): fewer marks than images are completed by ms-swift, as in JSONL
+    from vlmfast.inputs.datasets import DatasetKeys
+
+    turns = [{"role": "user", "content": "<image>Which is bigger?"}, {"role": "assistant", "content": "left"}]
+    pq.write_table(pa.table({"messages": [turns], "images": [[image, image]], "solution": ["left"]}), tmp_path / "s.parquet")
+    c = collect(manifest=str(tmp_path / "s.parquet"), keys=DatasetKeys(prompt="messages"))
+    assert [(r.prompt, len(r.images)) for r in c.requests] == [("Which is bigger?", 2)] and not c.bad
 
 
 def test_convert_reads_what_manifest_reads(tmp_path):

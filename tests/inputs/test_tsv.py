@@ -136,3 +136,28 @@ def test_blank_lines_are_skipped_not_bad_rows(images, tmp_path, grpo_ckpt):
             "--skip-bad", "--out", out)
     assert r.returncode == 0, r.stderr
     assert [(row["id"], row["error"]) for row in read_jsonl(out)] == [("0", None), ("1", None)]
+
+
+def test_an_image_cell_naming_a_row_without_an_image_is_a_problem_when_read_and_no_crash_for_truths(images, tmp_path):
+    """Row 2 names row 3, whose own cell names row 1: with images read, row 2 is a bad row saying so; read for
+    ground truths only (score), every row gives its truth, as before."""
+    from vlmfast.inputs.tsv import read_tsv
+
+    tsv = _write(tmp_path / "chain.tsv", ["index\timage\tquestion\tA\tB\tanswer\n", f"1\t{_b64(images[0])}\tq1?\tx\ty\tA\n",
+                                          "2\t3\tq2?\tx\ty\tB\n", "3\t1\tq3?\tx\ty\tB\n"])
+    items, _ = read_tsv(str(tsv), None, images=True)
+    assert [i.id for i in items if not hasattr(i, "truth")] == ["2"]
+    assert "names row 3, which holds no image of its own" in items[1].problems[0].what
+    items, _ = read_tsv(str(tsv), None, images=False)
+    assert [(i.id, i.truth) for i in items] == [("1", "A"), ("2", "B"), ("3", "B")]
+
+
+def test_a_repeated_index_names_both_rows(images, tmp_path):
+    from vlmfast.errors import InputError
+    from vlmfast.inputs.requests import collect, raise_for_problems
+
+    tsv = _write(tmp_path / "dup.tsv", ["index\timage\tquestion\tA\tB\tanswer\n", f"1\t{_b64(images[0])}\tq1?\tx\ty\tA\n",
+                                        f"1\t{_b64(images[1])}\tq2?\tx\ty\tB\n"])
+    with pytest.raises(InputError) as err:
+        raise_for_problems(collect(manifest=str(tsv)))
+    assert f"duplicate id (2 records: {tsv}#row=0, {tsv}#row=1)" in str(err.value) and "a TSV's \"index\"" in str(err.value)

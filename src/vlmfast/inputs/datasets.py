@@ -177,7 +177,7 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
     raw = dig(row, columns.prompt) if columns.prompt else None
     try:  # EasyR1 and verl give an image slot per mark: a row whose marks and images disagree never trained
         check_image_marks([content_text(m.get("content")) for m in raw if isinstance(m, dict)] if isinstance(raw, list)
-                          else [raw], len(entries))
+                          else [raw], len(entries), fewer_ok=columns.prompt == "messages")  # ms-swift adds marks
     except ValueError as exc:
         return BadInput(id=fields["id"], problems=(Problem(where, str(exc)),))
     if not entries and check:
@@ -205,7 +205,7 @@ def _row_request(row: dict, value, where: str, ref: tuple, number: int, columns:
     record = _put(row, columns.image, labels if is_list or not labels else labels[0])  # labels, not bytes: rows stay small
     request = Request(id=fields["id"], images=tuple(labels), prompt=fields["prompt"], system=fields["system"],
                       truth=truth_text(fields["truth"]), scorer=fields["scorer"], data_source=fields["data_source"],
-                      manifest_truth=fields["truth"], record=record,
+                      manifest_truth=fields["truth"], record=record, source=where,
                       image_data=tuple(data) if any(d is not None for d in data) else None)
     if problems:
         return BadInput(id=request.id, problems=tuple(problems), request=request)

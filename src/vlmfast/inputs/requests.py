@@ -214,10 +214,10 @@ def collect(
 
     seen: dict[str, list[str]] = {}
     for e in entries:  # bad rows take an id (and a row) too; where each record is, to name them
-        seen.setdefault(e.id, []).append(e.source if isinstance(e, Request) else e.problems[0].where)
+        seen.setdefault(e.id, []).append((e.source or "--images") if isinstance(e, Request) else e.problems[0].where)
     # ids key the results file and resume: a repeated one cannot become a row of its own
     fatal = [Problem(rid, f"duplicate id ({len(seen[rid])} records: {', '.join(str(w) for w in seen[rid][:5] if w)}"
-                          f"{' …' if len(seen[rid]) > 5 else ''}): give each record its own \"id\"")
+                          f"{' …' if len(seen[rid]) > 5 else ''}): give each record its own id (\"id\"; a TSV's \"index\")")
              for rid in sorted(rid for rid, where in seen.items() if len(where) > 1)]
 
     requests = [e for e in entries if isinstance(e, Request)]

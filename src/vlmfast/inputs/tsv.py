@@ -193,7 +193,7 @@ def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None
         source = offset
         if short is not None and short in by_index:  # MMBench: a repeated image names the row that holds it
             held = rows[by_index[short]]
-            source, checks = held[1], held[3] if held[3] is not None or not images else [(None, (
+            source, checks = held[1], held[3] if held[3] is not None else [(None, None if not images else (
                 f"the image cell {short!r} names row {short}, which holds no image of its own (VLMEvalKit asserts it does)"))]
         elif short:  # VLMEvalKit asserts that the row it names is there
             checks = [(None, None if not images else (
@@ -210,7 +210,7 @@ def read_tsv(path: str, default_prompt: str | None, max_image_pixels: int | None
         answer = row.get("answer") if not is_missing(row.get("answer")) else None
         request = Request(id=rid, images=labels, prompt=prompt, system=None, truth=truth_text(answer),
                           scorer="choice" if mcq and answer is not None else None, data_source=None,
-                          manifest_truth=answer, record=row, image_data=refs or None)
+                          manifest_truth=answer, record=row, image_data=refs or None, source=where)
         if problems:
             items.append(BadInput(rid, tuple(problems), request))
             continue

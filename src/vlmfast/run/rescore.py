@@ -195,7 +195,7 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(asked, lines, skip_bad=skip_bad))]
         notes += [n for n in [getattr(reward, "note", None)] if n]  # several functions: what decides "correct"
     else:  # the scoring fields onto the rows as read: a prompt taken from the manifest is not written into them
-        scored = [new if "prompt" in row else {k: v for k, v in new.items() if k != "prompt"}
+        scored = [dict(new, prompt=row["prompt"]) if "prompt" in row else {k: v for k, v in new.items() if k != "prompt"}
                   for row, new in zip(rows, rescore(asked, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space))]
     if out is not None:  # a row the manifest does not hold is written as it was (scored against another manifest?)
         kept = [row if str(row["id"]) not in truths else new for row, new in zip(rows, scored)]
