@@ -166,7 +166,10 @@ def test_options_of_the_other_engine_are_refused(grpo_ckpt, images):
             "--attn", "sdpa")
     assert r.returncode == 2 and "--attn, --compile apply to vlmfast's own engine (--engine hf)" in r.stderr
     r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--tensor-parallel-size", 2)
-    assert r.returncode == 2 and "apply to --engine vllm" in r.stderr
+    assert r.returncode == 2 and "error: --tensor-parallel-size applies to --engine vllm" in r.stderr
+    r = cli("infer", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p", "--pipeline-parallel-size", 2,
+            "--distributed-executor-backend", "ray")  # the flags given are named, not a fixed list of others
+    assert r.returncode == 2 and "--pipeline-parallel-size, --distributed-executor-backend apply to --engine vllm" in r.stderr
 
 
 def test_suggested_commands_name_a_vlmfast_the_shell_finds(monkeypatch):

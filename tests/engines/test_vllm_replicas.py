@@ -109,3 +109,34 @@ def test_a_launched_process_without_a_share_starts_no_engine():
                                   reload=SimpleNamespace(canary_due=False), device="cpu", settings=SimpleNamespace(n=1))
         assert VllmBackend.ready(backend, ["only request"], {}, 4) == (4, None)
     assert started == [0]
+
+
+def test_external_launcher_outside_a_launch_is_refused_before_vllm_starts(monkeypatch):
+    """vLLM's external_launcher executor reads RANK and WORLD_SIZE: without a launcher it failed with a KeyError
+    traceback from vLLM's executor after the checkpoint was read."""
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(UsageError, match="external_launcher: vLLM then runs in processes a launcher started"):
+        VllmSettings(distributed_executor_backend="external_launcher")
+    monkeypatch.setenv("RANK", "0")
+    assert VllmSettings(distributed_executor_backend="external_launcher").distributed_executor_backend == "external_launcher"
+
+
+def test_settings_vllms_own_checks_refuse_are_a_usage_error_naming_its_reason():
+    """What vLLM's config validation raises while its engine is built (pydantic's ValidationError is a ValueError)
+    is a UsageError with vLLM's reason, not a traceback; other failures pass through as they are."""
+    from vlmfast.engines.vllm.support import start_llm
+
+    class Refusing:
+        def __init__(self, **args):
+            raise ValueError(f"Total number of attention heads (4) must be divisible by tensor parallel size "
+                             f"({args['tensor_parallel_size']}).")
+
+    with pytest.raises(UsageError, match=r"vLLM refused the engine settings: .*divisible by tensor parallel size \(3\)"):
+        start_llm(Refusing, {"tensor_parallel_size": 3})
+
+    class Broken:
+        def __init__(self, **args):
+            raise RuntimeError("engine core died")
+
+    with pytest.raises(RuntimeError, match="engine core died"):
+        start_llm(Broken, {})

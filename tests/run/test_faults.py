@@ -203,6 +203,22 @@ def test_hostile_inputs_are_error_rows_never_a_traceback(grpo_ckpt, images, tmp_
     assert rows["ok"]["error"] is None and rows["ok"]["n_new_tokens"] >= 1
 
 
+def test_a_prompt_that_leaves_less_room_than_max_new_tokens_is_said(grpo_ckpt, images, tmp_path):
+    """Prompt + --max-new-tokens past the model's context: vLLM stops such an answer at the context, vlmfast's
+    engine decodes on past it (as plain generate does); the engines' rows differ there, and the report says so."""
+    ckpt = tmp_path / "short-context"
+    shutil.copytree(grpo_ckpt, ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    for part in (config, config.get("text_config") or {}):
+        part["max_position_embeddings"] = 160
+    (ckpt / "config.json").write_text(json.dumps(config))
+    report = infer(InferOptions(ckpt=str(ckpt), images=[str(images[0])], prompt="p", out=str(tmp_path / "r.jsonl"),
+                                generation=GenerationSettings(max_new_tokens=150, ignore_eos=True)))
+    said = [n for n in report.notes if "passes the model's context (160 tokens)" in n]
+    assert len(said) == 1 and said[0].startswith("1 request(s)") and "--max-new-tokens 150" in said[0]
+    assert read_jsonl(tmp_path / "r.jsonl")[0]["n_new_tokens"] == 150  # decoded on past it, as plain generate
+
+
 def test_pickle_weights_need_allow_pickle(grpo_ckpt, images, tmp_path):
     import torch
     from safetensors.torch import load_file

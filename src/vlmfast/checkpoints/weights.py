@@ -371,7 +371,7 @@ def fix_hint(check: WeightsCheck, directory: Path | None = None) -> str:
     head = ("tie_word_embeddings is false, so the LM head must be saved; " if check.head_lost else "")
     return (f"{head}the save lost these tensors: save again from the trainer's state (or copy frozen ones, e.g. the "
             f"vision tower, from the base model); if they are meant to be missing, {prefixes} runs it with them "
-            "initialised at random")
+            "initialised at random (on vlmfast's own engine: vLLM loads whole weights only)")
 
 
 def compare_with_base(index: dict, base_index: dict) -> str:

@@ -37,31 +37,44 @@ class EngineEntry:
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(
         "vlmfast.engines.hf.backend:open_hf", refuses=("vllm",),
-        refusal="--tensor-parallel-size, --data-parallel-size, --gpu-memory-utilization and --max-num-seqs apply to "
-                "--engine vllm",
+        refusal="{flags} {verb} to --engine vllm",
         hint="add --engine vllm, or launch several processes with accelerate for the HF engine"),
     "vllm": EngineEntry(
         "vlmfast.engines.vllm.backend:open_vllm",
         refuses=("device", "attn", "decoder", "batching", "cuda_graphs", "compile", "overlap", "max_batch_tokens",
                  "allow_pickle", "allow_missing", "threads"),
         refusal="{flags} {verb} to vlmfast's own engine (--engine hf), not to --engine vllm",
-        hint="drop them; vLLM picks its own device, attention and CUDA graphs"),
+        hint="drop them, or drop --engine vllm for vlmfast's own engine; vLLM picks its own device, attention, batching "
+             "and CUDA graphs, and loads only whole weights"),
 }
 
 
 def check_engine_options(options) -> None:
     """Refuse the options ``options.engine`` does not take (see :class:`EngineEntry`); "auto" counts as not given."""
-    from vlmfast.declared import default_of, flag_of
+    from vlmfast.declared import default_of
     from vlmfast.errors import UsageError
 
     entry = ENGINES[options.engine]
     cls = type(options)
     given = [name for name in entry.refuses
              if getattr(options, name) != default_of(cls, name) and getattr(options, name) != "auto"]
-    if given:
-        flags = ", ".join(flag_of(cls, name) for name in given)
-        raise UsageError(entry.refusal.format(flags=flags, verb="applies" if len(given) == 1 else "apply"),
+    # a group of settings (--engine vllm's) is named by the flags given of it
+    flags = [flag for name in given for flag in _given_flags(cls, name, getattr(options, name))]
+    if flags:
+        raise UsageError(entry.refusal.format(flags=", ".join(flags), verb="applies" if len(flags) == 1 else "apply"),
                          hint=entry.hint)
+
+
+def _given_flags(cls, name: str, value) -> list[str]:
+    """The flag of option ``name``; for a group of settings (a dataclass), the flags of those set off their default."""
+    import dataclasses
+
+    from vlmfast.declared import flag_of
+
+    if not dataclasses.is_dataclass(value):
+        return [flag_of(cls, name)]
+    default = type(value)()
+    return [flag_of(type(value), f.name) for f in dataclasses.fields(value) if getattr(value, f.name) != getattr(default, f.name)]
 
 
 def open_backend(options, found, loaded, dist) -> Backend:

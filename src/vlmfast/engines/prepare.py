@@ -169,7 +169,8 @@ class Preparer:
 
     def context_problems(self, requests: Sequence[Request], image_sizes: dict) -> dict[str, str]:
         """Requests whose prompt (text + image tokens) leaves no room in the model's context, by id; a
-        UsageError when ``--max-new-tokens`` alone is more than the context (an engine sizes its cache by it)."""
+        UsageError when ``--max-new-tokens`` alone is more than the context (an engine sizes its cache by it); a
+        note in the engine's ``notes`` for prompts that leave room for fewer than ``--max-new-tokens``."""
         if not self.context_limit:
             return {}
         wanted = getattr(getattr(self, "settings", None), "max_new_tokens", 0)
@@ -180,13 +181,19 @@ class Preparer:
                              "tokens, the prompt included)",
                              hint=f"give at most the context less the prompt, e.g. --max-new-tokens {self.context_limit // 2}")
         tokenizer = self.chat_processor.tokenizer
-        problems = {}
+        problems, past = {}, []
         for r in requests:
             n = len(tokenizer(self.chat_text(r), add_special_tokens=False)["input_ids"])
             for path in r.images:  # the template holds one placeholder per image; the processor expands it
                 n += self.image_tokens(*image_sizes.get(path, (448, 448))) - 1
             if n >= self.context_limit:
                 problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {self.context_limit}"
+            elif n + wanted > self.context_limit:
+                past.append(r.id)
+        if past and isinstance(getattr(self, "notes", None), list):  # the engine's notes reach the report
+            self.notes.append(f"{len(past)} request(s) (e.g. {past[0]}): the prompt plus --max-new-tokens {wanted} passes "
+                              f"the model's context ({self.context_limit} tokens): vLLM stops such an answer at the "
+                              "context, vlmfast's engine decodes on past it as plain generate does")
         return problems
 
 

@@ -44,8 +44,8 @@ class GenerationSettings:
             raise UsageError(f"--temperature {self.temperature}: {said}", hint="give 0 for greedy, or e.g. --temperature 0.7")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"--top-p {self.top_p}: expected a value in (0, 1]", hint="e.g. --top-p 0.95")
-        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
-            raise UsageError(f"--repetition-penalty {self.repetition_penalty}: expected more than 0 (1.0: none)",
+        if self.repetition_penalty is not None and not 0 < self.repetition_penalty < float("inf"):
+            raise UsageError(f"--repetition-penalty {self.repetition_penalty}: expected a finite number above 0 (1.0: none)",
                              hint="e.g. --repetition-penalty 1.05")
         if self.seed is not None and not 0 <= self.seed < 2 ** 63:  # torch's seeds are 64-bit integers
             raise UsageError(f"--seed {self.seed}: expected a whole number from 0 to 2^63 − 1", hint="e.g. --seed 1234")

@@ -216,6 +216,8 @@ def test_impossible_settings_are_usage_errors(loaded):
         with pytest.raises(UsageError, match=said):
             GenerationSettings(temperature=temperature)
     assert GenerationSettings(temperature=1e-5).temperature == 1e-5
+    with pytest.raises(UsageError, match="expected a finite number above 0"):
+        GenerationSettings(repetition_penalty=float("inf"))
 
 
 def test_decode_attention_is_sdpa_whatever_the_model_loaded_with(grpo_ckpt, images):

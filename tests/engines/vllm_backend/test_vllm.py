@@ -274,6 +274,26 @@ def test_a_seed_past_2_32_and_a_temperature_under_vllms_floor_are_handled_and_sa
         backend.close()
 
 
+def test_the_generation_configs_notes_are_the_hf_engines(demo, tmp_path):
+    """The checkpoint's repetition penalty (which vLLM applies, as vlmfast passes it) and the settings vLLM does not
+    apply as vlmfast runs it are said, as the HF engine says them. Does not start the engine."""
+    import json
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(demo, ckpt)
+    config = json.loads((ckpt / "generation_config.json").read_text())
+    config.update(repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=5)
+    (ckpt / "generation_config.json").write_text(json.dumps(config))
+    backend = VllmBackend(str(ckpt), GenerationSettings(max_new_tokens=4))
+    try:
+        notes = " | ".join(backend.notes)
+        assert backend.sampling_params.repetition_penalty == 1.3 and "repetition penalty 1.3 from the checkpoint's" in notes
+        assert "no_repeat_ngram_size=3, which vLLM does not apply" in notes and "min_new_tokens=5" in notes
+    finally:
+        backend.close()
+
+
 def _vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 

@@ -159,11 +159,11 @@ class HfBackend:
         if plan is not None and plan.files is not None:
             swapped = swap_into(self.loaded, found, plan)
             # the checkpoint's own repetition penalty (its generation config's, unless --repetition-penalty)
-            from vlmfast.engines.hf.sampling import generation_config_processors
+            from vlmfast.engines.generation_config import generation_config_processors
 
             engine = self.engine
-            penalty, said = generation_config_processors(swapped.model, engine.decoder_name, engine.settings.repetition_penalty,
-                                                         sampling=not engine.settings.greedy)
+            penalty, said = generation_config_processors(swapped.model.generation_config, engine.decoder_name,
+                                                         engine.settings.repetition_penalty, sampling=not engine.settings.greedy)
             if swapped.eos_token_ids != self.loaded.eos_token_ids or penalty != engine.penalty:
                 engine.forget_shapes()  # decode states hold the EOS list and the penalty
             engine.notes = [n for n in engine.notes if n not in engine.config_notes] + said

@@ -101,10 +101,10 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         dynamic = dynamic_experts(loaded.model, loaded.runtime.device) if decoder == "vlmfast" else None
         decoder, compile, cuda_graphs, self.notes = decode_choice(loaded.family, decoder, compile, cuda_graphs, dynamic)
         self.loaded, self.settings = loaded, settings
-        from vlmfast.engines.hf.sampling import generation_config_processors
+        from vlmfast.engines.generation_config import generation_config_processors
 
-        self.penalty, self.config_notes = generation_config_processors(loaded.model, decoder, settings.repetition_penalty,
-                                                                       sampling=not settings.greedy)
+        self.penalty, self.config_notes = generation_config_processors(loaded.model.generation_config, decoder,
+                                                                       settings.repetition_penalty, sampling=not settings.greedy)
         self.notes = self.notes + self.config_notes
         self.device, self.on_cuda = loaded.runtime.device, loaded.runtime.device.startswith("cuda")
         self.decoder_name = decoder

@@ -42,6 +42,10 @@ class VllmSettings:
                                   "… (one vLLM engine per process, on its own GPUs; one results file)")
         if self.distributed_executor_backend is not None:
             check_choice("--distributed-executor-backend", self.distributed_executor_backend, EXECUTOR_BACKENDS)
+        if self.distributed_executor_backend == "external_launcher" and "RANK" not in os.environ:
+            raise UsageError("--distributed-executor-backend external_launcher: vLLM then runs in processes a launcher "
+                             "started (it reads RANK, WORLD_SIZE), and none did",
+                             hint="torchrun --nproc_per_node N -m vlmfast infer --engine vllm …, or drop the option")
         if not 0.05 <= self.gpu_memory_utilization <= 1.0:
             raise UsageError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: expected 0.05 … 1.0",
                              hint="e.g. --gpu-memory-utilization 0.9")
@@ -240,6 +244,19 @@ def chunk_timing(metrics: list, results: list[SampleResult], t0: float, t1: floa
         new_tokens=sum(r.n_new_tokens for r in ok if not r.copied),  # greedy --n: one decoded, the rest copies
         preprocess_exposed_s=(t1 - t0) + max(0.0, min(queued) - t1),
     )
+
+
+def start_llm(llm_class, args: dict):
+    """``llm_class(**args)`` (vLLM's ``LLM``): settings vLLM's own checks refuse (pydantic's ValidationError is a
+    ValueError: heads not divisible by the tensor-parallel size, a context longer than the model's, …) as a
+    UsageError naming vLLM's reason, not a traceback."""
+    try:
+        return llm_class(**args)
+    except validation_errors() as exc:
+        reason = " ".join(str(exc).split())
+        raise UsageError(f"vLLM refused the engine settings: {reason[:400]}",
+                         hint="change the option it names (vlmfast infer --help lists the vLLM ones), or run without "
+                              "--engine vllm") from exc
 
 
 def validation_errors() -> tuple[type[BaseException], ...]:
