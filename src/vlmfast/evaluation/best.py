@@ -72,10 +72,10 @@ def pairwise(tables: dict[int, dict]) -> dict[tuple[int, int], float]:
     """(lower, higher) → the one-sided p-value that step ``lower`` is below step ``higher``, for every two steps
     of ``tables`` (step → :func:`vlmfast.evaluation.flags.per_request` table) that share a scored request;
     ``lower`` has the lower mean score over the requests both scored (equal means: p 1). The p-value is half
-    the two-sided one of :func:`vlmfast.evaluation.flags.paired_p`, 1 where that is 1."""
+    the two-sided one of :func:`vlmfast.evaluation.stats.paired_p`, 1 where that is 1."""
     import numpy as np
 
-    from vlmfast.evaluation.flags import paired_p
+    from vlmfast.evaluation.stats import paired_p
 
     steps = sorted(tables)
     ids = sorted({rid for t in tables.values() for rid in t}, key=str)

@@ -136,7 +136,7 @@ def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dic
     answer per request the exact McNemar test on the flips; with several, the exact sign-flip test on the
     per-request mean scores (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation),
     so the test judges the figure the steps are ranked by, not the majority vote."""
-    from vlmfast.evaluation.stats import paired_comparison
+    from vlmfast.evaluation.stats import paired_comparison, paired_p
 
     a, b = table_of(a), table_of(b)
     paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, seed=seed)
@@ -147,21 +147,6 @@ def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dic
     # significant digits, not decimals: a clear difference over thousands of requests has p far below 1e-6
     p_value = None if p is None else float(f"{p:.4g}")
     return {"n": paired["n"], **rounded, "p_value": p_value, **flips}
-
-
-def paired_p(a_scores, b_scores) -> float:
-    """Two-sided p-value of the paired test that two checkpoints' per-request scores (sequences in the same
-    request order) have equal means: the exact McNemar test on the requests that differ when every score is
-    0 or 1 (:func:`vlmfast.evaluation.stats.mcnemar_exact`), else the exact sign-flip test on the differences
-    (:func:`vlmfast.evaluation.stats.sign_flip_exact`)."""
-    import numpy as np
-
-    from vlmfast.evaluation.stats import mcnemar_exact, sign_flip_exact
-
-    x, y = np.asarray(a_scores, dtype=float), np.asarray(b_scores, dtype=float)
-    if np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all():
-        return mcnemar_exact(int((x > y).sum()), int((y > x).sum()))
-    return sign_flip_exact((x - y).tolist())
 
 
 def _flag(code: str, step: int, figure, threshold, message: str, base_step: int | None = None) -> dict:

@@ -292,3 +292,16 @@ def sign_flip_exact(diffs: list[float], *, max_denominator: int = 4096, max_work
         dist = np.convolve(dist, part)
     sums = 2 * np.arange(len(dist)) - total
     return float(min(1.0, dist[np.abs(sums) >= observed].sum()))
+
+
+def paired_p(a_scores, b_scores) -> float:
+    """Two-sided p-value of the paired test that two checkpoints' per-request scores (sequences in the same
+    request order) have equal means: the exact McNemar test on the requests that differ when every score is
+    0 or 1 (:func:`vlmfast.evaluation.stats.mcnemar_exact`), else the exact sign-flip test on the differences
+    (:func:`vlmfast.evaluation.stats.sign_flip_exact`)."""
+    import numpy as np
+
+    x, y = np.asarray(a_scores, dtype=float), np.asarray(b_scores, dtype=float)
+    if np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all():
+        return mcnemar_exact(int((x > y).sum()), int((y > x).sum()))
+    return sign_flip_exact((x - y).tolist())
