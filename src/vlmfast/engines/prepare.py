@@ -190,10 +190,12 @@ class Preparer:
                 problems[r.id] = f"prompt is {n} tokens (text + images); the model's context is {self.context_limit}"
             elif n + wanted > self.context_limit:
                 past.append(r.id)
-        if past and isinstance(getattr(self, "notes", None), list):  # the engine's notes reach the report
-            self.notes.append(f"{len(past)} request(s) (e.g. {past[0]}): the prompt plus --max-new-tokens {wanted} passes "
-                              f"the model's context ({self.context_limit} tokens): vLLM stops such an answer at the "
-                              "context, vlmfast's engine decodes on past it as plain generate does")
+        notes = getattr(self, "notes", None)  # the engine's notes reach the report
+        if past and isinstance(notes, list):
+            said = (f"{len(past)} request(s) (e.g. {past[0]}): the prompt plus --max-new-tokens {wanted} passes the "
+                    f"model's context ({self.context_limit} tokens): vLLM stops such an answer at the context, "
+                    "vlmfast's engine decodes on past it as plain generate does")
+            notes += [said] * (said not in notes)  # a sweep asks once per checkpoint: said once
         return problems
 
 
