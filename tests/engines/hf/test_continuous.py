@@ -355,3 +355,31 @@ def test_a_run_that_decides_to_compile_midway_counts_every_step_it_decoded(sprea
     steps = last.steps - 1  # the loop's timing counts one more (each answer's first token comes from prefill)
     assert steps == 3 * 11  # 6 answers of 12 tokens through 2 rows: 11 decode steps per pair
     assert last.decode_s == steps
+
+
+def test_a_batch_that_ran_out_of_memory_leaves_no_decode_shape_behind(loaded, images, monkeypatch):
+    """The static path halves a batch that runs out of memory; the halves must not run beside the failed
+    batch's decode shape (its KV cache and, on a GPU, its CUDA graphs): a shape is evicted only when another
+    is stored, so a half that also runs out of memory would leave it resident for the whole run."""
+    from vlmfast.engines.hf import kv, scheduler
+
+    class FakeOutOfMemory(RuntimeError):
+        pass
+
+    monkeypatch.setattr(scheduler, "is_out_of_memory", lambda exc: isinstance(exc, FakeOutOfMemory))
+    engine = Engine(loaded, GenerationSettings(max_new_tokens=4, ignore_eos=True), compile=True,
+                    compiler=lambda fn: fn)  # static decode shapes, uncompiled
+    admit, resident = kv.StaticKV.admit, []
+
+    def failing_admit(self, rows, cache, prompts):
+        if self.batch == 4:  # the 4-row shape was built, then admitting into it ran out of memory
+            raise FakeOutOfMemory("CUDA out of memory (simulated)")
+        resident.append(sorted(batch for batch, _ in engine._static))
+        return admit(self, rows, cache, prompts)
+
+    monkeypatch.setattr(kv.StaticKV, "admit", failing_admit)
+    s = Scheduler(engine, overlap=False)
+    rows = [r for _, out, _ in s.run(_requests(images, 4), {}, 4) for r in out]
+    assert s.oom_splits == 1 and sorted(r.id for r in rows) == sorted(r.id for r in _requests(images, 4))
+    assert not any(r.error for r in rows) and all(r.n_new_tokens == 4 for r in rows)
+    assert resident and all(4 not in batches for batches in resident), resident

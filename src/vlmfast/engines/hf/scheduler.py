@@ -14,7 +14,7 @@ from vlmfast.engines.hf.engine import Engine, Prefetched
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.contract import Batch
 from vlmfast.engines.rows import error_row
-from vlmfast.timing import free_device_cache, is_out_of_memory
+from vlmfast.timing import is_out_of_memory
 
 
 def plan(engine: Engine, requests: Sequence[Request], image_sizes: dict, batch_size: int,
@@ -97,8 +97,7 @@ class Scheduler:
             return
         if cut:  # the steps that decoded the answers already given: the report's decode figures count them
             yield [], [], cut[0]
-        free_device_cache()  # as in _resilient: the failed attempt's tensors go before anything retries
-        engine.forget_shapes()
+        engine.forget_shapes()  # as in _resilient: the failed attempt's tensors and shapes go before anything retries
         self.oom_splits += 1
         n = engine.settings.n
         rest = [i for i in order if any((requests[i].id, k if n > 1 else None) not in given for k in range(n))]
@@ -137,7 +136,10 @@ class Scheduler:
         if failed is None:
             yield indices, results, timing
             return
-        free_device_cache()  # the failed attempt's tensors are unreferenced now: their memory goes back
+        # the failed attempt's tensors are unreferenced now: their memory goes back, and so do the built decode
+        # shapes, its own among them (a shape is evicted only when another is stored, which a half that runs
+        # out of memory building its own never does: the failed one would stay for the whole run)
+        self.engine.forget_shapes()
         if len(indices) == 1:
             r = requests[indices[0]]
             yield indices, [error_row(r.id, r, f"out of memory even alone ({failed})")], None
