@@ -71,7 +71,7 @@ def _qwen25_vl_shaped(grpo_ckpt, d, preset, tied):
     from test_weights import _header_only_shards
 
     from vlmfast.checkpoints.tiny import PRESETS
-    from vlmfast.checkpoints.weights import expected_tensors
+    from vlmfast.checkpoints.expected import expected_tensors
 
     shutil.copytree(grpo_ckpt, d)
     (d / "model.safetensors").unlink()

@@ -112,7 +112,7 @@ def test_infer_refuses_with_exit_2_and_writes_nothing_unless_the_prefixes_are_al
 
 
 def test_the_expected_tensors_are_cached_and_a_second_look_imports_no_torch(grpo_ckpt, tmp_path, monkeypatch):
-    import vlmfast.checkpoints.weights as weights
+    import vlmfast.checkpoints.expected as expected
     from vlmfast.checkpoints.readers import read_json_object
 
     env = {**os.environ, "VLMFAST_CACHE": str(tmp_path / "cache")}
@@ -125,17 +125,17 @@ def test_the_expected_tensors_are_cached_and_a_second_look_imports_no_torch(grpo
     assert len(list((tmp_path / "cache" / "expected-tensors").glob("*.json"))) == 1
     monkeypatch.setenv("VLMFAST_CACHE", str(tmp_path / "other"))
     config = read_json_object(grpo_ckpt / "config.json")
-    apart = weights.expected_tensors(grpo_ckpt, config, apart=True)  # infer's way: in a child process
-    assert apart == weights.expected_tensors(grpo_ckpt, config) and len(apart.tensors) > 50
-    monkeypatch.setattr(weights, "_build_expected", lambda *a: pytest.fail("built again"))
-    assert weights.expected_tensors(grpo_ckpt, config, apart=True) == apart  # cached
+    apart = expected.expected_tensors(grpo_ckpt, config, apart=True)  # infer's way: in a child process
+    assert apart == expected.expected_tensors(grpo_ckpt, config) and len(apart.tensors) > 50
+    monkeypatch.setattr(expected, "_build_expected", lambda *a: pytest.fail("built again"))
+    assert expected.expected_tensors(grpo_ckpt, config, apart=True) == apart  # cached
 
 
 def test_an_intact_3b_shape_index_raises_nothing_from_headers_alone(grpo_ckpt, tmp_path):
     """The published Qwen2.5-VL-3B shapes (tied head, two shards and their index), written as headers over
     sparse files: the check reads headers only, so this costs no disk and no memory."""
     from vlmfast.checkpoints.tiny import PRESETS
-    from vlmfast.checkpoints.weights import expected_tensors
+    from vlmfast.checkpoints.expected import expected_tensors
 
     d = tmp_path / "q3b"
     shutil.copytree(grpo_ckpt, d)
@@ -182,7 +182,8 @@ def _header_only_shards(d, tensors: dict):
 
 
 def test_grouping_per_expert_saves_and_ignored_names():
-    from vlmfast.checkpoints.weights import Expected, compare
+    from vlmfast.checkpoints.expected import Expected
+    from vlmfast.checkpoints.weights import compare
 
     want = {"layers.0.mlp.experts.gate_up_proj": ("model.language_model.layers.0.mlp.experts.gate_up_proj", (4, 64, 32)),
             "layers.0.mlp.experts.down_proj": ("model.language_model.layers.0.mlp.experts.down_proj", (4, 32, 16)),
@@ -280,3 +281,35 @@ def test_a_swap_that_did_not_land_is_caught_before_any_row(grpo_ckpt, tmp_path, 
     with pytest.raises(StaleSwap) as caught:
         swap_into(swapped, locate(grpo_ckpt), plan_swap(swapped, grpo_ckpt))
     assert "holds other values than" in caught.value.message and caught.value.hint
+
+
+def test_tensors_the_loader_converts_are_whole_as_saved(tmp_path):
+    """transformers 5 saves Qwen4-Exp's n-gram embedding as shards and concatenates them on load (its
+    checkpoint conversion mapping): the class's ``ngram_embedding.weight`` is in the save, not missing, and
+    the shards are not unexpected. The check asks transformers' own renaming, as the loader does."""
+    import torch
+    import transformers
+
+    from vlmfast.checkpoints.readers import tensor_index
+    from vlmfast.checkpoints.weights import check_weights
+
+    if not hasattr(transformers, "Qwen4ExpForConditionalGeneration"):
+        pytest.skip("this transformers has no Qwen4-Exp (added in the 5.x line)")
+    text = dict(eos_token_id=2, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=32, vocab_size=256, linear_key_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_value_head_dim=16, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                num_experts_per_tok=2, hc_count=2, hc_lowrank=8, ple_layer_ids=[2], ple_embed_dim=64,
+                ngram_vocab_size_base=1000, heads_per_ngram=2, split_ngram_parts=4, make_ngram_vocab_size_divisible_by=8,
+                indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=32, indexer_budget=64, indexer_compress_ratio=4,
+                rope_parameters={"mrope_interleaved": True, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.25,
+                                 "rope_theta": 1e7, "rope_type": "default"})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, num_position_embeddings=64,
+                  out_hidden_size=64, patch_size=16)
+    config = transformers.Qwen4ExpConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.Qwen4ExpForConditionalGeneration(config).save_pretrained(tmp_path)
+    index = tensor_index(tmp_path)
+    shards = [n for n in index if ".ngram_embedding.shard_" in n]
+    assert len(shards) == 4 and not any(n.endswith(".ngram_embedding.weight") for n in index)  # saved as shards
+    check = check_weights(tmp_path, json.loads((tmp_path / "config.json").read_text()), index)
+    assert check is not None and check.whole and not check.unexpected, check.summary() or check.unexpected

@@ -11,14 +11,13 @@ Names are compared in one form: transformers renamed the wrappers over the years
 a Qwen2.5-VL save, ``model.language_model.layers.0`` in its class today, ``visual.*`` beside
 ``model.visual.*``) and maps one onto the other on load, so the leading ``model.`` and ``language_model.``
 are dropped on both sides. A tied LM head (the class's output embedding is its input embedding) may be
-saved or not; fused expert tensors (``experts.gate_up_proj``) are found in per-expert saves
-(``experts.0.gate_proj.weight``) as transformers converts them on load.
+saved or not. A saved tensor is compared under the name transformers' loader gives it
+(:mod:`vlmfast.checkpoints.expected`): per-expert saves (``experts.0.gate_proj.weight``) supply the fused
+``experts.gate_up_proj`` the class holds, as its conversion on load makes it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +25,8 @@ from pathlib import Path
 
 from vlmfast.errors import CheckpointError
 
-from vlmfast.checkpoints.weight_files import canonical  # noqa: F401 - importable from here
+from vlmfast.checkpoints.expected import Expected, expected_tensors
+from vlmfast.checkpoints.weight_files import canonical
 
 _EXPERT = re.compile(r"^(.*\.experts)\.\d+\.")
 
@@ -94,126 +94,6 @@ class WeightsCheck:
                 "mismatched": [{"name": n, "saved": s, "expected": e} for n, s, e in self.mismatched]}
 
 
-@dataclass(frozen=True)
-class Expected:
-    """The tensors a model class expects for a config: canonical name → (the class's name, shape)."""
-
-    tensors: dict[str, tuple[str, tuple[int, ...]]]
-    tied_head: bool
-    head: str | None  # canonical name of the output embedding's weight
-    ignore_missing: tuple[str, ...] = ()  # the class's own patterns of tensors it does not need saved
-    ignore_unexpected: tuple[str, ...] = ()  # ... and of saved tensors it drops on load (Qwen3.5's mtp.*)
-
-
-def expected_tensors(d: Path, config: dict, *, apart: bool = False) -> Expected | None:
-    """What the checkpoint's model class expects, built on the meta device from ``d``'s config.json (no
-    memory; 0.4 s for the 3B shapes once torch and transformers are imported, which takes seconds), and
-    kept in vlmfast's cache by the config's bytes, the class and the transformers version: the checkpoints
-    of one run share a config, and a cached answer imports neither. ``apart``: build in a child process
-    (``infer`` and ``sweep``: importing the model classes settles torch's compile cache directory, which
-    they point at their own only later, before the model loads). None when the installed transformers has
-    no class for it (said elsewhere)."""
-    from vlmfast.checkpoints.families import family_of
-
-    family = family_of(config)
-    names = [family.model_class] if family else [a for a in config.get("architectures") or [] if isinstance(a, str)]
-    if not names:
-        return None
-    cached = _cache_file(Path(d), names)
-    if cached is not None and cached.is_file():
-        try:
-            return _from_json(json.loads(cached.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # rebuilt below
-    found = _build_elsewhere(Path(d), names) if apart else _build_expected(Path(d), names)
-    if found is not None and cached is not None:
-        from vlmfast.files import atomic_write
-
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(cached, json.dumps(_to_json(found)).encode("utf-8"))
-        except OSError:
-            pass  # a read-only cache costs the build next time, nothing else
-    return found
-
-
-def _cache_file(d: Path, names: list[str]) -> Path | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from vlmfast.files import cache_root
-
-    try:
-        key = hashlib.sha256((d / "config.json").read_bytes() + "\0".join([*names, version("transformers")]).encode())
-    except (OSError, PackageNotFoundError):
-        return None
-    return cache_root() / "expected-tensors" / f"{key.hexdigest()[:24]}.json"
-
-
-def _to_json(e: Expected) -> dict:
-    return {"tensors": {c: [n, list(s)] for c, (n, s) in e.tensors.items()}, "tied_head": e.tied_head, "head": e.head,
-            "ignore_missing": list(e.ignore_missing), "ignore_unexpected": list(e.ignore_unexpected)}
-
-
-def _from_json(data: dict) -> Expected:
-    return Expected({c: (n, tuple(s)) for c, (n, s) in data["tensors"].items()}, bool(data["tied_head"]), data["head"],
-                    tuple(data["ignore_missing"]), tuple(data["ignore_unexpected"]))
-
-
-def _build_elsewhere(d: Path, names: list[str]) -> Expected | None:
-    """:func:`_build_expected` in a child Python (this module run as a script), its answer as JSON."""
-    import os
-    import subprocess
-    import sys
-
-    import vlmfast
-
-    root = str(Path(vlmfast.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    try:
-        done = subprocess.run([sys.executable, "-m", "vlmfast.checkpoints.weights", str(d), *names], capture_output=True,
-                              text=True, env=env, timeout=600)
-        data = json.loads(done.stdout) if done.returncode == 0 else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-    return _from_json(data) if data else None
-
-
-def _build_expected(d: Path, names: list[str]) -> Expected | None:
-    import torch
-    import transformers
-    from transformers import AutoConfig
-
-    cls = next((getattr(transformers, n, None) for n in names if getattr(transformers, n, None) is not None), None)
-    if cls is None:
-        return None
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # config warnings about unused keys are not this check's to show
-    try:
-        cfg = AutoConfig.from_pretrained(str(d))
-        with torch.device("meta"):
-            model = cls(cfg)
-    except Exception:  # noqa: BLE001 - a config the class cannot build from is reported by the loader, not here
-        return None
-    finally:
-        hf_logging.set_verbosity(level)
-    tensors = {canonical(n): (n, tuple(t.shape)) for n, t in model.state_dict().items()}
-    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
-    head = None
-    if out_emb is not None:
-        head = next((canonical(n) for n, p in model.named_parameters(remove_duplicate=False) if p is out_emb.weight
-                     and n.endswith("lm_head.weight")), None) or "lm_head.weight"
-    tied = out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight
-    return Expected(tensors, tied, head, tuple(_patterns(cls, "_keys_to_ignore_on_load_missing")),
-                    tuple(_patterns(cls, "_keys_to_ignore_on_load_unexpected")))
-
-
-def _patterns(cls, attr: str) -> list[str]:
-    value = getattr(cls, attr, None) or []
-    return [p for p in value if isinstance(p, str)]
-
-
 def check_weights(d: Path, config: dict, index: dict, allow_missing=(), *, apart: bool = False) -> WeightsCheck | None:
     """The checkpoint's tensors (``index``: name → (dtype, shape, bytes), its safetensors headers) against
     what its class expects. ``allow_missing``: prefixes whose missing tensors are expected (``visual``,
@@ -221,7 +101,7 @@ def check_weights(d: Path, config: dict, index: dict, allow_missing=(), *, apart
     is known for it, or with no safetensors."""
     if not index:
         return None
-    expected = expected_tensors(d, config, apart=apart)
+    expected = expected_tensors(d, config, apart=apart, saved=index)
     if expected is None:
         return None
     return compare(expected, index, allow_missing, quantized="quantization_config" in config)
@@ -229,7 +109,13 @@ def check_weights(d: Path, config: dict, index: dict, allow_missing=(), *, apart
 
 def compare(expected: Expected, index: dict, allow_missing=(), *, quantized: bool = False) -> WeightsCheck:
     """:func:`check_weights` on an :class:`Expected` (pure: tests give made ones)."""
-    saved = {canonical(n): (n, tuple(meta[1])) for n, meta in index.items()}
+    saved, converted = {}, set()  # canonical name as loaded → (saved name, shape); names a conversion makes
+    for n, meta in index.items():
+        loaded, made = expected.loaded.get(n, (n, False))
+        c = canonical(loaded)
+        saved.setdefault(c, (n, tuple(meta[1])))
+        if made:  # several saved tensors become one (fused experts, concatenated shards): no shape to compare
+            converted.add(c)
     want = dict(expected.tensors)
     if expected.tied_head and expected.head:
         want.pop(expected.head, None)  # tied: the output layer is the input embedding, saved or not
@@ -242,7 +128,7 @@ def compare(expected: Expected, index: dict, allow_missing=(), *, quantized: boo
     unexpected = {c for c in unexpected if not ((m := _EXPERT.match(c)) and m.group(1) in split_experts)}
     mismatched = []
     if not quantized:  # quantized saves pack their tensors into other shapes
-        for c in sorted(set(want) & set(saved)):
+        for c in sorted(set(want) & set(saved) - converted):
             mine, theirs = saved[c][1], want[c][1]
             transposed = ".experts." in f".{c}" and sorted(mine) == sorted(theirs)  # a fused layout, converted on load
             if mine != theirs and not transposed:
@@ -389,9 +275,3 @@ def compare_with_base(index: dict, base_index: dict) -> str:
     parts += [f"{restyle(c, style)}: shape {list(mine[c])} here, {list(theirs[c])} in the base" for c in shapes]
     return "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
 
-
-if __name__ == "__main__":  # the child process of _build_elsewhere: DIR CLASS... → the expected tensors as JSON
-    import sys
-
-    built = _build_expected(Path(sys.argv[1]), sys.argv[2:])
-    print(json.dumps(_to_json(built) if built is not None else None))
