@@ -105,6 +105,26 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         raise
 
 
+def replaceable_directory(path, *, command: str, overwrite: bool, marker: str) -> Path:
+    """``path`` as a directory a build may take whole (it is built beside it, then replaces it): not empty text
+    (the current directory), not the current directory or one above it, and with ``overwrite`` only a directory
+    that is empty or holds the ``marker`` file of an earlier build. Else a UsageError, before any work."""
+    from vlmfast.errors import UsageError
+
+    if not str(path).strip():
+        raise UsageError(f"{command}: the output directory is empty text (an unset shell variable?)",
+                         hint=f"name a new directory, e.g. vlmfast {command} out-dir")
+    out = Path(path)
+    here, there = Path.cwd().resolve(), out.resolve()
+    if there == here or there in here.parents:
+        raise UsageError(f"{command} {out}: is the current directory or holds it; a build takes a directory of its "
+                         "own, which --overwrite replaces whole", hint=f"name a new directory, e.g. vlmfast {command} out-dir")
+    if overwrite and out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise UsageError(f"{command} {out}: holds files that are not an earlier build ({marker}): --overwrite replaces "
+                         "only a build of this command", hint="choose another directory, or move that one aside yourself")
+    return out
+
+
 def publish_directory(tmp: Path, out: Path, *, replace: bool = True) -> None:
     """Move a finished build into place with ordinary modes (mkdtemp and safetensors create private
     entries; a checkpoint should look like any other). ``replace=False`` only takes the place of an

@@ -264,3 +264,28 @@ def test_real_vocabulary_puts_special_tokens_at_qwens_ids(tmp_path, monkeypatch,
     engine = Engine(loaded, GenerationSettings(max_new_tokens=4, ignore_eos=True))
     result, _ = engine.generate_batch([Request("a", (str(images[0]),), "Count.")])
     assert result[0].n_new_tokens == 4 and all(0 <= t < 151936 for t in result[0].token_ids)
+
+
+def test_make_checkpoint_never_takes_the_current_directory_or_replaces_what_it_did_not_build(tmp_path, monkeypatch):
+    """A build is made beside its directory and then replaces it whole: "" (an unset shell variable) and "."
+    would delete the directory the user stands in, and --overwrite must not delete a folder of other files."""
+    from conftest import cli
+
+    here = tmp_path / "work"
+    (here / "sub").mkdir(parents=True)
+    (here / "precious.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    for target in ("", ".", "..", str(here), "sub/.."):
+        with pytest.raises(UsageError, match="empty text|current directory"):
+            tiny.build_checkpoint(target, overwrite=True)
+    for target in ("", "."):
+        r = cli("make-checkpoint", target, "--overwrite")
+        assert r.returncode == 2 and "current directory" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (here / "sub" / "x.txt").write_text("also mine")
+    for target in ("sub", here / "sub"):
+        with pytest.raises(UsageError, match="not an earlier build"):
+            tiny.build_checkpoint(target, overwrite=True)
+    with pytest.raises(UsageError, match="--seed"):
+        tiny.build_checkpoint(here / "new", seed=2 ** 70)
+    assert (here / "precious.txt").read_text() == "mine" and (here / "sub" / "x.txt").read_text() == "also mine"
+    assert sorted(p.name for p in here.rglob("*")) == ["precious.txt", "sub", "x.txt"]  # nothing built, nothing left

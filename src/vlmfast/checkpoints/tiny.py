@@ -20,7 +20,7 @@ import tempfile
 from vlmfast.checkpoints.templates import CHAT_TEMPLATE
 from vlmfast.errors import UsageError
 from vlmfast.checkpoints.families import BY_KEY, QWEN_SPECIAL, Family, family_by_key
-from vlmfast.files import publish_directory
+from vlmfast.files import publish_directory, replaceable_directory
 
 # initializer_range: greedy decoding must not flip between batch/single or cache on/off. What
 # matters is the top-1/top-2 logit gap relative to float noise, and that ratio does NOT improve with
@@ -319,7 +319,9 @@ def build_checkpoint(out_dir, preset: str = "tiny", like: str = "grpo", seed: in
     model_class(fam)  # UsageError now, before anything is written, if this transformers lacks the family
     import transformers
 
-    out = pathlib.Path(out_dir)
+    if not 0 <= int(seed) < 2 ** 63:  # torch's seeds are 64-bit integers
+        raise UsageError(f"--seed {seed}: expected a whole number from 0 to 2^63 − 1", hint="e.g. --seed 1")
+    out = replaceable_directory(out_dir, command="make-checkpoint", overwrite=overwrite, marker=STAMP)
     stamp = {"builder": "vlmfast.tiny", "format": 1, "like": like, "preset": preset, "seed": int(seed),
              "transformers_version": transformers.__version__}
     if family != DEFAULT_FAMILY:  # Qwen2.5-VL stamps stay as they were: same bytes as before families
