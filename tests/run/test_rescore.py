@@ -194,6 +194,22 @@ def test_reward_options_without_a_reward_are_refused(tmp_path):
     assert said.returncode == 2 and "--reward-weights without --reward" in said.stderr
 
 
+def test_reward_weights_and_threshold_that_are_not_finite_are_refused(tmp_path):
+    """A NaN weight or threshold made every row wrong (NaN is never at the threshold) and wrote a bare NaN into
+    JSON; an infinite weight made the mean infinite."""
+    manifest = _manifest(tmp_path, {"a": "1"})
+    results = _results(tmp_path, [{"id": "a", "text": "<answer>1</answer>"}])
+    reward = tmp_path / "rw.py"
+    reward.write_text("def acc(completions, **kwargs):\n    return [1.0 for _ in completions]\n")
+    for flag, value in (("--reward-weights", "nan"), ("--reward-weights", "1e400"), ("--reward-threshold", "nan"),
+                        ("--reward-threshold", "inf")):
+        said = cli("score", results, "--manifest", manifest, "--reward", f"{reward}:acc", flag, value, "--json")
+        assert said.returncode == 2 and f"{flag} " in said.stdout and "finite" in said.stdout, (flag, value, said.stdout)
+        assert not (tmp_path / "results.scored.jsonl").exists()
+    said = cli("score", results, "--manifest", manifest, "--reward", f"{reward}:acc", "--reward-threshold", "0.5", "--json")
+    assert said.returncode == 0 and json.loads(said.stdout)["accuracy"] == 1.0, said.stdout
+
+
 def test_a_torn_last_line_is_passed_over_with_a_note(tmp_path):
     manifest = _manifest(tmp_path, {"a": "1"})
     path = tmp_path / "torn.jsonl"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -260,8 +261,13 @@ def _item(row: dict, truth, record: Mapping | None, data_source: str | None) -> 
 # -- loading -------------------------------------------------------------------------------------
 def check_reward_options(reward, *, weights=None, kwargs=None, threshold: float = 1.0) -> None:
     """A UsageError when options that shape reward functions come without any (``--reward``): they would be
-    ignored, and the scores would not be what the command line says."""
+    ignored, and the scores would not be what the command line says; or when a weight or the threshold is not a
+    finite number (a NaN total is never at the threshold: every row would be wrong, whatever its rewards)."""
     if reward:
+        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not math.isfinite(threshold):
+            raise UsageError(f"--reward-threshold {threshold}: expected a finite number",
+                             hint="e.g. --reward-threshold 0.5 (a row is correct when its weighted reward reaches it)")
+        parse_reward_weights(weights, len([reward] if isinstance(reward, str) else list(reward)))
         return
     given = [flag for flag, unset in (("--reward-weights", weights is None), ("--reward-kwargs", kwargs is None),
                                       ("--reward-threshold", threshold == 1.0)) if not unset]
@@ -293,6 +299,8 @@ def parse_reward_weights(weights, count: int) -> tuple[float, ...]:
         values = tuple(float(w) for w in parts)
     except (TypeError, ValueError):
         raise UsageError(f"--reward-weights {weights!r}: expected numbers", hint="e.g. --reward-weights 1,0.5") from None
+    if not all(math.isfinite(v) for v in values):
+        raise UsageError(f"--reward-weights {weights!r}: expected finite numbers", hint="e.g. --reward-weights 1,0.5")
     if len(values) != count:
         raise UsageError(f"--reward-weights gives {len(values)} weight(s) for {count} reward function(s)",
                          hint="one weight per --reward, in the same order")
