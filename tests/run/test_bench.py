@@ -152,6 +152,8 @@ def test_ratio_labels_name_both_batch_sizes():
     ({"synthetic": 1, "fail_if_slower": 2.0}, "compare with the base"),
     ({"synthetic": 1, "fail_if_less_accurate": 0.1}, "compare with the base"),
     ({"synthetic": 1, "compare_base": "b", "fail_if_slower": 0.5}, "--fail-if-slower 0.5"),
+    ({"synthetic": 1, "compare_base": "b", "fail_if_slower": float("nan")}, "--fail-if-slower nan"),
+    ({"synthetic": 1, "compare_base": "b", "fail_if_slower": float("inf")}, "--fail-if-slower inf"),
     ({"synthetic": 1, "compare_base": "b", "fail_if_less_accurate": 1.5}, "--fail-if-less-accurate 1.5"),
     ({"synthetic": 1, "compare_base": "b", "fail_if_less_accurate": 0.1}, "needs ground truth"),
 ])

@@ -77,3 +77,20 @@ def test_every_without_the_coarse_search_is_refused_not_ignored(tmp_path):
     with pytest.raises(UsageError, match=r"--every 3 is the stride of --search coarse"):
         SweepOptions(run_dir=str(tmp_path), out_dir=str(tmp_path / "out"), infer=infer, every=3)
     assert SweepOptions(run_dir=str(tmp_path), out_dir=str(tmp_path / "out"), infer=infer, every=3, search="coarse").every == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"watch": True, "poll_s": float("nan")}, "--poll nan"),  # crashed after every checkpoint was evaluated
+    ({"watch": True, "poll_s": float("inf")}, "--poll inf"),
+    ({"steps": ",,"}, "names no step"),  # evaluated nothing and exited 0
+    ({"steps": " "}, "names no step"),
+])
+def test_sweep_options_that_would_fail_late_or_do_nothing_are_refused(tmp_path, kwargs, message):
+    from vlmfast.errors import UsageError
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.sweep import SweepOptions
+
+    infer = InferOptions(ckpt=str(tmp_path), images=["x.png"], prompt="p")
+    with pytest.raises(UsageError, match=message) as exc:
+        SweepOptions(run_dir=str(tmp_path), out_dir=str(tmp_path / "out"), infer=infer, **kwargs)
+    assert exc.value.hint

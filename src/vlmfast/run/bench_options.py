@@ -96,8 +96,9 @@ class BenchOptions:
     def _check_gates(self) -> None:
         if (self.fail_if_slower is not None or self.fail_if_less_accurate is not None) and not self.compare_base:
             raise UsageError("--fail-if-slower and --fail-if-less-accurate compare with the base", hint="add --compare-base BASE")
-        if self.fail_if_slower is not None and self.fail_if_slower < 1:
-            raise UsageError(f"--fail-if-slower {self.fail_if_slower}: below 1 it would demand ckpt beat the base",
+        if self.fail_if_slower is not None and not 1 <= self.fail_if_slower < float("inf"):  # NaN: a gate that never trips
+            raise UsageError(f"--fail-if-slower {self.fail_if_slower}: expected a finite number of 1 or more (below 1 "
+                             "it would demand ckpt beat the base)",
                              hint="X ≥ 1: exit 3 when ckpt tokens/s < base tokens/s ÷ X; 1 means no slower than the base")
         if self.fail_if_less_accurate is not None and not 0 <= self.fail_if_less_accurate <= 1:
             raise UsageError(f"--fail-if-less-accurate {self.fail_if_less_accurate}: an accuracy drop is between 0 and 1",

@@ -81,8 +81,8 @@ class SweepOptions:
         if self.overwrite and self.retry_errors:
             raise UsageError("--overwrite starts afresh; --retry-errors resumes and redoes only error rows",
                              hint="drop one of them")
-        if self.poll_s <= 0:
-            raise UsageError(f"--poll {self.poll_s}: expected seconds > 0", hint="e.g. --poll 60")
+        if not 0 < self.poll_s < float("inf"):  # NaN and inf fail only when the first wait is timed, after the work
+            raise UsageError(f"--poll {self.poll_s}: expected a finite number of seconds > 0", hint="e.g. --poll 60")
         from vlmfast.errors import check_choice
         from vlmfast.run.search import SEARCHES
 
@@ -132,6 +132,9 @@ def _steps(value) -> tuple[int, ...] | None:
     if not value:
         return None
     try:
-        return tuple(int(s) for s in value.split(",") if s.strip())
+        steps = tuple(int(s) for s in value.split(",") if s.strip())
     except ValueError:
         raise UsageError(f"--steps {value!r}: expected step numbers", hint="e.g. --steps 100,300") from None
+    if not steps:  # "" means every step; commas or blanks alone name none, and a sweep of none would report nothing
+        raise UsageError(f"--steps {value!r}: names no step", hint="e.g. --steps 100,300, or leave --steps out for every step")
+    return steps
