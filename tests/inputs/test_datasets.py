@@ -13,7 +13,7 @@ import pytest
 from conftest import cli, read_jsonl
 from PIL import Image
 
-from vlmfast.errors import UsageError
+from vlmfast.errors import InputError, UsageError
 from vlmfast.inputs.datasets import load_images
 from vlmfast.inputs.requests import collect
 
@@ -212,6 +212,11 @@ def test_format_prompt_renders_each_question_as_easyr1_does(images, tmp_path, gr
     with pytest.raises(UsageError, match="--format-prompt and --template r1 both shape the prompt"):
         InferOptions(ckpt=str(grpo_ckpt), manifest=str(tmp_path / "val.parquet"), template="r1",
                      format_prompt=str(tmp_path / "math.jinja"))
+    for text in ("", "Think step by step.\n"):  # the question dropped from every prompt
+        (tmp_path / "bad.jinja").write_text(text)
+        with pytest.raises(InputError, match=r"never uses \{\{ content \}\}") as err:
+            collect(manifest=str(tmp_path / "val.parquet"), format_prompt=str(tmp_path / "bad.jinja"))
+        assert "{{ content }}" in err.value.hint
 
 
 def test_without_pyarrow_a_dataset_manifest_says_how_to_install_it(images, tmp_path, monkeypatch):

@@ -296,12 +296,19 @@ def format_prompt(path: str):
         from jinja2 import Template, TemplateError
     except ImportError:
         raise UsageError("--format-prompt needs jinja2", hint='pip install "jinja2>=3"') from None
+    from jinja2 import Environment, meta
+
     try:
-        template = Template(Path(path).read_text(encoding="utf-8").strip())  # EasyR1 strips the file too
+        text = Path(path).read_text(encoding="utf-8").strip()  # EasyR1 strips the file too
+        template, names = Template(text), meta.find_undeclared_variables(Environment().parse(text))
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read --format-prompt {path}: {exc}", hint="give a readable UTF-8 Jinja file") from exc
     except TemplateError as exc:
         raise InputError(f"--format-prompt {path} is not a Jinja template: {exc}", hint="fix the template") from exc
+    if "content" not in names:  # every prompt would be the template alone, the question dropped (or empty)
+        raise InputError(f"--format-prompt {path} never uses {{{{ content }}}}, the question: every prompt would be "
+                         + (repr(text[:60]) if text else "empty"),
+                         hint="put {{ content }} where the question goes, as EasyR1's math.jinja and r1v.jinja do")
     return lambda prompt: template.render(content=prompt)
 
 
