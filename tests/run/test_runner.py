@@ -128,6 +128,19 @@ def test_a_batch_size_below_n_is_raised_to_n_and_said(loaded, grpo_ckpt, images,
     assert any("batch size 2 is below --n 3: 3 decode rows" in n for n in report.notes), report.notes
 
 
+def test_no_more_decode_rows_than_answers_to_give(loaded, grpo_ckpt, images, tmp_path):
+    """--batch-size 4096 for 2 requests held 4096 decode rows of KV cache (on a GPU, memory for nothing, or an
+    out-of-memory error); the rows are one per answer to give, said, and the tokens are the same."""
+    opts = dict(ckpt=str(grpo_ckpt), images=[str(p) for p in images[:2]], prompt="Count.",
+                generation=GenerationSettings(max_new_tokens=6, n=2, temperature=1.0, seed=3))
+    wide = infer(InferOptions(**opts, out=str(tmp_path / "wide.jsonl"), batch_size=4096), loaded=loaded)
+    assert wide.batch_size == 4 and any("4 decode rows, one per answer to give (batch size 4096)" in n
+                                        for n in wide.notes), wide.notes
+    exact = infer(InferOptions(**opts, out=str(tmp_path / "exact.jsonl"), batch_size=4), loaded=loaded)
+    assert exact.batch_size == 4 and not any("one per answer" in n for n in exact.notes)
+    assert [r.token_ids for r in wide.results] == [r.token_ids for r in exact.results]
+
+
 def test_greedy_n_says_the_answers_are_identical(loaded, grpo_ckpt, images, tmp_path):
     report = infer(InferOptions(ckpt=str(grpo_ckpt), images=[str(images[0])], prompt="Count.", out=str(tmp_path / "r.jsonl"),
                                 generation=GenerationSettings(max_new_tokens=4, n=2)), loaded=loaded)

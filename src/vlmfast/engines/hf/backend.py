@@ -64,6 +64,9 @@ class HfBackend:
             self.engine.suppress()
             self.build_s = now(self.device) - start  # after a device sync: none of it left for the first TTFT
         n = self.engine.settings.n
+        if self.continuous and n <= len(requests) * n < size:  # each decode row holds a KV cache: none idle
+            rows = f"{len(requests) * n} decode rows, one per answer to give (batch size {size})"
+            size, note = len(requests) * n, rows if note is None else f"{note}; {rows}"
         if size >= n:
             return size, note
         raised = f"batch size {size} is below --n {n}: {n} decode rows (a request's {n} answers start from one prefill)"
