@@ -155,6 +155,13 @@ def test_demo_runs_offline_and_reports_the_as_saved_comparison(tmp_path):
     assert len(read_jsonl(tmp_path / "results.jsonl")) == 8
 
 
+def test_demo_refuses_its_options_before_building_anything(tmp_path):
+    for flag, value in (("--batch-size", 0), ("--max-new-tokens", 0)):
+        r = cli("demo", "--workdir", tmp_path / "d", flag, value)
+        assert r.returncode == 2 and f"{flag} 0" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "d").exists()  # exit 2: nothing written (the build took ~30 s before its options failed)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_engine_vllm_without_vllm_is_a_clear_error(grpo_ckpt, images):
     r = cli("infer", "--engine", "vllm", "--ckpt", grpo_ckpt, "--images", images[0], "--prompt", "p")

@@ -249,3 +249,4 @@ def test_a_json_array_given_as_manifest_is_one_error_naming_convert(tmp_path, la
     assert r.returncode == 2 and r.stderr.count("error:") == 1 and "invalid JSON" not in r.stderr
     r = cli("convert", source, "--image-root", "/data/coco", "--out", tmp_path / "refcoco_val.jsonl")
     assert r.returncode == 0 and len(read_manifest(str(tmp_path / "refcoco_val.jsonl"), None)[0]) == 4
+    assert "--image-root /data/coco is not a folder here" in r.stderr  # a manifest for another machine: said

@@ -90,6 +90,9 @@ def convert(
         if unscored:
             stderr.print(f"note: {unscored} of them without ground truth (no solution or answer): they run, unscored",
                          markup=False)
+        if image_root is not None and not Path(image_root).is_dir():  # fine for a manifest meant for another machine
+            stderr.print(f"note: --image-root {image_root} is not a folder here: the image paths point into it, and "
+                         "infer reads them only where it exists", markup=False)
         typer.echo(str(path))
 
     guarded(run)

@@ -30,10 +30,14 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     from vlmfast.engines.hf.scheduler import Scheduler
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
+    from vlmfast.errors import UsageError
     from vlmfast.files import check_output_dir
 
     workdir = Path(workdir) if workdir else default_workdir()
     check_output_dir("--workdir", workdir)  # a file there: an error line, not mkdir's traceback
+    generation = GenerationSettings(max_new_tokens=max_new_tokens)  # bad settings: refused before anything is built
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size}: expected at least 1", hint="e.g. --batch-size 8")
     stderr.print(f"[bold]vlmfast demo[/bold] in {escape(str(workdir))}")
     with stderr.status("building the demo checkpoint (random weights, saved cache-off like a GRPO run)…"):
         import transformers
@@ -50,7 +54,7 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     options = InferOptions(
         # the images it wrote, not whatever else the folder holds
         ckpt=str(ckpt), images=[str(p) for p in images], prompt="What shapes are in this image?", template="r1",
-        out=str(out), overwrite=True, batch_size=batch_size, generation=GenerationSettings(max_new_tokens=max_new_tokens),
+        out=str(out), overwrite=True, batch_size=batch_size, generation=generation,
     )
     loaded = load(str(ckpt))
     bar = ProgressBar()
