@@ -1,4 +1,5 @@
 import shutil
+import sys
 
 import pytest
 
@@ -121,6 +122,26 @@ def test_cache_forced_on_wherever_it_hides(base_ckpt, images, tmp_path, where):
     assert engine.loaded.model.generation_config.use_cache is True and engine.loaded.cache.forced_on
     lengths = _decoder_lengths(engine.loaded.model, lambda: engine.generate(inputs))
     assert lengths[0] == inputs["input_ids"].shape[1] and lengths[1:] == [1] * 5
+
+
+def test_a_flash_attn_that_does_not_import_is_said_as_such(tmp_path, monkeypatch):
+    """A flash-attn built for another torch fails on import: "not installed" would send the user to install it
+    again; the note names the import error, and --attn flash_attention_2 is refused with it."""
+    from vlmfast.checkpoints.load import flash_attn_state
+
+    package = tmp_path / "flash_attn"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDevice')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    usable, problem = flash_attn_state()
+    assert not usable and problem.startswith("flash-attn is installed but does not import (ImportError: ")
+    assert "undefined symbol" in problem
+    runtime = choose_runtime(cuda_available=True, flash_attn_available=usable, flash_attn_problem=problem)
+    assert runtime.attn == "sdpa" and runtime.notes[0].startswith(problem) and "--force-reinstall" in runtime.notes[0]
+    with pytest.raises(UsageError, match="does not import") as err:
+        choose_runtime(attn="flash_attention_2", cuda_available=True, flash_attn_available=usable, flash_attn_problem=problem)
+    assert "--attn sdpa" in err.value.hint
 
 
 def test_choose_runtime():

@@ -9,7 +9,7 @@ job and reading its files :mod:`vlmfast.checkpoints.readers`'; this module is th
 from __future__ import annotations
 
 import contextlib
-import importlib
+import importlib.util
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +45,15 @@ def choose_runtime(
     cuda_available: bool,
     flash_attn_available: bool,
     bf16_supported: bool = True,
+    flash_attn_problem: str | None = None,
 ) -> Runtime:
     """CUDA: bf16 + flash_attention_2 (sdpa, said aloud, when flash-attn is missing). CPU: float32 + sdpa.
-    Explicit choices win; impossible ones are errors, not silent downgrades."""
+    Explicit choices win; impossible ones are errors, not silent downgrades. ``flash_attn_problem``: why an
+    installed flash-attn cannot be used (it does not import, transformers refuses its version)."""
     notes: list[str] = []
+    missing = flash_attn_problem or "flash-attn is not installed"
+    remedy = ("reinstall it for this torch: pip install --force-reinstall --no-deps flash-attn" if flash_attn_problem
+              else "install it with: pip install 'vlmfast[gpu]'")
     device = (device or "auto").lower()
     if device == "auto":
         device = "cuda" if cuda_available else "cpu"
@@ -73,7 +78,7 @@ def choose_runtime(
         else:
             attn = "sdpa"
             if on_cuda and not flash_attn_available:
-                notes.append("flash-attn is not installed: using sdpa (install it with: pip install 'vlmfast[gpu]')")
+                notes.append(f"{missing}: using sdpa ({remedy})")
     elif attn not in ATTN_CHOICES:
         check_choice("--attn", attn, ("auto", *ATTN_CHOICES))
     elif attn == "flash_attention_2":
@@ -82,7 +87,7 @@ def choose_runtime(
         if dtype == "float32":
             raise UsageError("--attn flash_attention_2 works only in bfloat16/float16", hint="use --dtype bfloat16")
         if not flash_attn_available:
-            raise UsageError("--attn flash_attention_2: flash-attn is not installed", hint="pip install 'vlmfast[gpu]', or use --attn sdpa")
+            raise UsageError(f"--attn flash_attention_2: {missing}", hint=f"{remedy}; or use --attn sdpa")
     return Runtime(device=device, dtype=dtype, attn=attn, notes=tuple(notes))
 
 
@@ -91,20 +96,34 @@ def detect_runtime(device=None, dtype=None, attn=None) -> Runtime:
     import torch
 
     cuda = torch.cuda.is_available()
+    flash, problem = flash_attn_state() if cuda else (False, None)
     return choose_runtime(
         device, dtype, attn,
         cuda_available=cuda,
-        flash_attn_available=cuda and _imports("flash_attn"),
+        flash_attn_available=flash,
         bf16_supported=cuda and torch.cuda.is_bf16_supported(),
+        flash_attn_problem=problem,
     )
 
 
-def _imports(module: str) -> bool:
+def flash_attn_state() -> tuple[bool, str | None]:
+    """Whether flash_attention_2 can run here (flash-attn imports, and transformers takes its version), and
+    why not when flash-attn is installed: a build for another torch fails on import, and said only "not
+    installed" a user would install it again and see nothing change."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False, None
     try:
-        importlib.import_module(module)
-        return True
-    except Exception:  # a broken CUDA extension raises all sorts of things on import
-        return False
+        importlib.import_module("flash_attn")
+    except Exception as exc:  # a broken CUDA extension raises all sorts of things on import
+        first = (str(exc).splitlines() or [""])[0][:160]
+        return False, f"flash-attn is installed but does not import ({type(exc).__name__}: {first})"
+    try:
+        from transformers.utils import is_flash_attn_2_available
+    except ImportError:
+        return True, None
+    if not is_flash_attn_2_available():  # what from_pretrained checks: its version, a CUDA torch
+        return False, "flash-attn is installed but transformers does not take it (its version, or this torch)"
+    return True, None
 
 
 @dataclass
