@@ -13,7 +13,9 @@
 # A lease of 900 s (2026-11-28, an H100): call 1 `KEEP_GOING=1 SLICE_S=420 timeout 555 bash benchmarks/gpu.sh`
 # ran cuda-tests to default-b1 in 399 s (the machine's start and the wheels besides: 428 s of the lease); call 2,
 # at once while the machine was warm, `ONLY='kernels|decode-attention|prefill|lengths' ... SLICE_S=330 timeout 395`
-# ran the rest in 231 s. Each step took: cuda-tests 84 s of tests, build ~40, default-b32 37, compile-b1 87, its
+# ran the rest in 231 s. The two timeouts add to more than the lease: size call 2's from what the device
+# tool's `status` says is left (budget_left_s − 30 s for the copy back; SLICE_S = that − 65), else the lease
+# ends call 2 before its own `timeout` lets the script copy the step in flight. Each step took: cuda-tests 84 s of tests, build ~40, default-b32 37, compile-b1 87, its
 # SDPA twin 87, default-b1 50, kernels 43, decode-attention 30, prefill-compiled 34, lengths 122.
 # Every step has its own limit, 2 × its estimate + 60 s (STEP_LIMIT_S=N: N s for every step): past it, the
 # step's process tree is killed, the step fails and the next one starts (KEEP_GOING=1).
