@@ -58,3 +58,25 @@ def test_the_lock_covers_a_folder_it_makes_and_steps_aside_on_a_file_system_with
     with held_alone(out, "--out"):  # Lustre without -o flock: unlocked, as before locks
         pass
     assert not list(out.parent.glob(".*lock"))
+
+
+def test_an_output_path_of_empty_text_is_refused_not_read_as_the_current_directory(tmp_path, monkeypatch):
+    """``--out-dir "$OUT"`` with OUT unset: Path("") is ".", and a sweep wrote into (and with --overwrite moved
+    the run records out of) whatever folder the user stood in."""
+    from conftest import cli
+
+    from vlmfast.errors import UsageError
+    from vlmfast.files import check_output_dir, check_output_file
+
+    monkeypatch.chdir(tmp_path)
+    for check in (check_output_dir, check_output_file):
+        for text in ("", " "):
+            with pytest.raises(UsageError, match="--x: empty text"):
+                check("--x", text)
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.sweep import SweepOptions
+
+    with pytest.raises(UsageError, match="--out-dir: empty text"):
+        SweepOptions(run_dir=str(tmp_path), out_dir="", infer=InferOptions(ckpt=str(tmp_path), images=["x.png"], prompt="p"))
+    r = cli("make-images", "", "-n", "1")
+    assert r.returncode == 2 and "empty text" in r.stderr and list(tmp_path.iterdir()) == [], r.stderr

@@ -17,12 +17,22 @@ def cache_root() -> Path:
     return Path(base) / "vlmfast"
 
 
+def given_path(option: str, path) -> Path:
+    """``path`` as a Path; a UsageError when it is empty text, which Path reads as the current directory
+    (an unset shell variable in a script, ``--out-dir "$OUT"``, would write there)."""
+    from vlmfast.errors import UsageError
+
+    if not str(path).strip():
+        raise UsageError(f"{option}: empty text (an unset shell variable?)", hint=f"name the path, e.g. {option} out")
+    return Path(path)
+
+
 def check_output_file(option: str, path) -> None:
     """A UsageError (raised before any work) when ``path`` cannot become a file: it is a directory, the
     directory it would go in is a file, or nothing can be written there."""
     from vlmfast.errors import UsageError
 
-    path = Path(path)
+    path = given_path(option, path)
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory; a results file is written there",
                          hint=f"name a file, e.g. {option} {path / 'results.jsonl'}")
@@ -58,7 +68,7 @@ def check_output_dir(option: str, path) -> None:
     it is a file, or nothing can be created in it (or in the nearest folder above it that exists)."""
     from vlmfast.errors import UsageError
 
-    path = Path(path)
+    path = given_path(option, path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} {path}: is a file; a directory is written there",
                          hint=f"name a directory, e.g. {option} {path.with_suffix('')}-out")
@@ -111,10 +121,7 @@ def replaceable_directory(path, *, command: str, overwrite: bool, marker: str) -
     that is empty or holds the ``marker`` file of an earlier build. Else a UsageError, before any work."""
     from vlmfast.errors import UsageError
 
-    if not str(path).strip():
-        raise UsageError(f"{command}: the output directory is empty text (an unset shell variable?)",
-                         hint=f"name a new directory, e.g. vlmfast {command} out-dir")
-    out = Path(path)
+    out = given_path(command, path)
     here, there = Path.cwd().resolve(), out.resolve()
     if there == here or there in here.parents:
         raise UsageError(f"{command} {out}: is the current directory or holds it; a build takes a directory of its "

@@ -133,7 +133,7 @@ def make_checkpoint(
 
 @command("make-images", cls=Command)
 def make_images(
-    out: Annotated[Path, typer.Argument(help="Directory to write PNGs into.", show_default=False)],
+    out: Annotated[str, typer.Argument(help="Directory to write PNGs into.", show_default=False)],
     count: Annotated[int, typer.Option("-n", "--count", help="How many images.")] = 8,
     seed: Annotated[int, typer.Option(help="Content seed.")] = 0,
     size: Annotated[Optional[int], typer.Option(help="Square side in pixels (default: a mix of small sizes).")] = None,
@@ -149,8 +149,8 @@ def make_images(
             raise UsageError(f"-n {count}: expected at least 1 image", hint="e.g. vlmfast make-images OUT -n 8")
         if size is not None and size < 1:
             raise UsageError(f"--size {size}: expected a side of at least 1 pixel", hint="e.g. --size 224, or leave it out")
-        check_output_dir("make-images", out)  # a file there: an error line, not mkdir's traceback
-        for path in make(out, n=count, seed=seed, sizes=[(size, size)] if size else None):
+        check_output_dir("make-images", out)  # a file there, or "" (an unset variable): an error line
+        for path in make(Path(out), n=count, seed=seed, sizes=[(size, size)] if size else None):
             typer.echo(str(path))
 
     guarded(run)
