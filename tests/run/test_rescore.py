@@ -70,6 +70,10 @@ def test_score_on_known_answers(tmp_path, images):
     assert summary["by_scorer"]["bbox"]["accuracy"] == 1.0 and summary["by_scorer"]["exact"]["accuracy"] == 0.0
     bad = cli("score", tmp_path / "missing.jsonl", "--manifest", manifest)
     assert bad.returncode == 2 and "no such results file" in bad.stderr
+    bad = cli("score", tmp_path, "--manifest", manifest)
+    assert bad.returncode == 2 and "a directory, not a results file" in bad.stderr
+    bad = cli("score", results, "--manifest", manifest, "--bbox-space", "x")
+    assert bad.returncode == 2 and "--bbox-space x" in bad.stderr, bad.stderr
 
 
 def test_convert_through_the_cli(tmp_path):

@@ -335,7 +335,7 @@ def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "au
     each row's own (see :func:`row_bbox_space`); given, it wins over every row's."""
     check_choice("--scorer", default_scorer, SCORERS)
     if bbox_space is not None:
-        check_choice("bbox_space", bbox_space, BBOX_SPACES)
+        check_choice("--bbox-space", bbox_space, BBOX_SPACES)
     out = []
     for row in results_rows:
         truth, scorer = truths.get(str(row.get("id")), (None, None))

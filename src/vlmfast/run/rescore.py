@@ -183,7 +183,7 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
         refuse_inputs_as_out("--out", Path(out), [Path(manifest)])  # the ground truth (the results may be rescored in place)
         _refuse_another_runs_file(Path(out), results)
     if not results.is_file():
-        raise InputError(f"{results}: no such results file", hint="give the --out file of a vlmfast infer run, or any JSONL "
+        raise InputError(f"{results}: " + ("a directory, not a results file" if results.is_dir() else "no such results file"), hint="give the --out file of a vlmfast infer run, or any JSONL "
                          'with "id" and "text" per row')
     rows, notes = read_result_rows(results)
     truths = read_truths(manifest, keys, image_root)
