@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, nested, option
+from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, check_types, nested, option
 from vlmfast.engines.hf import BATCHING, DECODERS
 from vlmfast.engines.open import ENGINES, check_engine_options
 from vlmfast.engines.prepare import RESIZE_RULES
@@ -152,6 +152,7 @@ class InferOptions:
         from vlmfast.inputs.requests import TEMPLATES
         from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
 
+        check_types(self)
         check_choice("--engine", self.engine, ENGINES)
         check_choice("--decoder", self.decoder, DECODERS)
         check_choice("--batching", self.batching, BATCHING)
