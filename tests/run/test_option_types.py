@@ -121,6 +121,33 @@ def test_values_of_the_right_type_are_kept_as_given(tmp_path):
     assert SweepOptions(run_dir="run", out_dir=tmp_path / "s", poll_s=5, infer=InferOptions(ckpt="run", manifest="m")).out_dir == str(tmp_path / "s")
 
 
+@pytest.mark.parametrize("kwargs,said", [
+    (dict(dtype="bfloat61"), "--dtype bfloat61: unknown"),
+    (dict(attn="flash"), "--attn flash: unknown"),
+    (dict(device="mps"), "--device mps: unsupported"),
+    (dict(device="cuda:x"), "--device cuda:x: unsupported"),
+])
+@pytest.mark.parametrize("cls,required", [(InferOptions, dict(ckpt="ck")), (BenchOptions, dict(ckpt="ck", synthetic=2))])
+def test_device_dtype_and_attention_are_checked_with_the_options(cls, required, kwargs, said):
+    """The loader's values, checked when the options are made: a resume with nothing left to do loads no model."""
+    with pytest.raises(UsageError, match=said):
+        cls(**required, **kwargs)
+
+
+def test_the_values_the_loader_takes_are_taken():
+    for device, dtype, attn in [("auto", "auto", "auto"), ("CPU", "bf16", "sdpa"), ("cuda", "Float16", "eager"),
+                                ("cuda:1", "fp32", "flash_attention_2"), (None, None, None)]:
+        InferOptions(ckpt="ck", device=device, dtype=dtype, attn=attn)
+
+
+def test_checking_device_choices_imports_no_torch():
+    code = ("import sys; from vlmfast.run.options import InferOptions; "
+            "InferOptions(ckpt='ck', device='cuda:0', dtype='bf16', attn='flash_attention_2'); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_the_check_reads_annotations_it_knows():
     """Every option field's annotation is one the check reads (a new kind would pass unchecked)."""
     from vlmfast.declared import _members

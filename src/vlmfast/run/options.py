@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlmfast.checkpoints.runtime_choices import check_runtime_choices
 from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, check_types, nested, option
 from vlmfast.engines.hf import BATCHING, DECODERS
 from vlmfast.engines.open import ENGINES, check_engine_options
@@ -172,6 +173,7 @@ class InferOptions:
                             ("--max-pixels", self.max_pixels), ("--min-pixels", self.min_pixels)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: expected a positive number", hint=f"drop {flag} for the default")
+        check_runtime_choices(self.device, self.dtype, self.attn)  # the loader's (a finished resume never loads)
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise UsageError(f"--min-pixels {self.min_pixels} > --max-pixels {self.max_pixels}: need min <= max",
                              hint="lower --min-pixels or raise --max-pixels")
