@@ -148,6 +148,16 @@ def test_checking_device_choices_imports_no_torch():
     assert out.stdout.strip() == "False", out.stderr
 
 
+def test_threads_beyond_the_machines_cores_are_refused_naming_them():
+    cores = os.cpu_count()
+    assert InferOptions(ckpt="ck", threads=cores).threads == cores
+    with pytest.raises(UsageError, match=rf"--threads {cores + 1}: more than the {cores} cores of this machine") as err:
+        InferOptions(ckpt="ck", threads=cores + 1)
+    assert f"--threads {cores} or fewer" in err.value.hint
+    with pytest.raises(UsageError, match="--threads 1000000"):
+        InferOptions(ckpt="ck", threads=1_000_000)
+
+
 def test_the_check_reads_annotations_it_knows():
     """Every option field's annotation is one the check reads (a new kind would pass unchecked)."""
     from vlmfast.declared import _members
@@ -160,3 +170,12 @@ def test_the_check_reads_annotations_it_knows():
                 for member in _members(hints[f.name]):
                     inner = typing.get_args(member)[:1] if typing.get_origin(member) in (list, tuple) else (member,)
                     assert set(inner) <= known, (cls.__name__, f.name, member)
+
+
+def test_threads_beyond_the_cores_on_the_command_line_exit_2_before_anything_loads(tmp_path):
+    from conftest import cli
+
+    cores = os.cpu_count()
+    r = cli("infer", "--ckpt", tmp_path, "--images", tmp_path / "a.png", "--prompt", "p", "--threads", 1_000_000)
+    assert r.returncode == 2 and f"error: --threads 1000000: more than the {cores} cores of this machine" in r.stderr, r.stderr
+    assert f"--threads {cores} or fewer" in r.stderr
