@@ -16,17 +16,12 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import cache_off_locations, read_configs, require_loadable, saved_cache_enabled, token_ids
 from vlmfast.checkpoints.templates import CHAT_TEMPLATE, QWEN2_VL_CHAT_TEMPLATE
-from vlmfast.errors import CheckpointError, UsageError, check_choice
+from vlmfast.errors import CheckpointError, UsageError
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
 from vlmfast.checkpoints.portable import readable_here
-
-DTYPE_ALIASES = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16", "half": "float16",
-    "fp32": "float32", "float32": "float32", "float": "float32",
-}
-ATTN_CHOICES = ("flash_attention_2", "sdpa", "eager")
+# the values taken, kept where the options check them too
+from vlmfast.checkpoints.runtime_choices import ATTN_CHOICES, DTYPE_ALIASES, check_attn, check_device, check_dtype  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -54,24 +49,20 @@ def choose_runtime(
     missing = flash_attn_problem or "flash-attn is not installed"
     remedy = ("reinstall it for this torch: pip install --force-reinstall --no-deps flash-attn" if flash_attn_problem
               else "install it with: pip install 'vlmfast[gpu]'")
-    device = (device or "auto").lower()
+    device = check_device(device)
     if device == "auto":
         device = "cuda" if cuda_available else "cpu"
     if device.startswith("cuda") and not cuda_available:
         raise UsageError(f"--device {device}: CUDA is not available here", hint="use --device cpu, or check the driver and torch build")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise UsageError(f"--device {device}: unsupported", hint="use auto, cpu, cuda or cuda:N")
     on_cuda = device.startswith("cuda")
 
-    if dtype in (None, "auto"):
+    dtype = check_dtype(dtype)
+    if dtype is None:
         dtype = "float32" if not on_cuda else ("bfloat16" if bf16_supported else "float16")
         if on_cuda and not bf16_supported:
             notes.append("this GPU has no bf16; using float16")
-    elif dtype.lower() in DTYPE_ALIASES:
-        dtype = DTYPE_ALIASES[dtype.lower()]
-    else:
-        raise UsageError(f"--dtype {dtype}: unknown", hint="use auto, bfloat16, float16 or float32")
 
+    check_attn(attn)
     if attn in (None, "auto"):
         if on_cuda and flash_attn_available and dtype != "float32":
             attn = "flash_attention_2"
@@ -79,8 +70,6 @@ def choose_runtime(
             attn = "sdpa"
             if on_cuda and not flash_attn_available:
                 notes.append(f"{missing}: using sdpa ({remedy})")
-    elif attn not in ATTN_CHOICES:
-        check_choice("--attn", attn, ("auto", *ATTN_CHOICES))
     elif attn == "flash_attention_2":
         if not on_cuda:
             raise UsageError("--attn flash_attention_2 needs a CUDA device", hint="use --attn sdpa on CPU")

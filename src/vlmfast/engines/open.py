@@ -19,24 +19,31 @@ class EngineEntry:
     light, or the function) is called as ``opener(options, found, loaded, dist)`` and returns a
     :class:`~vlmfast.engines.contract.Backend`. ``refuses``: the run options (fields of
     :class:`~vlmfast.run.options.InferOptions`) this engine does not take — given with a value other than
-    their default, the run stops with ``refusal`` (``{flags}`` and ``{verb}`` filled in) and ``hint``."""
+    their default, the run stops with ``refusal`` (``{flags}`` and ``{verb}`` filled in) and ``hint``.
+    ``machine`` (``"module:function"`` or the function, or None): called as ``machine(options, dist)``, it
+    raises what opening would refuse on this machine without opening anything (a run with nothing left to
+    do loads nothing, and refuses the same options)."""
 
     opener: str | Callable
     refuses: tuple[str, ...] = ()
     refusal: str = "{flags} {verb} to another engine"
     hint: str = "drop them"
+    machine: str | Callable | None = None
 
     def open(self, options, found, loaded, dist) -> Backend:
-        opener = self.opener
-        if isinstance(opener, str):
-            module, name = opener.split(":")
-            opener = getattr(importlib.import_module(module), name)
-        return opener(options, found, loaded, dist)
+        return _imported(self.opener)(options, found, loaded, dist)
+
+
+def _imported(function: str | Callable) -> Callable:
+    if isinstance(function, str):
+        module, name = function.split(":")
+        return getattr(importlib.import_module(module), name)
+    return function
 
 
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(
-        "vlmfast.engines.hf.backend:open_hf", refuses=("vllm",),
+        "vlmfast.engines.hf.backend:open_hf", refuses=("vllm",), machine="vlmfast.engines.hf.backend:check_machine",
         refusal="{flags} {verb} to --engine vllm",
         hint="add --engine vllm, or launch several processes with accelerate for the HF engine"),
     "vllm": EngineEntry(
@@ -75,6 +82,14 @@ def _given_flags(cls, name: str, value) -> list[str]:
         return [flag_of(cls, name)]
     default = type(value)()
     return [flag_of(type(value), f.name) for f in dataclasses.fields(value) if getattr(value, f.name) != getattr(default, f.name)]
+
+
+def check_machine(options, dist, opened: bool) -> None:
+    """What opening ``options.engine`` would refuse on this machine, raised without opening it; nothing when
+    a model or engine was handed in (``opened``: its device is decided)."""
+    machine = ENGINES[options.engine].machine
+    if machine is not None and not opened:
+        _imported(machine)(options, dist)
 
 
 def open_backend(options, found, loaded, dist) -> Backend:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlmfast.declared import GEN, option
+from vlmfast.declared import GEN, check_types, option
 from vlmfast.inputs.requests import Request
 from vlmfast.evaluation.scoring import parse_reasoning
 
@@ -34,6 +34,7 @@ class GenerationSettings:
     def __post_init__(self):
         from vlmfast.errors import UsageError
 
+        check_types(self)
         if self.n < 1:
             raise UsageError(f"--n {self.n}: expected at least 1 answer per request", hint="e.g. --n 8 --temperature 1.0")
         if self.max_new_tokens < 1:

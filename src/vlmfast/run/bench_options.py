@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlmfast.declared import FAST, GATES, GEN, INPUT, MODEL, like, nested, option
+from vlmfast.checkpoints.runtime_choices import check_runtime_choices
+from vlmfast.declared import FAST, GATES, GEN, INPUT, MODEL, check_types, like, nested, option
 from vlmfast.engines.hf import DECODERS
 from vlmfast.engines.open import ENGINES
 from vlmfast.engines.rows import GenerationSettings
@@ -71,6 +72,8 @@ class BenchOptions:
     def __post_init__(self):
         from vlmfast.run.options import check_image_root, check_iou
 
+        check_types(self)
+        check_runtime_choices(self.device, self.dtype, self.attn)
         check_image_root(self.image_root)
         check_iou(self.iou)
         self.batch_sizes = _batch_sizes(self.batch_sizes)

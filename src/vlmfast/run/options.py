@@ -5,10 +5,12 @@ errors, before anything loads. Each field that is an option carries its help, pa
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, nested, option
+from vlmfast.checkpoints.runtime_choices import check_runtime_choices
+from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, check_types, nested, option
 from vlmfast.engines.hf import BATCHING, DECODERS
 from vlmfast.engines.open import ENGINES, check_engine_options
 from vlmfast.engines.prepare import RESIZE_RULES
@@ -152,6 +154,7 @@ class InferOptions:
         from vlmfast.inputs.requests import TEMPLATES
         from vlmfast.evaluation.scoring import BBOX_SPACES, SCORERS
 
+        check_types(self)
         check_choice("--engine", self.engine, ENGINES)
         check_choice("--decoder", self.decoder, DECODERS)
         check_choice("--batching", self.batching, BATCHING)
@@ -171,6 +174,8 @@ class InferOptions:
                             ("--max-pixels", self.max_pixels), ("--min-pixels", self.min_pixels)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: expected a positive number", hint=f"drop {flag} for the default")
+        check_threads(self.threads)
+        check_runtime_choices(self.device, self.dtype, self.attn)  # the loader's (a finished resume never loads)
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise UsageError(f"--min-pixels {self.min_pixels} > --max-pixels {self.max_pixels}: need min <= max",
                              hint="lower --min-pixels or raise --max-pixels")
@@ -198,6 +203,15 @@ def _batch_size(value) -> int | None:
     if isinstance(number, bool) or not isinstance(number, int) or number < 1:
         raise UsageError(f"--batch-size {value}: expected a positive integer or auto", hint="e.g. --batch-size 8")
     return number
+
+
+def check_threads(threads: int | None) -> None:
+    """A UsageError when ``--threads`` asks for more threads than this machine has cores (torch and the
+    tokenizers' pool would be sized by it)."""
+    cores = os.cpu_count()
+    if threads is not None and cores is not None and threads > cores:
+        raise UsageError(f"--threads {threads}: more than the {cores} cores of this machine",
+                         hint=f"give --threads {cores} or fewer, or drop --threads for this process's share of them")
 
 
 def check_iou(iou: float) -> None:

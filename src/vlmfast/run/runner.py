@@ -26,8 +26,7 @@ from vlmfast.run.parallel import Distributed, fail_together
 from vlmfast.evaluation.rewards import load_rewards
 from vlmfast.files import holds_rows
 from vlmfast.run.results import (ResultsWriter, clear_out, finalize, interrupted, part_path, prepare_out, read_existing,
-                                 resume_hint,
-                                 recheck_kept, renamed_legacy_ids)
+                                 resume_hint, recheck_kept, renamed_legacy_ids)
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
 from vlmfast.timing import peak_memory_mib, reset_peak_memory
@@ -73,7 +72,7 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
 
 
 def _infer(options: InferOptions, progress: Progress | None, loaded, backend, given_id=None) -> InferReport:
-    from vlmfast.engines.open import open_backend
+    from vlmfast.engines.open import check_machine, open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.fingerprint import weights_fingerprint
@@ -104,6 +103,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
     if reward is not None and not options.skip_bad:  # --skip-bad records reward failures per row instead
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
+        check_machine(options, dist, opened=loaded is not None or backend is not None)  # what loading would refuse
         if dist.is_main and options.out is not None:  # the kept rows scored against today's ground truth
             finalize(Path(options.out), work.order, work.existing)
         report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmfast.declared import GATES, INPUT, OUTPUT, nested, option
+from vlmfast.declared import GATES, INPUT, OUTPUT, check_types, nested, option
 from vlmfast.errors import UsageError
 from vlmfast.run.options import InferOptions
 
@@ -68,6 +68,7 @@ class SweepOptions:
         "--watch after each new checkpoint (the wandb extra; WANDB_MODE=offline works).", panel=OUTPUT)
 
     def __post_init__(self):
+        check_types(self)
         object.__setattr__(self, "out_dir", str(self.out_dir))
         object.__setattr__(self, "steps", _steps(self.steps))
         if self.infer.manifest is None and not self.infer.images:

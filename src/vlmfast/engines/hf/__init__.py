@@ -3,3 +3,11 @@ CUDA graphs, compile policy), scheduling, memory capacity, and the as-saved refe
 
 DECODERS = ("vlmfast", "hf")  # the decode loop: vlmfast's own, or plain model.generate (the reference)
 BATCHING = ("continuous", "static")  # a row that ends takes the next request, or whole batches run to their end
+
+
+def check_cuda_graphs(cuda_graphs, on_cuda: bool) -> None:
+    """A UsageError for ``--cuda-graphs`` off CUDA: said by the engine, and by a run that loads nothing."""
+    if cuda_graphs and not on_cuda:
+        from vlmfast.errors import UsageError
+
+        raise UsageError("--cuda-graphs needs a CUDA device", hint="drop --cuda-graphs on a CPU")

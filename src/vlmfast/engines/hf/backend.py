@@ -204,13 +204,9 @@ def open_hf(options, found, loaded, dist) -> HfBackend:
     from vlmfast.engines.hf.compile_policy import prepare_cache
 
     compile_cache = prepare_cache(options.decoder, options.compile)
-    notes = []
-    device = options.device
-    if dist.world > 1 and device not in (None, "cpu", "auto"):  # one device per process, not all on one
-        notes.append(f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})")
-        device = None
+    device, notes = _device(options, dist)
     if loaded is None:
-        loaded = load(found, device=device or dist.device, dtype=options.dtype, attn=options.attn,
+        loaded = load(found, device=device, dtype=options.dtype, attn=options.attn,
                       trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
                       base=options.base, merge=options.merge)
     if loaded.runtime.device == "cpu" or options.threads:
@@ -228,3 +224,29 @@ def open_hf(options, found, loaded, dist) -> HfBackend:
         notes.append(f"static batches across the {dist.world} processes (each batch boundary is a check that stops "
                      "every process together); continuous batching runs in one process")
     return HfBackend(options, loaded, compile_cache, notes, distributed=dist.world > 1)
+
+
+def _device(options, dist) -> tuple[str | None, list[str]]:
+    """The device to load on (None: the loader's choice) and what to say: ``--device``, but with several
+    processes each uses its own, not all one."""
+    device = options.device
+    if dist.world > 1 and device not in (None, "cpu", "auto"):
+        return dist.device, [f"--device {device} ignored: each of the {dist.world} processes uses its own ({dist.device})"]
+    return device or dist.device, []
+
+
+def check_machine(options, dist) -> None:
+    """What :func:`open_hf` would refuse on this machine, said without loading anything: for a run with
+    nothing left to do (every row already in ``--out``), so that a command is refused alike whether or not
+    it would load the model. The values themselves were checked with the options; here, whether this
+    machine can run them: a CUDA device, flash-attn, CUDA graphs. Torch is imported only when one of them
+    asks for CUDA."""
+    from vlmfast.engines.hf import check_cuda_graphs
+
+    device, _ = _device(options, dist)
+    if not ((device or "auto").lower().startswith("cuda") or options.attn == "flash_attention_2" or options.cuda_graphs):
+        return  # the CPU or the loader's choice: any machine runs it
+    from vlmfast.checkpoints.load import detect_runtime
+
+    runtime = detect_runtime(device, options.dtype, options.attn)
+    check_cuda_graphs(options.cuda_graphs, runtime.device.startswith("cuda"))

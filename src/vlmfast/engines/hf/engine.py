@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vlmfast.checkpoints.load import Loaded
-from vlmfast.engines.hf import DECODERS
+from vlmfast.engines.hf import DECODERS, check_cuda_graphs
 from vlmfast.engines.hf.capacity import PREFILL_TOKENS, batch_bucket, length_bucket
 from vlmfast.engines.hf.compile_policy import CompilePolicy
 from vlmfast.engines.hf.plain_generate import PlainGenerate
@@ -109,8 +109,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         self.device, self.on_cuda = loaded.runtime.device, loaded.runtime.device.startswith("cuda")
         self.decoder_name = decoder
         self.cuda_graphs = (self.on_cuda and decoder == "vlmfast") if cuda_graphs is None else cuda_graphs
-        if self.cuda_graphs and not self.on_cuda:
-            raise UsageError("--cuda-graphs needs a CUDA device", hint="drop --cuda-graphs on a CPU")
+        check_cuda_graphs(self.cuda_graphs, self.on_cuda)
         if decoder == "vlmfast":
             from vlmfast.engines.hf.text_decoder import static_attention
 

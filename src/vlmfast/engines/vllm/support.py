@@ -8,7 +8,7 @@ import os
 import warnings
 from dataclasses import dataclass
 
-from vlmfast.declared import SCALE, option
+from vlmfast.declared import SCALE, check_types, option
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.engines.rows import BatchTiming, SampleResult
 
@@ -32,6 +32,7 @@ class VllmSettings:
                                       panel=SCALE)
 
     def __post_init__(self):
+        check_types(self)
         if min(self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size) < 1:
             raise UsageError("--tensor-parallel-size, --data-parallel-size and --pipeline-parallel-size must be at "
                              "least 1", hint="e.g. 2")
