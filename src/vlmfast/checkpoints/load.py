@@ -20,8 +20,7 @@ from vlmfast.errors import CheckpointError, UsageError
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
 from vlmfast.checkpoints.portable import readable_here
-# the values taken, kept where the options check them too
-from vlmfast.checkpoints.runtime_choices import ATTN_CHOICES, DTYPE_ALIASES, check_attn, check_device, check_dtype  # noqa: F401
+from vlmfast.checkpoints.runtime_choices import check_attn, check_device, check_dtype  # the options check them too
 
 
 @dataclass(frozen=True)
