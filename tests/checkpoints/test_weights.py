@@ -311,5 +311,30 @@ def test_tensors_the_loader_converts_are_whole_as_saved(tmp_path):
     index = tensor_index(tmp_path)
     shards = [n for n in index if ".ngram_embedding.shard_" in n]
     assert len(shards) == 4 and not any(n.endswith(".ngram_embedding.weight") for n in index)  # saved as shards
-    check = check_weights(tmp_path, json.loads((tmp_path / "config.json").read_text()), index)
+    config = json.loads((tmp_path / "config.json").read_text())
+    check = check_weights(tmp_path, config, index)
     assert check is not None and check.whole and not check.unexpected, check.summary() or check.unexpected
+    lost = check_weights(tmp_path, config, {n: meta for n, meta in index.items() if n != shards[1]})  # a shard lost
+    (name, saved, expected), = lost.mismatched  # the loader would refuse the size, as it says it: rows short
+    assert not lost.whole and name.endswith("ngram_embedding.weight") and saved == [expected[0] * 3 // 4, *expected[1:]]
+
+
+def test_a_lost_expert_of_a_per_expert_save_is_not_whole(family_ckpts):
+    """Per-expert MoE saves are fused on load (transformers 5): one expert's tensors lost, or of another size,
+    leave the fused tensor short, which the loader refuses."""
+    import transformers
+
+    from vlmfast.checkpoints.readers import read_json_object, tensor_index
+    from vlmfast.checkpoints.weights import check_weights
+
+    if not hasattr(transformers, "Qwen3_5MoeForConditionalGeneration"):
+        pytest.skip("this transformers has no Qwen3.5-MoE (5.x only)")
+    ckpt = family_ckpts("qwen3_5_moe")
+    index, config = tensor_index(ckpt), read_json_object(ckpt / "config.json")
+    experts = [n for n in index if ".experts.1." in n and ".layers.0." in n]
+    assert experts and check_weights(ckpt, config, index).whole  # saved one tensor per expert, as trainers do
+    lost = check_weights(ckpt, config, {n: m for n, m in index.items() if n != experts[0]})
+    assert not lost.whole and any(".layers.0.mlp.experts." in n for n, _, _ in lost.mismatched), lost.summary()
+    dtype, shape, size = index[experts[0]]
+    shrunk = check_weights(ckpt, config, {**index, experts[0]: (dtype, [shape[0] - 1, *shape[1:]], size)})
+    assert not shrunk.whole, shrunk.summary()

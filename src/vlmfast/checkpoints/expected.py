@@ -5,8 +5,9 @@ transformers 5 converts some saved tensors as it loads them (its checkpoint conv
 type): per-expert MoE tensors are fused (``experts.0.gate_proj.weight`` … into ``experts.gate_up_proj``),
 Qwen4-Exp's embedding shards are concatenated (``ngram_embedding.shard_0.weight`` … into
 ``ngram_embedding.weight``), prefixes are renamed. :func:`loaded_names` asks transformers' own renaming for
-each saved name, so a tensor a conversion produces is neither "missing" nor "unexpected" here; transformers
-4.57 converts nothing, and its names stay as saved.
+each saved name, so a tensor a conversion produces is neither "missing" nor "unexpected" here, and its parts'
+elements must add up to it (a lost shard or expert is a size the loader refuses); transformers 4.57 converts
+nothing, and its names stay as saved.
 """
 
 from __future__ import annotations

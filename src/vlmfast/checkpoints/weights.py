@@ -18,6 +18,7 @@ saved or not. A saved tensor is compared under the name transformers' loader giv
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -109,13 +110,13 @@ def check_weights(d: Path, config: dict, index: dict, allow_missing=(), *, apart
 
 def compare(expected: Expected, index: dict, allow_missing=(), *, quantized: bool = False) -> WeightsCheck:
     """:func:`check_weights` on an :class:`Expected` (pure: tests give made ones)."""
-    saved, converted = {}, set()  # canonical name as loaded → (saved name, shape); names a conversion makes
+    saved, parts = {}, {}  # canonical name as loaded → (saved name, shape); → elements of the parts converted into it
     for n, meta in index.items():
         loaded, made = expected.loaded.get(n, (n, False))
         c = canonical(loaded)
         saved.setdefault(c, (n, tuple(meta[1])))
-        if made:  # several saved tensors become one (fused experts, concatenated shards): no shape to compare
-            converted.add(c)
+        if made:  # several saved tensors become one (fused experts, concatenated shards): their elements add up
+            parts[c] = parts.get(c, 0) + math.prod(meta[1])
     want = dict(expected.tensors)
     if expected.tied_head and expected.head:
         want.pop(expected.head, None)  # tied: the output layer is the input embedding, saved or not
@@ -128,11 +129,17 @@ def compare(expected: Expected, index: dict, allow_missing=(), *, quantized: boo
     unexpected = {c for c in unexpected if not ((m := _EXPERT.match(c)) and m.group(1) in split_experts)}
     mismatched = []
     if not quantized:  # quantized saves pack their tensors into other shapes
-        for c in sorted(set(want) & set(saved) - converted):
+        for c in sorted(set(want) & set(saved) - set(parts)):
             mine, theirs = saved[c][1], want[c][1]
             transposed = ".experts." in f".{c}" and sorted(mine) == sorted(theirs)  # a fused layout, converted on load
             if mine != theirs and not transposed:
                 mismatched.append((saved[c][0], list(mine), list(theirs)))
+        for c in sorted(set(want) & set(parts)):  # a shard or an expert lost: the loader refuses the size
+            theirs = want[c][1]
+            if parts[c] != math.prod(theirs):
+                rest = math.prod(theirs[1:])  # what the parts make, as the loader would say it: rows short
+                mine = [parts[c] // rest, *theirs[1:]] if theirs and rest and parts[c] % rest == 0 else [parts[c]]
+                mismatched.append((want[c][0], mine, list(theirs)))
     style = _style(index)
     allowed = {c for c in missing if _allowed(c, want[c][0], style, allow_missing)}
     head_lost = bool(expected.head) and not expected.tied_head and expected.head in missing
