@@ -78,5 +78,9 @@ def test_an_output_path_of_empty_text_is_refused_not_read_as_the_current_directo
 
     with pytest.raises(UsageError, match="--out-dir: empty text"):
         SweepOptions(run_dir=str(tmp_path), out_dir="", infer=InferOptions(ckpt=str(tmp_path), images=["x.png"], prompt="p"))
+    for command in (("sweep", tmp_path, "--manifest", tmp_path / "m.jsonl", "--out-dir", ""),
+                    ("bench", "--ckpt", tmp_path, "--synthetic", "1", "--report", ""), ("demo", "--workdir", "")):
+        r = cli(*command)
+        assert r.returncode == 2 and "empty text" in r.stderr and list(tmp_path.iterdir()) == [], (command, r.stderr)
     r = cli("make-images", "", "-n", "1")
     assert r.returncode == 2 and "empty text" in r.stderr and list(tmp_path.iterdir()) == [], r.stderr

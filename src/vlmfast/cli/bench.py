@@ -17,7 +17,7 @@ from vlmfast.run.bench_options import BenchOptions
 @takes(BenchOptions)
 def bench(
     parsed,
-    report_dir: Annotated[Optional[Path], typer.Option("--report", help="Write report.md, report.json, report.html and plot.png here.", rich_help_panel=OUTPUT)] = None,
+    report_dir: Annotated[Optional[str], typer.Option("--report", help="Write report.md, report.json, report.html and plot.png here.", rich_help_panel=OUTPUT)] = None,
     json_out: Json = False,
 ):
     """The same workload on the checkpoint (vlmfast), as saved (plain generate) and on its base, side by side."""
@@ -41,7 +41,7 @@ def bench(
         with finishing(report["gates"]["exit_code"]):
             render_bench(report, report["gates"]["messages"])
             if report_dir is not None:
-                written, note = write_bench_dir(report, report_dir)
+                written, note = write_bench_dir(report, Path(report_dir))
                 render_note("wrote " + ", ".join(written))
                 if note:
                     render_note(note)

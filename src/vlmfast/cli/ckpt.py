@@ -158,7 +158,7 @@ def make_images(
 
 @command(cls=Command)
 def demo(
-    workdir: Annotated[Optional[Path], typer.Option(help="Where to build the demo checkpoint and images (reused).")] = None,
+    workdir: Annotated[Optional[str], typer.Option(help="Where to build the demo checkpoint and images (reused).")] = None,
     max_new_tokens: MaxNew = 64,
     batch_size: Annotated[int, typer.Option(help="Decode rows: answers decoded at once.", rich_help_panel=GEN)] = 8,
 ):

@@ -31,9 +31,9 @@ def run_demo(workdir: Path | None = None, *, max_new_tokens: int = 64, batch_siz
     from vlmfast.checkpoints.tiny import build_checkpoint, make_images
 
     from vlmfast.errors import UsageError
-    from vlmfast.files import check_output_dir
+    from vlmfast.files import check_output_dir, given_path
 
-    workdir = Path(workdir) if workdir else default_workdir()
+    workdir = given_path("--workdir", workdir) if workdir is not None else default_workdir()  # "": refused
     check_output_dir("--workdir", workdir)  # a file there: an error line, not mkdir's traceback
     generation = GenerationSettings(max_new_tokens=max_new_tokens)  # bad settings: refused before anything is built
     if batch_size < 1:

@@ -5,7 +5,6 @@ taken by reference (:class:`~vlmfast.run.options.InferOptions`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from vlmfast.declared import GATES, INPUT, OUTPUT, check_types, nested, option
 from vlmfast.errors import UsageError
@@ -31,7 +30,7 @@ class SweepOptions:
         "prompt_file": dict(help="File holding the prompt for the manifest's records without one of their own.")})
     out_dir: str = option(help="Where each checkpoint's results file (step-N.jsonl), report.json, report.html and "
                           "plot.png go (rerun to resume).",
-                          panel=OUTPUT, type=Path)
+                          panel=OUTPUT)
     base: str | None = option(None, help="The model the run started from (dir or hub id), evaluated as step 0: did RL help?",
                               panel=INPUT)
     steps: tuple[int, ...] | str | None = option(None, help="Only these steps, comma-separated (e.g. 100,300).",
