@@ -128,6 +128,8 @@ def _fit(value, hint):
     """``value`` when it is of type ``hint``, a lone str wrapped where a list or tuple of str is expected,
     else :data:`_WRONG`."""
     members = _members(hint)
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()  # numpy's scalars (np.float32, np.int64, np.bool_) as Python's: JSON writes those
     if any(_is(value, m) for m in members):
         return value
     if isinstance(value, (str, os.PathLike)):

@@ -179,3 +179,23 @@ def test_threads_beyond_the_cores_on_the_command_line_exit_2_before_anything_loa
     r = cli("infer", "--ckpt", tmp_path, "--images", tmp_path / "a.png", "--prompt", "p", "--threads", 1_000_000)
     assert r.returncode == 2 and f"error: --threads 1000000: more than the {cores} cores of this machine" in r.stderr, r.stderr
     assert f"--threads {cores} or fewer" in r.stderr
+
+
+def test_reward_values_are_checked_with_match_training_too_and_take_what_python_callers_give():
+    """--match-training may take the reward from the trainer's config, so "--reward-threshold nan" was let
+    through and every row scored wrong; TRL gives reward_weights as a list, numpy gives its own floats."""
+    import numpy as np
+
+    for kwargs in (dict(reward_threshold=float("nan")), dict(reward_weights="1,inf")):
+        with pytest.raises(UsageError, match="finite"):
+            InferOptions(ckpt="ck", match_training=True, **kwargs)
+    with pytest.raises(UsageError, match="--reward-weights without --reward"):
+        InferOptions(ckpt="ck", reward_weights="1")
+    assert InferOptions(ckpt="ck", match_training=True, reward_weights="1,0.5").reward_weights == "1,0.5"
+    listed = InferOptions(ckpt="ck", reward=["a.py:f", "a.py:g"], reward_weights=[1, 0.5])
+    assert listed.reward_weights == "1.0,0.5"
+    assert InferOptions(ckpt="ck", reward="a.py:f", reward_threshold=np.float32(0.5)).reward_threshold == 0.5
+    numpy = InferOptions(ckpt="ck", skip_bad=np.bool_(True), batch_size=np.int64(4), reward="a.py:f",
+                         reward_threshold=np.float32(0.5), generation={"max_new_tokens": np.int32(8)})
+    assert type(numpy.skip_bad) is bool and numpy.skip_bad and type(numpy.reward_threshold) is float
+    assert type(numpy.generation.max_new_tokens) is int and numpy.generation.max_new_tokens == 8

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -259,15 +260,21 @@ def _item(row: dict, truth, record: Mapping | None, data_source: str | None) -> 
 
 
 # -- loading -------------------------------------------------------------------------------------
-def check_reward_options(reward, *, weights=None, kwargs=None, threshold: float = 1.0) -> None:
-    """A UsageError when options that shape reward functions come without any (``--reward``): they would be
-    ignored, and the scores would not be what the command line says; or when a weight or the threshold is not a
-    finite number (a NaN total is never at the threshold: every row would be wrong, whatever its rewards)."""
+def check_reward_options(reward, *, weights=None, kwargs=None, threshold: float = 1.0,
+                         reward_may_follow: bool = False) -> None:
+    """A UsageError when a weight or the threshold is not a finite number (a NaN total is never at the
+    threshold: every row would be wrong, whatever its rewards), or when options that shape reward functions
+    come without any (``--reward``; unless one may follow, ``reward_may_follow``: from the trainer's config):
+    they would be ignored, and the scores would not be what the command line says."""
+    if not isinstance(threshold, numbers.Real) or isinstance(threshold, bool) or not math.isfinite(threshold):
+        raise UsageError(f"--reward-threshold {threshold}: expected a finite number",
+                         hint="e.g. --reward-threshold 0.5 (a row is correct when its weighted reward reaches it)")
     if reward:
-        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not math.isfinite(threshold):
-            raise UsageError(f"--reward-threshold {threshold}: expected a finite number",
-                             hint="e.g. --reward-threshold 0.5 (a row is correct when its weighted reward reaches it)")
         parse_reward_weights(weights, len([reward] if isinstance(reward, str) else list(reward)))
+        return
+    if weights is not None:
+        parse_reward_weights(weights, None)
+    if reward_may_follow:
         return
     given = [flag for flag, unset in (("--reward-weights", weights is None), ("--reward-kwargs", kwargs is None),
                                       ("--reward-threshold", threshold == 1.0)) if not unset]
@@ -290,10 +297,11 @@ def load_rewards(specs, *, weights=None, kwargs=None, threshold: float = 1.0) ->
     return RewardSet(rewards, parse_reward_weights(weights, len(rewards)), float(threshold))
 
 
-def parse_reward_weights(weights, count: int) -> tuple[float, ...]:
-    """``count`` weights from ``"1,0.5"`` or a list (TRL's ``reward_weights``); None → 1 each."""
+def parse_reward_weights(weights, count: int | None) -> tuple[float, ...]:
+    """``count`` weights from ``"1,0.5"`` or a list (TRL's ``reward_weights``); None → 1 each. ``count`` None:
+    as many as given (the functions are not known yet)."""
     if weights is None:
-        return (1.0,) * count
+        return (1.0,) * (count or 0)
     parts = [w for w in weights.split(",") if w.strip()] if isinstance(weights, str) else list(weights)
     try:
         values = tuple(float(w) for w in parts)
@@ -301,7 +309,7 @@ def parse_reward_weights(weights, count: int) -> tuple[float, ...]:
         raise UsageError(f"--reward-weights {weights!r}: expected numbers", hint="e.g. --reward-weights 1,0.5") from None
     if not all(math.isfinite(v) for v in values):
         raise UsageError(f"--reward-weights {weights!r}: expected finite numbers", hint="e.g. --reward-weights 1,0.5")
-    if len(values) != count:
+    if count is not None and len(values) != count:
         raise UsageError(f"--reward-weights gives {len(values)} weight(s) for {count} reward function(s)",
                          hint="one weight per --reward, in the same order")
     return values

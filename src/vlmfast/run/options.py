@@ -131,9 +131,9 @@ class InferOptions:
         "of the image as given) | rel1000 (Qwen2-VL, Qwen3-VL: 0–1000 relative). Default: each row's bbox_space (the "
         "model family's), else resized.", panel=SCORE)
     reward: str | list[str] | None = option(None, help=REWARD_HELP, panel=SCORE, type=list[str])
-    reward_weights: str | None = option(
+    reward_weights: str | list[float] | None = option(
         None, help="--reward: one weight per function, comma-separated (e.g. 1,0.5); the total is their weighted "
-        "sum, as TRL's reward_weights.", panel=SCORE)
+        "sum, as TRL's reward_weights.", panel=SCORE, type=str)
     reward_kwargs: str | None = option(
         None, help="--reward: JSON object of keyword arguments bound to every call, as EasyR1's "
         "reward_function_kwargs (e.g. '{\"max_response_length\": 4096}').", panel=SCORE)
@@ -179,11 +179,13 @@ class InferOptions:
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise UsageError(f"--min-pixels {self.min_pixels} > --max-pixels {self.max_pixels}: need min <= max",
                              hint="lower --min-pixels or raise --max-pixels")
-        if not self.match_training:  # (--match-training may take the reward from the trainer's config)
-            from vlmfast.evaluation.rewards import check_reward_options
+        from vlmfast.evaluation.rewards import check_reward_options
 
-            check_reward_options(self.reward, weights=self.reward_weights, kwargs=self.reward_kwargs,
-                                 threshold=self.reward_threshold)
+        if isinstance(self.reward_weights, (list, tuple)):  # TRL's reward_weights, from Python: one text form
+            object.__setattr__(self, "reward_weights", ",".join(repr(float(w)) for w in self.reward_weights))
+        # --match-training may take the reward from the trainer's config: its weights and threshold are checked anyway
+        check_reward_options(self.reward, weights=self.reward_weights, kwargs=self.reward_kwargs,
+                             threshold=self.reward_threshold, reward_may_follow=self.match_training)
         object.__setattr__(self, "batch_size", _batch_size(self.batch_size))
         if self.overwrite and self.retry_errors:
             raise UsageError("--overwrite redoes every id; --retry-errors resumes and redoes only error rows",
