@@ -84,3 +84,14 @@ def test_an_output_path_of_empty_text_is_refused_not_read_as_the_current_directo
         assert r.returncode == 2 and "empty text" in r.stderr and list(tmp_path.iterdir()) == [], (command, r.stderr)
     r = cli("make-images", "", "-n", "1")
     assert r.returncode == 2 and "empty text" in r.stderr and list(tmp_path.iterdir()) == [], r.stderr
+
+
+def test_an_input_path_of_empty_text_is_refused_not_read_as_the_current_directory(tmp_path, monkeypatch):
+    from conftest import cli
+
+    monkeypatch.chdir(tmp_path)
+    r = cli("doctor", "")
+    assert r.returncode == 2 and "empty text" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (tmp_path / "r.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    r = cli("score", tmp_path / "r.jsonl", "--manifest", "")
+    assert r.returncode == 2 and "--manifest: empty text" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -23,7 +23,7 @@ def given_path(option: str, path) -> Path:
     from vlmfast.errors import UsageError
 
     if not str(path).strip():
-        raise UsageError(f"{option}: empty text (an unset shell variable?)", hint=f"name the path, e.g. {option} out")
+        raise UsageError(f"{option}: empty text (an unset shell variable?)", hint=f"give a path after {option} (check the variable that should hold it)")
     return Path(path)
 
 

@@ -65,6 +65,8 @@ def locate(spec, *, hub: bool = False, option: str | None = None) -> Located:
 
 def _locate(spec, hub: bool) -> Located:
     text = str(spec)
+    if not text.strip():  # Path("") is the current directory: an unset shell variable would check that
+        raise CheckpointError("empty text (an unset shell variable?), not a checkpoint", hint="give the checkpoint's directory")
     path = Path(text).expanduser()
     if path.is_dir():
         if not os.access(path, os.R_OK | os.X_OK):

@@ -106,6 +106,9 @@ def read_manifest(path: str, default_prompt: str | None, keys=None, max_image_pi
                   *, images: bool = True, image_root: str | None = None) -> tuple[list[Request | BadInput], list[str]]:
     """:func:`_read_manifest`, read again only when the manifest's files changed (a sweep reads its inputs
     for every checkpoint: a VLMEvalKit TSV's images were decoded anew each time, seconds per checkpoint)."""
+    from vlmfast.files import given_path
+
+    given_path("--manifest", path)  # "" (an unset shell variable) would read the current directory as a dataset
     key = (_files_state(path), default_prompt, keys, max_image_pixels, images, image_root)
     if key[0] is None:  # its files cannot be told: read each time
         return _read_manifest(path, default_prompt, keys, max_image_pixels, images=images, image_root=image_root)
