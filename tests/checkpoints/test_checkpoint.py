@@ -160,6 +160,12 @@ def test_choose_runtime():
         choose_runtime(device="cuda", cuda_available=False, flash_attn_available=False)
     with pytest.raises(UsageError, match="unknown"):
         choose_runtime(dtype="int3", cuda_available=False, flash_attn_available=False)
+    # a device index past the machine's devices was left to torch, which failed after the model was read
+    with pytest.raises(UsageError, match=r"--device cuda:7: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        choose_runtime(device="cuda:7", cuda_available=True, flash_attn_available=True, cuda_devices=2)
+    assert choose_runtime(device="cuda:1", cuda_available=True, flash_attn_available=True, cuda_devices=2).device == "cuda:1"
+    with pytest.raises(UsageError, match="--device '': unsupported"):  # "" (an unset variable) is not auto
+        choose_runtime(device="", cuda_available=False, flash_attn_available=False)
 
 
 def test_eos_list_adds_im_end(loaded):

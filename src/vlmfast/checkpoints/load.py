@@ -40,10 +40,12 @@ def choose_runtime(
     flash_attn_available: bool,
     bf16_supported: bool = True,
     flash_attn_problem: str | None = None,
+    cuda_devices: int | None = None,
 ) -> Runtime:
     """CUDA: bf16 + flash_attention_2 (sdpa, said aloud, when flash-attn is missing). CPU: float32 + sdpa.
     Explicit choices win; impossible ones are errors, not silent downgrades. ``flash_attn_problem``: why an
-    installed flash-attn cannot be used (it does not import, transformers refuses its version)."""
+    installed flash-attn cannot be used (it does not import, transformers refuses its version); ``cuda_devices``: how
+    many CUDA devices torch sees (None: not checked)."""
     notes: list[str] = []
     missing = flash_attn_problem or "flash-attn is not installed"
     remedy = ("reinstall it for this torch: pip install --force-reinstall --no-deps flash-attn" if flash_attn_problem
@@ -53,6 +55,9 @@ def choose_runtime(
         device = "cuda" if cuda_available else "cpu"
     if device.startswith("cuda") and not cuda_available:
         raise UsageError(f"--device {device}: CUDA is not available here", hint="use --device cpu, or check the driver and torch build")
+    if device.startswith("cuda:") and cuda_devices is not None and int(device[5:]) >= cuda_devices:
+        raise UsageError(f"--device {device}: this machine has {cuda_devices} CUDA device(s), cuda:0 to cuda:{cuda_devices - 1}",
+                         hint="use one of them, or --device cuda; CUDA_VISIBLE_DEVICES renumbers the devices it keeps from 0")
     on_cuda = device.startswith("cuda")
 
     dtype = check_dtype(dtype)
@@ -91,6 +96,7 @@ def detect_runtime(device=None, dtype=None, attn=None) -> Runtime:
         flash_attn_available=flash,
         bf16_supported=cuda and torch.cuda.is_bf16_supported(),
         flash_attn_problem=problem,
+        cuda_devices=torch.cuda.device_count() if cuda else None,
     )
 
 

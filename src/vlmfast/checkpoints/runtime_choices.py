@@ -21,10 +21,11 @@ DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # matched against the lower-cased 
 
 
 def check_device(device: str | None) -> str:
-    """``--device`` lower-cased ("auto" for None); a UsageError for anything but auto, cpu, cuda or cuda:N."""
-    device = (device or "auto").lower()
+    """``--device`` lower-cased ("auto" for None); a UsageError for anything but auto, cpu, cuda or cuda:N
+    (the empty text too, as for ``--dtype``: an unset shell variable is not a choice)."""
+    device = "auto" if device is None else device.lower()
     if not DEVICE.fullmatch(device):
-        raise UsageError(f"--device {device}: unsupported", hint="use auto, cpu, cuda or cuda:N")
+        raise UsageError(f"--device {device or repr('')}: unsupported", hint="use auto, cpu, cuda or cuda:N")
     return device
 
 
