@@ -41,6 +41,9 @@ REFUSED = [
     (["--attn", "flash_attention_2"], "--attn flash_attention_2 needs a CUDA device"),
     (["--device", "cuda:7"], "--device cuda:7: CUDA is not available here"),
     (["--cuda-graphs"], "--cuda-graphs needs a CUDA device"),
+    (["--device", ""], "--device '': unsupported"),  # an unset shell variable was read as auto
+    (["--decoder", "hf", "--cuda-graphs"], "--compile and --cuda-graphs apply to vlmfast's decoder"),
+    (["--decoder", "hf", "--compile"], "--compile and --cuda-graphs apply to vlmfast's decoder"),
 ]
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from vlmfast.checkpoints.runtime_choices import check_runtime_choices
 from vlmfast.declared import FAST, GATES, GEN, INPUT, MODEL, check_types, like, nested, option
-from vlmfast.engines.hf import DECODERS
+from vlmfast.engines.hf import DECODERS, check_decoder
 from vlmfast.engines.open import ENGINES
 from vlmfast.engines.rows import GenerationSettings
 from vlmfast.engines.prepare import RESIZE_RULES
@@ -94,6 +94,7 @@ class BenchOptions:
                    ("--template", self.template, tuple(TEMPLATES)), ("--resize-rule", self.resize_rule, RESIZE_RULES)]
         for option, value, known in choices + ([("--bbox-space", self.bbox_space, BBOX_SPACES)] if self.bbox_space is not None else []):
             check_choice(option, value, known)
+        check_decoder(self.decoder, self.compile, self.cuda_graphs)
         self._check_gates()
 
     def _check_gates(self) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vlmfast.checkpoints.runtime_choices import check_runtime_choices
 from vlmfast.declared import FAST, GEN, INPUT, MODEL, OUTPUT, SCORE, check_types, nested, option
-from vlmfast.engines.hf import BATCHING, DECODERS
+from vlmfast.engines.hf import BATCHING, DECODERS, check_decoder
 from vlmfast.engines.open import ENGINES, check_engine_options
 from vlmfast.engines.prepare import RESIZE_RULES
 from vlmfast.engines.vllm.support import VllmSettings
@@ -157,6 +157,7 @@ class InferOptions:
         check_types(self)
         check_choice("--engine", self.engine, ENGINES)
         check_choice("--decoder", self.decoder, DECODERS)
+        check_decoder(self.decoder, self.compile, self.cuda_graphs)  # here too: a finished resume opens no engine
         check_choice("--batching", self.batching, BATCHING)
         check_choice("--fingerprint", self.fingerprint, ("sampled", "full"))
         check_choice("--scorer", self.scorer, SCORERS)

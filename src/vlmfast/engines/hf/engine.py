@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vlmfast.checkpoints.load import Loaded
-from vlmfast.engines.hf import DECODERS, check_cuda_graphs
+from vlmfast.engines.hf import DECODERS, check_cuda_graphs, check_decoder
 from vlmfast.engines.hf.capacity import PREFILL_TOKENS, batch_bucket, length_bucket
 from vlmfast.engines.hf.compile_policy import CompilePolicy
 from vlmfast.engines.hf.plain_generate import PlainGenerate
 from vlmfast.engines.hf.shapes import DecodeShapes
-from vlmfast.errors import UsageError, check_choice
+from vlmfast.errors import check_choice
 from vlmfast.inputs.requests import Request
 from vlmfast.engines.prepare import Preparer
 from vlmfast.engines.rows import BatchTiming, GenerationSettings, SampleResult, error_row, result_row, run_seed
@@ -94,9 +94,7 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         from vlmfast.engines.hf.moe import dynamic_experts
 
         check_choice("--decoder", decoder, DECODERS)
-        if decoder == "hf" and (compile or cuda_graphs):
-            raise UsageError("--compile and --cuda-graphs apply to vlmfast's decoder; --decoder hf is plain generate",
-                             hint="drop --decoder hf, or drop --compile / --cuda-graphs")
+        check_decoder(decoder, compile, cuda_graphs)
         # what the model's family (a family the loop does not know runs plain generate) and its experts allow, said aloud
         dynamic = dynamic_experts(loaded.model, loaded.runtime.device) if decoder == "vlmfast" else None
         decoder, compile, cuda_graphs, self.notes = decode_choice(loaded.family, decoder, compile, cuda_graphs, dynamic)
