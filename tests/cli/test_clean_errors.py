@@ -120,7 +120,8 @@ def test_make_images_into_a_file_or_of_no_images_is_a_clear_error(tmp_path):
     taken.write_text("x")
     r = cli("make-images", taken, "-n", 2)  # mkdir's FileExistsError was a traceback
     assert r.returncode == 2 and f"make-images {taken}: is a file" in r.stderr and "hint:" in r.stderr
-    for args, said in ((("-n", 0), "-n 0: expected at least 1"), (("--size", 0), "--size 0: expected a side")):
+    for args, said in ((("-n", 0), "-n 0: expected 1 to 100,000 images"), (("--size", 0), "--size 0: expected a side"),
+                       (("-n", 10**9), "-n 1000000000: expected 1 to"), (("--size", 10**6), "--size 1000000: expected a side of 1 to 8192")):
         r = cli("make-images", tmp_path / "imgs", *args)
         assert r.returncode == 2 and said in r.stderr and not (tmp_path / "imgs").exists()
     r = cli("make-images", tmp_path / "imgs", "-n", 2, "--size", 32)

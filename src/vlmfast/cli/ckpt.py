@@ -131,6 +131,9 @@ def make_checkpoint(
     guarded(run)
 
 
+MAX_IMAGES, MAX_SIDE = 100_000, 8192  # 8192² px is under PIL's MAX_IMAGE_PIXELS (89,478,485), which readers enforce
+
+
 @command("make-images", cls=Command)
 def make_images(
     out: Annotated[str, typer.Argument(help="Directory to write PNGs into.", show_default=False)],
@@ -145,10 +148,10 @@ def make_images(
         from vlmfast.errors import UsageError
         from vlmfast.files import check_output_dir
 
-        if count < 1:
-            raise UsageError(f"-n {count}: expected at least 1 image", hint="e.g. vlmfast make-images OUT -n 8")
-        if size is not None and size < 1:
-            raise UsageError(f"--size {size}: expected a side of at least 1 pixel", hint="e.g. --size 224, or leave it out")
+        if not 1 <= count <= MAX_IMAGES:
+            raise UsageError(f"-n {count}: expected 1 to {MAX_IMAGES:,} images", hint="e.g. vlmfast make-images OUT -n 8")
+        if size is not None and not 1 <= size <= MAX_SIDE:  # a bigger square is past PIL's decompression-bomb limit
+            raise UsageError(f"--size {size}: expected a side of 1 to {MAX_SIDE} pixels", hint="e.g. --size 224, or leave it out")
         check_output_dir("make-images", out)  # a file there, or "" (an unset variable): an error line
         for path in make(Path(out), n=count, seed=seed, sizes=[(size, size)] if size else None):
             typer.echo(str(path))
