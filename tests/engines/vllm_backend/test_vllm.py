@@ -266,9 +266,10 @@ def test_settings_vllm_refuses_are_usage_errors_and_leave_no_overlay(demo):
 def test_a_seed_past_2_32_and_a_temperature_under_vllms_floor_are_handled_and_said(demo):
     """vLLM seeds numpy with its engine seed (below 2**32, else its start fails); a temperature under 0.01 it
     raises to 0.01 quietly: said. Neither starts the engine."""
-    backend = VllmBackend(str(demo), GenerationSettings(temperature=0.005, seed=2**40 + 3, max_new_tokens=4))
+    backend = VllmBackend(str(demo), GenerationSettings(temperature=0.005, seed=2**40 + 3, max_new_tokens=4), dtype="bf16")
     try:
         assert backend.engine_args()["seed"] == 3 and backend.seed == 2**40 + 3  # draws keyed by the whole seed
+        assert backend.engine_args()["dtype"] == "bfloat16"  # --dtype's aliases, in the name vLLM knows
         assert any("--temperature 0.005: vLLM samples at 0.01 at least" in n for n in backend.notes)
     finally:
         backend.close()

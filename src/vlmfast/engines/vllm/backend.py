@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 
 from vlmfast.checkpoints.families import family_for
+from vlmfast.checkpoints.runtime_choices import check_dtype
 from vlmfast.checkpoints.locate import located
 from vlmfast.engines.contract import Switched
 from vlmfast.engines.generation_config import generation_config_processors
@@ -86,7 +87,7 @@ class VllmBackend(Preparer):
         self.settings = settings or GenerationSettings()
         self.seed = run_seed(self.settings.seed)  # every request's draws derive from it (engines.rows.draw_key)
         self.parallel = parallel or VllmSettings()
-        self.dtype = dtype if dtype not in (None, "auto") else ("float32" if self.on_cpu else "auto")
+        self.dtype = check_dtype(dtype) or ("float32" if self.on_cpu else "auto")  # vLLM knows no "bf16"
         self.enforce_eager = self.on_cpu if enforce_eager is None else bool(enforce_eager)
         self.max_model_len = max_model_len
         if kv_cache_gib is None and self.on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -392,8 +393,7 @@ class VllmBackend(Preparer):
 def open_vllm(options, found, loaded=None, dist=None) -> VllmBackend:
     """The vLLM engine for ``options`` (checkpoint overlay, processor, sampling settings; vLLM starts in
     :meth:`VllmBackend.ready`). The report's KV-cache facts come from the checkpoint's own configs, not the overlay's.
-    vLLM loads its own model (``loaded`` is unused); under accelerate (``dist.world`` > 1) each process starts its
-    own engine on its own GPUs (:mod:`vlmfast.engines.vllm.replicas`)."""
+    vLLM loads its own model (``loaded`` is unused); under accelerate each process starts its own engine on its own GPUs."""
     replica = replica_for(dist.rank, dist.world, options.vllm) if dist is not None else None
     return VllmBackend(found if found is not None else options.ckpt, options.generation, base=options.base,
                        min_pixels=options.min_pixels, max_pixels=options.max_pixels, resize_rule=options.resize_rule, parallel=options.vllm,
