@@ -54,6 +54,8 @@ def test_truth_text(value, expected):
     ("a", "exact"),  # a lower-case word, not an option letter
     ("Paris", "exact"),
     ([1, 2, 3], "exact"),
+    ([4, 3, 2, 1], "exact"),  # four numbers that are no box (a ranking): an IoU of 0 marked the same answer wrong
+    ("<answer>[4, 3, 2, 1]</answer>", "exact"),
     ("2024-01-05", "exact"),
 ])
 def test_auto_picks_scorer_by_truth_shape(truth, scorer):

@@ -11,7 +11,7 @@ from conftest import cli
 from vlmfast.inputs.convert import convert_file, read_truths, write_manifest
 from vlmfast.errors import InputError, UsageError
 from vlmfast.inputs.requests import Request, read_manifest
-from vlmfast.evaluation.scoring import rescore
+from vlmfast.evaluation.scoring import rescore, truth_text
 from vlmfast.evaluation.stats import summarize
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -46,12 +46,16 @@ def test_vlmr1_jsonl_conversations_and_math(tmp_path):
         {"image": "m/s.png", "problem": "Where is it?", "solution": "<answer>[1, 2, 30, 40]</answer>"},
     ]) + "\n")
     rows = convert_file(str(src), "auto", image_root="root")
-    assert rows[0] == {"id": "7", "image": "root/clevr/a.png", "prompt": "What number of purple balls are there?", "solution": "0"}
+    # the ground truth as the trainer's reward functions get it (VLM-R1's loader re-wraps the second turn)
+    assert rows[0] == {"id": "7", "image": "root/clevr/a.png", "prompt": "What number of purple balls are there?",
+                       "solution": "<answer> 0 </answer>"}
     assert rows[1]["images"] == ["root/gui/before.png", "root/gui/after.png"] and rows[1]["prompt"] == "Which defect?"
-    assert rows[1]["id"] == "00001_before" and rows[1]["solution"] == "No Defect" and "scorer" not in rows[1]
-    assert (rows[2]["solution"], rows[2]["scorer"]) == ("B", "choice")
-    assert (rows[3]["prompt"], rows[3]["solution"]) == ("How far?", "12.5")
-    assert rows[4]["solution"] == [1, 2, 30, 40] and "scorer" not in rows[4]
+    assert rows[1]["id"] == "00001_before" and rows[1]["solution"] == "<answer> No Defect </answer>" and "scorer" not in rows[1]
+    assert (rows[2]["solution"], rows[2]["scorer"]) == ("<answer>B</answer>", "choice")
+    assert (rows[3]["prompt"], rows[3]["solution"]) == ("How far?", 12.5)
+    assert rows[4]["solution"] == "<answer>[1, 2, 30, 40]</answer>" and "scorer" not in rows[4]
+    # the built-in scorers read inside: what a manifest of these rows gives them
+    assert [truth_text(r["solution"]) for r in rows] == ["0", "No Defect", "B", "12.5", [1, 2, 30, 40]]
 
 
 def test_swift_example():
@@ -59,10 +63,10 @@ def test_swift_example():
     assert [r["id"] for r in rows] == ["00000_img_000", "00001_img_001", "00002_img_002", "swift-grounding-1"]
     assert rows[0]["prompt"] == "How many items are there in the image?"
     assert rows[0]["system"].startswith("A conversation between User and Assistant")
-    assert rows[0]["solution"] == "3"  # "<answer> 3 </answer>" stripped
+    assert rows[0]["solution"] == "<answer> 3 </answer>" and truth_text(rows[0]["solution"]) == "3"  # as written
     assert rows[1]["solution"] == "B" and "system" not in rows[1]
     assert rows[2]["solution"] == "yes"  # the assistant reply stands in for a missing solution
-    assert (rows[3]["solution"], rows[3]["scorer"]) == ([10, 12, 70, 90], "bbox")  # the record's own
+    assert (rows[3]["solution"], rows[3]["scorer"]) == ("<answer>[10, 12, 70, 90]</answer>", "bbox")  # the record's own
     assert all("<image>" not in r["prompt"] for r in rows)
 
 
@@ -75,7 +79,7 @@ def test_swift_variants(tmp_path):
                       {"role": "user", "content": "<image>Q2"}], "images": ["a.png"]},
     ]) + "\n")
     rows = convert_file(str(src), image_root="/img")
-    assert rows[0] == {"id": "00000_x", "image": "/abs/x.png", "prompt": "Count.", "solution": "4"}
+    assert rows[0] == {"id": "00000_x", "image": "/abs/x.png", "prompt": "Count.", "solution": 4}
     assert rows[1]["prompt"] == "Q2" and "solution" not in rows[1]  # "old" answers Q1, not Q2
     assert rows[1]["image"] == "/img/a.png"
 
@@ -250,3 +254,27 @@ def test_a_json_array_given_as_manifest_is_one_error_naming_convert(tmp_path, la
     r = cli("convert", source, "--image-root", "/data/coco", "--out", tmp_path / "refcoco_val.jsonl")
     assert r.returncode == 0 and len(read_manifest(str(tmp_path / "refcoco_val.jsonl"), None)[0]) == 4
     assert "--image-root /data/coco is not a folder here" in r.stderr  # a manifest for another machine: said
+
+
+def test_the_truth_is_written_as_the_source_holds_it_and_only_a_json_box_is_checked(tmp_path):
+    """A trainer's reward is handed the manifest's value as written: a converted manifest gave ms-swift's
+    accuracy ORM a decoded list (0.0 where the source scored 1.0) and VLM-R1's iou_reward a list it could not
+    search (TypeError). Four numbers in a text may be any answer (a ranking): only a JSON list is a REC box."""
+    src = tmp_path / "s.jsonl"
+    truths = ["<answer>[2, 5, 7, 9]</answer>", '["cat", "dog"]', '<answer>{"bbox_2d": [1,2,3,4]}</answer>',
+              "<answer>[4, 3, 2, 1]</answer>", "[2, 5]"]
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"<image>Q{i}"}], "images": [f"{i}.png"],
+                                       "solution": t}) + "\n" for i, t in enumerate(truths)))
+    assert [r["solution"] for r in convert_file(str(src))] == truths
+    src.write_text(json.dumps({"image": "a.png", "problem": "p", "solution": [4, 3, 2, 1]}) + "\n")
+    with pytest.raises(InputError, match="reversed"):
+        convert_file(str(src))
+
+
+@pytest.mark.parametrize("name", ["bench.tsv", "train.parquet"])
+def test_a_tsv_or_parquet_needs_no_converting(tmp_path, name):
+    src = tmp_path / name
+    src.write_text("index\tquestion\n0\tq\n")
+    with pytest.raises(UsageError, match="needs no converting") as exc:
+        convert_file(str(src))
+    assert f"--manifest {src}" in exc.value.hint

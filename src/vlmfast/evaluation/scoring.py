@@ -138,14 +138,17 @@ def truth_text(value):
 def resolve_scorer(truth, scorer: str = "auto") -> str:
     """The concrete scorer for ``truth``: ``scorer`` itself unless it is ``auto``.
 
-    auto: a box (4 numbers, a list of boxes, ``{"bbox_2d": …}``, ``(x1,y1),(x2,y2)``) → bbox;
-    one letter A–Z, optionally ``(B)``/``B.``/``B)`` → choice; a number → number; else exact.
+    auto: a box (4 numbers, a list of boxes, ``{"bbox_2d": …}``, ``(x1,y1),(x2,y2)``) with x2 > x1 and y2 > y1
+    → bbox; one letter A–Z, optionally ``(B)``/``B.``/``B)`` → choice; a number → number; else exact. Four
+    numbers that are no box (a ranking ``[4, 3, 2, 1]``) are compared exactly: an IoU of 0 marked an identical
+    answer wrong.
     """
     check_choice("scorer", scorer, SCORERS)
     if scorer != "auto":
         return scorer
     if isinstance(truth, (list, dict)):
-        return "bbox" if parse_box(truth) is not None else "exact"
+        box = parse_box(truth)
+        return "bbox" if box is not None and box[2] > box[0] and box[3] > box[1] else "exact"
     text = str(truth).strip()
     if BOX_POINTS.fullmatch(text):
         return "bbox"

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
-from vlmfast.inputs.datasets import VLMR1_SCORERS
+from vlmfast.inputs.datasets import VLMR1_SCORERS, vlmr1_solution
 from vlmfast.inputs.records import is_base64_image, parse_messages
 from vlmfast.inputs.requests import Request, read_manifest
 from vlmfast.evaluation.scoring import SCORERS, truth_text
@@ -32,6 +32,12 @@ def convert_file(path: str, fmt: str = "auto", *, image_root: str | None = None)
     decides per record: ``messages`` → swift; ``problem``/``question``/``conversations`` → vlmr1."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
+    from vlmfast.inputs.datasets import DATASET_SUFFIXES
+    from vlmfast.inputs.tsv import is_tsv
+
+    if is_tsv(path) or Path(path).suffix.lower() in DATASET_SUFFIXES:  # read as they are: converting one would
+        kind = "a VLMEvalKit TSV" if is_tsv(path) else "a parquet / Arrow dataset"  # list every line as bad JSON
+        raise UsageError(f"{path}: {kind} needs no converting", hint=f"give it to infer, sweep or score as it is: --manifest {path}")
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark, as --manifest accepts it
     except (OSError, UnicodeDecodeError) as exc:
@@ -145,8 +151,8 @@ def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
     if not isinstance(prompt, str) or not prompt.replace("<image>", "").strip():
         raise ValueError('no question: give "problem" (or "question", or a first "conversations" turn)')
     truth = record["solution"] if record.get("solution") is not None else record.get("answer")
-    if truth is None and len(turns) > 1 and isinstance(turns[1], dict):
-        truth = turns[1].get("value")
+    if truth is None and len(turns) > 1 and isinstance(turns[1], dict) and turns[1].get("value") is not None:
+        truth = vlmr1_solution(turns[1]["value"])  # what VLM-R1's loader hands its reward functions
     # VLM-R1's loader only drops the marks (grpo_jsonl.py: .replace('<image>', '')): the question keeps its
     # whitespace, as --manifest reads the same line (vlmr1_row)
     row = _row(record, index, images, prompt, strip=False)
@@ -194,12 +200,14 @@ def _row(record: dict, index: int, images: list[str], prompt: str, strip: bool =
 
 
 def _with_truth(row: dict, truth, scorer: str | None) -> dict:
+    """``truth`` is written as the source holds it: a trainer's reward function (``--reward``) is handed the
+    manifest's value as written, and would score a stripped or decoded one differently (ms-swift's ORMs match
+    against the text, VLM-R1's rewards find the answer tags in it); the built-in scorers read inside."""
     if scorer is not None and scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r} (choose one of: {', '.join(SCORERS)})")
-    truth = truth_text(truth)
     if isinstance(truth, list) and truth and all(isinstance(v, (int, float)) for v in truth):
-        _check_box(truth)
-    if truth is None:
+        _check_box(truth)  # a REC record's box, a JSON list; a text such as "[4, 3, 2, 1]" may be any answer
+    if truth_text(truth) is None:
         return row
     row["solution"] = truth  # a box needs no scorer written: auto picks bbox by its shape, and --scorer still applies
     if scorer is not None and scorer != "auto":

@@ -358,10 +358,16 @@ def vlmr1_row(record: dict, base: Path) -> dict:
         row["problem"] = first.replace("<image>", "")
     second = turns[1].get("value") if len(turns) > 1 and isinstance(turns[1], dict) else None
     if second is not None:
-        solution = second.replace("<answer>", "").replace("</answer>", "").strip() if isinstance(second, str) else str(second)
-        row["solution"] = f"<answer> {solution} </answer>"
+        row["solution"] = vlmr1_solution(second)
     row["accu_reward_method"] = record.get("accu_reward_method", "default")
     return row
+
+
+def vlmr1_solution(second) -> str:
+    """The ``solution`` VLM-R1's loader makes of a ``conversations`` second turn: its answer tags stripped, then
+    re-wrapped as ``"<answer> … </answer>"``."""
+    solution = second.replace("<answer>", "").replace("</answer>", "").strip() if isinstance(second, str) else str(second)
+    return f"<answer> {solution} </answer>"
 
 
 def vlmr1_view(row: dict, index: int) -> dict:
