@@ -15,6 +15,22 @@ import pytest
 VLMFAST = Path(sys.executable).parent / "vlmfast"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "transformers_independent: tests of code that never imports transformers "
+                            "(a shell script and its fake Python): run under transformers 5 only, not again under 4.57")
+
+
+def pytest_collection_modifyitems(config, items):
+    from importlib.metadata import version
+
+    if int(version("transformers").split(".")[0]) >= 5:
+        return
+    skip = pytest.mark.skip(reason="touches no transformers code: run under transformers 5")
+    for item in items:
+        if item.get_closest_marker("transformers_independent"):
+            item.add_marker(skip)
+
+
 def vlmfast(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
     """The installed console script in a subprocess, as CI shell scripts call it: for what only a
     process proves (exit codes with signals, stdout kept clean, what gets imported, the launcher).

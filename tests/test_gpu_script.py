@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.transformers_independent  # bash and a fake Python: the same under every transformers
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
 TABLE = ROOT / "benchmarks" / "gpu_table.py"
