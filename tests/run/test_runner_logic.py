@@ -138,6 +138,25 @@ def test_rows_without_their_settings_record_are_not_resumed(small, tmp_path):
     assert report.samples == 4 and (tmp_path / "r.run.json").is_file()
 
 
+@pytest.mark.parametrize("damaged", ["", "garbage{", "{}", "[1, 2]", '{"settings": null}'])
+def test_rows_beside_a_damaged_record_are_not_resumed(small, tmp_path, damaged):
+    """A record that is there but unreadable was read as "no difference": a resume with another --max-new-tokens
+    completed the file from two settings and exited 0. It is refused as a missing record is, nothing written."""
+    from vlmfast.engines.rows import GenerationSettings
+
+    out = tmp_path / "r.jsonl"
+    infer(_options(small[:2], out), backend=FakeBackend())
+    (tmp_path / "r.run.json").write_text(damaged)
+    before = out.read_bytes()
+    options = InferOptions(ckpt="fake", images=small, prompt="Which?", out=str(out),
+                           generation=GenerationSettings(max_new_tokens=9))
+    backend = FakeBackend()
+    with pytest.raises(UsageError, match=r"r\.run\.json: the record of the settings .* is unreadable") as err:
+        infer(options, backend=backend)
+    assert "--overwrite" in err.value.hint and backend.batches_run == 0 and out.read_bytes() == before
+    assert infer(dataclasses.replace(options, overwrite=True), backend=FakeBackend()).samples == 4
+
+
 def test_too_long_prompts_fail_before_running_or_become_error_rows(small, tmp_path):
     with pytest.raises(Exception, match="prompt is too long"):
         infer(_options(small), backend=FakeBackend(too_long=[small[1]]))

@@ -297,8 +297,8 @@ def _main_prepares_out(out: Path, options: InferOptions, settings: dict | None, 
         if not sidecar(out).is_file():  # rows printed to stdout, or moved without their record
             raise UsageError(f"{out} holds rows but not the record of the settings and weights that made them "
                              f"({sidecar(out).name}): resuming could mix the answers of two models or prompts",
-                             hint="rerun with --overwrite to redo them, or give another --out (a run "
-                                  "given --out writes the record beside its rows)")
+                             hint="rerun with --overwrite to redo them, or give another --out (--out-dir for a "
+                                  "sweep; a run given --out writes the record beside its rows)")
         said = compare(sidecar(out), settings, f"{out} holds rows made with other settings "
                        f"({sidecar(out).name})", hint="rerun with --overwrite to redo them, or give another --out")
         notes += [f"{out}: {said}"] if said else []

@@ -111,11 +111,19 @@ def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
     """A UsageError (``what``: the differences follow) when the record at ``path`` holds other settings than
     ``settings``; else a note when other versions made its rows (None when they are the same). Only the
     settings the record holds are compared: a sweep's names no ``ckpt`` (its file names the step), and one
-    ``infer`` wrote (a sweep's step cut short) no inputs, which may grow between runs."""
+    ``infer`` wrote (a sweep's step cut short) no inputs, which may grow between runs. A record that is there but
+    unreadable (empty, cut short, not a run's) is refused as a missing one is: read as "no difference", a resume
+    completed the rows with other settings, and a sweep then wrote a record that vouched for them."""
     try:
         earlier = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        earlier = f"{type(exc).__name__}: {str(exc)[:80]}"
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("settings"), dict):
+        why = earlier if isinstance(earlier, str) else "no settings in it"
+        raise UsageError(f"{path}: the record of the settings and weights that made the rows beside it is unreadable "
+                         f"({why}): resuming could mix the answers of two models or prompts", hint=hint)
     differs = setting_differences(earlier, settings)
     if differs:
         raise UsageError(f"{what}: " + "; ".join(differs), hint=hint)
