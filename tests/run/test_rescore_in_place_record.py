@@ -42,3 +42,17 @@ def test_rescoring_in_place_with_the_same_scoring_leaves_the_record(tmp_path):
     out = cli("score", results, "--manifest", manifest, "--out", results)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "step-100.run.json").read_text() == before
+
+
+def test_rescoring_in_place_while_a_run_writes_the_file_is_refused(tmp_path):
+    """A run holds its --out (infer, a sweep's step): rescored in place meanwhile, the file was replaced under the
+    run, which went on appending to the deleted one (rows lost), and the record named a scoring its rows lacked."""
+    from vlmfast.files import held_alone
+
+    manifest, results, _ = _run_files(tmp_path)
+    before = results.read_bytes(), (tmp_path / "step-100.run.json").read_bytes()
+    with held_alone(results, "--out"):
+        out = cli("score", results, "--manifest", manifest, "--scorer", "contains", "--out", results)
+    assert out.returncode == 2 and f"--out {results} is being written by another vlmfast run (process " in out.stderr
+    assert (results.read_bytes(), (tmp_path / "step-100.run.json").read_bytes()) == before
+    assert cli("score", results, "--manifest", manifest, "--scorer", "contains", "--out", results).returncode == 0

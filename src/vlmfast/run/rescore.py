@@ -159,9 +159,7 @@ def _with_prompts(rows: list[dict], asked: dict) -> list[dict]:
             for row in rows]
 
 
-def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
-                 out: Path | None = None, reward=None, skip_bad: bool = False, keys=None, by: str | None = None,
-                 image_root: str | None = None, scoring: dict | None = None) -> dict:
+def rescore_file(results: Path, manifest: str, *, out: Path | None = None, **options) -> dict:
     """Scores of every row of ``results`` (a results JSONL, see :func:`read_result_rows`) against
     ``manifest``: the summary (:func:`vlmfast.evaluation.stats.summarize`) plus what was matched. ``bbox_space``
     None: each row's own ``bbox_space``, else ``resized``; given, it wins over the rows'. With ``out``,
@@ -175,7 +173,21 @@ def rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: flo
     settings as a run records them (``scorer``, ``iou``, ``bbox_space``, ``reward``, …); when ``out`` is the
     results file itself and a record of its run lies beside it, the record is brought up to date with them, so
     a later ``infer`` or ``sweep`` resuming onto these rows with other scoring stops and names it instead of
-    completing (or ranking) one file scored two ways."""
+    completing (or ranking) one file scored two ways. ``out`` is written by this process alone
+    (:func:`vlmfast.files.held_alone`): rescored in place while an ``infer`` or a sweep still wrote it, the file
+    was replaced under the run, whose later rows went to the deleted file, and its record named a scoring its
+    rows did not have."""
+    if out is None:
+        return _rescore_file(results, manifest, out=None, **options)
+    from vlmfast.files import held_alone
+
+    with held_alone(Path(out), "--out"):
+        return _rescore_file(results, manifest, out=out, **options)
+
+
+def _rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: float = 0.5, bbox_space: str | None = None,
+                  out: Path | None = None, reward=None, skip_bad: bool = False, keys=None, by: str | None = None,
+                  image_root: str | None = None, scoring: dict | None = None) -> dict:
     results = Path(results)
     if out is not None:
         from vlmfast.files import refuse_inputs_as_out
