@@ -149,3 +149,22 @@ def test_a_whole_last_row_whose_newline_was_cut_is_kept_and_the_next_append_star
     writer.write([_row(2)], [2])
     writer.close()
     assert [r["id"] for r in read_jsonl(out)] == [_row(k)["id"] for k in range(3)]  # three rows, none glued
+
+
+def test_an_interrupt_outside_the_decode_loop_claims_nothing_about_what_is_on_disk(capsys):
+    """A Ctrl-C while a finished run's rows are read back and its report made reaches the command's guard with every
+    row on disk: it said "interrupted before any result was written", and --json told a script nothing exists."""
+    import typer
+
+    from vlmfast.cli.common import guarded
+    from vlmfast.errors import EXIT_INTERRUPTED
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit) as exc:
+        guarded(interrupted, json_out=True)
+    assert exc.value.exit_code == EXIT_INTERRUPTED
+    said = json.loads(capsys.readouterr().out)["error"]
+    assert said["message"] == "interrupted" and "keeps the rows it wrote" in said["hint"]
+    assert "before any result" not in said["message"] + said["hint"]

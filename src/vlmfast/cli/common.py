@@ -95,7 +95,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def guarded(fn, json_out: bool = False):
     """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 (the runner says what a run
-    left on disk; a Ctrl-C that reaches here came before any result was written). ``json_out`` (``--json``):
+    left on disk while it decodes; a Ctrl-C that reaches here came before that, or after, while a run's rows were
+    read back and its report made: what is on disk is not known here, and is kept). ``json_out`` (``--json``):
     the error is also a JSON object on stdout, ``{"error": {message, hint, problems, exit_code}}``, so a script
     reading stdout gets JSON whatever the exit code."""
     from vlmfast.run.parallel import is_main_process
@@ -112,9 +113,10 @@ def guarded(fn, json_out: bool = False):
                                       "exit_code": exc.exit_code}})
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        stderr.print("[yellow]interrupted[/yellow] before any result was written; rerun the same command.")
+        said = "rerun the same command (a run given --out keeps the rows it wrote and resumes after them)"
+        stderr.print(f"[yellow]interrupted[/yellow]; {said}.")
         if json_out and is_main_process():
-            print_json({"error": {"message": "interrupted before any result was written", "hint": "rerun the same command",
+            print_json({"error": {"message": "interrupted", "hint": said,
                                   "problems": [], "exit_code": EXIT_INTERRUPTED}})
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
