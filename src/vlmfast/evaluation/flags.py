@@ -77,20 +77,42 @@ def reward_errors_as_wrong(rows: list[dict], scored_elsewhere: bool = False) -> 
 
 
 def failed_as_wrong(rows: list[dict], elsewhere: set[str]) -> tuple[list[dict], list[dict], int]:
-    """``rows`` with each error row on a request in ``elsewhere`` (ids another step was scored on) made as many
-    wrong answers as a request has (k, its most answers: a failed request has one error row whatever --n), the
-    error rows so judged, and k."""
+    """``rows`` with each request the run failed on (it has error rows) that is in ``elsewhere`` (ids another
+    step was scored on) made k answers in all, the ones it lacks wrong; the first error row of each request so
+    judged; and k, a request's most answers (answered or error rows of one id).
+
+    A request counts once however many error rows it has: vlmfast's runner writes one per sample with ``--n``
+    (:func:`vlmfast.engines.rows.of_samples`), results from other tools or older runs may hold one per request,
+    and a request may have failed on some samples only. The wrong answers take the error rows' sample indexes
+    first, then the free ones."""
     from collections import Counter
 
-    failed = [r for r in rows if r.get("error") is not None and str(r.get("id")) in elsewhere]
-    answers = Counter(str(r.get("id")) for r in rows if r.get("error") is None)
-    k = max(answers.values(), default=1)
-    if not failed:
+    per_id = Counter(str(r.get("id")) for r in rows)
+    k = max(per_id.values(), default=1)
+    errors: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("error") is not None and str(r.get("id")) in elsewhere:
+            errors.setdefault(str(r.get("id")), []).append(r)
+    if not errors:
         return rows, [], k
-    rows = [judged for r in rows for judged in (
-        [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False, "sample": j if k > 1 else None}
-         for j in range(k)] if r.get("error") is not None and str(r.get("id")) in elsewhere else [r])]
-    return rows, failed, k
+    answered: dict[str, set] = {}
+    for r in rows:
+        if r.get("error") is None:
+            answered.setdefault(str(r.get("id")), set()).add(r.get("sample"))
+    out = []
+    for r in rows:
+        rid = str(r.get("id"))
+        if rid not in errors:
+            out.append(r)
+        elif r is errors[rid][0]:  # the request's wrong answers stand where its first error row stood
+            taken = answered.get(rid, set())
+            own = [e.get("sample") for e in errors[rid] if e.get("sample") is not None and e.get("sample") not in taken]
+            free = list(dict.fromkeys(own + [j for j in range(k) if j not in taken]))
+            out += [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False,
+                     "sample": j if k > 1 else r.get("sample")} for j in free[:k - len(taken)]]
+        elif r.get("error") is None:
+            out.append(r)
+    return out, [e[0] for e in errors.values()], k
 
 
 def judged_tables(rows_by_step: dict[int, list[dict]]) -> dict[int, dict]:
