@@ -150,22 +150,23 @@ def flipped(a: list[dict] | dict, b: list[dict] | dict) -> dict[str, list[str]]:
             "wrong_to_right": [rid for rid in shared if a[rid][1] and not b[rid][1]]}
 
 
-def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dict:
+def compare(a: list[dict] | dict, b: list[dict] | dict) -> dict:
     """Checkpoint ``a`` against ``b`` (result rows or :func:`per_request` tables): ``n`` requests both scored,
     ``difference`` (a − b, per-request mean correctness) with its ``ci_low``/``ci_high`` (95 %: Newcombe's hybrid
-    score interval for 0/1 scores, else a paired bootstrap of 10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
-    (:func:`flipped`) and ``p_value`` (4 significant digits): the paired test of ``difference`` — with one
-    answer per request the exact McNemar test on the flips; with several, the exact sign-flip test on the
-    per-request mean scores (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation),
-    so the test judges the figure the steps are ranked by, not the majority vote."""
-    from vlmfast.evaluation.stats import paired_comparison, paired_p
+    score interval, on the per-request means with several answers:
+    :func:`vlmfast.evaluation.stats.paired_comparison`), ``right_to_wrong`` and ``wrong_to_right`` counts
+    (:func:`flipped`) and ``p_value`` (4 significant digits): the paired test of ``difference``
+    (:func:`vlmfast.evaluation.stats.paired_p`) — with one answer per request the exact McNemar test on the
+    flips; with several, the exact sign-flip test on the per-request mean scores
+    (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation), so the test judges the
+    figure the steps are ranked by, not the majority vote."""
+    from vlmfast.evaluation.stats import paired_comparison
 
     a, b = table_of(a), table_of(b)
-    paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, seed=seed)
+    paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()})
     flips = {k: len(v) for k, v in flipped(a, b).items()}
     rounded = {k: None if paired[k] is None else round(paired[k], 4) for k in ("difference", "ci_low", "ci_high")}
-    shared = [rid for rid in a if rid in b]
-    p = paired_p([a[r][0] for r in shared], [b[r][0] for r in shared]) if paired["n"] else None
+    p = paired["p_value"]
     # significant digits, not decimals: a clear difference over thousands of requests has p far below 1e-6
     p_value = None if p is None else float(f"{p:.4g}")
     return {"n": paired["n"], **rounded, "p_value": p_value, **flips}
