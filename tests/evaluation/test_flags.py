@@ -135,6 +135,19 @@ def test_several_answers_compare_by_mean_and_flip_by_majority_by_hand():
     assert set(got) == {"n", "difference", "ci_low", "ci_high", "p_value", "right_to_wrong", "wrong_to_right"}
 
 
+def test_steps_with_the_same_answers_under_n_keep_a_paired_interval():
+    """Two steps whose 4 answers per request are the same (the same weights saved twice): the paired interval
+    over 20 requests is Newcombe's on the means, around 0 and as wide as 20 requests allow, not [0, 0]."""
+    def rows(right):
+        return [{"id": f"q{i}", "sample": k, "correct": k < c, "answer": "A", "format_ok": True, "error": None}
+                for i, c in enumerate(right) for k in range(4)]
+
+    right = [0, 1, 2, 3, 4] * 4
+    got = compare(per_request(rows(right)), per_request(rows(right)))
+    assert (got["difference"], got["p_value"], got["right_to_wrong"], got["wrong_to_right"]) == (0.0, 1.0, 0, 0)
+    assert got["ci_low"] == -got["ci_high"] and 0.05 < got["ci_high"] < 0.25
+
+
 def test_a_clear_difference_keeps_a_small_p_value():
     base = [{"id": f"q{i}", "correct": False, "error": None} for i in range(100)]
     ckpt = [{"id": f"q{i}", "correct": True, "error": None} for i in range(100)]

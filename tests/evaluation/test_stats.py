@@ -60,7 +60,7 @@ def _pairs():
 
 def test_paired_comparison_binary():
     a, b = _pairs()
-    r = paired_comparison(a, b, resamples=2000, seed=1)
+    r = paired_comparison(a, b)
     assert r["n"] == 20
     assert (r["accuracy_a"], r["accuracy_b"]) == (0.75, 0.45)
     assert r["difference"] == pytest.approx(0.3)
@@ -71,19 +71,19 @@ def test_paired_comparison_binary():
     # Wilson intervals from statsmodels' proportion_confint(…, method="wilson") combined by Newcombe's formula.
     # It leaves out 0 while McNemar's exact p is above 0.05: two methods, near the line they can disagree
     assert r["ci_low"] == pytest.approx(0.025724, abs=1e-6) and r["ci_high"] == pytest.approx(0.515976, abs=1e-6)
-    assert paired_comparison(a, b, resamples=2000, seed=1) == r  # deterministic for a seed
 
 
 def test_paired_comparison_edges():
     empty = paired_comparison({"x": 1}, {"y": 0})
     assert empty["n"] == 0
     assert all(empty[k] is None for k in ("accuracy_a", "accuracy_b", "difference", "ci_low", "ci_high", "p_value", "discordant"))
-    one = paired_comparison({"x": 1}, {"x": 0}, resamples=50)
+    one = paired_comparison({"x": 1}, {"x": 0})
     assert (one["n"], one["difference"], one["ci_high"]) == (1, 1.0, 1.0)
     assert one["ci_low"] == pytest.approx(-0.122109, abs=1e-6)  # one request flipped up tells little
     assert one["p_value"] == 1.0  # one discordant pair: 2 · ½ = 1
-    graded = paired_comparison({"x": 0.5, "y": 1.0, "z": None}, {"x": 0.25, "y": 1.0, "z": 1.0}, resamples=50)
-    assert graded["n"] == 2 and graded["p_value"] is None and graded["difference"] == pytest.approx(0.125)
+    graded = paired_comparison({"x": 0.5, "y": 1.0, "z": None}, {"x": 0.25, "y": 1.0, "z": 1.0})
+    # means of several answers: the sign-flip test (one difference of 0.25: either sign as likely, p 1)
+    assert graded["n"] == 2 and graded["p_value"] == 1.0 and graded["difference"] == pytest.approx(0.125)
     with pytest.raises(UsageError):
         paired_comparison({}, {}, confidence=1.5)
 
@@ -117,23 +117,46 @@ def test_mcnemar_large_counts_do_not_underflow():
     assert 0 < p < 1 and math.isfinite(p)
 
 
-def test_bootstrap_by_counts_matches_resampling_items(monkeypatch):
-    """The numpy draw (counts of each distinct difference, multinomial) and the item-by-item draw (numpy hidden)
-    are the same bootstrap: over 400 pairs both intervals sit on the normal approximation of the paired mean;
-    a difference the same on every pair has no spread; each is deterministic for its seed."""
-    import sys
+def _means(rng, n, k):
+    return {f"q{i}": rng.randint(0, k) / k for i in range(n)}
 
-    # per-request means of two answers (the bootstrap's case; 0/1 scores get the exact interval)
-    pattern = [(1, 0.5)] * 60 + [(0.5, 1)] * 20 + [(1, 1)] * 200 + [(0.5, 0.5)] * 120
-    a = {i: x for i, (x, _) in enumerate(pattern)}
-    b = {i: y for i, (_, y) in enumerate(pattern)}
-    # mean 0.05, sd of the differences sqrt(0.05 − 0.0025): the 95 % half-width 1.96 · sqrt(0.0475 / 400) ≈ 0.0214
-    by_counts = paired_comparison(a, b, resamples=4000, seed=3)
-    monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy now raises ImportError
-    by_items = paired_comparison(a, b, resamples=4000, seed=3)
-    assert by_items == paired_comparison(a, b, resamples=4000, seed=3)
-    for r in (by_counts, by_items):
-        assert r["difference"] == pytest.approx(0.05)
-        assert r["ci_low"] == pytest.approx(0.05 - 0.0214, abs=0.004) and r["ci_high"] == pytest.approx(0.05 + 0.0214, abs=0.004)
-    same = paired_comparison({i: 0.5 for i in range(50)}, {i: 0.25 for i in range(50)}, resamples=100)
-    assert (same["ci_low"], same["ci_high"]) == (0.25, 0.25)
+
+def test_steps_that_agree_on_every_request_keep_an_interval_with_several_answers():
+    """20 requests × 4 answers, the same on both sides: an interval around 0 as wide as the requests allow, about
+    K = 1's (10 right in both, 10 in neither: ±9.0 points), not the percentile bootstrap's [0, 0]."""
+    import random
+
+    same = _means(random.Random(100), 20, 4)
+    assert any(0 < v < 1 for v in same.values())
+    r = paired_comparison(same, dict(same))
+    assert r["ci_low"] == pytest.approx(-0.139564, abs=1e-6) and r["ci_high"] == pytest.approx(0.139564, abs=1e-6)
+    assert r["difference"] == 0.0 and r["p_value"] == 1.0
+    binary = {f"q{i}": float(i < 10) for i in range(20)}
+    k1 = paired_comparison(binary, dict(binary))
+    assert k1["ci_high"] == pytest.approx(0.089757, abs=1e-6)
+    assert 0.5 < r["ci_high"] / k1["ci_high"] < 2
+
+
+def test_a_step_better_on_one_request_keeps_a_lower_bound_below_0():
+    """Every difference 0 but one of +0.5: all of one sign. The bootstrap's lower bound was exactly 0."""
+    import random
+
+    base = _means(random.Random(100), 20, 4)
+    better = dict(base, **{next(k for k, v in base.items() if v == 0.5): 1.0})
+    r = paired_comparison(better, base)
+    assert r["difference"] == pytest.approx(0.025)
+    assert r["ci_low"] < -0.05 and r["ci_high"] > 0.1
+    assert r["p_value"] == 1.0  # one request differs: the sign-flip test's 2 · ½
+
+
+def test_the_interval_on_means_is_newcombes_on_0_1_scores():
+    """One formula: 0/1 scores read as means give method 10's interval (test_paired_comparison_binary's table);
+    a difference the same on every request, with no spread on either side, gets phi 0 (as an empty margin of
+    the 2×2 table), not the bootstrap's point."""
+    from vlmfast.evaluation.stats import _paired_score_interval
+
+    xs = [1.0] * 8 + [1.0] * 7 + [0.0] * 1 + [0.0] * 4
+    ys = [1.0] * 8 + [0.0] * 7 + [1.0] * 1 + [0.0] * 4
+    assert _paired_score_interval(xs, ys, 0.95) == pytest.approx((0.025724, 0.515976), abs=1e-6)
+    low, high = _paired_score_interval([0.5] * 50, [0.25] * 50, 0.95)
+    assert low < 0.25 - 0.1 and high > 0.25 + 0.1

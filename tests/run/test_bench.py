@@ -374,3 +374,34 @@ def test_greedy_n_rates_count_every_delivered_answer_so_scenarios_compare(grpo_c
                                     warmup=0, generation=GenerationSettings(max_new_tokens=4, n=2, ignore_eos=True)))
     for s in report["scenarios"]:
         assert s["tokens_per_s"] == pytest.approx(4 * s["samples_per_s"], rel=1e-3), s["name"]
+
+
+def test_bench_with_n_gives_the_paired_interval_and_a_p_value(grpo_ckpt, images, tmp_path):
+    """--n 4 against the same weights with the same seed: every request's 4 answers are the same on both sides,
+    its score a mean of 4 (the truth is one of its answers). The interval is Newcombe's on the means, not the
+    bootstrap's [0, 0], and the p-value is the sign-flip test's, as a sweep's."""
+    from conftest import cli, read_jsonl
+
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.runner import infer
+
+    settings = GenerationSettings(max_new_tokens=2, n=4, temperature=1.0, seed=1)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"id": f"q{i}", "image": str(p), "prompt": "Count."}) + "\n"
+                             for i, p in enumerate(images[:6])))
+    infer(InferOptions(ckpt=str(grpo_ckpt), manifest=str(plain), out=str(tmp_path / "r.jsonl"), generation=settings,
+                       device="cpu"))
+    rows = read_jsonl(tmp_path / "r.jsonl")
+    truth = {r["id"]: r["text"] for r in rows if r["sample"] == 0}
+    assert any(0 < sum(r["text"] == truth[rid] for r in rows if r["id"] == rid) < 4 for rid in truth)  # means, not 0/1
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": r["id"], "image": r["images"][0], "prompt": "Count.", "solution": r["text"],
+                                            "scorer": "exact"}) + "\n" for r in rows if r["sample"] == 0))
+    r = cli("bench", "--ckpt", grpo_ckpt, "--compare-base", grpo_ckpt, "--manifest", manifest, "--n", 4, "--temperature", 1,
+            "--seed", 1, "--max-new-tokens", 2, "--repeats", 1, "--warmup", 0, "--no-as-saved", "--batch-sizes", 8, "--json")
+    assert r.returncode == 0, r.stderr
+    paired = json.loads(r.stdout)["accuracy"]["ckpt_vs_base@8"]
+    assert paired["n"] == 6 and paired["difference"] == 0.0 and paired["accuracy_a"] not in (0.0, 1.0)
+    assert paired["ci_low"] < -0.1 and paired["ci_high"] > 0.1 and paired["ci_low"] == -paired["ci_high"]
+    assert paired["p_value"] == 1.0
+    assert "sign-flip p = 1" in r.stderr

@@ -77,20 +77,42 @@ def reward_errors_as_wrong(rows: list[dict], scored_elsewhere: bool = False) -> 
 
 
 def failed_as_wrong(rows: list[dict], elsewhere: set[str]) -> tuple[list[dict], list[dict], int]:
-    """``rows`` with each error row on a request in ``elsewhere`` (ids another step was scored on) made as many
-    wrong answers as a request has (k, its most answers: a failed request has one error row whatever --n), the
-    error rows so judged, and k."""
+    """``rows`` with each request the run failed on (it has error rows) that is in ``elsewhere`` (ids another
+    step was scored on) made k answers in all, the ones it lacks wrong; the first error row of each request so
+    judged; and k, a request's most answers (answered or error rows of one id).
+
+    A request counts once however many error rows it has: vlmfast's runner writes one per sample with ``--n``
+    (:func:`vlmfast.engines.rows.of_samples`), results from other tools or older runs may hold one per request,
+    and a request may have failed on some samples only. The wrong answers take the error rows' sample indexes
+    first, then the free ones."""
     from collections import Counter
 
-    failed = [r for r in rows if r.get("error") is not None and str(r.get("id")) in elsewhere]
-    answers = Counter(str(r.get("id")) for r in rows if r.get("error") is None)
-    k = max(answers.values(), default=1)
-    if not failed:
+    per_id = Counter(str(r.get("id")) for r in rows)
+    k = max(per_id.values(), default=1)
+    errors: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("error") is not None and str(r.get("id")) in elsewhere:
+            errors.setdefault(str(r.get("id")), []).append(r)
+    if not errors:
         return rows, [], k
-    rows = [judged for r in rows for judged in (
-        [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False, "sample": j if k > 1 else None}
-         for j in range(k)] if r.get("error") is not None and str(r.get("id")) in elsewhere else [r])]
-    return rows, failed, k
+    answered: dict[str, set] = {}
+    for r in rows:
+        if r.get("error") is None:
+            answered.setdefault(str(r.get("id")), set()).add(r.get("sample"))
+    out = []
+    for r in rows:
+        rid = str(r.get("id"))
+        if rid not in errors:
+            out.append(r)
+        elif r is errors[rid][0]:  # the request's wrong answers stand where its first error row stood
+            taken = answered.get(rid, set())
+            own = [e.get("sample") for e in errors[rid] if e.get("sample") is not None and e.get("sample") not in taken]
+            free = list(dict.fromkeys(own + [j for j in range(k) if j not in taken]))
+            out += [{**r, "error": None, "score": 0.0, "correct": False, "format_ok": False,
+                     "sample": j if k > 1 else r.get("sample")} for j in free[:k - len(taken)]]
+        elif r.get("error") is None:
+            out.append(r)
+    return out, [e[0] for e in errors.values()], k
 
 
 def judged_tables(rows_by_step: dict[int, list[dict]]) -> dict[int, dict]:
@@ -128,22 +150,23 @@ def flipped(a: list[dict] | dict, b: list[dict] | dict) -> dict[str, list[str]]:
             "wrong_to_right": [rid for rid in shared if a[rid][1] and not b[rid][1]]}
 
 
-def compare(a: list[dict] | dict, b: list[dict] | dict, *, seed: int = 0) -> dict:
+def compare(a: list[dict] | dict, b: list[dict] | dict) -> dict:
     """Checkpoint ``a`` against ``b`` (result rows or :func:`per_request` tables): ``n`` requests both scored,
     ``difference`` (a − b, per-request mean correctness) with its ``ci_low``/``ci_high`` (95 %: Newcombe's hybrid
-    score interval for 0/1 scores, else a paired bootstrap of 10,000 resamples, deterministic for ``seed``), ``right_to_wrong`` and ``wrong_to_right`` counts
-    (:func:`flipped`) and ``p_value`` (4 significant digits): the paired test of ``difference`` — with one
-    answer per request the exact McNemar test on the flips; with several, the exact sign-flip test on the
-    per-request mean scores (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation),
-    so the test judges the figure the steps are ranked by, not the majority vote."""
-    from vlmfast.evaluation.stats import paired_comparison, paired_p
+    score interval, on the per-request means with several answers:
+    :func:`vlmfast.evaluation.stats.paired_comparison`), ``right_to_wrong`` and ``wrong_to_right`` counts
+    (:func:`flipped`) and ``p_value`` (4 significant digits): the paired test of ``difference``
+    (:func:`vlmfast.evaluation.stats.paired_p`) — with one answer per request the exact McNemar test on the
+    flips; with several, the exact sign-flip test on the per-request mean scores
+    (:func:`vlmfast.evaluation.stats.sign_flip_exact`, McNemar's own generalisation), so the test judges the
+    figure the steps are ranked by, not the majority vote."""
+    from vlmfast.evaluation.stats import paired_comparison
 
     a, b = table_of(a), table_of(b)
-    paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()}, seed=seed)
+    paired = paired_comparison({k: v[0] for k, v in a.items()}, {k: v[0] for k, v in b.items()})
     flips = {k: len(v) for k, v in flipped(a, b).items()}
     rounded = {k: None if paired[k] is None else round(paired[k], 4) for k in ("difference", "ci_low", "ci_high")}
-    shared = [rid for rid in a if rid in b]
-    p = paired_p([a[r][0] for r in shared], [b[r][0] for r in shared]) if paired["n"] else None
+    p = paired["p_value"]
     # significant digits, not decimals: a clear difference over thousands of requests has p far below 1e-6
     p_value = None if p is None else float(f"{p:.4g}")
     return {"n": paired["n"], **rounded, "p_value": p_value, **flips}

@@ -48,7 +48,8 @@ def render_bench(report: dict, gate_messages: list[str] = ()) -> None:
         stderr.print(f"[bold]fidelity {name}[/bold]: {shown}")
     for name, r in (report.get("accuracy") or {}).items():  # with ground truth: ckpt − base, paired
         if r.get("difference") is not None:
-            p = "" if r.get("p_value") is None else f", McNemar p = {r['p_value']:.3g}"
+            test = "McNemar" if (report.get("workload") or {}).get("n", 1) == 1 else "sign-flip"  # paired_p's
+            p = "" if r.get("p_value") is None else f", {test} p = {r['p_value']:.3g}"
             stderr.print(f"[bold]accuracy {escape(name)}[/bold]: {r['difference'] * 100:+.1f} points (95 % CI "
                          f"{r['ci_low'] * 100:+.1f} to {r['ci_high'] * 100:+.1f}) over {r['n']} samples{p}")
     off = report["cache"]["found_off"]

@@ -337,8 +337,9 @@ def judge_failed(figures: list[dict], tables: dict, groups=None) -> list[str]:
     """A checkpoint's error rows — the run failed on the input (out of memory even alone, vLLM's unfinished
     rows) — on requests another checkpoint answered and was scored on count as wrong, as raised answers do:
     ranking each step over the requests it happened to finish would compare steps on different requests (a
-    step with 8 of 9 right and 3 failures would rank above one with 9 of 12). Requests no step answered stay
-    out of every step's figures. Figures, ``--by`` groups (``groups``: the column's values by id and its name)
+    step with 8 of 9 right and 3 failures would rank above one with 9 of 12). A failed request counts once, as
+    k wrong answers with ``--n k``, however many error rows it has (:func:`vlmfast.evaluation.flags.failed_as_wrong`);
+    the note counts requests. Requests no step answered stay out of every step's figures. Figures, ``--by`` groups (``groups``: the column's values by id and its name)
     and per-request tables updated in place; returns what to say."""
     from vlmfast.evaluation.flags import failed_as_wrong, reward_errors_as_wrong
 

@@ -330,7 +330,8 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
         **health(rows),
         "tokens_per_s": report.tokens_per_s, "decode_row_utilization": getattr(report, "decode_row_utilization", None),
         f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
-        "errors": len(rows) - len(ok), "reward_errors": sum(r.get("reward_error") is not None for r in ok),
+        "errors": len(rows) - len(ok), "failed_requests": len({str(r.get("id")) for r in rows if r.get("error") is not None}),
+        "reward_errors": sum(r.get("reward_error") is not None for r in ok),
     }
     if "samples" in scores:
         figures["samples"] = scores["samples"]
