@@ -180,3 +180,26 @@ def test_an_fsdp_sharded_state_dict_is_named_with_accelerates_merge_command(tmp_
     assert [(f.severity, f.code, f.location) for f in findings] == [
         ("error", "weights-missing", str(high)), ("info", "resolved", str(high)), ("info", "trainer-state", "trainer_state.json")]
     assert merge in findings[0].fix
+
+
+def test_a_shard_lost_from_a_sharded_save_is_named_before_the_tensors_it_held(grpo_ckpt, tmp_path):
+    """An interrupted sharded save: the index names model-00002-of-00002.safetensors, which is absent. The refusal
+    (infer, sweep, bench: require_whole) and doctor name the missing file, never --allow-missing for its tensors."""
+    from safetensors.torch import load_file, save_file
+
+    d = shutil.copytree(grpo_ckpt, tmp_path / "cut", ignore=shutil.ignore_patterns("model.safetensors"))
+    state = load_file(str(grpo_ckpt / "model.safetensors"))
+    names = sorted(state)
+    parts = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+             "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, part in parts.items():
+        save_file({n: state[n] for n in part}, str(d / file), metadata={"format": "pt"})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: file for file, part in parts.items() for n in part}}))
+    (d / "model-00002-of-00002.safetensors").unlink()  # the save was interrupted
+    for allow in ((), ("visual", "lm_head", "model")):
+        with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors: missing") as err:
+            require_whole(locate(str(d)), allow)
+        assert "--allow-missing" not in err.value.hint
+    codes = [f.code for f in diagnose(d)]
+    assert "weights-incomplete" in codes and "weights-lost" not in codes
