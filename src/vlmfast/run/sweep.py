@@ -197,7 +197,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         why = sorted([*why, *((r["step"], r["reason"]) for r in refused)], key=lambda w: (w[0] is None, w[0] or 0))
         listing_ = "\n".join(f"  - step {step}: {reason}" for step, reason in why[:20])
         raise CheckpointError(f"no checkpoint of {options.run_dir} could be evaluated:\n{listing_}",
-                              hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)")
+                              hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)",
+                              problems=[f"step {step}: {reason}" for step, reason in why])
     report = _report(options, figures, notes, tables, by)
     if interrupted and not options.watch:  # stopped by hand: exit 130 and --json's error object, the gate not judged
         report.update(interrupted=True, gate=None, exit_code=EXIT_INTERRUPTED, error={"message": notes[-1], "problems": [],
