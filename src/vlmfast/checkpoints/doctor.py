@@ -91,7 +91,8 @@ def _fsdp_sharded(path: Path, d: Path) -> list[Finding]:
 
 
 def _ordered(found: list[Finding]) -> list[Finding]:
-    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))  # stable: check order within a severity
+    # stable: check order within a severity, but the shards' merge first: the merger writes config files the fixes edit
+    return sorted(found, key=lambda f: (SEVERITIES.index(f.severity), f.code != "fsdp-unmerged"))
 
 
 def _base_dir(base) -> Path:

@@ -260,7 +260,7 @@ def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], sa
     reason = exc.message if len(exc.message) <= 300 else exc.message[:297] + "…"  # a loader's may list every model
     refused.append({"step": entry.step, "path": str(entry.path), "reason": reason, "hint": exc.hint})
     label = "base" if entry.label == "base" else f"step {entry.step}"
-    notes.append(f"{label} not evaluated: {reason}")
+    notes.append(f"{label} not evaluated: {reason}" + (f" ({exc.hint})" if exc.hint else ""))  # as a skipped dir's note
     say(notes[-1])
 
 
