@@ -176,8 +176,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             mended |= {r["path"] for r in refused if r["path"] in signs and r["step"] in listed
                        and files_signature(r["path"]) != signs[r["path"]]}
             broken -= mended
-            notes[:] = [n for n in notes if n not in {f"step {r['step']} not evaluated: {r['reason']}" for r in refused
-                                                      if r["path"] in mended}]
+            notes[:] = [n for n in notes if n not in {_refused_note(f"step {r['step']}", r["reason"], r["hint"])
+                                                      for r in refused if r["path"] in mended}]
             refused[:] = [r for r in refused if r["path"] not in mended]
             seen |= {r["step"] for r in refused}
             for c in rewritten(looked.checkpoints, figures, options):  # saved again in place: its rows are stale
@@ -260,8 +260,13 @@ def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], sa
     reason = exc.message if len(exc.message) <= 300 else exc.message[:297] + "…"  # a loader's may list every model
     refused.append({"step": entry.step, "path": str(entry.path), "reason": reason, "hint": exc.hint})
     label = "base" if entry.label == "base" else f"step {entry.step}"
-    notes.append(f"{label} not evaluated: {reason}" + (f" ({exc.hint})" if exc.hint else ""))  # as a skipped dir's note
+    notes.append(_refused_note(label, reason, exc.hint))
     say(notes[-1])
+
+
+def _refused_note(label: str, reason: str, hint: str | None) -> str:
+    """A checkpoint not evaluated, as the notes say it: the reason and what to do, as a skipped dir's note."""
+    return f"{label} not evaluated: {reason}" + (f" ({hint})" if hint else "")
 
 
 def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir: Path, progress, say, tables,
