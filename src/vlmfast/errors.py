@@ -49,9 +49,14 @@ class InputError(VlmfastError):
 
 
 class CheckpointError(VlmfastError):
-    """A checkpoint path that does not exist, holds no weights or cannot be loaded."""
+    """A checkpoint path that does not exist, holds no weights or cannot be loaded; ``problems``: one line per
+    checkpoint when several are refused at once (a sweep's)."""
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, hint: str | None = None, problems: list | None = None):
+        super().__init__(message, hint)
+        self.problems = problems or []
 
 
 class Interrupted(VlmfastError):

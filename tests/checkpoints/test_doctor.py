@@ -298,7 +298,9 @@ def test_clean_base_has_no_findings(base_ckpt, layouts):
 def test_fixes_name_the_exact_command(grpo_ckpt, layouts, base_ckpt, tmp_path):
     cache = [f for f in diagnose(grpo_ckpt) if f.code == "cache-off"]
     assert all(f.fix == f"vlmfast fix {grpo_ckpt} (sets it to true)" for f in cache)
-    easy = {f.code: f for f in diagnose(layouts["easyr1"].root, base=base_ckpt)}
+    findings = diagnose(layouts["easyr1"].root, base=base_ckpt)
+    assert findings[0].code == "fsdp-unmerged"  # the merge first: the fixes after it edit the configs it writes
+    easy = {f.code: f for f in findings}
     actor = layouts["easyr1"].actor
     assert f"python3 scripts/model_merger.py --local_dir {actor}" in easy["fsdp-unmerged"].fix
     assert str(actor / "huggingface") in easy["fsdp-unmerged"].fix

@@ -237,3 +237,46 @@ def test_a_record_of_vlmfast_0_17_resumes_onto_the_same_adapter(lora, tmp_path):
     sidecar(out).write_text(json.dumps({"settings": {}, "fingerprint": then}))
     refuse_other_weights(out, now)  # no error
     assert forget_if_changed(out, now) is None and out.is_file()
+
+
+def test_an_adapters_hub_base_the_hub_cannot_give_names_the_adapter_and_base(lora, images, tmp_path, monkeypatch):
+    """adapter_config.json names a hub id, and the hub is unreachable (faked: model_info raises ConnectionError; and
+    offline with an empty cache): infer, merge-lora and a sweep say it is the adapter's base and to pass --base."""
+    import json
+
+    from huggingface_hub import HfApi, constants
+
+    from conftest import cli
+    from vlmfast.checkpoints.fix import merge_lora
+
+    run = tmp_path / "run"
+    for step in (5, 10):
+        d = shutil.copytree(lora.model_dir, run / f"checkpoint-{step}")
+        edit_json(d / "adapter_config.json", lambda c: c.update(base_model_name_or_path="Qwen/Qwen2.5-VL-3B-Instruct"))
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(HfApi, "model_info", unreachable)
+    said = f"{d}: its base 'Qwen/Qwen2.5-VL-3B-Instruct' (from adapter_config.json): no such directory"
+    with pytest.raises(CheckpointError) as err:
+        load(str(d), device="cpu")
+    assert err.value.message.startswith(said) and "cannot be reached (ConnectionError)" in err.value.message
+    assert "--base LOCAL_DIR" in err.value.hint
+    with pytest.raises(CheckpointError) as err:
+        merge_lora(d, tmp_path / "merged")
+    assert err.value.message.startswith(said) and "--processor-from LOCAL_DIR" in err.value.hint
+    with pytest.raises(CheckpointError, match="--base bigger: no such directory"):  # --base given: its own words
+        load(str(d), base="bigger", device="cpu")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "hi", "solution": "1"}) + "\n")
+    result = cli("sweep", run, "--manifest", manifest, "--out-dir", tmp_path / "sw", "--max-new-tokens", "2", "--json")
+    error = json.loads(result.stdout)["error"]
+    assert result.returncode == 2 and "--base LOCAL_DIR" in error["hint"]
+    assert [p.split(": its base")[0] for p in error["problems"]] == [f"step 5: {run / 'checkpoint-5'}",
+                                                                      f"step 10: {run / 'checkpoint-10'}"]
+    assert all("not in the local Hugging Face cache (HF_HUB_OFFLINE is set)" in p for p in error["problems"])

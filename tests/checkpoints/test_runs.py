@@ -241,3 +241,20 @@ def test_weights_complete_sharded(tmp_path):
     assert not weights_complete(d)
     _safetensors(d / names[1])
     assert weights_complete(d)
+
+
+def test_a_merged_export_whose_adapter_dir_is_gone_is_its_step(tmp_path):
+    """ms-swift: checkpoint-50/ (an adapter) and checkpoint-100-merged/ (swift export --merge_lora), the step-100
+    adapter dir deleted: step 100 is the merged model, for a sweep and for --ckpt on the run."""
+    from vlmfast.checkpoints.locate import locate
+
+    run = tmp_path / SWIFT_NEW
+    _adapter(run / "checkpoint-50")
+    merged = _model(run / "checkpoint-100-merged")
+    assert _steps(find_run_checkpoints(tmp_path)) == [(50, f"{SWIFT_NEW}/checkpoint-50", "lora"),
+                                                      (100, f"{SWIFT_NEW}/checkpoint-100-merged", "ms-swift")]
+    assert locate(str(tmp_path)).path == merged and locate(str(run)).path == merged
+    assert "highest of 2 checkpoint-N dirs" in locate(str(run)).note
+    _adapter(run / "checkpoint-100")  # the adapter kept beside its export: one step 100, the merged model
+    assert _steps(find_run_checkpoints(run)) == [(50, "checkpoint-50", "lora"), (100, "checkpoint-100-merged", "ms-swift")]
+    assert locate(str(run)).path == merged

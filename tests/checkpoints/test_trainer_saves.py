@@ -128,3 +128,78 @@ def test_a_tensor_the_index_does_not_name_is_lost_on_v4(grpo_ckpt, tmp_path, mon
     assert "lm_head.weight" in tensor_index(d)  # 5.x reads every tensor of the shards it opens
     monkeypatch.setattr(importlib.metadata, "version", lambda n: "4.57.6" if n == "transformers" else real(n))
     assert "lm_head.weight" not in tensor_index(d)
+
+
+def test_a_run_whose_every_checkpoint_is_zero3_shards_names_the_consolidation_command(grpo_ckpt, images, tmp_path):
+    """HF Trainer / VLM-R1 under ZeRO-3 for the whole run: no checkpoint-N holds weights. infer, doctor and fix on
+    the run dir name the highest step's zero_to_fp32.py command, as they do on that checkpoint itself."""
+    from conftest import cli
+
+    run = tmp_path / "run"
+    _zero3(grpo_ckpt, run / "checkpoint-10")
+    d = _zero3(grpo_ckpt, run / "checkpoint-30")
+    found = locate(str(run))
+    assert found.path == d and found.kind == "incomplete" and "DeepSpeed ZeRO shards not consolidated" in found.note
+    with pytest.raises(CheckpointError, match="DeepSpeed ZeRO shards in global_step30/ not consolidated") as err:
+        require(found, "model")
+    assert f"python {d / 'zero_to_fp32.py'} {d} {d} --safe_serialization" in err.value.hint
+    (missing,) = [f for f in diagnose(run) if f.code == "weights-missing"]
+    assert missing.location == str(d) and f"python {d / 'zero_to_fp32.py'}" in missing.fix
+    result = cli("infer", "--ckpt", run, "--images", images[0], "--prompt", "hi", "--out", tmp_path / "o.jsonl")
+    assert result.returncode == 2 and f"python {d / 'zero_to_fp32.py'}" in result.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def _fsdp_sharded(d, step):
+    """HF Trainer / TRL under FSDP with SHARDED_STATE_DICT: save_model writes nothing (transformers trainer.py,
+    save_model), _save_checkpoint writes accelerate's pytorch_model_fsdp_0/ and optimizer_0/; no config.json."""
+    for sub in ("pytorch_model_fsdp_0", "optimizer_0"):
+        (d / sub).mkdir(parents=True)
+        (d / sub / "__0_0.distcp").write_bytes(b"dcp")
+        (d / sub / ".metadata").write_bytes(b"dcp")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (d / "scheduler.pt").write_bytes(b"pickle")
+    return d
+
+
+def test_an_fsdp_sharded_state_dict_is_named_with_accelerates_merge_command(tmp_path):
+    run = tmp_path / "run"
+    low, high = _fsdp_sharded(run / "checkpoint-10", 10), _fsdp_sharded(run / "checkpoint-20", 20)
+    merge = f"accelerate merge-weights {high / 'pytorch_model_fsdp_0'} {high}"
+    with pytest.raises(CheckpointError, match="FSDP sharded state dict in pytorch_model_fsdp_0/ not consolidated") as err:
+        locate(str(high))
+    assert merge in err.value.hint and "config.json" in err.value.hint and "from the base model" in err.value.hint
+    with pytest.raises(CheckpointError, match=r"checkpoint-20 \(FSDP sharded state dict not consolidated\)") as err:
+        locate(str(run))
+    assert merge in err.value.hint
+    listing = find_run_checkpoints(run, complete_only=True)
+    assert [(s.step, "FSDP sharded state dict" in s.reason, s.pending) for s in listing.skipped] == [(10, True, False),
+                                                                                                     (20, True, False)]
+    assert f"accelerate merge-weights {low / 'pytorch_model_fsdp_0'} {low}" in listing.skipped[0].hint
+    findings = diagnose(run)
+    assert [(f.severity, f.code, f.location) for f in findings] == [
+        ("error", "weights-missing", str(high)), ("info", "resolved", str(high)), ("info", "trainer-state", "trainer_state.json")]
+    assert merge in findings[0].fix
+
+
+def test_a_shard_lost_from_a_sharded_save_is_named_before_the_tensors_it_held(grpo_ckpt, tmp_path):
+    """An interrupted sharded save: the index names model-00002-of-00002.safetensors, which is absent. The refusal
+    (infer, sweep, bench: require_whole) and doctor name the missing file, never --allow-missing for its tensors."""
+    from safetensors.torch import load_file, save_file
+
+    d = shutil.copytree(grpo_ckpt, tmp_path / "cut", ignore=shutil.ignore_patterns("model.safetensors"))
+    state = load_file(str(grpo_ckpt / "model.safetensors"))
+    names = sorted(state)
+    parts = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+             "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, part in parts.items():
+        save_file({n: state[n] for n in part}, str(d / file), metadata={"format": "pt"})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: file for file, part in parts.items() for n in part}}))
+    (d / "model-00002-of-00002.safetensors").unlink()  # the save was interrupted
+    for allow in ((), ("visual", "lm_head", "model")):
+        with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors: missing") as err:
+            require_whole(locate(str(d)), allow)
+        assert "--allow-missing" not in err.value.hint
+    codes = [f.code for f in diagnose(d)]
+    assert "weights-incomplete" in codes and "weights-lost" not in codes

@@ -149,3 +149,4 @@ def test_a_sweep_lists_it_as_not_evaluated(grpo_ckpt, tmp_path):
     assert _refuse(_Entry(2, d, "checkpoint-2"), options, refused, notes, said.append)
     assert refused[0]["step"] == 2 and "two sets of weights" in refused[0]["reason"]
     assert said == notes and notes[0].startswith("step 2 not evaluated: ")
+    assert notes[0].endswith(f" ({refused[0]['hint']})")  # what to do, as report.json's not_evaluated has it

@@ -18,14 +18,15 @@ from vlmfast.checkpoints.readers import (
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, saved_eos_not_ids, tensor_index,
     incomplete_said, saved_cache_enabled,
 )
-from vlmfast.checkpoints.weight_files import zero_said
+from vlmfast.checkpoints.weight_files import fsdp_sharded_said, shards_said
 from vlmfast.checkpoints.families import (FAMILIES, classes_in_every_version, family_of, installed_transformers,
                                          untested_note, version_tuple)
 from vlmfast.checkpoints.config_family import as_saved
 from vlmfast.checkpoints.findings import (CODES, SEVERITIES, Finding, findings_as_dicts,  # noqa: F401 - importable here
                                           strict_exit_code)
 from vlmfast.checkpoints.weight_findings import adapter_findings, vocab_findings, whole_findings
-from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, locate, require
+from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, fsdp_sharded_dir, locate, require
+from vlmfast.errors import CheckpointError
 
 FLOAT32_MIN_BYTES = 256 * 2**20  # below this, float32 storage costs too little to mention
 # Classes transformers renamed or never had, and what the checkpoint should say instead.
@@ -41,7 +42,12 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     float32 vs a 16-bit base. Float32 storage is otherwise reported from ``float32_min_bytes`` on.
     ``evaluation`` (setting → (value, source), :func:`vlmfast.run.parity.evaluation_settings`) adds the
     settings that differ from the training configuration beside the checkpoint."""
-    target = locate(ckpt)  # hub ids and missing paths: CheckpointError with a hint
+    try:
+        target = locate(ckpt)  # hub ids and missing paths: CheckpointError with a hint
+    except CheckpointError:
+        if (sharded := fsdp_sharded_dir(ckpt)) is None:
+            raise
+        return _fsdp_sharded(Path(str(ckpt)).expanduser(), sharded)
     base_dir = _base_dir(base) if base is not None else None
     d = target.path
     found: list[Finding] = []
@@ -65,8 +71,28 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     return _ordered(found)
 
 
+def doctor_target(ckpt) -> Path:
+    """The directory doctor diagnoses: the one locate finds, or an FSDP sharded save (:func:`fsdp_sharded_dir`)."""
+    try:
+        return locate(ckpt).path
+    except CheckpointError:
+        if (sharded := fsdp_sharded_dir(ckpt)) is None:
+            raise
+        return sharded
+
+
+def _fsdp_sharded(path: Path, d: Path) -> list[Finding]:
+    what, how = fsdp_sharded_said(d)
+    found = [Finding("error", "weights-missing", str(d), what, how)]
+    if d != path:
+        found.append(Finding("info", "resolved", str(d), f"using {d.relative_to(path).as_posix()} (highest checkpoint-N; "
+                             "none holds config.json and weights)", ""))
+    return _ordered(found + _trainer_leftovers(d))
+
+
 def _ordered(found: list[Finding]) -> list[Finding]:
-    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))  # stable: check order within a severity
+    # stable: check order within a severity, but the shards' merge first: the merger writes config files the fixes edit
+    return sorted(found, key=lambda f: (SEVERITIES.index(f.severity), f.code != "fsdp-unmerged"))
 
 
 def _base_dir(base) -> Path:
@@ -280,8 +306,8 @@ def _weights(target: Located, base_dir: Path | None, float32_min_bytes: int) -> 
         out.append(Finding("error", "fsdp-unmerged", str(d.parent),
                            f"{len(target.shards)} FSDP shards ({target.shards[0].name}, ...) are not merged: {d} has no weights",
                            fsdp_merge_hint(target)))
-    elif target.kind == "incomplete" and (zero := zero_said(d)) is not None:
-        out.append(Finding("error", "weights-missing", str(d), zero[0], zero[1]))
+    elif target.kind == "incomplete" and (sharded := shards_said(d)) is not None:
+        out.append(Finding("error", "weights-missing", str(d), sharded[0], sharded[1]))
     elif target.kind == "incomplete":
         out.append(Finding("error", "weights-missing", str(d), "config.json but no weights (*.safetensors / *.bin)",
                            "the save is incomplete: save again, or point at a checkpoint-N that holds weights"))

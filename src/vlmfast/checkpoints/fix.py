@@ -335,7 +335,7 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     from transformers.utils import cached_file
     from transformers.utils import logging as hf_logging
 
-    from vlmfast.checkpoints.lora import has_own_processor, load_adapter_model, require_adapter_whole, resolve_base
+    from vlmfast.checkpoints.lora import has_own_processor, load_adapter_model, locate_base, require_adapter_whole
 
     adapter_dir, out = Path(adapter_dir), Path(out_dir)
     if not is_adapter_dir(adapter_dir) and adapter_dir.is_dir():  # a run dir: its adapter, as doctor and infer find it
@@ -348,8 +348,7 @@ def merge_lora(adapter_dir, out_dir, base=None) -> MergeResult:
     require_adapter_whole(adapter_dir)  # a cut adapter file: said before the base loads
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FixError(f"{out}: exists and is not empty", hint="choose a new output directory")
-    found = require(locate(resolve_base(adapter_dir, base, option="--processor-from"), hub=True,
-                           option="--processor-from" if base else None), "model", "hub")
+    found = locate_base(adapter_dir, base, option="--processor-from")
     base_dir = found.path
 
     def base_file(name: str) -> Path | None:

@@ -258,11 +258,11 @@ def _load_with_adapter(found: Located, base: str | None, merge: bool, **load_kwa
     """The base (``base``, else the one adapter_config.json names) loaded as any checkpoint, then the
     adapter applied with peft. The processor is the adapter dir's own when it has one, else the base's.
     ``source`` is the adapter dir and ``base_source`` the base."""
-    from vlmfast.checkpoints.lora import has_own_processor, load_adapter_model, require_adapter_whole, resolve_base
+    from vlmfast.checkpoints.lora import has_own_processor, load_adapter_model, locate_base, require_adapter_whole
 
     adapter_dir = found.path
     require_adapter_whole(adapter_dir)  # a cut adapter file: said before the base loads
-    base_found = require(locate(resolve_base(adapter_dir, base), hub=True, option="--base" if base else None), "model", "hub")  # not another adapter
+    base_found = locate_base(adapter_dir, base)  # a full model or a hub id, not another adapter
     loaded = load(base_found, **load_kwargs)
     loaded.base_source = loaded.source
     loaded.model = load_adapter_model(loaded.model, adapter_dir, merge)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import (adapter_base_or_none, has_weights, is_adapter_dir, read_json_object,
                                          weights_complete)
-from vlmfast.checkpoints.weight_files import zero_said
+from vlmfast.checkpoints.weight_files import fsdp_sharded_said, shards_said, zero_said
 from vlmfast.errors import CheckpointError
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+MERGED_DIR = re.compile(r"^checkpoint-(\d+)-merged$")  # ms-swift export --merge_lora: "<adapter dir>-merged"
 GLOBAL_STEP_DIR = re.compile(r"^global_step_(\d+)$")  # EasyR1 / verl
 SWIFT_RUN_DIR = re.compile(r"^v(\d+)-")  # ms-swift: output/v0-20250101-120000/checkpoint-N
 FSDP_SHARDS = "model_world_size_*_rank_*.pt"  # EasyR1 per-rank model shards, beside huggingface/
@@ -113,8 +114,8 @@ def require(found: Located, *kinds: str) -> Located:
             f"{found.path} has config.json but no weights",
             hint=fsdp_merge_hint(found),
         )
-    if found.kind == "incomplete" and (zero := zero_said(found.path)) is not None:
-        raise CheckpointError(f"{found.path}: {zero[0]}", hint=zero[1])
+    if found.kind == "incomplete" and (shards := shards_said(found.path)) is not None:
+        raise CheckpointError(f"{found.path}: {shards[0]}", hint=shards[1])
     if found.kind == "incomplete":
         raise CheckpointError(
             f"{found.path}: config.json but no weights (*.safetensors / *.bin)",
@@ -144,7 +145,7 @@ def walk(path: Path) -> Located:
     ``global_step_N/actor/huggingface``; ms-swift ``vX-*/checkpoint-N`` (highest version with weights).
     Raises CheckpointError when nothing there looks like a checkpoint."""
     if (path / "config.json").is_file() and has_weights(path):
-        numbered = numbered_subdirs(path, CHECKPOINT_DIR)
+        numbered = checkpoint_subdirs(path)
         inside = [d.name for _, d in numbered]  # a trainer's final save at the top
         if numbered and not weights_complete(path):  # the final save still being written (or cut short): the
             try:  # highest complete checkpoint-N, as for a run without a final save, and the top one said skipped
@@ -164,14 +165,16 @@ def walk(path: Path) -> Located:
         if (path / sub / "config.json").is_file():
             found = walk(path / sub)
             return Located(found.path, found.kind, f"using {sub}", found.shards)
-    for pattern, label in ((CHECKPOINT_DIR, "checkpoint-N"), (GLOBAL_STEP_DIR, "global_step_N")):
-        if numbered := numbered_subdirs(path, pattern):
+    for numbered, label in ((checkpoint_subdirs(path), "checkpoint-N"), (numbered_subdirs(path, GLOBAL_STEP_DIR), "global_step_N")):
+        if numbered:
             return _highest(path, numbered, label)
     if runs := numbered_subdirs(path, SWIFT_RUN_DIR):
         return _latest_swift_run(path, runs)
     if (path / "config.json").is_file():
         shards = tuple(sorted(path.parent.glob(FSDP_SHARDS))) if path.name == "huggingface" else ()
         return Located(path, "fsdp" if shards else "incomplete", shards=shards)
+    if (sharded := fsdp_sharded_said(path)) is not None:
+        raise CheckpointError(f"{path}: {sharded[0]}", hint=sharded[1])
     raise CheckpointError(
         f"{path}: not a checkpoint (no config.json, no checkpoint-N subdirectories)",
         hint="point at the model directory (the one holding config.json)",
@@ -187,17 +190,41 @@ def numbered_subdirs(path: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
     )
 
 
+def checkpoint_subdirs(path: Path) -> list[tuple[int, Path]]:
+    """``(step, dir)`` for the ``checkpoint-N`` subdirectories, and ``checkpoint-N-merged`` for a step whose
+    ``checkpoint-N`` is not there (ms-swift's ``swift export --merge_lora`` writes the merged model beside the
+    adapter as ``<adapter dir>-merged``, and the adapter dir may be deleted after), highest step first. With
+    both there, the adapter dir stands for the step (:func:`_highest` and the sweep take the merged one beside it)."""
+    numbered = numbered_subdirs(path, CHECKPOINT_DIR)
+    steps = {n for n, _ in numbered}
+    merged = [(n, d) for n, d in numbered_subdirs(path, MERGED_DIR) if n not in steps]
+    return sorted(numbered + merged, key=lambda item: (item[0], item[1].name), reverse=True)
+
+
+def fsdp_sharded_dir(ckpt) -> Path | None:
+    """The checkpoint dir holding an FSDP sharded state dict that ``ckpt`` names (itself, or a run dir's highest
+    checkpoint-N holding one), else None. Such a save has no config.json, so locate finds no model in it; doctor
+    reports it as a finding with the command that consolidates it."""
+    path = Path(str(ckpt)).expanduser()
+    if not path.is_dir():
+        return None
+    return next((d for d in [path] + [d for _, d in checkpoint_subdirs(path)] if fsdp_sharded_said(d) is not None), None)
+
+
 SKIP_REASONS = {"incomplete": "config.json but no weights", "fsdp": "unmerged FSDP shards"}
 
 
 def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Located:
-    located, why = [], {}
+    located, why, refused = [], {}, {}
     for n, child in numbered:
         try:
             located.append((n, child, walk(child)))
-        except CheckpointError:
-            why[child.name] = "no config.json"
+        except CheckpointError as exc:
+            refused[child.name] = exc
+            why[child.name] = ("FSDP sharded state dict not consolidated" if fsdp_sharded_said(child) is not None
+                               else "no config.json")
     why.update({d.name: "DeepSpeed ZeRO shards not consolidated" if f.kind == "incomplete" and zero_said(f.path)
+                else "FSDP sharded state dict not consolidated" if f.kind == "incomplete" and fsdp_sharded_said(f.path)
                 else SKIP_REASONS[f.kind] for _, d, f in located if f.kind in SKIP_REASONS})
     cut = {d.name for _, d, f in located if f.kind in ("model", "adapter") and not weights_complete(f.path)}
     why.update({name: "weights incomplete: a save cut short or still being written" for name in cut})
@@ -221,9 +248,18 @@ def _highest(path: Path, numbered: list[tuple[int, Path]], label: str) -> Locate
     if unmerged:  # EasyR1 before model_merger.py: say so rather than "no weights"
         found = unmerged[0]
         return Located(found.path, "fsdp", f"using {found.path.relative_to(path).as_posix()} (highest {label})", found.shards)
-    raise CheckpointError(
-        f"{path}: none of its {label} dirs ({', '.join(d.name for _, d in numbered[:5])}) holds config.json and weights",
-        hint="point at a directory with config.json and *.safetensors; merge FSDP/LoRA outputs first",
+    sharded = [found for _, _, found in located if found.kind == "incomplete" and shards_said(found.path)]
+    if sharded:  # DeepSpeed ZeRO-3 shards beside config.json: the highest, whose require() and doctor name the command
+        found = sharded[0]
+        return Located(found.path, "incomplete", f"using {found.path.relative_to(path).as_posix()} (highest {label}; "
+                       f"{why[found.path.name]})")
+    listed = ", ".join(f"{d.name} ({why.get(d.name, 'no weights')})" for _, d in numbered[:5])
+    own = next((refused[d.name] for _, d in numbered if d.name in refused and fsdp_sharded_said(d) is not None), None)
+    raise CheckpointError(  # an FSDP sharded save has no config.json: its own message and command, not a generic one
+        f"{path}: none of its {label} dirs holds config.json and weights: {listed}"
+        + (f"; {own.message}" if own is not None else ""),
+        hint=own.hint if own is not None else "point at a directory with config.json and *.safetensors; merge FSDP/LoRA "
+                                              "outputs first",
     )
 
 

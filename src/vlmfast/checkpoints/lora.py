@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import ADAPTER_CONFIG, adapter_base_or_none, has_processor_config, incomplete_adapter
 from vlmfast.errors import CheckpointError
-from vlmfast.checkpoints.locate import HUB_ID
+from vlmfast.checkpoints.locate import HUB_ID, Located, locate, require
 
 # What makes an adapter dir's own processor usable instead of the base's.
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
@@ -42,6 +42,23 @@ def resolve_base(adapter_dir, base: str | None = None, option: str = "--base") -
             hint=f"pass the base model explicitly ({option} BASE): a local copy or a hub id",
         )
     return spec
+
+
+def locate_base(adapter_dir, base: str | None = None, option: str = "--base") -> Located:
+    """The base an adapter runs on, located (a full model or a hub id, probed once): ``base`` when given, its errors
+    led by ``option``; else the one adapter_config.json names, whose errors name the adapter, where the base came
+    from, and ``option`` with a local copy (a hub id the hub cannot give here is not the user's words to fix)."""
+    spec = resolve_base(adapter_dir, base, option)
+    if base is not None:
+        return require(locate(spec, hub=True, option=option), "model", "hub")
+    try:
+        return require(locate(spec, hub=True), "model", "hub")  # not another adapter
+    except CheckpointError as exc:
+        said = exc.message.removeprefix(f"{spec}: ")
+        raise CheckpointError(f"{adapter_dir}: its base {spec!r} (from {ADAPTER_CONFIG}): {said}",
+                              hint=f"pass the base model explicitly ({option} LOCAL_DIR, a local copy of it); "
+                                   f"{exc.hint}" if exc.hint else f"pass the base model explicitly ({option} LOCAL_DIR)"
+                              ) from exc
 
 
 ADAPTER_FIX = ("the adapter file was cut short or is damaged (a copy or save that did not finish): save the adapter "

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from vlmfast.checkpoints.readers import (corrupt_weights, has_weights, incomplete_adapter, incomplete_said, is_adapter_dir,
                                          maybe_json, weights_complete)
-from vlmfast.checkpoints.weight_files import zero_said
+from vlmfast.checkpoints.weight_files import fsdp_sharded_said, shards_said
 from vlmfast.errors import CheckpointError, InputError
-from vlmfast.checkpoints.locate import (CHECKPOINT_DIR, FSDP_SHARDS, GLOBAL_STEP_DIR, SWIFT_RUN_DIR, Located, fsdp_merge_hint,
-                     numbered_subdirs, walk)
+from vlmfast.checkpoints.locate import (FSDP_SHARDS, GLOBAL_STEP_DIR, SWIFT_RUN_DIR, Located, checkpoint_subdirs,
+                                        fsdp_merge_hint, numbered_subdirs, walk)
 
 LAYOUTS = ("hf-trainer", "ms-swift", "easyr1", "lora")
 LOOKED_FOR = "checkpoint-N/, vX-*/checkpoint-N/ (ms-swift) or global_step_N/actor/huggingface/ (EasyR1, verl)"
@@ -65,7 +65,7 @@ def find_run_checkpoints(run_dir, *, steps: Sequence[int] | None = None, complet
     ms-swift: the checkpoints of the latest ``vX-…`` run that has any (older runs' are listed as
     skipped). EasyR1 / verl steps whose ``actor/`` holds only FSDP shards are skipped with the merge
     command as hint. A LoRA adapter checkpoint has layout ``lora`` (a ``checkpoint-N-merged`` beside it
-    is used instead). HF Trainer's final model saved in ``run_dir`` itself counts at the step its
+    is used instead; one whose adapter dir is gone is step N's model). HF Trainer's final model saved in ``run_dir`` itself counts at the step its
     ``trainer_state.json`` records, when that step has no checkpoint-N.
 
     ``steps`` keeps those steps only; a step not found is an InputError listing the steps found.
@@ -118,7 +118,7 @@ def _keep_steps(root: Path, checkpoints, skipped, steps: Sequence[int], complete
 
 def _scan(root: Path, complete_only: bool):
     """(checkpoints, skipped) of the layout found in ``root``; checkpoints None when none is found."""
-    if numbered := numbered_subdirs(root, CHECKPOINT_DIR):
+    if numbered := checkpoint_subdirs(root):
         swift = bool(SWIFT_RUN_DIR.match(root.name)) or (root / "args.json").is_file()
         checkpoints, skipped = _classify_all(numbered, "ms-swift" if swift else "hf-trainer", complete_only)
         _final_model(root, checkpoints, skipped, complete_only)
@@ -148,6 +148,8 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
     except CheckpointError:
         if shards := sorted((d / "actor").glob(FSDP_SHARDS)):
             return _unmerged(step, d, Located(d / "actor" / "huggingface", "fsdp", shards=tuple(shards)))
+        if (sharded := fsdp_sharded_said(d)) is not None:  # never consolidated by the trainer: nothing to wait for
+            return Skipped(d, step, sharded[0], sharded[1])
         # model weights without the config that says their model (an optimizer.bin or training_args.bin is not)
         if any(next(d.glob(g), None) for g in ("*.safetensors", "pytorch_model*.bin", "model*.bin")):
             return Skipped(d, step, "weights but no config.json", "the save was interrupted or is still being written; "
@@ -155,8 +157,8 @@ def _classify(step: int, d: Path, layout: str, complete_only: bool) -> RunCheckp
         return Skipped(d, step, "no config.json and no weights", pending=complete_only)
     if found.kind == "fsdp":
         return _unmerged(step, d, found)
-    if found.kind == "incomplete" and (zero := zero_said(found.path)) is not None:
-        return Skipped(d, step, zero[0], zero[1])  # never written by the trainer: nothing to wait for
+    if found.kind == "incomplete" and (sharded := shards_said(found.path)) is not None:
+        return Skipped(d, step, sharded[0], sharded[1])  # never written by the trainer: nothing to wait for
     if found.kind not in ("model", "adapter"):
         return Skipped(d, step, "config.json but no weights (*.safetensors / *.bin)",
                        "the save was interrupted or is still being written", pending=complete_only)
@@ -204,7 +206,7 @@ def _swift_runs(runs: list[tuple[int, Path]], complete_only: bool):
     """The checkpoints of the latest ms-swift run that has any; the other runs' dirs as skipped."""
     checkpoints, skipped, latest = [], [], None
     for _, run in runs:  # newest first
-        numbered = numbered_subdirs(run, CHECKPOINT_DIR)
+        numbered = checkpoint_subdirs(run)
         if latest is not None:
             skipped += [Skipped(d, step, f"in an older ms-swift run ({run.name}); using {latest.name}",
                                 f"sweep that run on its own: pass {run}") for step, d in numbered]

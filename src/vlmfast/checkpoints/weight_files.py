@@ -9,8 +9,8 @@ an index is there it keeps only the files the index names), so such a directory 
 one engine and the other set on the other. :func:`loaded_files` gives the files transformers reads (what
 the weights fingerprint and the whole-weights check look at); :func:`two_sets_said` says when a directory
 holds both safetensors sets, and :func:`require_one_set` refuses it. :func:`names_read_by_v4`: the tensors
-transformers 4.x reads from a sharded save (only those its index names); :func:`zero_said`: a checkpoint whose
-weights are DeepSpeed ZeRO shards, never consolidated.
+transformers 4.x reads from a sharded save (only those its index names); :func:`zero_said` and :func:`fsdp_sharded_said`: a checkpoint whose
+weights are DeepSpeed ZeRO or FSDP sharded-state-dict shards, never consolidated.
 
 No torch, no transformers, no other vlmfast module but errors: the readers build on it.
 """
@@ -201,3 +201,29 @@ def zero_said(directory) -> tuple[str, str] | None:
             "stage3_gather_16bit_weights_on_model_save)",
             f"consolidate them into the checkpoint: python {d / 'zero_to_fp32.py'} {d} {d} --safe_serialization "
             "(DeepSpeed's script, saved beside them), then rerun")
+
+
+def fsdp_sharded_said(directory) -> tuple[str, str] | None:
+    """(what, how to fix) for a checkpoint dir whose model is an FSDP ``SHARDED_STATE_DICT`` save, else None.
+    HF Trainer's ``save_model`` writes nothing under FSDP unless the state dict type is FULL_STATE_DICT
+    (transformers/trainer.py, ``save_model``); ``_save_checkpoint`` then writes accelerate's
+    ``save_fsdp_model`` output, a torch.distributed.checkpoint dir ``pytorch_model_fsdp_0/``
+    (accelerate/utils/fsdp_utils.py), and no config.json, tokenizer or processor. ``accelerate merge-weights``
+    (accelerate/commands/merge.py) turns it into ``OUT/model.safetensors``."""
+    d = Path(directory)
+    shards = sorted(p for p in d.glob("pytorch_model_fsdp_*") if p.is_dir())
+    if not shards:
+        return None
+    no_config = not (d / "config.json").is_file()
+    return (f"no model weights: an FSDP sharded state dict in {shards[0].name}/ not consolidated (FSDP's "
+            f"SHARDED_STATE_DICT saves per-rank distributed-checkpoint files{', and no config.json' if no_config else ''})",
+            f"consolidate it into the checkpoint: accelerate merge-weights {shards[0]} {d} (writes "
+            f"{d / 'model.safetensors'})" + (", then copy config.json, generation_config.json and the tokenizer and "
+                                              f"processor files from the base model into {d}" if no_config else "")
+            + ", then rerun")
+
+
+def shards_said(directory) -> tuple[str, str] | None:
+    """(what, how to fix) for a checkpoint dir whose weights are a trainer's shards never consolidated: DeepSpeed
+    ZeRO (:func:`zero_said`) or FSDP's sharded state dict (:func:`fsdp_sharded_said`); None otherwise."""
+    return zero_said(directory) or fsdp_sharded_said(directory)

@@ -25,7 +25,7 @@ def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]
     it, the tensors the model class expects (built on the meta device) against the saved ones (those
     transformers loads), and with ``--base``, the saved ones against the base's."""
     from vlmfast.checkpoints.config_family import family_mismatch
-    from vlmfast.checkpoints.readers import tensor_index
+    from vlmfast.checkpoints.readers import incomplete_said, tensor_index
     from vlmfast.checkpoints.weights import check_weights, compare_with_base, fix_hint
 
     if target.kind != "model":
@@ -42,7 +42,7 @@ def whole_findings(target, config: dict, base_dir: Path | None) -> list[Finding]
     if mismatch is not None:  # config.json of another model: its class's lost and unexpected tensors say no more
         return out + [mismatch.finding(check, base_dir)]
     out += _tied_head(d, config, check)
-    if check is not None and check.missing:
+    if check is not None and check.missing and incomplete_said(d) is None:  # a shard absent or cut: weights-incomplete
         head = (" (tie_word_embeddings is false: the LM head is its own matrix, and the save lost it)"
                 if check.head_lost else "")
         out.append(Finding("error", "weights-lost", "*.safetensors",

@@ -212,7 +212,9 @@ def _shown_prefix(prefix: str, members: set[str], shown: dict | None) -> str:
 
 def require_whole(found, allow_missing=(), engine: str = "hf") -> WeightsCheck | None:
     """For ``infer`` and ``sweep``: a CheckpointError (exit 2, nothing written) when a local model
-    checkpoint holds two sets of weights (``model.safetensors`` beside a sharded set), lacks tensors its
+    checkpoint's configs cannot be read, its weight files are cut short or absent (checked first: the tensors
+    they held are lost to the save, not meant to be missing), it holds two sets of weights (``model.safetensors``
+    beside a sharded set), lacks tensors its
     class expects (beyond ``allow_missing``) or holds one of another shape, when its config.json names another
     family than its tensors are, or when an adapter's weight file is not whole; else the check (None when it
     could not be made: a hub id, an adapter, no safetensors, no class). With ``engine`` ``vllm``, also one that
@@ -224,11 +226,10 @@ def require_whole(found, allow_missing=(), engine: str = "hf") -> WeightsCheck |
     if found is None or not found.is_local or found.kind != "model":
         return None
     from vlmfast.checkpoints.config_family import refuse_mismatch
-    from vlmfast.checkpoints.readers import read_json_object, tensor_index
-    from vlmfast.checkpoints.weight_files import require_one_set
+    from vlmfast.checkpoints.readers import read_json_object, require_loadable, tensor_index
 
     d = Path(found.path)
-    require_one_set(d)  # two sets: which one would run is not what the user thinks it is
+    require_loadable(d)  # two sets, or a file cut short or absent: said as such, not as tensors --allow-missing could pass
     if engine == "vllm":
         from vlmfast.checkpoints.heads import refuse_for_vllm
 

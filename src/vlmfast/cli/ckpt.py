@@ -21,14 +21,13 @@ def doctor(
     """Diagnose a trained checkpoint: cache off, lost EOS or processor files, unmerged shards, LoRA, unsafe weights."""
 
     def run():
-        from vlmfast.checkpoints.doctor import diagnose, findings_as_dicts, strict_exit_code
-        from vlmfast.checkpoints.locate import locate
+        from vlmfast.checkpoints.doctor import diagnose, doctor_target, findings_as_dicts, strict_exit_code
         from vlmfast.report.terminal import print_json, render_findings
 
         from vlmfast.run.options import InferOptions
         from vlmfast.run.parity import evaluation_settings
 
-        where = str(locate(ckpt).path)
+        where = str(doctor_target(ckpt))
         # what `vlmfast infer --ckpt CKPT` would use, against the training configuration beside it
         findings = diagnose(ckpt, base=base, evaluation=evaluation_settings(InferOptions(ckpt=ckpt)))
         if json_out:

@@ -176,8 +176,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             mended |= {r["path"] for r in refused if r["path"] in signs and r["step"] in listed
                        and files_signature(r["path"]) != signs[r["path"]]}
             broken -= mended
-            notes[:] = [n for n in notes if n not in {f"step {r['step']} not evaluated: {r['reason']}" for r in refused
-                                                      if r["path"] in mended}]
+            notes[:] = [n for n in notes if n not in {_refused_note(f"step {r['step']}", r["reason"], r["hint"])
+                                                      for r in refused if r["path"] in mended}]
             refused[:] = [r for r in refused if r["path"] not in mended]
             seen |= {r["step"] for r in refused}
             for c in rewritten(looked.checkpoints, figures, options):  # saved again in place: its rows are stale
@@ -197,7 +197,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         why = sorted([*why, *((r["step"], r["reason"]) for r in refused)], key=lambda w: (w[0] is None, w[0] or 0))
         listing_ = "\n".join(f"  - step {step}: {reason}" for step, reason in why[:20])
         raise CheckpointError(f"no checkpoint of {options.run_dir} could be evaluated:\n{listing_}",
-                              hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)")
+                              hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)",
+                              problems=[f"step {step}: {reason}" for step, reason in why])
     report = _report(options, figures, notes, tables, by)
     if interrupted and not options.watch:  # stopped by hand: exit 130 and --json's error object, the gate not judged
         report.update(interrupted=True, gate=None, exit_code=EXIT_INTERRUPTED, error={"message": notes[-1], "problems": [],
@@ -259,8 +260,13 @@ def _not_evaluated(entry: _Entry, exc, refused: list[dict], notes: list[str], sa
     reason = exc.message if len(exc.message) <= 300 else exc.message[:297] + "…"  # a loader's may list every model
     refused.append({"step": entry.step, "path": str(entry.path), "reason": reason, "hint": exc.hint})
     label = "base" if entry.label == "base" else f"step {entry.step}"
-    notes.append(f"{label} not evaluated: {reason}")
+    notes.append(_refused_note(label, reason, exc.hint))
     say(notes[-1])
+
+
+def _refused_note(label: str, reason: str, hint: str | None) -> str:
+    """A checkpoint not evaluated, as the notes say it: the reason and what to do, as a skipped dir's note."""
+    return f"{label} not evaluated: {reason}" + (f" ({hint})" if hint else "")
 
 
 def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir: Path, progress, say, tables,
