@@ -58,14 +58,16 @@ def test_an_engine_in_other_processes_reports_this_process_memory_and_starts_no_
     assert report.peak_mem_mib > 0  # the resident memory (on a machine without CUDA, asking CUDA's allocator raised)
 
 
-def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatch):
+def test_a_resume_with_every_id_done_opens_no_engine(small, tmp_path, monkeypatch, base_ckpt):
+    import shutil
+
     import vlmfast.engines.open
+    from conftest import edit_json
 
     out = tmp_path / "r.jsonl"
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "use_cache": False}))
-    (ckpt / "model.safetensors").write_bytes(b"")
+    shutil.copytree(base_ckpt, ckpt)  # whole weights: a checkpoint that would load, and is not loaded
+    edit_json(ckpt / "config.json", lambda c: c.update(use_cache=False))
     infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(out)), backend=FakeBackend())
 
     def no_engine(*args, **kwargs):
@@ -349,7 +351,7 @@ def test_overwrite_keeps_the_old_rows_when_the_run_fails_before_it_can_write(sma
     assert [r["answer"] for r in read_jsonl(out)] == ["A"] * 4  # a run that starts replaces them
 
 
-def test_out_naming_an_input_is_refused_before_anything_is_written(small, tmp_path):
+def test_out_naming_an_input_is_refused_before_anything_is_written(small, tmp_path, base_ckpt):
     """--out that is the manifest, an image or a file of the checkpoint would replace what the run reads."""
     manifest = tmp_path / "val.jsonl"
     manifest.write_text("".join(json.dumps({"id": f"q{i}", "image": p, "prompt": "Which?"}) + "\n"
@@ -363,13 +365,10 @@ def test_out_naming_an_input_is_refused_before_anything_is_written(small, tmp_pa
         infer(_options(small, image, overwrite=True), backend=FakeBackend())
     assert Image.open(image).size == (56, 56)
 
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
-    (ckpt / "model.safetensors").write_bytes(b"")
+    config = (base_ckpt / "config.json").read_bytes()
     with pytest.raises(UsageError, match="is a file of the checkpoint"):
-        infer(InferOptions(ckpt=str(ckpt), images=small, prompt="Which?", out=str(ckpt / "config.json"), overwrite=True))
-    assert json.loads((ckpt / "config.json").read_text()) == {"model_type": "qwen2_5_vl"}
+        infer(InferOptions(ckpt=str(base_ckpt), images=small, prompt="Which?", out=str(base_ckpt / "config.json"), overwrite=True))
+    assert (base_ckpt / "config.json").read_bytes() == config
 
 
 def test_the_rate_counts_from_the_mark_not_from_the_load(monkeypatch, capsys):
