@@ -56,3 +56,17 @@ def test_rescoring_in_place_while_a_run_writes_the_file_is_refused(tmp_path):
     assert out.returncode == 2 and f"--out {results} is being written by another vlmfast run (process " in out.stderr
     assert (results.read_bytes(), (tmp_path / "step-100.run.json").read_bytes()) == before
     assert cli("score", results, "--manifest", manifest, "--scorer", "contains", "--out", results).returncode == 0
+
+
+def test_a_sweeps_damaged_record_is_refused_beside_rows_and_passed_over_without_them(tmp_path):
+    """An unreadable step record vouches for nothing: beside rows a resume could mix two settings (refused), and
+    without rows the step runs afresh and writes its own (a sweep was refused and offered only --overwrite)."""
+    from vlmfast.run.sweep_record import check
+
+    _, results, settings = _run_files(tmp_path)
+    (tmp_path / "step-100.run.json").write_text("")
+    with pytest.raises(UsageError, match=r"step-100\.run\.json: the record .* is unreadable") as err:
+        check(tmp_path, settings, overwrite=False)
+    assert "--out-dir" in err.value.hint
+    results.unlink()
+    assert check(tmp_path, settings, overwrite=False) == []

@@ -86,10 +86,13 @@ def check(out_dir: Path, settings: dict, overwrite: bool) -> list[str]:
         aside = move_aside(out_dir, old)
         return [f"--overwrite: the earlier sweep's {len(old)} results and record file(s) were moved to {aside} "
                 "(delete it once this sweep's figures are what you want)"]
+    from vlmfast.files import holds_rows
+
     notes = []
     for path in records:
+        results = path.with_name(path.name.removesuffix(".run.json") + ".jsonl")
         said = compare(path, settings, f"{out_dir} holds rows made with other settings ({path.name})",
-                       hint="rerun with --overwrite to start afresh, or give another --out-dir")
+                       hint="rerun with --overwrite to start afresh, or give another --out-dir", rows=holds_rows(results))
         if said and not notes:
             notes.append(f"{out_dir}: {said}")
     return notes
@@ -107,13 +110,14 @@ def move_aside(out_dir: Path, paths: list[Path]) -> Path:
     return aside
 
 
-def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
+def compare(path: Path, settings: dict, what: str, hint: str, rows: bool = True) -> str | None:
     """A UsageError (``what``: the differences follow) when the record at ``path`` holds other settings than
     ``settings``; else a note when other versions made its rows (None when they are the same). Only the
     settings the record holds are compared: a sweep's names no ``ckpt`` (its file names the step), and one
     ``infer`` wrote (a sweep's step cut short) no inputs, which may grow between runs. A record that is there but
-    unreadable (empty, cut short, not a run's) is refused as a missing one is: read as "no difference", a resume
-    completed the rows with other settings, and a sweep then wrote a record that vouched for them."""
+    unreadable (empty, cut short, not a run's) is refused as a missing one is when ``rows`` lie beside it: read as
+    "no difference", a resume completed the rows with other settings, and a sweep then wrote a record that vouched
+    for them. Without rows it vouches for nothing: the step's own record replaces it."""
     try:
         earlier = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -121,6 +125,8 @@ def compare(path: Path, settings: dict, what: str, hint: str) -> str | None:
     except (OSError, ValueError) as exc:
         earlier = f"{type(exc).__name__}: {str(exc)[:80]}"
     if not isinstance(earlier, dict) or not isinstance(earlier.get("settings"), dict):
+        if not rows:
+            return None
         why = earlier if isinstance(earlier, str) else "no settings in it"
         raise UsageError(f"{path}: the record of the settings and weights that made the rows beside it is unreadable "
                          f"({why}): resuming could mix the answers of two models or prompts", hint=hint)
