@@ -63,7 +63,7 @@ def test_a_failed_request_counts_as_k_wrong_answers(tmp_path, shape):
     assert tables[100]["q10"] == (0.0, False, False)
     assert max(figures, key=lambda f: f["accuracy"])["step"] == 200
     assert said == ["step 100: 3 request(s) the run failed on (e.g. q9: out of memory even alone) count as wrong "
-                    "(8 answers each, as --n), as other checkpoints answered those requests"]
+                    "(24 wrong answer(s): each made up to 8 answers, as --n), as other checkpoints answered those requests"]
 
 
 def test_a_request_failed_on_some_samples_counts_k_answers_its_own_kept(tmp_path):
@@ -74,7 +74,8 @@ def test_a_request_failed_on_some_samples_counts_k_answers_its_own_kept(tmp_path
     specs = {100: {"q0": [1, 1, 1, 1], "q1": [1, None, 1, None]},
              200: {"q0": [1, 1, 1, 1], "q1": [1, 1, 1, 1]}}
     figures, tables = _figures(tmp_path, specs)
-    judge_failed(figures, tables)
+    said = judge_failed(figures, tables)
+    assert "count as wrong (2 wrong answer(s): each made up to 4 answers, as --n)" in said[0]  # not 4 per request
     assert (figures[0]["scored"], figures[0]["accuracy"]) == (8, 0.75)
     assert tables[100]["q1"][0] == 0.5
     assert figures[0]["samples"]["solve_rate_histogram"] == [0, 0, 1, 0, 1]
@@ -117,6 +118,10 @@ def test_the_coarse_search_steers_by_the_accuracy_with_failed_requests_counted_w
     # --n 4: a failed request is 4 error rows (errors) and one request (failed_requests), 4 wrong answers
     k4 = {"accuracy": 0.5, "scored": 8, "errors": 4, "failed_requests": 1, "samples": {"samples_per_request": 4}}
     assert steering_accuracy(k4) == 4 / 12
+    # a request that failed on 2 of its 4 samples lacks 2 answers, not 4: steered as the report judges it (6 of 8)
+    partial = {"accuracy": 1.0, "scored": 6, "errors": 2, "failed_requests": 1, "failed_answers": 2,
+               "samples": {"samples_per_request": 4}}
+    assert steering_accuracy(partial) == 6 / 8
     assert steering_accuracy({"accuracy": 0.5, "scored": 8, "errors": 0}) == 0.5
     assert steering_accuracy({"accuracy": None, "scored": 0, "errors": 3}) is None
     # step 300 finished 8 of 9 right and failed 3: as finished it looks best and draws the search to 200 and 400
@@ -160,4 +165,5 @@ def test_a_sweep_with_n_counts_a_broken_image_once(tmp_path, images):
     assert (steps[300]["errors"], steps[300]["failed_requests"]) == (0, 0)
     notes = [n for n in report["notes"] if n.startswith("step 100: ")]
     assert len(notes) == 1 and notes[0].startswith("step 100: 1 request(s) the run failed on (e.g. x2: ")
-    assert "count as wrong (2 answers each, as --n)" in notes[0]
+    assert "count as wrong (2 wrong answer(s): each made up to 2 answers, as --n)" in notes[0]
+    assert steps[100]["failed_answers"] == 2

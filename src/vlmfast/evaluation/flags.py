@@ -115,6 +115,19 @@ def failed_as_wrong(rows: list[dict], elsewhere: set[str]) -> tuple[list[dict], 
     return out, [e[0] for e in errors.values()], k
 
 
+def missing_answers(rows: list[dict], ids: set[str] | None = None) -> int:
+    """How many answers the requests with error rows (those in ``ids``, or all) lack of k, a request's most
+    answers: the wrong answers :func:`failed_as_wrong` makes of them (k per request failed on every sample, fewer
+    for one that failed on some)."""
+    from collections import Counter
+
+    per_id = Counter(str(r.get("id")) for r in rows)
+    k = max(per_id.values(), default=1)
+    answered = Counter(str(r.get("id")) for r in rows if r.get("error") is None)
+    failed = {str(r.get("id")) for r in rows if r.get("error") is not None and (ids is None or str(r.get("id")) in ids)}
+    return sum(max(k - answered[i], 0) for i in failed)
+
+
 def judged_tables(rows_by_step: dict[int, list[dict]]) -> dict[int, dict]:
     """step → the :func:`vlmfast.evaluation.flags.per_request` table of its rows judged as a sweep's report
     judges them (so the page counts the flips report.json counts): answers the reward function raised on

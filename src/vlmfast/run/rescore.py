@@ -341,19 +341,21 @@ def judge_failed(figures: list[dict], tables: dict, groups=None) -> list[str]:
     k wrong answers with ``--n k``, however many error rows it has (:func:`vlmfast.evaluation.flags.failed_as_wrong`);
     the note counts requests. Requests no step answered stay out of every step's figures. Figures, ``--by`` groups (``groups``: the column's values by id and its name)
     and per-request tables updated in place; returns what to say."""
-    from vlmfast.evaluation.flags import failed_as_wrong, reward_errors_as_wrong
+    from vlmfast.evaluation.flags import failed_as_wrong, missing_answers, reward_errors_as_wrong
 
     said = []
     for f in figures:
         if not f.get("errors") or not Path(f["results"]).is_file():
             continue
         elsewhere = set().union(*(set(t) for step, t in tables.items() if step != f["step"]))
-        rows, failed, k = failed_as_wrong(_rows_of(f), elsewhere)
+        before = _rows_of(f)
+        rows, failed, k = failed_as_wrong(before, elsewhere)
         if not failed:
             continue
         _rejudge(f, tables, reward_errors_as_wrong(rows, True)[0], groups)
+        made = f" ({missing_answers(before, elsewhere)} wrong answer(s): each made up to {k} answers, as --n)" if k > 1 else ""
         said.append(f"{_name(f)}: {len(failed)} request(s) the run failed on (e.g. {failed[0].get('id')}: "
-                    f"{str(failed[0]['error'])[:80]}) count as wrong{f' ({k} answers each, as --n)' if k > 1 else ''}, as other checkpoints answered those requests")
+                    f"{str(failed[0]['error'])[:80]}) count as wrong{made}, as other checkpoints answered those requests")
     return said
 
 

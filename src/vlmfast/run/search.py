@@ -44,16 +44,18 @@ def steering_accuracy(figures: dict) -> float | None:
     """The accuracy the search steers by: a step's failed requests (out of memory even alone, vLLM's unfinished
     rows) count as wrong, as the report judges them once other steps answered them — a step that finished 8 of
     9 right and failed 3 must not look best and draw the search to its neighbours. A request that fails on
-    every step lowers every step alike. With ``--n K`` a failed request stands for K answers, however many error
-    rows it has (``failed_requests`` counts requests; ``errors`` counts rows, K per request from vlmfast's
-    runner, and stands in for requests only in figures without ``failed_requests``). The figures do not say which
-    failed requests have a ground truth, so all count: the search steers, the report then judges."""
+    every step lowers every step alike. With ``--n K`` a failed request stands for the answers it lacks of K,
+    however many error rows it has (``failed_answers``; figures without it: ``failed_requests`` × K, or ``errors``
+    × K where only rows were counted). The figures do not say which failed requests have a ground truth, so all
+    count: the search steers, the report then judges."""
     accuracy, scored = figures.get("accuracy"), figures.get("scored") or 0
-    failed = figures.get("failed_requests", figures.get("errors")) or 0
-    if accuracy is None or not failed:
+    missing = figures.get("failed_answers")
+    if missing is None:
+        k = (figures.get("samples") or {}).get("samples_per_request") or 1
+        missing = (figures.get("failed_requests", figures.get("errors")) or 0) * k
+    if accuracy is None or not missing:
         return accuracy
-    k = (figures.get("samples") or {}).get("samples_per_request") or 1
-    return accuracy * scored / (scored + failed * k)
+    return accuracy * scored / (scored + missing)
 
 
 def search(steps: Sequence[int], evaluate: Callable[[int], float | None], every: int | None = None) -> list[int]:

@@ -318,7 +318,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
 
 
 def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:
-    from vlmfast.evaluation.flags import per_request
+    from vlmfast.evaluation.flags import missing_answers, per_request
     from vlmfast.evaluation.health import health
     from vlmfast.evaluation.samples import request_interval
     from vlmfast.evaluation.stats import summarize
@@ -337,6 +337,7 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
         "tokens_per_s": report.tokens_per_s, "decode_row_utilization": getattr(report, "decode_row_utilization", None),
         f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
         "errors": len(rows) - len(ok), "failed_requests": len({str(r.get("id")) for r in rows if r.get("error") is not None}),
+        "failed_answers": missing_answers(rows),
         "reward_errors": sum(r.get("reward_error") is not None for r in ok),
     }
     if "samples" in scores:
