@@ -267,6 +267,12 @@ def test_the_truth_is_written_as_the_source_holds_it_and_only_a_json_box_is_chec
                                        "solution": t}) + "\n" for i, t in enumerate(truths)))
     assert [r["solution"] for r in convert_file(str(src))] == truths
     src.write_text(json.dumps({"image": "a.png", "problem": "p", "solution": [4, 3, 2, 1]}) + "\n")
+    with pytest.raises(InputError, match="reversed"):  # a VLM-R1 REC record's solution is its box
+        convert_file(str(src))
+    ranking = {"messages": [{"role": "user", "content": "<image>Rank"}], "images": ["a.png"], "solution": [4, 3, 2, 1]}
+    src.write_text(json.dumps(ranking) + "\n")  # an ms-swift list: a box only where it names a box scorer
+    assert convert_file(str(src))[0]["solution"] == [4, 3, 2, 1]
+    src.write_text(json.dumps({**ranking, "scorer": "bbox"}) + "\n")
     with pytest.raises(InputError, match="reversed"):
         convert_file(str(src))
 

@@ -157,7 +157,7 @@ def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
     # whitespace, as --manifest reads the same line (vlmr1_row)
     row = _row(record, index, images, prompt, strip=False)
     scorer = record.get("scorer") or VLMR1_SCORERS.get(record.get("accu_reward_method"))
-    return _with_truth(row, truth, scorer)
+    return _with_truth(row, truth, scorer, box=scorer in (None, *_BOX_SCORERS))  # a REC file's solution is its box
 
 
 def _from_swift(record: dict, index: int, image_root: str | None) -> dict:
@@ -168,7 +168,7 @@ def _from_swift(record: dict, index: int, image_root: str | None) -> dict:
     row = _row(record, index, _images(record, image_root), prompt)
     if system:
         row["system"] = system
-    return _with_truth(row, reply if truth is None else truth, record.get("scorer"))
+    return _with_truth(row, reply if truth is None else truth, record.get("scorer"), box=record.get("scorer") in _BOX_SCORERS)
 
 
 def _images(record: dict, image_root: str | None) -> list[str]:
@@ -199,14 +199,18 @@ def _row(record: dict, index: int, images: list[str], prompt: str, strip: bool =
     return row
 
 
-def _with_truth(row: dict, truth, scorer: str | None) -> dict:
+_BOX_SCORERS = ("bbox", "vlm-r1-rec")
+
+
+def _with_truth(row: dict, truth, scorer: str | None, box: bool) -> dict:
     """``truth`` is written as the source holds it: a trainer's reward function (``--reward``) is handed the
     manifest's value as written, and would score a stripped or decoded one differently (ms-swift's ORMs match
     against the text, VLM-R1's rewards find the answer tags in it); the built-in scorers read inside."""
     if scorer is not None and scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r} (choose one of: {', '.join(SCORERS)})")
-    if isinstance(truth, list) and truth and all(isinstance(v, (int, float)) for v in truth):
-        _check_box(truth)  # a REC record's box, a JSON list; a text such as "[4, 3, 2, 1]" may be any answer
+    if box and isinstance(truth, list) and truth and all(isinstance(v, (int, float)) for v in truth):
+        _check_box(truth)  # a box (``box``: a REC record's, or one a box scorer reads), given as a JSON list; a
+        # text such as "[4, 3, 2, 1]", or an ms-swift list that names no box scorer, may be any answer
     if truth_text(truth) is None:
         return row
     row["solution"] = truth  # a box needs no scorer written: auto picks bbox by its shape, and --scorer still applies
