@@ -258,3 +258,15 @@ def test_a_merged_export_whose_adapter_dir_is_gone_is_its_step(tmp_path):
     _adapter(run / "checkpoint-100")  # the adapter kept beside its export: one step 100, the merged model
     assert _steps(find_run_checkpoints(run)) == [(50, "checkpoint-50", "lora"), (100, "checkpoint-100-merged", "ms-swift")]
     assert locate(str(run)).path == merged
+
+
+def test_two_dirs_of_one_step_give_one_checkpoint_and_the_other_is_skipped(tmp_path):
+    """checkpoint-100 and checkpoint-0100 would both be step 100 and write one step-100.jsonl, the second replacing
+    the first's rows with a false "the weights changed" note; the plain spelling stands for the step."""
+    _model(tmp_path / "checkpoint-100")
+    _model(tmp_path / "checkpoint-0100")
+    _model(tmp_path / "checkpoint-200")
+    listing = find_run_checkpoints(tmp_path)
+    assert [(c.step, c.path.name) for c in listing.checkpoints] == [(100, "checkpoint-100"), (200, "checkpoint-200")]
+    assert [(s.step, s.path.name) for s in listing.skipped] == [(100, "checkpoint-0100")]
+    assert "another dir of step 100 (checkpoint-100) stands for it" in listing.skipped[0].reason

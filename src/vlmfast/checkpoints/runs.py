@@ -131,8 +131,16 @@ def _scan(root: Path, complete_only: bool):
 
 
 def _classify_all(numbered: list[tuple[int, Path]], layout: str, complete_only: bool):
-    checkpoints, skipped = [], []
+    """Each numbered dir classified. Two dirs of one step (``checkpoint-100`` and ``checkpoint-0100``) would write
+    one ``step-100.jsonl``, the second replacing the first's rows as if its weights had changed: the first (the
+    plain spelling, which sorts first) stands for the step, the other is listed as skipped."""
+    checkpoints, skipped, seen = [], [], {}
     for step, d in numbered:
+        if step in seen:
+            skipped.append(Skipped(d, step, f"another dir of step {step} ({seen[step].name}) stands for it: one step, one "
+                                   "results file", f"rename or move {d.name} aside to evaluate it"))
+            continue
+        seen[step] = d
         found = _classify(step, d, layout, complete_only)
         if isinstance(found, RunCheckpoint):
             checkpoints.append(found)
