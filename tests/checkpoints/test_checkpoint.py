@@ -199,6 +199,26 @@ def test_missing_processor_is_a_clear_error(grpo_ckpt, tmp_path):
     assert "base model" in err.value.hint
 
 
+def test_a_chat_template_kept_in_tokenizer_config_only_is_the_one_used(grpo_ckpt, tmp_path):
+    """An older save keeps the template in tokenizer_config.json alone: doctor counts it, and the run took
+    the released Qwen2-VL one instead (other tokens), saying the checkpoint had none."""
+    import json
+
+    ckpt = _copy(grpo_ckpt, tmp_path)
+    own = load(str(grpo_ckpt), device="cpu").processor.chat_template
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (ckpt / name).unlink(missing_ok=True)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        if (ckpt / name).exists():
+            edit_json(ckpt / name, lambda c: c.pop("chat_template", None))
+    config = json.loads((ckpt / "tokenizer_config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": own}))
+    loaded = load(str(ckpt), device="cpu")
+    assert loaded.processor.chat_template == own
+    assert not any("has no chat template" in n for n in loaded.notes)
+    assert any("the chat template is the tokenizer's" in n for n in loaded.notes)
+
+
 def test_missing_chat_template_falls_back_to_chatml_and_says_so(grpo_ckpt, images, tmp_path):
     from vlmfast.engines.hf.engine import Engine, GenerationSettings
     from vlmfast.inputs.requests import Request

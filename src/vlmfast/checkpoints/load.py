@@ -305,6 +305,10 @@ def load_processor(path, *, trust_remote_code: bool, hint: str, template: str | 
                               hint="preprocessor_config.json / processor_config.json is missing: " + hint)
     tokenizer.padding_side = "left"
     notes = []
+    own = getattr(tokenizer, "chat_template", None)  # an older save keeps it in tokenizer_config.json only
+    if getattr(processor, "chat_template", None) is None and template is None and isinstance(own, str) and own:
+        processor.chat_template = own  # the checkpoint's own: the processor does not read it from there
+        notes.append("the chat template is the tokenizer's (tokenizer_config.json): the processor has none of its own")
     if getattr(processor, "chat_template", None) is None:
         # Qwen2-VL and Qwen2.5-VL: their released template, whose default system turn the run was trained with
         released = type(processor).__name__ in ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
