@@ -288,6 +288,16 @@ def test_finding_fires_on_its_fixture(case, base_ckpt, grpo_ckpt, layouts, tmp_p
         assert f.message and (f.fix or f.severity == "info")
 
 
+def test_a_generation_config_without_eos_is_what_generate_stops_on(base_ckpt, tmp_path):
+    """generate reads generation_config.json alone when it is there (no EOS of config.json is merged in): one
+    without eos_token_id stops on nothing; doctor said config.json's list, a warning at the wrong place."""
+    d = _copy(base_ckpt, tmp_path / "c")
+    edit_json(d / "generation_config.json", lambda c: c.pop("eos_token_id"))
+    found = [f for f in diagnose(d) if f.code.startswith("eos-")]
+    assert [(f.severity, f.code, f.location) for f in found] == [("error", "eos-missing-im-end", "generation_config.json: eos_token_id")]
+    assert found[0].message.startswith("EOS list [] lacks <|im_end|>")
+
+
 def test_clean_base_has_no_findings(base_ckpt, layouts):
     assert diagnose(base_ckpt) == []
     assert diagnose(base_ckpt, base=base_ckpt) == []

@@ -124,8 +124,12 @@ def token_ids(values) -> list[int]:
 
 
 def _saved_eos_values(config: dict, generation: dict | None) -> tuple[list, str]:
-    for where, data in (("generation_config.json: eos_token_id", generation), ("config.json: eos_token_id", config),
-                        ("config.json: text_config.eos_token_id", config.get("text_config"))):
+    """A generation_config.json, when there is one, is all plain generate reads (transformers 4.57 and 5 load it
+    and take nothing of config.json's EOS into it): one without ``eos_token_id`` stops on nothing. Without the
+    file, generate builds its settings from config.json."""
+    sources = ((("generation_config.json: eos_token_id", generation),) if isinstance(generation, dict) else
+               (("config.json: eos_token_id", config), ("config.json: text_config.eos_token_id", config.get("text_config"))))
+    for where, data in sources:
         if isinstance(data, dict) and data.get("eos_token_id") is not None:
             value = data["eos_token_id"]
             return (value if isinstance(value, list) else [value]), where
