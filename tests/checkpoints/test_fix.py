@@ -361,3 +361,42 @@ def test_an_eos_written_as_text_is_said_and_replaced_not_a_traceback(base_ckpt, 
     assert found.message.startswith("EOS list [] (and '<|im_end|>', which is no token id) lacks <|im_end|>")
     apply_fix(plan_fix(d))
     assert set(json.loads((d / "generation_config.json").read_text())["eos_token_id"]) == set(full)
+
+
+def test_a_base_of_another_family_is_refused_before_anything_is_written(family_ckpts, tmp_path):
+    """A Qwen2.5-VL base for a Qwen3.5 checkpoint: fix replaced its right EOS list with ids that are plain tokens
+    in Qwen3.5's vocabulary and copied a processor that cuts 14-pixel patches for a 16-pixel tower; doctor then
+    passed and infer crashed. An MoE model and its dense kin share processor and vocabulary: taken."""
+    from vlmfast.checkpoints.config_family import refuse_other_family
+
+    d = tmp_path / "c"
+    shutil.copytree(family_ckpts("qwen3_vl"), d)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (d / name).unlink(missing_ok=True)
+    before = _digests(d)
+    with pytest.raises(CheckpointError, match=r"--processor-from .*: a Qwen2\.5-VL model, but .* is Qwen3-VL") as err:
+        plan_fix(d, processor_from=family_ckpts("qwen2_5_vl"))
+    assert "Qwen3-VL base model" in err.value.hint and _digests(d) == before
+    r = cli("fix", d, "--processor-from", family_ckpts("qwen2_5_vl"))
+    assert r.returncode == 2 and "a Qwen2.5-VL model, but" in r.stderr and _digests(d) == before
+    plan = plan_fix(d, processor_from=family_ckpts("qwen3_vl_moe"))
+    assert {c.dst.name for c in plan.copies} >= {"tokenizer.json", "tokenizer_config.json"}
+    qwen3_5 = tmp_path / "qwen3_5"  # Qwen3-VL's processor class, another vocabulary (read from config.json alone)
+    qwen3_5.mkdir()
+    (qwen3_5 / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    with pytest.raises(CheckpointError, match="a Qwen3.5 model, but"):
+        refuse_other_family({"model_type": "qwen3_vl"}, d, qwen3_5)
+
+
+def test_a_processor_of_another_patch_size_is_refused_at_load(family_ckpts, tmp_path):
+    """Copied by hand from another family: the run crashed inside the vision tower with a reshape error."""
+    from vlmfast.checkpoints.load import load
+
+    d = tmp_path / "c"
+    shutil.copytree(family_ckpts("qwen3_vl"), d)
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        if (d / name).is_file():
+            edit_json(d / name, lambda c: c.update(patch_size=14) if "patch_size" in c else
+                      c.get("image_processor", {}).update(patch_size=14))
+    with pytest.raises(CheckpointError, match="cuts 14-pixel patches but the vision tower takes 16"):
+        load(str(d), device="cpu")

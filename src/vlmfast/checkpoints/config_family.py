@@ -119,3 +119,16 @@ def refuse_mismatch(d, config: dict, index: dict) -> None:
     found = family_mismatch(d, config, index)
     if found is not None:
         raise CheckpointError(f"{d}: {found.message()}", hint=found.fix())
+
+
+def refuse_other_family(config: dict, d: Path, base: Path) -> None:
+    """A CheckpointError when ``base`` (``fix --processor-from``) is a model of another processor or vocabulary than ``d``
+    (its ``config``): its processor, tokenizer and EOS ids are another vocabulary's (a Qwen2.5-VL base's EOS ids
+    are plain tokens in Qwen3.5's, and its processor cuts 14-pixel patches where Qwen3.5's tower takes 16)."""
+    mine = family_of(config)
+    theirs = family_of(_config(base)) if (base / "config.json").is_file() else None
+    kind = lambda f: (f.processor_class, f.vocabulary, f.patch_size)  # noqa: E731 - an MoE model and its dense kin agree
+    if mine is not None and theirs is not None and kind(mine) != kind(theirs):
+        raise CheckpointError(f"--processor-from {base}: a {theirs.name} model, but {d} is {mine.name}: its processor, "
+                              "tokenizer and EOS ids are another vocabulary's",
+                              hint=f"give the {mine.name} base model the run was trained from")

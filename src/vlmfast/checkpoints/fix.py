@@ -24,6 +24,7 @@ from vlmfast.checkpoints.readers import (
 )
 from vlmfast.errors import CheckpointError
 from vlmfast.files import atomic_write, publish_directory
+from vlmfast.checkpoints.config_family import refuse_other_family
 from vlmfast.checkpoints.locate import Located, locate, located, require
 
 
@@ -136,6 +137,7 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     base = _local_dir(processor_from, "--processor-from") if processor_from is not None else None
     plan = FixPlan(d, others=_cache_off_siblings(ckpt, d))
     if base is not None:
+        refuse_other_family(_read(d / "config.json"), d, base)  # its processor, tokenizer, EOS: another vocabulary's
         plan.copies, created = _missing_files(d, base)
         plan.edits += created
     config = _read(d / "config.json")

@@ -230,6 +230,13 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
             f"{source}: the tokenizer knows {len(tokenizer)} tokens but the model's vocabulary has {vocab}",
             hint="tokenizer files (tokenizer.json, or vocab.json + merges.txt) are missing: copy them from the base model",
         )
+    patch = getattr(getattr(processor, "image_processor", None), "patch_size", None)
+    want = getattr(getattr(model.config, "vision_config", None), "patch_size", None)
+    if isinstance(patch, int) and isinstance(want, int) and patch != want:  # another family's processor files
+        raise CheckpointError(f"{source}: the image processor cuts {patch}-pixel patches but the vision tower takes {want}: "
+                              "image tokens would not match the image features",
+                              hint="copy the processor files from the base model the run was trained from "
+                                   "(vlmfast fix CKPT --processor-from BASE; vlmfast doctor CKPT names the mismatch)")
 
     config_dir = found.path if found.is_local else _snapshot_dir(source)
     config, generation = read_configs(config_dir)
