@@ -194,9 +194,29 @@ def test_missing_processor_is_a_clear_error(grpo_ckpt, tmp_path):
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
         (ckpt / name).unlink(missing_ok=True)
     # transformers 5 builds an 18-token tokenizer from what is left; 4.57 fails to load: both are caught
-    with pytest.raises(CheckpointError, match="cannot load the processor|the tokenizer knows") as err:
+    with pytest.raises(CheckpointError, match="the tokenizer files are not whole") as err:
         load(str(ckpt), device="cpu")
     assert "base model" in err.value.hint
+
+
+def test_vocab_and_merges_without_the_special_tokens_ids_are_not_a_tokenizer(base_ckpt, tmp_path):
+    """A save by transformers 5 lists no added_tokens_decoder: without tokenizer.json, vocab.json + merges.txt give
+    <|im_end|> another token's id, and the run decoded other tokens while doctor found nothing wrong."""
+    import json
+
+    from vlmfast.checkpoints.doctor import diagnose
+
+    ckpt = _copy(base_ckpt, tmp_path)
+    (ckpt / "tokenizer.json").unlink()
+    (ckpt / "added_tokens.json").unlink(missing_ok=True)  # 4.57 writes the ids there too
+    config = json.loads((ckpt / "tokenizer_config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "added_tokens_decoder"}))
+    assert [(f.code, f.location) for f in diagnose(ckpt) if f.code == "tokenizer-missing"] == [("tokenizer-missing", "tokenizer.json")]
+    with pytest.raises(CheckpointError, match="the tokenizer files are not whole"):
+        load(str(ckpt), device="cpu")
+    (ckpt / "tokenizer_config.json").write_text(json.dumps(config))
+    if config.get("added_tokens_decoder"):  # a save by 4.57 lists the ids: vocab.json + merges.txt do
+        assert not [f for f in diagnose(ckpt) if f.code == "tokenizer-missing"]
 
 
 def test_a_chat_template_kept_in_tokenizer_config_only_is_the_one_used(grpo_ckpt, tmp_path):

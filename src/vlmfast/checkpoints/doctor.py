@@ -16,7 +16,7 @@ from pathlib import Path
 from vlmfast.checkpoints.readers import (
     NOT_WEIGHTS, PROCESSOR_CONFIGS, adapter_base_or_none, adapter_config, cache_off_locations, chat_stop, family_eos,
     has_chat_template, has_processor_config, maybe_json, read_json_object, saved_eos, saved_eos_not_ids, tensor_index,
-    incomplete_said, saved_cache_enabled,
+    incomplete_said, saved_cache_enabled, tokenizer_files_whole,
 )
 from vlmfast.checkpoints.weight_files import fsdp_sharded_said, shards_said
 from vlmfast.checkpoints.families import (FAMILIES, classes_in_every_version, family_of, installed_transformers,
@@ -166,8 +166,8 @@ def _files(d: Path, base_dir: Path | None) -> list[Finding]:
                            "no image processor config (preprocessor_config.json / processor_config.json): the processor cannot load",
                            f"{fix} (copies it from the base model)"))
     missing = [f for f in ("tokenizer_config.json",) if not (d / f).is_file()]
-    if not (d / "tokenizer.json").is_file() and not ((d / "vocab.json").is_file() and (d / "merges.txt").is_file()):
-        missing.append("tokenizer.json (or vocab.json + merges.txt)")
+    if not tokenizer_files_whole(d):  # vocab.json + merges.txt may not do: readers.tokenizer_files_whole
+        missing.append("tokenizer.json" + ("" if (d / "vocab.json").is_file() else " (or vocab.json + merges.txt)"))
     if missing:
         out.append(Finding("error", "tokenizer-missing", missing[0], f"tokenizer files missing: {', '.join(missing)}",
                            f"{fix} (copies them from the base model)"))

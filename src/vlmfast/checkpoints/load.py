@@ -193,6 +193,13 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
 
     hf_logging.disable_progress_bar()  # our own report is the interface; no per-file bars in CI logs
     source = found.source
+    from vlmfast.checkpoints.readers import tokenizer_files_whole
+
+    if found.is_local and found.kind == "model" and not tokenizer_files_whole(found.path):  # loads, with wrong ids
+        raise CheckpointError(f"{source}: the tokenizer files are not whole: no tokenizer.json, and vocab.json + "
+                              "merges.txt alone give the special tokens other ids (or none) in this save",
+                              hint="copy tokenizer.json (and the other tokenizer files) from the base model "
+                                   "(vlmfast fix CKPT --processor-from BASE does it)")
     notes = [n for n in (found.note,) if n and n != "hub id"] + list(runtime.notes)
     if trust_remote_code:
         notes.append("trust_remote_code is on: the checkpoint's own Python code runs")

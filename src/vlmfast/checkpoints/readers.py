@@ -91,6 +91,22 @@ def has_chat_template(d: Path) -> bool:
     return any(maybe_json(d / f).get("chat_template") for f in ("tokenizer_config.json", *PROCESSOR_CONFIGS))
 
 
+def tokenizer_files_whole(d: Path) -> bool:
+    """Whether the tokenizer files load with the special tokens at their ids: ``tokenizer.json``; or ``vocab.json`` +
+    ``merges.txt`` with the special tokens' ids listed (tokenizer_config.json's ``added_tokens_decoder``, which
+    transformers 5 no longer writes, or ``added_tokens.json``): without them ``<|im_end|>`` gets another token's id.
+    Never for Qwen3.5, whose tokenizer reads ``tokenizer.json`` alone."""
+    d = Path(d)
+    if (d / "tokenizer.json").is_file():
+        return True
+    if not ((d / "vocab.json").is_file() and (d / "merges.txt").is_file()):
+        return False
+    family = family_of(maybe_json(d / "config.json"))
+    if family is not None and family.vocabulary != "qwen2":
+        return False
+    return bool(maybe_json(d / "tokenizer_config.json").get("added_tokens_decoder") or maybe_json(d / "added_tokens.json"))
+
+
 def token_id(d: Path, token: str) -> int | None:
     """A special token's id from the tokenizer files (no tokenizer is loaded)."""
     d = Path(d)
