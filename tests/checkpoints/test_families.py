@@ -368,8 +368,8 @@ def test_planned_cache_bytes_are_the_bytes_the_caches_hold(key, family_loaded, g
 
 @pytest.mark.parametrize("key", ON_THIS_LINE)
 def test_every_familys_vision_tower_runs_one_attention_call_per_layer(key, family_loaded, monkeypatch):
-    """Merged vision attention covers each family's tower: one SDPA call per layer over all images, the
-    same features as transformers' call per image."""
+    """Merged vision attention covers each family's tower: images of one size, one SDPA call per layer over all
+    of them; of two sizes, one call per size; the same features, bit for bit, as transformers' call per image."""
     import torch
 
     from vlmfast.engines.hf.vision_attention import use_merged_vision_attention, vision_attention_modules
@@ -378,25 +378,27 @@ def test_every_familys_vision_tower_runs_one_attention_call_per_layer(key, famil
     tower = model.model.visual
     assert vision_attention_modules(model)
     config = tower.config
-    grid = torch.tensor([[1, 8, 8], [1, 4, 8]])
-    torch.manual_seed(0)
-    pixels = torch.randn(int(grid.prod(-1).sum()), config.in_channels * config.temporal_patch_size * config.patch_size ** 2)
-
-    def forward():
+    def forward(grid):
+        torch.manual_seed(0)
+        pixels = torch.randn(int(grid.prod(-1).sum()), config.in_channels * config.temporal_patch_size * config.patch_size ** 2)
         with torch.inference_mode():
             out = tower(pixels, grid_thw=grid)
         out = getattr(out, "pooler_output", out)
         return out[0] if isinstance(out, tuple) else out
 
-    per_image = forward()
+    one_size, two_sizes = torch.tensor([[1, 8, 8], [1, 8, 8]]), torch.tensor([[1, 8, 8], [1, 4, 8]])
+    per_image = [forward(one_size), forward(two_sizes)]
     calls = []
     original = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: calls.append(a[0].shape[0]) or original(*a, **k))
     with use_merged_vision_attention(model) as merged:
-        got = forward()
-    assert merged and calls == [2] * len(tower.blocks)  # each layer: one call over the two images
-    torch.testing.assert_close(got, per_image, rtol=1e-5, atol=1e-6)
+        got = forward(one_size)
+        assert merged and calls == [2] * len(tower.blocks)  # each layer: one call over the two images
+        assert got.equal(per_image[0])
+        calls.clear()
+        got = forward(two_sizes)
+    assert calls == [1, 1] * len(tower.blocks) and got.equal(per_image[1])  # each layer: one call per size
 
 
 @pytest.mark.parametrize("key", ON_THIS_LINE)

@@ -8,17 +8,14 @@ calls for a batch of images, which leaves a GPU waiting on kernel launches. Only
 hands the packed sequence and ``cu_seqlens`` to one attention call.
 
 :func:`use_merged_vision_attention` sends the vision attention down that branch with
-:func:`merged_attention` behind it: the segments are gathered into a padded batch (segments × longest
-segment) and go through one ``scaled_dot_product_attention`` call with a key mask built from
-``cu_seqlens``. That is the block-diagonal mask of the packed sequence with the empty blocks left out:
-a single (total × total) mask would cost memory and compute quadratic in the tokens of all images
-(8 images of 224–640 px: ~8k patches, 65M mask entries and scores per head per layer) where the
-windows need ~0.5M. Where padding would cost too much — more than :data:`MAX_PADDING_WASTE` times the
-exact scores (a full-attention layer over images of very different sizes), or more than
-:data:`MAX_MERGED_SCORES` in all — it falls back to one call per segment, as transformers does. Where
-every segment has the same length (images of one size: every window full, every image as long) the
-packed tensors are that batch already: a view, no gather, no mask, so SDPA may take its fastest kernel
-(on an H200, 32 images of 448 px spent 24 ms of a 289-ms tower gathering into the padded batch).
+:func:`merged_attention` behind it. Where every segment has the same length (images of one size: every window
+full, every image as long) the packed tensors are a (segments, heads, length, dim) batch already: a view, one
+``scaled_dot_product_attention`` call, no gather, no mask, so SDPA may take its fastest kernel. Segments of
+several lengths (edge windows, images of several sizes) run one call per length, over the segments of that
+length gathered at exactly their length: each segment's result is then bit for bit what it gives alone, whichever
+other images share the prefill group. (Padding every segment to the longest with a key mask made an image's
+features depend, in their last bits, on the sizes of the others: a tied greedy token could flip with the batch.)
+A call holds at most :data:`MAX_MERGED_SCORES` scores per head; more segments of a length run in several calls.
 The registry's function reaches :func:`segment_attention` through one operator,
 ``vlmfast::segment_attention``: a compiled vision block (:mod:`vlmfast.engines.hf.vision_compile`) keeps
 it inside its graph, where the segment lengths it reads on the host would otherwise break the graph.
@@ -35,17 +32,12 @@ import contextlib
 # on exit) is merged_attention, which hands calls from any other module to the function it replaced.
 VARLEN_NAME = "flash_attention_2"
 
-# Score elements per head one merged call may compute (segments × longest segment²). 2**25 is 32
-# images of 448 px (1024 patches each) in a full-attention layer — the most a CUDA prefill group of
-# 32768 tokens holds at that size. Windowed layers stay far below it (64-patch windows: 8192 windows).
-# Where SDPA materializes scores (its math kernel) that is 2**25 × heads × dtype bytes: 1 GiB at 16
-# heads in bf16; the flash and memory-efficient kernels (CUDA; CPU float32) never hold them.
+# Score elements per head one call may compute (segments × length²). 2**25 is 32 images of 448 px (1024
+# patches each) in a full-attention layer — the most a CUDA prefill group of 32768 tokens holds at that size.
+# Windowed layers stay far below it (64-patch windows: 8192 windows). Where SDPA materializes scores (its math
+# kernel) that is 2**25 × heads × dtype bytes: 1 GiB at 16 heads in bf16; the flash and memory-efficient kernels
+# (CUDA; CPU float32) never hold them.
 MAX_MERGED_SCORES = 2**25
-# Padded scores per exact score (segments × longest² ÷ Σ length²) above which the segments run one by
-# one: windows waste little (only edge windows are short), while one full-attention layer over 8 images
-# of 224–640 px would compute 3.3× the scores (measured on 2 CPU cores, demo tower: 566 ms per forward
-# merged throughout vs 398 ms with those layers per image).
-MAX_PADDING_WASTE = 2.0
 
 # The vision attention classes whose forward dispatches as described above (read in the sources of
 # transformers 4.57 and 5.23), by module path and class name.
@@ -144,54 +136,45 @@ def _register_attention_op() -> None:
 
 def segment_attention(query, key, value, cu_seqlens, scaling=None, max_scores: int | None = None):
     """Non-causal attention within each segment ``cu_seqlens[i]:cu_seqlens[i + 1]`` of a packed
-    sequence: (1, heads, tokens, dim) in, (1, tokens, heads, dim) out. One SDPA call over the padded
-    segments while their scores (segments × longest²) stay within ``max_scores`` (default
-    :data:`MAX_MERGED_SCORES`) and :data:`MAX_PADDING_WASTE` × the exact ones; one call per segment else."""
-    import torch
+    sequence: (1, heads, tokens, dim) in, (1, tokens, heads, dim) out. Segments of one length: one SDPA call
+    over a view; of several: one call per length (and per ``max_scores``, default :data:`MAX_MERGED_SCORES`,
+    scores per head), each segment at exactly its length — what it gives alone, bit for bit."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     plan = _plan(cu_seqlens, query.shape[2])
+    heads, tokens, dim = query.shape[1:]
     if plan.count == 1:
-        out = sdpa(query, key, value, scale=scaling)
-    elif plan.uniform:  # segments of one length (images of one size): a view of the packed tensors, no mask
-        heads, tokens, dim = query.shape[1:]
+        return sdpa(query, key, value, scale=scaling).transpose(1, 2)
+    if plan.uniform:  # segments of one length (images of one size): a view of the packed tensors, no mask
         split = lambda t: t[0].unflatten(1, (plan.count, plan.longest)).transpose(0, 1)  # noqa: E731
         out = sdpa(split(query), split(key), split(value), scale=scaling)  # (segments, heads, longest, dim)
         return out.permute(0, 2, 1, 3).reshape(1, tokens, heads, dim)
-    elif plan.padded_scores <= min(MAX_MERGED_SCORES if max_scores is None else max_scores,
-                                   MAX_PADDING_WASTE * plan.exact_scores):
-        out = sdpa(plan.pad(query), plan.pad(key), plan.pad(value), attn_mask=plan.key_valid, scale=scaling)
-        return out.transpose(1, 2)[plan.segment, plan.offset].unsqueeze(0)
-    else:
-        parts = zip(*(t.split(plan.lengths, dim=2) for t in (query, key, value)))
-        out = torch.cat([sdpa(q, k, v, scale=scaling) for q, k, v in parts], dim=2)
-    return out.transpose(1, 2)
+    limit = MAX_MERGED_SCORES if max_scores is None else max_scores
+    out = query.new_empty(tokens, heads, dim)
+    for length, index in plan.groups:  # index: (segments of this length, length) token positions
+        for part in index.split(max(1, limit // (length * length))):
+            take = lambda t: t[0][:, part].transpose(0, 1)  # noqa: E731 - (segments, heads, length, dim)
+            out[part] = sdpa(take(query), take(key), take(value), scale=scaling).transpose(1, 2)
+    return out.unsqueeze(0)
 
 
 class _Segments:
-    """Where each token of a packed sequence sits in a (segments, longest) padded batch."""
+    """The segments of a packed sequence: their lengths, and the token positions of the segments of each length."""
 
     def __init__(self, cu_seqlens, tokens: int):
+        import itertools
+
         import torch
 
-        device = cu_seqlens.device
-        starts, lengths = cu_seqlens[:-1].long(), cu_seqlens.diff().long()
-        self.lengths = lengths.tolist()  # the one host read-back per cu_seqlens tensor
+        self.lengths = cu_seqlens.diff().long().tolist()  # the one host read-back per cu_seqlens tensor
         self.count, self.longest = len(self.lengths), max(self.lengths)
         self.uniform = min(self.lengths) == self.longest
-        self.padded_scores, self.exact_scores = self.count * self.longest**2, sum(n * n for n in self.lengths)
-        self.segment = torch.repeat_interleave(torch.arange(self.count, device=device), lengths, output_size=tokens)
-        self.offset = torch.arange(tokens, device=device) - starts[self.segment]
-        # (segments, 1, 1, longest): padded keys are never attended to; a padded query row still sees
-        # its segment's keys (no empty softmax) and is dropped on the way back
-        self.key_valid = (torch.arange(self.longest, device=device) < lengths[:, None])[:, None, None, :]
-
-    def pad(self, packed):
-        """(1, heads, tokens, dim) → (segments, heads, longest, dim), zeros in the padding."""
-        heads, dim = packed.shape[1], packed.shape[3]
-        out = packed.new_zeros(self.count, self.longest, heads, dim)
-        out[self.segment, self.offset] = packed[0].transpose(0, 1)
-        return out.transpose(1, 2)
+        starts: dict[int, list[int]] = {}
+        for start, length in zip(itertools.accumulate([0, *self.lengths]), self.lengths):
+            starts.setdefault(length, []).append(start)
+        device = cu_seqlens.device
+        self.groups = [(length, torch.tensor(at, device=device)[:, None] + torch.arange(length, device=device))
+                       for length, at in sorted(starts.items()) if length] if not self.uniform else []
 
 
 def _plan(cu_seqlens, tokens: int) -> _Segments:
