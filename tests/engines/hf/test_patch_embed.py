@@ -45,3 +45,18 @@ def test_only_convolutions_that_are_one_product_per_patch_are_switched():
             pass
         assert "forward" in vars(model[0])
     assert (switched, again) == (1, 0) and "forward" not in vars(model[0])
+
+
+def test_a_patchs_embedding_is_the_same_bits_whichever_patches_share_the_product(loaded):
+    """One product over all patches of a group gave an image's patches other last bits than the product over its
+    own (BLAS picks its kernel by the row count), and a tied greedy token flipped with the batch: every product
+    now has the same row count."""
+    from vlmfast.engines.hf import patch_embed
+
+    (embed,) = linear_patch_embeds(loaded.model)
+    torch.manual_seed(0)
+    patches = torch.randn(3000, embed.proj.weight[0].numel())
+    with torch.inference_mode(), use_linear_patch_embed(loaded.model):
+        whole = embed(patches)
+        for start, count in ((0, 24), (2000, 24), (1020, 9), (2990, 10), (100, patch_embed.ROWS + 5)):
+            assert torch.equal(embed(patches[start:start + count]), whole[start:start + count]), (start, count)

@@ -9,7 +9,8 @@ product and transformers 5.x offers that as an opt-in fusion. On the 2-core deve
 2,300 patches took 13.6 ms as a convolution and 3.8 ms as a product.
 
 :func:`use_linear_patch_embed` makes every such patch embedding of a model a product while the block is
-open (prefill); the module, its weight and the state dict stay as they are.
+open (prefill), in products of :data:`ROWS` patches each; the module, its weight and the state dict stay as they
+are.
 """
 
 from __future__ import annotations
@@ -35,13 +36,24 @@ def _one_product_per_patch(conv: torch.nn.Conv3d) -> bool:
     return tuple(conv.kernel_size) == tuple(conv.stride) and no_padding and set(conv.dilation) == {1} and conv.groups == 1
 
 
+# Patches per product: every product has this many rows (the last padded with zeros), so a patch's embedding is
+# the same bits whichever images share the prefill group. A product's row depends on how many rows the product
+# has (BLAS picks its kernel, and so its order of sums, by the shape: one image alone and 10 images together
+# gave a patch other last bits, and a tied greedy token flipped with the batch).
+ROWS = 1024
+
+
 def _product(module):
     proj = module.proj
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         weight = proj.weight  # (embed, channels, frames, height, width): one row per output feature
         rows = hidden_states.to(weight.dtype).reshape(-1, weight[0].numel())
-        return functional.linear(rows, weight.reshape(weight.shape[0], -1), proj.bias)
+        count = rows.shape[0]
+        padded = functional.pad(rows, (0, 0, 0, -count % ROWS))
+        matrix = weight.reshape(weight.shape[0], -1)
+        out = torch.cat([functional.linear(part, matrix, proj.bias) for part in padded.split(ROWS)])
+        return out[:count]
 
     return forward
 
