@@ -81,7 +81,8 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
     from vlmfast.run.parity import prepare
 
     found = locate(options.ckpt, hub=True) if loaded is None and backend is None else None  # fails in well under a second
-    weights = require_whole(found, options.allow_missing or (), options.engine)  # lost tensors: refused before anything is written
+    # a broken config.json, cut weight files, lost tensors: refused before anything is written or torch is imported
+    weights = require_whole(found, options.allow_missing or (), options.engine)
     # what a resume is checked against (a sweep's engine: the fingerprint the sweep took of the checkpoint)
     weights_id = weights_fingerprint(found, options.fingerprint, options.base) if found is not None else given_id
     options, parity = prepare(options, found)  # --match-training: before inputs
@@ -113,10 +114,6 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
         report.parity = parity
         report.fingerprint = weights_id
         return report
-    if found is not None and found.is_local and found.kind == "model":
-        from vlmfast.checkpoints.readers import require_loadable
-
-        require_loadable(found.path)  # a broken config.json or cut weights: said now, not after torch is imported
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
     if (say := getattr(progress, "note", None)) is not None and dist.is_main:  # before the load, a run's longest silence
         for line in [n for n in work.notes if n.startswith("resuming: ")] + _loading(found, loaded, owned, weights_id):
