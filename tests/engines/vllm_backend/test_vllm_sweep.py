@@ -1,6 +1,7 @@
-"""``sweep --engine vllm``: one vLLM engine for the run, each next checkpoint's weights reloaded in place,
-checked by a canary against a fresh engine; another shape gets a fresh engine; a reload whose weights
-never reach the engine is caught; a killed sweep resumes. Runs where vLLM imports (.venv-vllm).
+"""``sweep --engine vllm``: one vLLM engine for the run, each next checkpoint's weights reloaded in place
+(with its own generation config), checked by a canary against a fresh engine; another shape gets a fresh
+engine; a reload whose weights never reach the engine is caught; a killed sweep resumes. Runs where vLLM
+imports (.venv-vllm).
 
 This module starts vLLM a dozen times. Where one engine runs at a time and nothing under test crosses to
 vLLM's worker process, its engine runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): a start
@@ -59,14 +60,21 @@ def vllm_processes(in_process):
     _executor(False)
 
 
+PENALTY = 1.8
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    """A training run of three same-shape checkpoints (the demo preset, three seeds)."""
+    """A training run of three same-shape checkpoints (the demo preset): two seeds, then the second one's
+    weights again with a generation config that adds a repetition penalty."""
     from vlmfast.checkpoints.tiny import build_checkpoint
 
     root = tmp_path_factory.mktemp("vllm-run") / "run"
-    for step, seed in ((100, 0), (200, 1), (300, 2)):
+    for step, seed in ((100, 0), (200, 1)):
         build_checkpoint(root / f"checkpoint-{step}", preset="demo", like="grpo", seed=seed)
+    shutil.copytree(root / "checkpoint-200", root / "checkpoint-300")
+    config = root / "checkpoint-300" / "generation_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "repetition_penalty": PENALTY}))
     return root
 
 
@@ -105,6 +113,10 @@ def _sweep(run_dir, out_dir, images, **kwargs) -> dict:
 
 def test_one_engine_reloads_each_checkpoint_with_the_rows_of_a_fresh_engine(run, images, fresh, tmp_path,
                                                                             vllm_processes):
+    """vLLM caches its default sampling parameters per engine: a checkpoint reloaded in place kept the first
+    one's repetition penalty (and the canary, comparing with a fresh engine, cried wolf). Step 300 has step
+    200's weights and a penalty: its rows differ from 200's, equal a fresh engine's, and the record says it.
+    The rows carry the family's box space, as the HF engine's do."""
     report = _sweep(run, tmp_path, images)
     steps = {c["step"]: c for c in report["checkpoints"]}
     assert sorted(steps) == [100, 200, 300]
@@ -113,6 +125,10 @@ def test_one_engine_reloads_each_checkpoint_with_the_rows_of_a_fresh_engine(run,
         assert _tokens(tmp_path / f"step-{step}.jsonl") == fresh[step]
     said = " ".join(report["notes"])
     assert "canary: 4 request(s) decoded the same" in said, said
+    assert fresh[300] != fresh[200]  # the penalty changes these greedy answers
+    assert json.loads((tmp_path / "step-300.run.json").read_text())["runtime"]["repetition_penalty"] == PENALTY
+    rows = [json.loads(line) for line in (tmp_path / "step-100.jsonl").read_text().splitlines()]
+    assert {r["bbox_space"] for r in rows} == {"resized"}
 
 
 def test_a_reload_whose_weights_never_reach_the_engine_is_caught_by_the_canary(run, images, fresh, tmp_path,
@@ -183,23 +199,3 @@ def test_a_killed_vllm_sweep_resumes(run, images, tmp_path):
         ids = [json.loads(line)["id"] for line in (tmp_path / f"step-{step}.jsonl").read_text().splitlines()]
         assert sorted(ids) == sorted(set(ids)) and len(ids) == len(images)
     assert [c["step"] for c in again["checkpoints"]] == [100, 200]
-
-
-def test_a_reloaded_checkpoint_decodes_with_its_own_repetition_penalty(run, images, tmp_path, vllm_processes):
-    """vLLM caches its default sampling parameters per engine: a checkpoint reloaded in place kept the first
-    one's repetition penalty (and the canary, comparing with a fresh engine, cried wolf). Same weights, the
-    second checkpoint's generation config adds a penalty: its rows differ, the canary agrees, the record says it.
-    The rows carry the family's box space, as the HF engine's do."""
-    other = tmp_path / "run"
-    for step in (100, 200):
-        shutil.copytree(run / "checkpoint-100", other / f"checkpoint-{step}")
-    config = other / "checkpoint-200" / "generation_config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), "repetition_penalty": 1.8}))
-    report = _sweep(other, tmp_path / "out", images)
-    said = " ".join(report["notes"])
-    assert "canary: 4 request(s) decoded the same" in said, said
-    assert _tokens(tmp_path / "out" / "step-200.jsonl") != _tokens(tmp_path / "out" / "step-100.jsonl")
-    record = json.loads((tmp_path / "out" / "step-200.run.json").read_text())
-    assert record["runtime"]["repetition_penalty"] == 1.8
-    rows = [json.loads(line) for line in (tmp_path / "out" / "step-100.jsonl").read_text().splitlines()]
-    assert {r["bbox_space"] for r in rows} == {"resized"}
