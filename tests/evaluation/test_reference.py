@@ -86,9 +86,13 @@ def test_r1v_counting_rule():
     assert score_row(row, 7, "r1v-counting")["correct"] is True
 
 
+def _needs_mathruler():
+    pytest.importorskip("mathruler", reason="easyr1-math grades with mathruler (pip install mathruler sympy pylatexenc)")
+    pytest.importorskip("pylatexenc", reason="mathruler's grade_answer needs pylatexenc")
+
+
 def test_easyr1_math_rule():
-    pytest.importorskip("mathruler")
-    pytest.importorskip("pylatexenc")
+    _needs_mathruler()
     got = score_reference("easyr1-math", {"text": "<think>x</think> so \\boxed{\\frac{1}{2}}"}, "0.5")
     assert (got["correct"], got["parse_failed"], got["scorer"]) == (True, False, "easyr1-math")
     last = score_reference("easyr1-math", {"text": "\\boxed{1} no, \\boxed{2}"}, "2")
@@ -96,3 +100,81 @@ def test_easyr1_math_rule():
     none = score_reference("easyr1-math", {"text": "<answer>2</answer>"}, "2")
     assert (none["correct"], none["parse_failed"]) == (False, True)  # no \boxed: EasyR1's math reward gives 0
     assert score_row({"text": "\\boxed{[-2, 7]}"}, json.loads("[-2,7]"), "easyr1-math")["correct"] is True
+
+
+def _tagged_manifest(tmp_path, truths: dict, answers: dict):
+    """A manifest whose truths are written as given and a results file answering each id (JSONL both)."""
+    from PIL import Image
+
+    Image.new("RGB", (28, 28)).save(tmp_path / "a.png")
+    manifest, results = tmp_path / "m.jsonl", tmp_path / "r.jsonl"
+    manifest.write_text("".join(json.dumps({"id": k, "image": "a.png", "prompt": "How many?", "solution": t}) + "\n"
+                                for k, t in truths.items()))
+    results.write_text("".join(json.dumps({"id": k, "text": a, "finish_reason": "stop", "n_new_tokens": 3}) + "\n"
+                               for k, a in answers.items()))
+    return manifest, results
+
+
+def _correct(rows) -> dict:
+    return {r["id"]: r["correct"] for r in rows}
+
+
+def test_r1v_counting_compares_with_the_truth_as_written_by_score(tmp_path):
+    """R1-V's script compares the count with its line's ground_truth as json.loads gives it: a truth written
+    "<answer>7</answer>" equals no int there (0), though vlmfast's own scorers read 7 in it (tags stripped)."""
+    from vlmfast.run.rescore import rescore_file
+
+    truths = {"tagged": "<answer>7</answer>", "text": "7", "int": 7}
+    manifest, results = _tagged_manifest(tmp_path, truths, dict.fromkeys(truths, "<think>c</think><answer>7</answer>"))
+    rescore_file(results, str(manifest), scorer="r1v-counting", out=tmp_path / "s.jsonl")
+    assert _correct(json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()) == {
+        "tagged": False, "text": True, "int": True}
+    rescore_file(results, str(manifest), out=tmp_path / "own.jsonl")  # vlmfast's own scorers: tags stripped, as before
+    own = [json.loads(line) for line in (tmp_path / "own.jsonl").read_text().splitlines()]
+    assert _correct(own) == dict.fromkeys(truths, True) and {r["scorer"] for r in own} == {"number"}
+
+
+def test_reference_scorers_get_the_truth_as_written_from_truth_records_and_score_row():
+    row = {"id": "c", "text": "<answer>7</answer>"}
+    record = {"ground_truth": "7", "scorer": "r1v-counting", "manifest_truth": "<answer>7</answer>"}  # Request.truth_record()
+    assert rescore([row], {"c": record})[0]["correct"] is False
+    assert rescore([row], {"c": ("7", "r1v-counting")})[0]["correct"] is True  # (truth, scorer): that truth
+    assert score_row(row, "7", "r1v-counting", as_written="<answer>7</answer>")["correct"] is False
+    assert score_row(row, "<answer>7</answer>", "r1v-counting")["correct"] is False
+    assert score_row(row, "<answer>7</answer>", "number")["correct"] is True  # an own scorer reads inside the tags
+    box = _rec_row('{"bbox_2d": [0, 0, 10, 10]}')  # VLM-R1's script reads a JSON list; a box as text is read as it
+    assert score_row(box, "<answer>[0, 0, 10, 10]</answer>", "vlm-r1-rec")["correct"] is True
+
+
+def test_r1v_counting_in_infer_and_its_resume_get_the_truth_as_written(tmp_path):
+    """infer scores as it answers, and a resume scores the kept rows again against a manifest edited since:
+    both hand the reference scorer the truth as the line writes it."""
+    from conftest import FakeBackend
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.runner import infer
+
+    manifest, _ = _tagged_manifest(tmp_path, {"a": "<answer>7</answer>", "b": 7}, {})
+    out = tmp_path / "out.jsonl"
+    options = InferOptions(ckpt="fake", manifest=str(manifest), out=str(out), scorer="r1v-counting")
+    infer(options, backend=FakeBackend(answers={"a": "7", "b": "7"}))
+    assert _correct(json.loads(line) for line in out.read_text().splitlines()) == {"a": False, "b": True}
+    manifest.write_text(manifest.read_text().replace('"solution": 7', '"solution": "<answer>7</answer>"'))
+    infer(options, backend=FakeBackend(answers={"a": "7", "b": "7"}))  # every id answered: the kept rows rescored
+    assert _correct(json.loads(line) for line in out.read_text().splitlines()) == {"a": False, "b": False}
+
+
+def test_easyr1_math_grades_the_truth_as_written(tmp_path):
+    """EasyR1's dataset hands the answer column to math.py as it is (verl/utils/dataset.py:
+    example["ground_truth"] = example.pop(self.answer_key)), and mathruler grades "<answer>4</answer>" as that
+    text: 0 for \\boxed{4}."""
+    _needs_mathruler()
+    from mathruler.grader import grade_answer
+
+    from vlmfast.run.rescore import rescore_file
+
+    assert grade_answer("4", "<answer>4</answer>") is False and grade_answer("4", "4") is True  # EasyR1's verdicts
+    truths = {"tagged": "<answer>4</answer>", "plain": "4", "number": 4}
+    manifest, results = _tagged_manifest(tmp_path, truths, dict.fromkeys(truths, "<think>x</think> so \\boxed{4}"))
+    rescore_file(results, str(manifest), scorer="easyr1-math", out=tmp_path / "s.jsonl")
+    assert _correct(json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()) == {
+        "tagged": False, "plain": True, "number": True}

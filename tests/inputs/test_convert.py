@@ -60,7 +60,8 @@ def test_vlmr1_jsonl_conversations_and_math(tmp_path):
 
 def test_swift_example():
     rows = convert_file(str(CONFIGS / "swift.example.jsonl"), "swift")
-    assert [r["id"] for r in rows] == ["00000_img_000", "00001_img_001", "00002_img_002", "swift-grounding-1"]
+    # id-less records: the first image as written, the id --manifest gives them read as they are
+    assert [r["id"] for r in rows] == ["images/img_000.png", "images/img_001.png", "images/img_002.png", "swift-grounding-1"]
     assert rows[0]["prompt"] == "How many items are there in the image?"
     assert rows[0]["system"].startswith("A conversation between User and Assistant")
     assert rows[0]["solution"] == "<answer> 3 </answer>" and truth_text(rows[0]["solution"]) == "3"  # as written
@@ -79,7 +80,7 @@ def test_swift_variants(tmp_path):
                       {"role": "user", "content": "<image>Q2"}], "images": ["a.png"]},
     ]) + "\n")
     rows = convert_file(str(src), image_root="/img")
-    assert rows[0] == {"id": "00000_x", "image": "/abs/x.png", "prompt": "Count.", "solution": 4}
+    assert rows[0] == {"id": "/abs/x.png", "image": "/abs/x.png", "prompt": "Count.", "solution": 4}
     assert rows[1]["prompt"] == "Q2" and "solution" not in rows[1]  # "old" answers Q1, not Q2
     assert rows[1]["image"] == "/img/a.png"
 
@@ -284,3 +285,42 @@ def test_a_tsv_or_parquet_needs_no_converting(tmp_path, name):
     with pytest.raises(UsageError, match="needs no converting") as exc:
         convert_file(str(src))
     assert f"--manifest {src}" in exc.value.hint
+
+
+def test_ms_swift_rows_keep_their_ids_converted_or_read_as_they_are(tmp_path):
+    """An ms-swift file run as it is and its converted manifest name each record alike (its first image as
+    written, ranked where several records ask about one image; under --image-root too, which moves the paths
+    but not the ids), so rows of either run score against, and resume into, the other. VLM-R1 lines, and a
+    record's own id, keep theirs; a REC record's position id counts no image rank, as --manifest counts none."""
+    from PIL import Image
+
+    from conftest import FakeBackend
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.rescore import rescore_file
+    from vlmfast.run.runner import infer
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (28, 28)).save(tmp_path / name)
+
+    def ask(question):
+        return [{"role": "user", "content": f"<image>{question}"}]
+
+    src = tmp_path / "swift.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"messages": ask("How many?"), "images": ["a.png"], "solution": "2"},
+        {"image": "a.png", "conversations": [{"from": "human", "value": "<image>Colour?"}, {"from": "gpt", "value": "red"}]},
+        {"messages": ask("How many more?"), "images": ["a.png"], "solution": "3"},
+        {"messages": ask("Which?"), "images": [{"path": "b.png"}], "solution": "B"},
+        {"id": "own", "messages": ask("Again?"), "images": ["a.png"], "solution": "no"},
+        {"messages": ask("Last?"), "images": ["a.png", "b.png"], "solution": "yes"},
+    ]))
+    direct = [r.id for r in read_manifest(str(src), None)[0]]
+    assert direct == ["a.png", "00001_a", "a.png#2", "b.png", "own", "a.png#3"]
+    assert [r["id"] for r in convert_file(str(src), image_root="/elsewhere")] == direct
+    converted = write_manifest(convert_file(str(src)), str(tmp_path / "converted.jsonl"))
+    assert [r.id for r in read_manifest(str(converted), None)[0]] == direct
+    out = tmp_path / "r.jsonl"
+    assert infer(InferOptions(ckpt="fake", manifest=str(src), out=str(out)), backend=FakeBackend()).samples == 6
+    assert infer(InferOptions(ckpt="fake", manifest=str(converted), out=str(out)), backend=FakeBackend()).samples == 0
+    summary = rescore_file(out, str(converted))
+    assert (summary["scored"], summary["rows_not_in_manifest"], summary["manifest_ids_without_rows"]) == (6, 0, 0)

@@ -497,3 +497,34 @@ def test_verl_rows_of_two_sources_sharing_an_index_are_named_by_source_and_index
                              "images": [[{"bytes": png, "path": None}]] * 2, "reward_model": [{"ground_truth": "1"}] * 2,
                              "extra_info": [{"index": 0}, {"index": 1}]}), tmp_path / "one.parquet")
     assert [r.id for r in collect(manifest=str(tmp_path / "one.parquet")).requests] == ["0", "1"]  # unique: as before
+
+
+def _tagged_easyr1(images, tmp_path) -> str:
+    """An EasyR1 parquet file whose answer column writes row a's truth in answer tags."""
+    table = _easyr1(images).set_column(2, "answer", pa.array(["<answer>3</answer>", "3", "5", "no"]))
+    pq.write_table(table, tmp_path / "val.parquet")
+    return str(tmp_path / "val.parquet")
+
+
+def test_r1v_counting_gets_a_dataset_s_answer_column_as_written(images, tmp_path):
+    """EasyR1 hands its answer column to the reward untouched (verl/utils/dataset.py: example["ground_truth"] =
+    example.pop(self.answer_key)), as R1-V's script compares with its line's ground_truth: a reference scorer
+    compares with "<answer>3</answer>", where vlmfast's own scorers read the 3 inside."""
+    results = _jsonl(tmp_path / "r.jsonl", [{"id": rid, "text": "<think>t</think><answer>3</answer>"} for rid in "ab"])
+    r = cli("score", results, "--manifest", _tagged_easyr1(images, tmp_path), "--scorer", "r1v-counting",
+            "--out", tmp_path / "s.jsonl", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [row["correct"] for row in read_jsonl(tmp_path / "s.jsonl")] == [False, True]
+    own = cli("score", results, "--manifest", tmp_path / "val.parquet", "--out", tmp_path / "own.jsonl", "--json")
+    assert own.returncode == 0 and [row["correct"] for row in read_jsonl(tmp_path / "own.jsonl")] == [True, True]
+
+
+def test_easyr1_math_gets_a_dataset_s_answer_column_as_written(images, tmp_path):
+    pytest.importorskip("mathruler", reason="easyr1-math grades with mathruler (pip install mathruler sympy pylatexenc)")
+    pytest.importorskip("pylatexenc", reason="mathruler's grade_answer needs pylatexenc")
+    from vlmfast.run.rescore import rescore_file
+
+    results = tmp_path / "r.jsonl"
+    _jsonl(results, [{"id": rid, "text": "<think>t</think> so \\boxed{3}"} for rid in "ab"])
+    rescore_file(results, _tagged_easyr1(images, tmp_path), scorer="easyr1-math", out=tmp_path / "s.jsonl")
+    assert [row["correct"] for row in read_jsonl(tmp_path / "s.jsonl")] == [False, True]  # EasyR1: 0, then 1

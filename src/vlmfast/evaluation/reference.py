@@ -17,8 +17,15 @@ script reads the model's output, and gives the same verdict per row:
 - ``r1v-counting``: Deep-Agent/R1-V ``src/eval/test_qwen2vl_counting_superclevr.py`` at bbbbe3dc — the
   first ``<answer>\\s*(\\d+)\\s*</answer>``, as an int, equal to the ground truth.
 
-The truth is the one vlmfast's scorers get (a JSON box decoded to a list; a number as its text): a
-count's ``"4"`` is read back as the integer R1-V's file holds.
+Each gets the ground truth as the manifest holds it (``Request.manifest_truth``), not the one vlmfast's own
+scorers read (tags stripped, JSON decoded, numbers as text): EasyR1's ``verl/utils/dataset.py`` hands the
+answer column to the reward as it is (``example["ground_truth"] = example.pop(self.answer_key)``), and R1-V's
+script compares with the line's ``ground_truth`` as ``json.loads`` gives it, so a truth written
+``"<answer>4</answer>"`` matches neither ``\\boxed{4}`` nor ``<answer>4</answer>`` there, nor here. Where a
+script has no verdict, vlmfast reads the truth as its own scorers do: ``vlm-r1-rec``'s script reads a JSON
+list (a box as text is read as the box it spells), EasyR1's ``mathruler`` a string (a number, list or dict
+from a parquet column is graded as its text), and R1-V's file holds JSON numbers (a truth that is an
+integer's text, as a TSV cell or a text column holds it, is read as that integer).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ _INTEGER = re.compile(r"[-+]?\d+")
 
 def score_reference(name: str, row: dict, truth) -> dict:
     """The scoring fields (``score``, ``correct``, ``scorer``, ``parse_failed``; ``iou``/``bbox_unmapped``
-    for ``vlm-r1-rec``) of ``row`` against ``truth`` by the reference scorer ``name``."""
+    for ``vlm-r1-rec``) of ``row`` against ``truth`` (as the manifest holds it) by the reference scorer ``name``."""
     text = row.get("text") if isinstance(row.get("text"), str) else ""
     if name == "vlm-r1-rec":
         return _rec(row, text, truth)
@@ -83,7 +90,9 @@ def rec_resize(box, input_size, image_size) -> list[float]:
 
 
 def _rec(row: dict, text: str, truth) -> dict:
-    want = truth if _is_int_box(truth) else parse_box(truth)
+    from vlmfast.evaluation.scoring import truth_text  # scoring imports this module
+
+    want = truth if _is_int_box(truth) else parse_box(truth_text(truth))
     got = rec_box(text)
     box = got if got is not None else [0, 0, 0, 0]
     sizes = _first(row.get("model_image_sizes")), _first(row.get("image_sizes"))
@@ -117,8 +126,11 @@ def easyr1_math(text: str, truth) -> tuple[bool, bool]:
                          hint="pip install mathruler sympy pylatexenc") from exc
     response = _MATH_SPACES.sub(r"\1", text)  # EasyR1: "handle qwen2.5vl-32b format"
     answer = extract_boxed_content(response)
-    if not isinstance(truth, str):
-        truth = json.dumps(truth, ensure_ascii=False)  # a JSON-looking truth, decoded when the manifest was read
+    if not isinstance(truth, str):  # mathruler grades strings (an int raises AttributeError there): its text
+        from vlmfast.evaluation.scoring import truth_text  # scoring imports this module
+
+        truth = truth_text(truth)
+        truth = truth if isinstance(truth, str) else json.dumps(truth, ensure_ascii=False)
     return bool(grade_answer(answer, truth)), answer == "None" and "\\boxed{" not in response
 
 
@@ -130,7 +142,8 @@ def r1v_count(text: str) -> int | None:
 
 
 def _count_truth(truth):
-    """R1-V's ground truth is a JSON number; vlmfast keeps a number as its text: read it back."""
+    """R1-V's ground truth is a JSON number; an integer's (or a number's) text, as a TSV cell holds it, is read
+    as that number. Any other text (``"<answer>4</answer>"``) stays text and equals no count, as in R1-V."""
     if isinstance(truth, str) and _INTEGER.fullmatch(truth.strip()):
         return int(truth)
     if isinstance(truth, str):

@@ -291,8 +291,12 @@ def format_ok(text: str | None) -> bool:
 
 
 def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str | None = None,
-              plain_fallback: bool = True, **opts) -> dict:
+              plain_fallback: bool = True, as_written=None, **opts) -> dict:
     """The scoring fields for one result row (see ``ROW_FIELDS``); ``opts`` go to :func:`score_answer`.
+
+    ``as_written``: the ground truth as the manifest holds it (``Request.manifest_truth``), where ``truth`` is
+    the normalised one (``Request.truth``); the reference scorers get it, as their scripts get the dataset's
+    value (EasyR1 grades ``"<answer>4</answer>"`` as that text, not as ``4``). None: ``truth`` as given.
 
     The answer is read from the row's ``text`` (an ``answer`` field, if any, is not consulted: other
     tools write none, or their own). Error rows get all nulls; rows without ground truth get only
@@ -308,7 +312,7 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
         return fields
     if scorer in REFERENCE_SCORERS:
         from vlmfast.evaluation.reference import score_reference
-        return {**fields, **score_reference(scorer, row, truth_text(truth))}
+        return {**fields, **score_reference(scorer, row, truth if as_written is None else as_written)}
     answer = parse_reasoning(text)[1] if isinstance(text, str) else None
     if answer is None and plain_fallback and isinstance(text, str) and (tail := untagged_part(text)) is not None:
         answer = stated_answer(tail)
@@ -333,16 +337,21 @@ def _first_size(sizes):
 
 def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "auto", iou: float = 0.5,
             bbox_space: str | None = None, plain_fallback: bool = True) -> list[dict]:
-    """Copies of ``results_rows`` with the scoring fields set. ``truths`` maps row id → (truth, scorer);
-    ids missing from it are left unscored (null score, ``format_ok`` still set). ``bbox_space`` None:
-    each row's own (see :func:`row_bbox_space`); given, it wins over every row's."""
+    """Copies of ``results_rows`` with the scoring fields set. ``truths`` maps row id → (truth, scorer), or
+    → a ``Request.truth_record()`` (its ``manifest_truth`` then goes to the reference scorers, see
+    :func:`score_row`); ids missing from it are left unscored (null score, ``format_ok`` still set).
+    ``bbox_space`` None: each row's own (see :func:`row_bbox_space`); given, it wins over every row's."""
     check_choice("--scorer", default_scorer, SCORERS)
     if bbox_space is not None:
         check_choice("--bbox-space", bbox_space, BBOX_SPACES)
     out = []
     for row in results_rows:
-        truth, scorer = truths.get(str(row.get("id")), (None, None))
+        entry = truths.get(str(row.get("id")), (None, None))
+        if isinstance(entry, dict):
+            truth, scorer, written = entry.get("ground_truth"), entry.get("scorer"), entry.get("manifest_truth")
+        else:
+            (truth, scorer), written = entry, None
         fields = score_row(row, truth, scorer or default_scorer, iou=iou, bbox_space=bbox_space,
-                           plain_fallback=plain_fallback)
+                           plain_fallback=plain_fallback, as_written=written)
         out.append({**row, **fields})
     return out

@@ -3,7 +3,8 @@
 Two sources: VLM-R1 (its REC test files — a JSON array of ``{"image", "problem", "solution"}`` with the
 box in original-image pixels — and its training JSONL with ``conversations``) and ms-swift datasets
 (``{"messages", "images", "solution"}``). Output rows are ours: ``{"id", "image"|"images", "prompt",
-"system"?, "solution"?, "scorer"?}``. Every bad record is reported at once as ``file:line``.
+"system"?, "solution"?, "scorer"?}``, each ``id`` the one ``--manifest`` gives the record read as it is
+(:mod:`vlmfast.inputs.jsonl`). Every bad record is reported at once as ``file:line``.
 Standard library only: converting needs no model.
 """
 
@@ -16,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
-from vlmfast.inputs.datasets import VLMR1_SCORERS, vlmr1_solution
-from vlmfast.inputs.records import is_base64_image, parse_messages
+from vlmfast.inputs.datasets import VLMR1_SCORERS, is_r1v, is_vlmr1, r1v_view, vlmr1_solution
+from vlmfast.inputs.records import image_id, is_base64_image, parse_messages
 from vlmfast.inputs.requests import Request, read_manifest
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 
@@ -117,12 +118,18 @@ def convert_records(records: list[tuple[str, object]], fmt: str = "auto", *,
     """Convert ``(where, record)`` pairs; returns the rows and a ``where: what`` problem per bad record."""
     rows, problems = [], []
     seen: dict[str, str] = {}
+    by_image: dict[str, int] = {}  # records without an id so far, by first image: ranked as --manifest ranks them
     for index, (where, record) in enumerate(records):
         try:
             if not isinstance(record, dict):
                 raise ValueError("record is not a JSON object")
+            # --manifest names a line without an id by its first image (and rank), a VLM-R1 line by its position
+            # (vlmr1_view): the converted rows carry the ids the file run as it is gives (vlmfast.inputs.jsonl)
+            named = None
+            if not is_vlmr1(record) and record.get("id") is None:
+                named = image_id(r1v_view(record) if is_r1v(record) else record, by_image)
             kind = fmt if fmt != "auto" else _detect(record)
-            row = (_from_swift if kind == "swift" else _from_vlmr1)(record, index, image_root)
+            row = _from_swift(record, index, image_root, named) if kind == "swift" else _from_vlmr1(record, index, image_root)
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
             continue
@@ -160,12 +167,12 @@ def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
     return _with_truth(row, truth, scorer, box=scorer in (None, *_BOX_SCORERS))  # a REC file's solution is its box
 
 
-def _from_swift(record: dict, index: int, image_root: str | None) -> dict:
+def _from_swift(record: dict, index: int, image_root: str | None, named: str | None) -> dict:
     prompt, system, reply = parse_messages(record.get("messages"), record.get("system"))
     if not prompt:
         raise ValueError("the last user turn has no text")
     truth = record["solution"] if record.get("solution") is not None else record.get("answer")
-    row = _row(record, index, _images(record, image_root), prompt)
+    row = _row(record, index, _images(record, image_root), prompt, named=named)
     if system:
         row["system"] = system
     return _with_truth(row, reply if truth is None else truth, record.get("scorer"), box=record.get("scorer") in _BOX_SCORERS)
@@ -187,10 +194,12 @@ def _images(record: dict, image_root: str | None) -> list[str]:
     return paths
 
 
-def _row(record: dict, index: int, images: list[str], prompt: str, strip: bool = True) -> dict:
+def _row(record: dict, index: int, images: list[str], prompt: str, strip: bool = True, named: str | None = None) -> dict:
+    """``named``: the id of a record without one (:func:`vlmfast.inputs.records.image_id`); None: ``NNNNN_<image
+    stem>``, the position in the file and the image's name, as --manifest names a VLM-R1 line (vlmr1_view)."""
     rid = record.get("id")
     if rid is None:
-        rid = f"{index:05d}_{Path(images[0]).stem}"  # stable: position in the file + image name
+        rid = named if named is not None else f"{index:05d}_{Path(images[0]).stem}"
     elif not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise ValueError('"id" must be a string or an integer')
     row = {"id": str(rid)}

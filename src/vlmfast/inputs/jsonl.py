@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vlmfast.errors import InputError
 from vlmfast.evaluation.scoring import SCORERS, truth_text
-from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_marks, content_text, first_image,
+from vlmfast.inputs.records import (BadInput, Problem, Request, check_image_marks, content_text, image_id,
                                     is_base64_image, parse_messages, resolve_relative)
 
 # The image placeholder of LLaVA-style data (ms-swift, VLM-R1, EasyR1, verl): in every manifest format it marks
@@ -68,9 +68,8 @@ def read_jsonl(path: str, default_prompt: str | None, image_root: str | None = N
         else:
             unknown.update(set(record) - MANIFEST_KEYS)
         rid = record.get("id")
-        if rid is None and (first := first_image(record)) is not None and not is_base64_image(first):  # ranked whether or not the line is good:
-            by_image[first] = rank = by_image.get(first, 0) + 1  # mending a bad line moves no other line's id
-            rid = first if rank == 1 else f"{first}#{rank}"
+        if rid is None:  # ranked whether or not the line is good: mending a bad line moves no other line's id
+            rid = image_id(record, by_image)
         try:
             request = _record_to_request(record, where, base, default_prompt)
             request = request if rid is None or request.id == str(rid) else dataclasses.replace(request, id=str(rid))

@@ -102,6 +102,19 @@ def first_image(record: dict) -> str | None:
     return first if isinstance(first, str) and first else None
 
 
+def image_id(record: dict, by_image: dict[str, int]) -> str | None:
+    """The id of a manifest record without one: its first image as written, and for a later record without an id
+    asking about the same image (an R1-V or ms-swift file asking several questions of one image) the image and its
+    rank, ``IMAGE#2``, ``IMAGE#3``, …; the record counted in ``by_image`` (image → records so far). None where no
+    image path names it (none, or base64 data). ``--manifest`` and ``vlmfast convert`` both name records so: a
+    file run as it is and its converted manifest give the same ids."""
+    first = first_image(record)
+    if first is None or is_base64_image(first):
+        return None
+    by_image[first] = rank = by_image.get(first, 0) + 1
+    return first if rank == 1 else f"{first}#{rank}"
+
+
 # The first bytes of the image formats a base64 string written where a path goes (ms-swift reads such strings) holds.
 _IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
 

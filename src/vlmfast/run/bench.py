@@ -164,7 +164,7 @@ def _run_bench(options: BenchOptions, progress, say, scratch: str) -> dict:
     found = locate(options.ckpt, hub=True)
     base_found = locate(options.compare_base, hub=True, option="--compare-base") if options.compare_base else None
     requests, sizes = _workload(options, scratch)
-    bench = _Bench(options, requests, sizes, progress, say, truths={r.id: (r.truth, r.scorer) for r in requests})
+    bench = _Bench(options, requests, sizes, progress, say, truths={r.id: r.truth_record() for r in requests})
     compile_cache = prepare_cache(options.decoder, True) if options.compile else None  # before the model loads
     n_engines = len(options.engines) + bool(options.compare_base)
     progress.start(options.repeats * (len(options.batch_sizes) * n_engines + options.as_saved))
@@ -332,7 +332,7 @@ def _report(options, requests, scenarios, rows, truths, cache, base_cache, notes
                      "decoder": options.decoder, "compile": options.compile, "engines": list(options.engines),
                      "greedy": settings.greedy, "n": settings.n, "temperature": settings.temperature,
                      "batch_sizes": list(options.batch_sizes), "warmup": options.warmup,
-                     "repeats": options.repeats, "with_ground_truth": sum(t[0] is not None for t in truths.values())},
+                     "repeats": options.repeats, "with_ground_truth": sum(t["ground_truth"] is not None for t in truths.values())},
         "cache": cache,
         "base_cache": base_cache,
         "scenarios": scenarios,

@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from vlmfast.inputs.convert import read_reward_truths, read_truths
+from vlmfast.inputs.convert import read_reward_truths
 from vlmfast.errors import InputError, UsageError
 from vlmfast.files import atomic_write
 from vlmfast.evaluation.scoring import BBOX_SPACES, rescore, row_bbox_space
@@ -198,17 +198,18 @@ def _rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: fl
         raise InputError(f"{results}: " + ("a directory, not a results file" if results.is_dir() else "no such results file"), hint="give the --out file of a vlmfast infer run, or any JSONL "
                          'with "id" and "text" per row')
     rows, notes = read_result_rows(results)
-    truths = read_truths(manifest, keys, image_root)
+    records = read_reward_truths(manifest, keys, image_root)  # read_truths' records, with each truth as written
+    truths = {rid: (record["ground_truth"], record["scorer"]) for rid, record in records.items()}
     _check_matches(rows, truths, results, manifest, keys)
     asked = _with_prompts(rows, _refuse_other_requests(rows, manifest, keys, image_root, results))
-    lines = read_reward_truths(manifest, keys, image_root) if reward is not None or by else None
+    lines = records if reward is not None or by else None
     values = _column_values(by, lines, rows, manifest, results) if by else None  # checked before anything is written
     if reward is not None:
         scored = [{**row, **fields} for row, fields in zip(rows, reward.score_rows(asked, lines, skip_bad=skip_bad))]
         notes += [n for n in [getattr(reward, "note", None)] if n]  # several functions: what decides "correct"
     else:  # the scoring fields onto the rows as read: a prompt taken from the manifest is not written into them
         scored = [dict(new, prompt=row["prompt"]) if "prompt" in row else {k: v for k, v in new.items() if k != "prompt"}
-                  for row, new in zip(rows, rescore(asked, truths, default_scorer=scorer, iou=iou, bbox_space=bbox_space))]
+                  for row, new in zip(rows, rescore(asked, records, default_scorer=scorer, iou=iou, bbox_space=bbox_space))]
     if out is not None:  # a row the manifest does not hold is written as it was (scored against another manifest?)
         kept = [row if str(row["id"]) not in truths else new for row, new in zip(rows, scored)]
         Path(out).parent.mkdir(parents=True, exist_ok=True)
