@@ -225,7 +225,17 @@ def _tied_head_saved(ctx):
     return _tied(ctx.base, ctx.tmp / "tied"), {}
 
 
+def _generation(**values):
+    def make(ctx):
+        d = _copy(ctx.base, ctx.tmp / "c")
+        edit_json(d / "generation_config.json", lambda c: c.update(values))
+        return d, {}
+    return make
+
+
 CASES = {
+    "sampling-temperature-zero": (_generation(do_sample=True, temperature=0), [("error", "generation_config.json: temperature")]),
+    "max-length-short": (_generation(max_length=20), None),  # the severity follows the installed generate: below
     "train-eval-differs": (_train_eval, [("warning", "args.json")]),
     "cache-off": (_cache_off, [("error", "generation_config.json: use_cache"), ("warning", "config.json: use_cache"),
                                ("warning", "config.json: text_config.use_cache")]),
@@ -296,6 +306,49 @@ def test_a_generation_config_without_eos_is_what_generate_stops_on(base_ckpt, tm
     found = [f for f in diagnose(d) if f.code.startswith("eos-")]
     assert [(f.severity, f.code, f.location) for f in found] == [("error", "eos-missing-im-end", "generation_config.json: eos_token_id")]
     assert found[0].message.startswith("EOS list [] lacks <|im_end|>")
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0, -1])
+def test_sampling_at_temperature_zero_is_an_error_and_greedy_or_positive_is_not(base_ckpt, tmp_path, temperature):
+    """Plain generate builds its temperature warper only when sampling, and that raises at 0 or below (4.57.6 and
+    5.24); greedy with temperature 0 (transformers warns only) and a positive temperature are no finding."""
+    d, _ = _generation(do_sample=True, temperature=temperature)(_Ctx(base_ckpt, None, None, tmp_path))
+    found = [f for f in diagnose(d) if f.code == "sampling-temperature-zero"]
+    assert [(f.severity, f.location) for f in found] == [("error", "generation_config.json: temperature")]
+    assert "raises ValueError" in found[0].message and found[0].fix.startswith(f"vlmfast fix {d}")
+    for other in ({"do_sample": False, "temperature": 0}, {"do_sample": True, "temperature": 0.7},
+                  {"temperature": 0}):
+        edit_json(d / "generation_config.json", lambda c: (c.pop("do_sample", None), c.update(other)))
+        assert "sampling-temperature-zero" not in {f.code for f in diagnose(d)}, other
+
+
+@pytest.mark.parametrize("installed, values, expected", [
+    ((5, 24), {"max_length": 20}, "error"),  # 5.x: 20 tokens in all, a longer prompt raises
+    ((4, 57), {"max_length": 20}, "warning"),  # 4.57 takes its own default as none given: 20 new tokens
+    ((4, 57), {"max_length": 512}, "error"),  # shorter than one image at vlmfast's default pixel cap (1280)
+    ((5, 24), {"max_length": 2048}, "warning"),  # a prompt of one such image leaves 768 for the answer
+    ((5, 24), {"max_length": 2048, "max_new_tokens": 1024}, None),  # max_new_tokens wins on both lines
+    ((5, 24), {"max_length": 32768}, None),
+])
+def test_a_short_max_length_is_said_as_the_installed_generate_treats_it(base_ckpt, tmp_path, monkeypatch, installed,
+                                                                        values, expected):
+    from vlmfast.checkpoints import generation_values
+
+    monkeypatch.setattr(generation_values, "installed_transformers", lambda: installed)
+    d, _ = _generation(**values)(_Ctx(base_ckpt, None, None, tmp_path))
+    found = [(f.severity, f.location) for f in diagnose(d) if f.code == "max-length-short"]
+    assert found == ([(expected, "generation_config.json: max_length")] if expected else [])
+
+
+def test_generation_value_findings_fail_doctor_strict(base_ckpt, tmp_path):
+    from conftest import cli
+
+    d, _ = _generation(do_sample=True, temperature=0.0, max_length=20)(_Ctx(base_ckpt, None, None, tmp_path))
+    r = cli("doctor", d, "--json", "--strict")
+    assert r.returncode == 1
+    codes = {row["code"]: row for row in json.loads(r.stdout)["findings"]}
+    assert {"sampling-temperature-zero", "max-length-short"} <= set(codes)
+    assert codes["max-length-short"]["location"] == "generation_config.json: max_length"
 
 
 def test_clean_base_has_no_findings(base_ckpt, layouts):

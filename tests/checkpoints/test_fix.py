@@ -400,3 +400,62 @@ def test_a_processor_of_another_patch_size_is_refused_at_load(family_ckpts, tmp_
                       c.get("image_processor", {}).update(patch_size=14))
     with pytest.raises(CheckpointError, match="cuts 14-pixel patches but the vision tower takes 16"):
         load(str(d), device="cpu")
+
+
+def _plain_generate(d: Path, **kwargs) -> int | str:
+    """New tokens from plain ``model.generate`` on a 50-token prompt (longer than 20), as a user checks a checkpoint;
+    the ValueError's first words when it raises."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(d))
+    ids = torch.tensor([[1, 2, 3, 4, 5] * 10])
+    try:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), eos_token_id=None, **kwargs)
+    except ValueError as exc:
+        return str(exc)[:13]
+    return out.shape[1] - ids.shape[1]
+
+
+def test_sampling_at_temperature_zero_is_fixed_to_greedy(base_ckpt, tmp_path):
+    """do_sample true with temperature 0: plain generate raises before the first token (4.57.6 and 5.24); fix makes
+    it greedy, drops the sampling-only settings (beside do_sample false save_pretrained refuses them) and keeps
+    the rest, and plain generate then gives greedy's tokens."""
+    from transformers import GenerationConfig
+
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    edit_json(d / "generation_config.json", lambda c: c.update(do_sample=True, temperature=0.0, top_p=0.9, top_k=20))
+    assert _plain_generate(d, max_new_tokens=4) == "`temperature`"
+    r = cli("fix", d)
+    assert r.returncode == 0, r.stderr
+    assert "fixed: generation_config.json: do_sample true -> false (temperature 0: greedy)" in r.stderr
+    gen = json.loads((d / "generation_config.json").read_text())
+    before = json.loads((d / "generation_config.json.orig").read_text())
+    assert gen == {**{k: v for k, v in before.items() if k not in ("temperature", "top_p", "top_k")}, "do_sample": False}
+    assert "sampling-temperature-zero" not in {f.code for f in diagnose(d)}
+    GenerationConfig.from_pretrained(str(d)).save_pretrained(str(tmp_path / "saved"))  # no validation error
+    assert _plain_generate(d, max_new_tokens=4) == 4
+    assert plan_fix(d).empty
+
+
+@pytest.mark.filterwarnings("ignore:Using the model-agnostic default")  # transformers' own, on the case it names
+def test_a_short_max_length_is_dropped(base_ckpt, tmp_path):
+    """max_length 20 with no max_new_tokens: plain generate raises for a 50-token prompt on transformers 5 and
+    stops after 20 new tokens on 4.57; fix drops it, and generate's own max_new_tokens decides."""
+    import transformers
+
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    edit_json(d / "generation_config.json", lambda c: c.update(max_length=20))
+    v5 = int(transformers.__version__.split(".")[0]) >= 5
+    assert _plain_generate(d) == ("Input length " if v5 else 20)
+    plan = plan_fix(d)
+    assert plan.changes() == ["generation_config.json: max_length 20 dropped (shorter than a prompt and answer need; "
+                              "generate's max_new_tokens decides)"]
+    apply_fix(plan)
+    assert "max_length" not in json.loads((d / "generation_config.json").read_text())
+    assert "max-length-short" not in {f.code for f in diagnose(d)}
+    assert _plain_generate(d, max_new_tokens=30) == 30 and _plain_generate(d) == 20  # transformers' default: 20 new
+    long_enough = shutil.copytree(base_ckpt, tmp_path / "long")
+    edit_json(long_enough / "generation_config.json", lambda c: c.update(max_length=32768))
+    assert plan_fix(long_enough).empty

@@ -25,6 +25,7 @@ from vlmfast.checkpoints.config_family import as_saved
 from vlmfast.checkpoints.findings import (CODES, SEVERITIES, Finding, findings_as_dicts,  # noqa: F401 - importable here
                                           strict_exit_code)
 from vlmfast.checkpoints.weight_findings import adapter_findings, vocab_findings, whole_findings
+from vlmfast.checkpoints.generation_values import generation_value_findings
 from vlmfast.checkpoints.locate import HUB_ID, Located, fsdp_merge_hint, fsdp_sharded_dir, locate, require
 from vlmfast.errors import CheckpointError
 
@@ -61,6 +62,7 @@ def diagnose(ckpt, base=None, *, float32_min_bytes: int = FLOAT32_MIN_BYTES, eva
     found += _cache(d, config, generation)
     found += _eos(d, config, generation, base_dir, base_cfg)
     found += _generation_missing(d, config, generation, base_dir)
+    found += generation_value_findings(config, generation, _fix_cmd(d))  # values plain generate trips on
     found += _files(d, base_dir) + _saved_by_v5(d)
     found += _family(d, as_saved(d, config)) + _classes(d)  # the processor against the family the weights are
     found += _weights(target, base_dir, float32_min_bytes)

@@ -1,5 +1,6 @@
-"""Fix a checkpoint on disk: the cache switched back on, ``<|im_end|>`` back in the EOS list, missing
-processor/tokenizer/chat-template files copied from the base; and merge a LoRA adapter into a full model.
+"""Fix a checkpoint on disk: the cache switched back on, ``<|im_end|>`` back in the EOS list, generation values
+plain generate trips on repaired, missing processor/tokenizer/chat-template files copied from the base; and
+merge a LoRA adapter into a full model.
 
 :func:`plan_fix` only reads and returns a :class:`FixPlan` (file edits with old/new text, files to
 copy); :func:`apply_fix` writes it: each file atomically (temp file in the same dir, then
@@ -25,6 +26,7 @@ from vlmfast.checkpoints.readers import (
 from vlmfast.errors import CheckpointError
 from vlmfast.files import atomic_write, publish_directory
 from vlmfast.checkpoints.config_family import refuse_other_family
+from vlmfast.checkpoints.generation_values import repair_generation_values
 from vlmfast.checkpoints.locate import Located, locate, located, require
 
 
@@ -129,9 +131,11 @@ def plan_fix(ckpt, processor_from=None) -> FixPlan:
     """Plan the fixes for a local checkpoint (trainer output dirs resolve as in doctor). Reads only.
 
     config.json: ``use_cache`` false → true (top level, ``text_config``); generation_config.json:
-    ``use_cache`` false → true, and an EOS list that lacks the family's chat stop (``<|im_end|>``) becomes
-    the family's base list (the base's own when ``processor_from`` is given). ``processor_from`` (the
-    base model dir) also supplies processor, tokenizer and chat-template files the checkpoint lacks.
+    ``use_cache`` false → true, do_sample at temperature 0 → greedy, a short ``max_length`` dropped
+    (:mod:`vlmfast.checkpoints.generation_values`), and an EOS list that lacks the family's chat stop
+    (``<|im_end|>``) becomes the family's base list (the base's own when ``processor_from`` is given).
+    ``processor_from`` (the base model dir) also supplies processor, tokenizer and chat-template files the
+    checkpoint lacks.
     """
     d = _local_dir(ckpt)
     base = _local_dir(processor_from, "--processor-from") if processor_from is not None else None
@@ -245,6 +249,7 @@ def _generation_edits(d: Path, config: dict, base: Path | None, copies: list[Fil
     if gen.get("use_cache") is False:
         gen["use_cache"] = True
         changes.append("generation_config.json: use_cache false -> true")
+    changes += repair_generation_values(config, gen)  # do_sample at temperature 0, a short max_length
     if wanted is not None:
         changes.append(f"generation_config.json: eos_token_id {gen.get('eos_token_id')} -> {wanted}")
         gen["eos_token_id"] = wanted

@@ -99,6 +99,19 @@ def test_plain_generate_in_a_padded_batch_counts_each_row_s_own_tokens(loaded, i
     assert _run(engine, reqs, 4) == reference == _run(Engine(loaded, settings), reqs, 4)
 
 
+@pytest.mark.parametrize("decoder", ["vlmfast", "hf"])
+def test_a_saved_sampling_at_temperature_zero_or_short_max_length_changes_no_token(loaded, images, monkeypatch, decoder):
+    """Plain generate raises on do_sample with temperature 0, and stops at a saved max_length 20 (doctor says so);
+    vlmfast's loop and --decoder hf decode greedily at --temperature 0 for --max-new-tokens, whatever they say."""
+    reqs = [Request(str(p), (str(p),), PROMPT) for p in images[:2]]
+    settings = GenerationSettings(max_new_tokens=24, ignore_eos=True)
+    before = _run(Engine(loaded, settings, decoder=decoder), reqs, 2)
+    for name, value in (("do_sample", True), ("temperature", 0.0), ("max_length", 20)):
+        monkeypatch.setattr(loaded.model.generation_config, name, value)
+    after = _run(Engine(loaded, settings, decoder=decoder), reqs, 2)
+    assert after == before and all(len(tokens) == 24 for tokens in after.values())
+
+
 def test_the_penalty_in_force_is_recorded_beside_the_results(grpo_ckpt, images, tmp_path):
     """The penalty a run applied is one of the engine's facts, written into the settings record beside
     ``--out``: a later resume compares its own with it."""
