@@ -178,3 +178,30 @@ def test_easyr1_math_grades_the_truth_as_written(tmp_path):
     rescore_file(results, str(manifest), scorer="easyr1-math", out=tmp_path / "s.jsonl")
     assert _correct(json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()) == {
         "tagged": False, "plain": True, "number": True}
+
+
+def test_a_vlmr1_line_reaches_the_reference_scorers_as_its_second_turn_and_a_reward_re_wrapped(tmp_path):
+    """VLM-R1's loader re-wraps a conversations line's second turn as "<answer> 3 </answer>" for its rewards; no
+    published script reads that form: r1v-counting and easyr1-math get the turn as the line writes it."""
+    pytest.importorskip("mathruler", reason="easyr1-math grades with mathruler")
+    from PIL import Image
+
+    from vlmfast.inputs.convert import read_reward_truths
+    from vlmfast.run.rescore import rescore_file
+
+    Image.new("RGB", (28, 28)).save(tmp_path / "a.png")
+    lines = {"plain": "3", "tagged": "<answer>3</answer>", "half": "\\frac{1}{2}"}
+    manifest, results = tmp_path / "v.jsonl", tmp_path / "r.jsonl"
+    manifest.write_text("".join(json.dumps({"id": k, "image": "a.png", "conversations": [
+        {"from": "human", "value": "<image>How many?"}, {"from": "gpt", "value": v}]}) + "\n" for k, v in lines.items()))
+    answers = {"plain": "<answer>3</answer>", "tagged": "<answer>3</answer>", "half": "\\boxed{0.5}"}
+    results.write_text("".join(json.dumps({"id": k, "text": a, "finish_reason": "stop", "n_new_tokens": 3}) + "\n"
+                               for k, a in answers.items()))
+    truths = read_reward_truths(str(manifest))
+    assert truths["plain"]["manifest_truth"] == "<answer> 3 </answer>"  # what VLM-R1's rewards are handed
+    assert truths["plain"]["reference_truth"] == "3"
+    rescore_file(results, str(manifest), scorer="r1v-counting", out=tmp_path / "c.jsonl")
+    counted = _correct(json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines())
+    assert (counted["plain"], counted["tagged"]) == (True, False)  # R1-V: 3 == 3; "<answer>3</answer>" is no int
+    rescore_file(results, str(manifest), scorer="easyr1-math", out=tmp_path / "m.jsonl")
+    assert _correct(json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines())["half"] is True

@@ -17,8 +17,9 @@ script reads the model's output, and gives the same verdict per row:
 - ``r1v-counting``: Deep-Agent/R1-V ``src/eval/test_qwen2vl_counting_superclevr.py`` at bbbbe3dc — the
   first ``<answer>\\s*(\\d+)\\s*</answer>``, as an int, equal to the ground truth.
 
-Each gets the ground truth as the manifest holds it (``Request.manifest_truth``), not the one vlmfast's own
-scorers read (tags stripped, JSON decoded, numbers as text): EasyR1's ``verl/utils/dataset.py`` hands the
+Each gets the ground truth as the file writes it (``Request.truth_record()["reference_truth"]``; a VLM-R1
+``conversations`` line's second turn, not the answer-tagged solution VLM-R1's loader makes of it for rewards),
+not the one vlmfast's own scorers read (tags stripped, JSON decoded, numbers as text): EasyR1's ``verl/utils/dataset.py`` hands the
 answer column to the reward as it is (``example["ground_truth"] = example.pop(self.answer_key)``), and R1-V's
 script compares with the line's ``ground_truth`` as ``json.loads`` gives it, so a truth written
 ``"<answer>4</answer>"`` matches neither ``\\boxed{4}`` nor ``<answer>4</answer>`` there, nor here. Where a

@@ -294,7 +294,7 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
               plain_fallback: bool = True, as_written=None, **opts) -> dict:
     """The scoring fields for one result row (see ``ROW_FIELDS``); ``opts`` go to :func:`score_answer`.
 
-    ``as_written``: the ground truth as the manifest holds it (``Request.manifest_truth``), where ``truth`` is
+    ``as_written``: the ground truth as the file writes it (``Request.truth_record()["reference_truth"]``), where ``truth`` is
     the normalised one (``Request.truth``); the reference scorers get it, as their scripts get the dataset's
     value (EasyR1 grades ``"<answer>4</answer>"`` as that text, not as ``4``). None: ``truth`` as given.
 
@@ -338,7 +338,7 @@ def _first_size(sizes):
 def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "auto", iou: float = 0.5,
             bbox_space: str | None = None, plain_fallback: bool = True) -> list[dict]:
     """Copies of ``results_rows`` with the scoring fields set. ``truths`` maps row id → (truth, scorer), or
-    → a ``Request.truth_record()`` (its ``manifest_truth`` then goes to the reference scorers, see
+    → a ``Request.truth_record()`` (its ``reference_truth`` then goes to the reference scorers, see
     :func:`score_row`); ids missing from it are left unscored (null score, ``format_ok`` still set).
     ``bbox_space`` None: each row's own (see :func:`row_bbox_space`); given, it wins over every row's."""
     check_choice("--scorer", default_scorer, SCORERS)
@@ -348,7 +348,8 @@ def rescore(results_rows: list[dict], truths: dict, *, default_scorer: str = "au
     for row in results_rows:
         entry = truths.get(str(row.get("id")), (None, None))
         if isinstance(entry, dict):
-            truth, scorer, written = entry.get("ground_truth"), entry.get("scorer"), entry.get("manifest_truth")
+            truth, scorer = entry.get("ground_truth"), entry.get("scorer")
+            written = entry.get("reference_truth", entry.get("manifest_truth"))
         else:
             (truth, scorer), written = entry, None
         fields = score_row(row, truth, scorer or default_scorer, iou=iou, bbox_space=bbox_space,

@@ -363,6 +363,13 @@ def vlmr1_row(record: dict, base: Path) -> dict:
     return row
 
 
+def vlmr1_answer(record: dict):
+    """A VLM-R1 ``conversations`` line's answer as the line writes it (its second turn), None without one."""
+    turns = record.get("conversations")
+    second = turns[1] if isinstance(turns, list) and len(turns) > 1 else None
+    return second.get("value") if isinstance(second, dict) else None
+
+
 def vlmr1_solution(second) -> str:
     """The ``solution`` VLM-R1's loader makes of a ``conversations`` second turn: its answer tags stripped, then
     re-wrapped as ``"<answer> … </answer>"``."""

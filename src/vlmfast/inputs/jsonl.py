@@ -26,7 +26,7 @@ def read_jsonl(path: str, default_prompt: str | None, image_root: str | None = N
     """Every line of the JSONL manifest ``path`` as a request or a bad line (with what is wrong, where);
     warnings (fields ignored, ids given by rank). Relative image paths resolve against ``image_root`` (default:
     the manifest's directory) first, then the working directory."""
-    from vlmfast.inputs.datasets import is_r1v, is_vlmr1, r1v_view, vlmr1_row, vlmr1_view
+    from vlmfast.inputs.datasets import is_r1v, is_vlmr1, r1v_view, vlmr1_answer, vlmr1_row, vlmr1_view
 
     try:
         raw = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as editors on Windows write
@@ -59,11 +59,11 @@ def read_jsonl(path: str, default_prompt: str | None, image_root: str | None = N
         if not isinstance(record, dict):
             items.append(_bad_line(where, "record is not a JSON object", line_id))
             continue
-        line = record
+        line, written = record, None
         if is_r1v(record):  # R1-V's evaluation lines: read through our keys, handed to rewards as they are
             record = r1v_view(record)
         elif is_vlmr1(record):  # VLM-R1's lines: rewards get the row its loader makes, scorers our keys
-            line = vlmr1_row(record, base)
+            line, written = vlmr1_row(record, base), vlmr1_answer(record)
             record = vlmr1_view(line, decoded - 1)
         else:
             unknown.update(set(record) - MANIFEST_KEYS)
@@ -73,7 +73,7 @@ def read_jsonl(path: str, default_prompt: str | None, image_root: str | None = N
         try:
             request = _record_to_request(record, where, base, default_prompt)
             request = request if rid is None or request.id == str(rid) else dataclasses.replace(request, id=str(rid))
-            items.append(request if line is record else dataclasses.replace(request, record=line))
+            items.append(request if line is record else dataclasses.replace(request, record=line, written_truth=written))
         except ValueError as exc:
             items.append(_bad_line(where, str(exc), str(rid if rid is not None else line_id)))
     warnings = [f"{path}: ignored unknown manifest fields: {', '.join(sorted(unknown))}"] if unknown else []

@@ -29,6 +29,10 @@ class Request:
     # reward functions untouched (dataset columns, verl's extra_info), unlike ``truth`` (normalised for scoring).
     manifest_truth: object = field(default=None, compare=False)
     record: dict | None = field(default=None, compare=False, repr=False)
+    # The truth as the file itself writes it, where ``manifest_truth`` is what a trainer's loader made of it (a
+    # VLM-R1 ``conversations`` line: its second turn, which the loader re-wraps in answer tags): the published
+    # evaluation scripts' scorers read the file's value. None: ``manifest_truth``.
+    written_truth: object = field(default=None, compare=False, repr=False)
     # Images embedded in a dataset file: per image, where its bytes lie (vlmfast.inputs.embedded.EmbeddedImage),
     # None for a path; ``images`` then holds labels. Bytes are read and decoded when the batch is prepared.
     image_data: tuple | None = field(default=None, compare=False, repr=False)
@@ -41,7 +45,8 @@ class Request:
     def truth_record(self) -> dict:
         """What a reward function or scorer needs of this request's ground truth."""
         return {"ground_truth": self.truth, "scorer": self.scorer, "data_source": self.data_source,
-                "manifest_truth": self.manifest_truth, "record": self.record}
+                "manifest_truth": self.manifest_truth, "record": self.record,
+                "reference_truth": self.manifest_truth if self.written_truth is None else self.written_truth}
 
 
 @dataclass(frozen=True)

@@ -293,7 +293,7 @@ def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward
 
         fields = [score_row(row, truths[str(row["id"])]["ground_truth"], truths[str(row["id"])]["scorer"]
                             or options.scorer, iou=options.iou, bbox_space=options.bbox_space,
-                            as_written=truths[str(row["id"])]["manifest_truth"]) for row in kept]
+                            as_written=truths[str(row["id"])]["reference_truth"]) for row in kept]
     for row, scored in zip(kept, fields):
         row.update(scored)
     if write:

@@ -394,4 +394,4 @@ def score_rows(rows: list[SampleResult], truths: dict, options: InferOptions, re
     for r in rows:
         truth = truths.get(r.id, {})
         r.extra = score_row(r.record(), truth.get("ground_truth"), truth.get("scorer") or options.scorer, iou=options.iou,
-                            bbox_space=options.bbox_space, as_written=truth.get("manifest_truth"))
+                            bbox_space=options.bbox_space, as_written=truth.get("reference_truth"))
