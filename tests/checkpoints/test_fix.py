@@ -439,6 +439,22 @@ def test_sampling_at_temperature_zero_is_fixed_to_greedy(base_ckpt, tmp_path):
     assert plan_fix(d).empty
 
 
+def test_several_samples_at_temperature_zero_are_fixed_to_one_greedy_answer(base_ckpt, tmp_path):
+    """num_return_sequences 4 beside do_sample true loads; beside do_sample false (without beams) transformers
+    refuses to load the config at all: fix drops it with the sampling settings, and the fixed config loads."""
+    from transformers import GenerationConfig
+
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    edit_json(d / "generation_config.json", lambda c: c.update(do_sample=True, temperature=0, num_return_sequences=4))
+    plan = plan_fix(d)
+    assert "generation_config.json: num_return_sequences 4 dropped (greedy decoding gives one answer)" in plan.changes()
+    apply_fix(plan)
+    gen = json.loads((d / "generation_config.json").read_text())
+    assert gen["do_sample"] is False and "num_return_sequences" not in gen and "temperature" not in gen
+    GenerationConfig.from_pretrained(str(d))  # loads: no "Greedy methods ... num_return_sequences" ValueError
+    assert _plain_generate(d, max_new_tokens=4) == 4
+
+
 @pytest.mark.filterwarnings("ignore:Using the model-agnostic default")  # transformers' own, on the case it names
 def test_a_short_max_length_is_dropped(base_ckpt, tmp_path):
     """max_length 20 with no max_new_tokens: plain generate raises for a 50-token prompt on transformers 5 and

@@ -105,7 +105,8 @@ def repair_generation_values(config: dict, generation: dict) -> list[str]:
     temperature of 1e-5), vlmfast's engine decodes greedily at ``--temperature 0`` and ignores the saved
     do_sample and temperature, and a positive temperature would be a guess. The sampling-only settings go
     too: beside ``do_sample: false`` transformers' validate lists each and ``save_pretrained`` refuses the
-    config once changed (4.57: always). A short ``max_length`` (:func:`short_max_length`) is dropped:
+    config once changed (4.57: always); so does ``num_return_sequences`` above 1 without beams, with which
+    transformers refuses even to load the config ("Greedy methods … do not support num_return_sequences"). A short ``max_length`` (:func:`short_max_length`) is dropped:
     generate then stops where the caller's ``max_new_tokens`` says (without one: transformers' default, 20 new
     tokens, with its warning to pass ``max_new_tokens``), not at a length no image prompt fits in."""
     changes = []
@@ -115,6 +116,11 @@ def repair_generation_values(config: dict, generation: dict) -> list[str]:
         for key in SAMPLING_ONLY:
             if key in generation:
                 changes.append(f"generation_config.json: {key} {generation.pop(key)!r} dropped (sampling only)")
+        several = generation.get("num_return_sequences")
+        if _number(several) and several > 1 and generation.get("num_beams") in (None, 1):
+            del generation["num_return_sequences"]  # several answers to one prompt are drawn: greedy has one, and
+            changes.append(f"generation_config.json: num_return_sequences {several} dropped "  # transformers refuses
+                           "(greedy decoding gives one answer)")  # to load the config with it (validate raises)
     length = short_max_length(config, generation)
     if length is not None:
         del generation["max_length"]
