@@ -430,9 +430,9 @@ def test_a_rerun_keeps_measured_figures_and_refuses_other_settings(run, tmp_path
     options = _options(run, out, steps=(100, 200))
     first = sweep(options)
     again = sweep(options)
-    keys = ("tokens_per_s", "load_s", "swap_s")
+    keys = ("tokens_per_s", "load_s", "swap_s", "decode_row_utilization")
     assert [{k: c.get(k) for k in keys} for c in again["checkpoints"]] == [{k: c.get(k) for k in keys} for c in first["checkpoints"]]
-    assert first["checkpoints"][0]["tokens_per_s"] > 0
+    assert first["checkpoints"][0]["tokens_per_s"] > 0 and 0 < first["checkpoints"][0]["decode_row_utilization"] <= 1
     record = json.loads((out / "step-100.run.json").read_text())
     assert record["settings"]["generation"]["max_new_tokens"] == 6 and record["settings"]["template"] == "plain"
     assert again["settings"] == record["settings"] and "transformers" in again["versions"]

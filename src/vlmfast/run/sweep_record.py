@@ -6,7 +6,7 @@ Beside each step's results file ``step-N.jsonl`` (``base.jsonl``) sits ``step-N.
 of the run that generated the rows. A rerun into the same ``--out-dir``
 
 - with the same settings resumes, and a checkpoint it had finished keeps the speed it was measured at
-  (rereading rows measures nothing: tokens/s would be null and load seconds 0);
+  (rereading rows measures nothing: tokens/s and decode row utilization would be null and load seconds 0);
 - with other settings is an error listing what differs (rows made one way must not be reported as made
   another), unless ``--overwrite`` (start afresh) or another ``--out-dir``.
 Another vlmfast, torch or transformers version is only said: it changes no setting. The record also holds
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vlmfast.errors import UsageError
 
-MEASURED = ("tokens_per_s", "load_s", "swap_s", "reload_s", "canary_s")
+MEASURED = ("tokens_per_s", "decode_row_utilization", "load_s", "swap_s", "reload_s", "canary_s")
 ABSENT_MEANS = {"resize_rule": "qwen"}  # settings older records lack, and the value every run before them had
 SAME_BY_CONTENT = ("manifest",)  # compared by its digest: the same file named from another directory is the same
 
