@@ -268,3 +268,51 @@ def test_an_interrupt_while_a_finished_report_is_written_waits_for_it_and_keeps_
             os.kill(os.getpid(), signal.SIGINT)
             written.append("never")
     assert written[-1] == "plot.png" and signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize("command, stopped, says", [
+    ("bench", "vlmfast.run.bench.run_bench", "nothing was written (bench writes its report only once every scenario is "
+                                             "measured); rerun the same command to measure again"),
+    ("infer", "vlmfast.run.runner.infer", "rerun the same command (a run given --out keeps the rows it wrote and "
+                                          "resumes after them)"),
+    ("sweep", "vlmfast.run.sweep.sweep", "rerun the same command (the checkpoints it finished are kept in --out-dir, "
+                                         "and it goes on after the rows it wrote)"),
+    ("score", "vlmfast.run.rescore.rescore_file", "rerun the same command (score writes each file whole or not at all, "
+                                                  "and a rerun scores the rows again)"),
+    ("convert", "vlmfast.inputs.convert.convert_file", "rerun the same command (the manifest is written whole or not "
+                                                       "at all)"),
+    ("doctor", "vlmfast.checkpoints.doctor.diagnose", "doctor writes nothing; rerun the same command"),
+    ("fix", "vlmfast.checkpoints.fix.plan_fix", "rerun the same command (fix writes each file whole, and a rerun fixes "
+                                                "what is left; a merge's folder appears only once it is complete)"),
+])
+def test_a_ctrl_c_says_what_a_rerun_of_that_command_does(command, stopped, says, grpo_ckpt, images, tmp_path,
+                                                         monkeypatch):
+    """Ctrl-C (or SIGTERM) inside each command's work exits 130 with that command's own hint: bench has no --out and
+    resumes nothing (it promised infer's resume), doctor writes nothing, the others' reruns do what is said."""
+    import importlib
+
+    from vlmfast.errors import EXIT_INTERRUPTED
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    module, name = stopped.rsplit(".", 1)
+    monkeypatch.setattr(importlib.import_module(module), name, interrupted)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "image": str(images[0]), "prompt": "Q", "solution": "1"}) + "\n")
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps({"id": "a", "text": "<answer>1</answer>"}) + "\n")
+    args = {"bench": ("--ckpt", grpo_ckpt, "--synthetic", 1, "--json"),
+            "infer": ("--ckpt", grpo_ckpt, "--images", images[0], "--out", tmp_path / "out.jsonl", "--json"),
+            "sweep": (grpo_ckpt.parent, "--manifest", manifest, "--out-dir", tmp_path / "s", "--json"),
+            "score": (results, "--manifest", manifest, "--json"),
+            "convert": (manifest, "--out", tmp_path / "converted.jsonl"),
+            "doctor": (grpo_ckpt, "--json"),
+            "fix": (grpo_ckpt,)}[command]
+    r = cli(command, *args)
+    assert r.returncode == EXIT_INTERRUPTED, (r.stdout, r.stderr)
+    assert f"interrupted; {says}." in " ".join(r.stderr.split()), r.stderr
+    if "--json" in args:
+        assert json.loads(r.stdout)["error"] == {"message": "interrupted", "hint": says, "problems": [],
+                                                 "exit_code": EXIT_INTERRUPTED}
+    assert ("resumes" in says) is (command == "infer")  # only infer has --out rows to resume after

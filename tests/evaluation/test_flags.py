@@ -118,6 +118,22 @@ def test_several_answers_per_request_flip_by_majority():
     assert table["q"][0] != 1.0  # not 0/1: the McNemar p-value is taken on the majority flips
 
 
+def test_long_plain_answers_scored_right_are_right_in_the_flips():
+    """A checkpoint answering in plain text over 64 characters, every answer right by `contains`, against a base
+    whose answers are all wrong: the request flips wrong→right (the vote read no answer in the plain text)."""
+    from vlmfast.evaluation.scoring import score_row
+
+    long_text = "Looking at the plot, the quantity that keeps decreasing along every step is the gradient norm of it."
+
+    def rows(text):
+        return [{"id": "q", "sample": k, "text": text, "format_ok": False, "error": None,
+                 **score_row({"id": "q", "text": text}, "gradient", "contains")} for k in range(3)]
+
+    ckpt, base = rows(long_text), rows("<answer>loss</answer>")
+    assert per_request(ckpt)["q"][:2] == (1.0, True)
+    assert flipped(ckpt, base) == {"right_to_wrong": [], "wrong_to_right": ["q"]}
+
+
 def test_several_answers_compare_by_mean_and_flip_by_majority_by_hand():
     """Two requests × 3 answers. q0: base 1 of 3 right (majority wrong), checkpoint 3 of 3 (right): +2/3, a
     wrong→right flip. q1: base 2 of 3 (right), checkpoint 1 of 3 (wrong): −1/3, a right→wrong flip."""

@@ -105,7 +105,10 @@ def test_majority_vote_ties_and_missing_answers():
     assert majority_correct(_rows("a", [0, 0, 1, 1], [None, "3", "4", "4"]))  # "4" outvotes "3"; None does not vote
     assert not majority_correct(_rows("a", [0, 1, 1], ["b", "a", None]))  # b/a tie: "b" first, and wrong
     assert majority_correct(_rows("a", [0, 1, 1], [None, "a", "b"]))  # the first answer in sample order wins
-    assert not majority_correct(_rows("a", [1, 1], [None, "  "]))  # no answer at all: wrong
+    # no answer at all (a --reward function judged texts vlmfast reads no answer in): the rows' own verdicts decide
+    assert majority_correct(_rows("a", [1, 1], [None, "  "]))
+    assert not majority_correct(_rows("a", [0, 0], [None, None]))
+    assert not majority_correct(_rows("a", [0, 1], [None, None])) and majority_correct(_rows("a", [1, 0], [None, None]))
     # the voted answer's own samples decide (a reward that weighs the format scores one answer differently)
     assert not majority_correct(_rows("a", [1, 0, 0], ["5", "5", "5"]))
     assert not majority_correct(_rows("a", [0, 1], ["5", "5"]))  # 1 of 2: the first sample decides
@@ -201,3 +204,59 @@ def test_majority_vote_counts_answers_that_score_as_one_as_one(texts, truth, sco
              **score_row({"id": "q", "text": f"<answer>{t}</answer>"}, truth, scorer)} for i, t in enumerate(texts)]
     assert [r["correct"] for r in rows] == [False, True, True, True]
     assert majority_correct(rows)
+
+
+_LONG = ("Looking at the plot, the quantity that keeps decreasing along every step of the optimiser is the gradient "
+         "norm of the loss.")
+
+
+def test_a_long_plain_answer_votes_as_it_scored():
+    """`--n 4`, four untagged answers over 64 characters that hold the truth: `contains` scores each right on the
+    whole text, so its majority is right (the vote read no answer in them and counted the request wrong)."""
+    from vlmfast.evaluation.scoring import score_row
+
+    assert len(_LONG) > 64
+    for scorer in ("contains", "exact"):
+        truth = "gradient" if scorer == "contains" else _LONG
+        rows = [{"id": "free-1", "sample": k, "text": _LONG, **score_row({"id": "free-1", "text": _LONG}, truth, scorer)}
+                for k in range(4)]
+        assert all(r["correct"] for r in rows)
+        assert majority_correct(rows)
+        assert summarize_samples(rows)["maj_at_k"] == 1.0 == summarize_samples(rows)["pass_at_k"]["1"]
+
+
+def test_a_reward_scored_request_with_no_readable_answer_takes_its_rows_verdicts():
+    """A `--reward` function judged texts in which vlmfast reads no answer: the request is right when most rows
+    are, so four right answers are a right request."""
+    rows = [{"id": "r", "sample": k, "text": _LONG, "scorer": "reward:accuracy", "correct": c, "score": float(c)}
+            for k, c in enumerate([True, True, True, False])]
+    assert majority_correct(rows)
+    assert not majority_correct([{**r, "correct": not r["correct"]} for r in rows])
+
+
+def test_maj_at_k_is_at_least_the_share_of_requests_all_right_and_is_pass_at_1_with_one_answer():
+    """Over tagged, short plain, long plain and unreadable answers, by own scorers and a reward: maj@k is never
+    below the share of requests whose answers are all right, and with K=1 each request's majority verdict is its
+    one answer's."""
+    import itertools
+
+    from vlmfast.evaluation.scoring import score_row
+
+    texts = ["<answer>gradient</answer>", "gradient", _LONG, "<think>never closed", "<answer>loss</answer>",
+             _LONG.replace("gradient", "weight"), "The answer is gradient."]
+    rows = []
+    for i, (text, scorer) in enumerate(itertools.product(texts, ("contains", "exact", "auto"))):
+        for k in range(3):  # the same text K times, and the text then two others
+            t = text if k == 0 or i % 2 else texts[(texts.index(text) + k) % len(texts)]
+            rows.append({"id": f"q{i}", "sample": k, "text": t, **score_row({"id": f"q{i}", "text": t}, "gradient", scorer)})
+    for k, correct in enumerate([True, True, False, True]):
+        rows.append({"id": "rewarded", "sample": k, "text": _LONG, "scorer": "reward:f", "correct": correct,
+                     "score": float(correct)})
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["id"], []).append(r)
+    all_right = sum(all(r["correct"] for r in g) for g in groups.values()) / len(groups)
+    assert all_right > 0 and summarize_samples(rows)["maj_at_k"] >= all_right
+    firsts = [r for r in rows if r["sample"] == 0]
+    assert [majority_correct([r]) for r in firsts] == [r["correct"] for r in firsts]
+    assert summarize_samples(firsts)["maj_at_k"] == summarize_samples(firsts)["pass_at_k"]["1"]

@@ -191,6 +191,20 @@ def test_n_answer_rows_are_kept_by_id_and_sample_with_their_n_answer_figures(tmp
     assert said.returncode == 0 and "n answers: pass@k · maj@k · all same reward: 50.0% · 50.0% · 50.0% (k=2)" in said.stderr
 
 
+def test_n_long_plain_answers_all_right_are_right_by_majority(tmp_path):
+    """Four untagged answers over 64 characters holding the truth, scorer `contains`: accuracy, pass@k and
+    maj@k are all 1.0 (maj@k was 0.0: the vote read no answer in a long untagged text)."""
+    text = "Looking at the plot, the quantity that keeps decreasing along every optimiser step is the gradient norm."
+    manifest = tmp_path / "truth.jsonl"
+    manifest.write_text(json.dumps({"id": "free-1", "image": "free-1.png", "solution": "gradient", "scorer": "contains"}) + "\n")
+    results = _results(tmp_path, [{"id": "free-1", "sample": k, "text": text} for k in range(4)])
+    r = cli("score", results, "--manifest", manifest, "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["accuracy"] == 1.0 and summary["samples"]["pass_at_k"]["4"] == 1.0
+    assert summary["samples"]["maj_at_k"] == 1.0
+
+
 def test_reward_options_without_a_reward_are_refused(tmp_path):
     manifest = _manifest(tmp_path, {"a": "1"})
     results = _results(tmp_path, [{"id": "a", "text": "<answer>1</answer>"}])

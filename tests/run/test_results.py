@@ -166,5 +166,5 @@ def test_an_interrupt_outside_the_decode_loop_claims_nothing_about_what_is_on_di
         guarded(interrupted, json_out=True)
     assert exc.value.exit_code == EXIT_INTERRUPTED
     said = json.loads(capsys.readouterr().out)["error"]
-    assert said["message"] == "interrupted" and "keeps the rows it wrote" in said["hint"]
+    assert said["message"] == "interrupted" and said["hint"] == "rerun the same command"  # each command says more
     assert "before any result" not in said["message"] + said["hint"]

@@ -187,11 +187,35 @@ def test_a_resume_onto_rows_made_from_other_weights_is_refused(grpo_ckpt, images
     with pytest.raises(UsageError, match="holds rows made from other weights") as caught:
         infer(_options(ckpt, images[:4], out))
     assert "--overwrite" in caught.value.hint and len(read_jsonl(out)) == 2
+    assert "the checkpoint's weight files changed since (fingerprint" in caught.value.message
     with pytest.raises(UsageError) as both:  # other weights and another prompt: one refusal names both
         infer(dataclasses.replace(_options(ckpt, images[:4], out), prompt="Name them."))
     assert "other weights" in both.value.message and 'and other settings: prompt: "Count." then, "Name them." now' \
         in both.value.message, both.value.message
     assert infer(_options(ckpt, images[:4], out, overwrite=True)).samples == 4
+
+
+def test_a_resume_naming_another_checkpoint_says_so_not_that_files_changed(grpo_ckpt, images, tmp_path):
+    """Rows made with --ckpt run/checkpoint-200, resumed with --ckpt run/checkpoint-300: no file changed, another
+    checkpoint was named, and the refusal says which made the rows and which this run evaluates."""
+    import shutil
+
+    import pytest
+
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.errors import UsageError
+
+    made = shutil.copytree(grpo_ckpt, tmp_path / "run" / "checkpoint-200")
+    other = build_checkpoint(tmp_path / "run" / "checkpoint-300", preset="tiny", like="grpo", seed=7)
+    out = tmp_path / "a.jsonl"
+    infer(_options(made, images[:2], out))
+    with pytest.raises(UsageError) as caught:
+        infer(_options(other, images[:4], out))
+    message = caught.value.message
+    assert f"holds rows made from other weights: they were made from {made.resolve()} and this run evaluates " \
+        f"{other.resolve()} (fingerprint" in message, message
+    assert "weight files changed" not in message and "ckpt:" not in message  # the paths are said once
+    assert "--overwrite" in caught.value.hint and len(read_jsonl(out)) == 2
 
 
 def test_a_seed_outside_64_bits_is_a_usage_error():

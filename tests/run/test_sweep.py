@@ -417,6 +417,23 @@ def test_the_report_carries_health_paired_figures_and_flags(run, tmp_path):
     assert all(set(f) == {"code", "step", "figure", "threshold", "message"} for f in report["flags"])
 
 
+def test_a_rerun_with_another_base_says_the_rows_were_made_from_the_other_base(run, tmp_path):
+    """A sweep rerun into the same --out-dir with another --base: base.jsonl's rows were made from the first
+    base, not from files that changed since; the note names both, and the base is evaluated again."""
+    from vlmfast.checkpoints.tiny import build_checkpoint
+    from vlmfast.run.sweep import sweep
+
+    out = tmp_path / "s"
+    sweep(_options(run, out, steps=(100,), base=str(run["base"])))
+    other = build_checkpoint(tmp_path / "other-base", preset="tiny", like="base", seed=5)
+    again = sweep(_options(run, out, steps=(100,), base=str(other)))
+    said = [n for n in again["notes"] if n.startswith("base.jsonl: ")]
+    assert len(said) == 1 and said[0].startswith(f"base.jsonl: its rows were made from {run['base']} and this run "
+                                                 f"evaluates {other} (fingerprint "), said
+    assert "weight files changed" not in said[0] and "evaluated again" in said[0]
+    assert not any(n.startswith("step-100.jsonl: ") for n in again["notes"])  # the same checkpoint: kept
+
+
 def test_a_rerun_keeps_measured_figures_and_refuses_other_settings(run, tmp_path):
     """A finished sweep rerun keeps each checkpoint's figures from when it ran (not null tokens/s and 0 s);
     the settings that shape the rows are recorded beside each step file and in the report, and a rerun with
@@ -430,9 +447,9 @@ def test_a_rerun_keeps_measured_figures_and_refuses_other_settings(run, tmp_path
     options = _options(run, out, steps=(100, 200))
     first = sweep(options)
     again = sweep(options)
-    keys = ("tokens_per_s", "load_s", "swap_s")
+    keys = ("tokens_per_s", "load_s", "swap_s", "decode_row_utilization")
     assert [{k: c.get(k) for k in keys} for c in again["checkpoints"]] == [{k: c.get(k) for k in keys} for c in first["checkpoints"]]
-    assert first["checkpoints"][0]["tokens_per_s"] > 0
+    assert first["checkpoints"][0]["tokens_per_s"] > 0 and 0 < first["checkpoints"][0]["decode_row_utilization"] <= 1
     record = json.loads((out / "step-100.run.json").read_text())
     assert record["settings"]["generation"]["max_new_tokens"] == 6 and record["settings"]["template"] == "plain"
     assert again["settings"] == record["settings"] and "transformers" in again["versions"]

@@ -50,4 +50,5 @@ def bench(
         if report["gates"]["exit_code"]:
             raise typer.Exit(report["gates"]["exit_code"])
 
-    guarded(run, json_out)
+    guarded(run, json_out, interrupted="nothing was written (bench writes its report only once every scenario is "
+                                     "measured); rerun the same command to measure again")

@@ -36,7 +36,7 @@ def doctor(
         if strict and (code := strict_exit_code(findings)):
             raise typer.Exit(code)
 
-    guarded(run, json_out)
+    guarded(run, json_out, interrupted="doctor writes nothing; rerun the same command")
 
 
 @command(cls=Command, epilog="Exit codes: 0 fixed, or nothing to fix · 1 errors remain that fix cannot repair (each named, "
@@ -81,7 +81,8 @@ def fix(
                         f"{plan.others[0]} and so on; `infer` and `sweep` force the cache on without a fix)")
         _say_left(_what_is_left(plan.target, processor_from))
 
-    guarded(run)
+    guarded(run, interrupted="rerun the same command (fix writes each file whole, and a rerun fixes what is left; a "
+                             "merge's folder appears only once it is complete)")
 
 
 def _what_is_left(target, processor_from) -> list:

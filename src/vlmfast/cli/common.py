@@ -93,12 +93,16 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Fast, honest inference for GRPO-trained vision-language checkpoints."""
 
 
-def guarded(fn, json_out: bool = False):
-    """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 (the runner says what a run
-    left on disk while it decodes; a Ctrl-C that reaches here came before that, or after, while a run's rows were
-    read back and its report made: what is on disk is not known here, and is kept). ``json_out`` (``--json``):
-    the error is also a JSON object on stdout, ``{"error": {message, hint, problems, exit_code}}``, so a script
-    reading stdout gets JSON whatever the exit code."""
+INTERRUPTED_HINT = "rerun the same command"
+
+
+def guarded(fn, json_out: bool = False, *, interrupted: str = INTERRUPTED_HINT):
+    """Render VlmfastErrors once with their hint and exit code; Ctrl-C exits 130 with ``interrupted``, the
+    command's own hint: what a rerun does after a Ctrl-C that reaches here (the runner says what a run left on
+    disk while it decodes; a Ctrl-C that reaches here came before that, or after, while a run's rows were read
+    back and its report made). ``json_out`` (``--json``): the error is also a JSON object on stdout,
+    ``{"error": {message, hint, problems, exit_code}}``, so a script reading stdout gets JSON whatever the exit
+    code."""
     from vlmfast.run.parallel import is_main_process
     from vlmfast.report.terminal import print_json, render_error, stderr
 
@@ -113,10 +117,11 @@ def guarded(fn, json_out: bool = False):
                                       "exit_code": exc.exit_code}})
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        said = "rerun the same command (a run given --out keeps the rows it wrote and resumes after them)"
-        stderr.print(f"[yellow]interrupted[/yellow]; {said}.")
+        from rich.markup import escape
+
+        stderr.print(f"[yellow]interrupted[/yellow]; {escape(interrupted)}.")
         if json_out and is_main_process():
-            print_json({"error": {"message": "interrupted", "hint": said,
+            print_json({"error": {"message": "interrupted", "hint": interrupted,
                                   "problems": [], "exit_code": EXIT_INTERRUPTED}})
         raise typer.Exit(EXIT_INTERRUPTED) from None
 

@@ -63,7 +63,8 @@ def score(
         if json_out:
             print_json(summary)
 
-    guarded(run, json_out)
+    guarded(run, json_out, interrupted="rerun the same command (score writes each file whole or not at all, and a "
+                                     "rerun scores the rows again)")
 
 
 @command(cls=Command, epilog="Exit codes: 0 written · 2 unreadable or bad records (all listed; nothing written).")
@@ -95,6 +96,6 @@ def convert(
                          "infer reads them only where it exists", markup=False)
         typer.echo(str(path))
 
-    guarded(run)
+    guarded(run, interrupted="rerun the same command (the manifest is written whole or not at all)")
 
 

@@ -39,4 +39,5 @@ def infer(ctx: typer.Context, parsed, json_out: Json = False):
                 if json_out:
                     print_json(report.as_dict())
 
-    guarded(run, json_out)
+    guarded(run, json_out, interrupted="rerun the same command (a run given --out keeps the rows it wrote and resumes "
+                                     "after them)")

@@ -50,7 +50,8 @@ def sweep(ctx: typer.Context, parsed, json_out: Json = False):
         if report["exit_code"]:
             raise typer.Exit(report["exit_code"])
 
-    guarded(run, json_out)
+    guarded(run, json_out, interrupted="rerun the same command (the checkpoints it finished are kept in --out-dir, and "
+                                     "it goes on after the rows it wrote)")
 
 
 def _log_now(trackers, report: dict, say) -> None:

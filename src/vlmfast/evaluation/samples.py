@@ -11,7 +11,7 @@ import math
 from collections import defaultdict
 from statistics import NormalDist
 
-from vlmfast.evaluation.scoring import answer_in, normalize
+from vlmfast.evaluation.scoring import normalize, scored_answer
 
 SUMMARY_KEYS = ("samples_per_request", "requests", "mean_at_k", "pass_at_k", "maj_at_k", "solve_rate_histogram",
                 "all_same_rate", "reward_mean", "reward_std", "requests_with_more_samples")
@@ -58,22 +58,26 @@ def _requests(rows: list[dict]) -> dict[str, list[dict]]:
 def majority_correct(samples: list[dict]) -> bool:
     """Whether the majority answer of one request's samples (in sample order) is correct.
 
-    A row's answer is read from its ``text``, as its score was (:func:`~vlmfast.evaluation.scoring.answer_in`:
-    results from other tools carry no ``answer`` field, or their own); a row without text votes with its
-    ``answer`` field. Answers vote after :func:`~vlmfast.evaluation.scoring.normalize`; rows without an
-    answer do not vote, and a request where none has an answer counts as wrong. A tie goes to the answer that appeared first in
-    sample order. The voted answer is correct when most of its samples are (its first sample decides
-    a tie): one normalized answer can score differently when the score also weighs the format."""
+    A row votes with the answer its score was given for, read from its ``text`` by its ``scorer``
+    (:func:`~vlmfast.evaluation.scoring.scored_answer`: the ``<answer>`` part, what an untagged text states, the
+    whole untagged text for ``exact``/``contains``; results from other tools carry no ``answer`` field, or their
+    own); a row without text votes with its ``answer`` field. Answers vote after
+    :func:`~vlmfast.evaluation.scoring.normalize`; rows without an answer do not vote. A tie goes to the answer
+    that appeared first in sample order. The voted answer is correct when most of its samples are (its first
+    sample decides a tie): one normalized answer can score differently when the score also weighs the format.
+    When no row has an answer (a ``--reward`` function judged texts with none vlmfast can read), the request is
+    right when most of its rows are (the first sample decides a tie): a request whose answers are all right is
+    never counted wrong, and one answer is right by the majority exactly when it is right."""
     votes: dict[str, list[dict]] = {}
     for row in samples:
         text = row.get("text")
-        answer = answer_in(text) if isinstance(text, str) else row.get("answer")
+        answer = scored_answer(text, row.get("scorer"), row.get("prompt")) if isinstance(text, str) else row.get("answer")
         if isinstance(answer, str) and (key := _vote_key(answer, row.get("scorer"))):
             votes.setdefault(key, []).append(row)
-    if not votes:
-        return False
     # max() keeps the first of equal counts, and dicts keep first-appearance order: ties go to the earliest.
-    voted = max(votes.values(), key=len)
+    voted = max(votes.values(), key=len) if votes else samples
+    if not voted:
+        return False
     right = sum(1 for r in voted if r["correct"])
     return right * 2 > len(voted) or (right * 2 == len(voted) and bool(voted[0]["correct"]))
 

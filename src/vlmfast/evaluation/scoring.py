@@ -73,6 +73,27 @@ def answer_in(text: str) -> str | None:
     return answer
 
 
+def scored_answer(text, scorer: str | None, prompt=None, *, plain_fallback: bool = True) -> str | None:
+    """The answer :func:`score_row` scores in a row's ``text`` under the concrete scorer ``scorer`` (a row's
+    ``scorer`` field; None or a reward's name: no scorer-specific reading), so what the majority vote counts is
+    what was scored: the ``<answer>`` part; else, with ``plain_fallback``, what the untagged part states
+    (:func:`answer_in`), or for the text scorers ``exact`` and ``contains`` the whole untagged part (the length
+    rule of :func:`stated_answer` guards choices and numbers, not texts); for ``choice`` with no option letter
+    in it, the letter of the one option whose text it holds (:func:`option_by_text`, VLMEvalKit's
+    ``can_infer_text``). None when the text gives no answer, or is no text."""
+    if not isinstance(text, str):
+        return None
+    answer = parse_reasoning(text)[1]
+    if answer is None and plain_fallback and (tail := untagged_part(text)) is not None:
+        answer = stated_answer(tail)
+        if answer is None and scorer in ("exact", "contains"):
+            answer = tail.strip()
+    if scorer == "choice" and (answer is None or parse_choice(answer) is None) \
+            and (letter := option_by_text(answer or text, prompt)):
+        answer = letter
+    return answer
+
+
 def untagged_part(text: str) -> str | None:
     """The part of ``text`` that states its answer when it has no ``<answer>`` tag: the whole text when it has
     no think/answer tag at all, what follows a closed ``</think>`` otherwise (lmms-eval strips the think part
@@ -313,16 +334,11 @@ def score_row(row: dict, truth, scorer: str | None = "auto", *, bbox_space: str 
     if scorer in REFERENCE_SCORERS:
         from vlmfast.evaluation.reference import score_reference
         return {**fields, **score_reference(scorer, row, truth if as_written is None else as_written)}
-    answer = parse_reasoning(text)[1] if isinstance(text, str) else None
-    if answer is None and plain_fallback and isinstance(text, str) and (tail := untagged_part(text)) is not None:
-        answer = stated_answer(tail)
-        if answer is None and resolve_scorer(truth_text(truth), scorer or "auto") in ("exact", "contains"):
-            answer = tail.strip()  # a text scorer: the whole untagged text is the answer (the length rule guards choices, numbers)
-    s = score_answer(answer, truth, scorer or "auto", image_size=_first_size(row.get("image_sizes")),
+    name = resolve_scorer(truth_text(truth), scorer or "auto")
+    answer = scored_answer(text, name, row.get("prompt"), plain_fallback=plain_fallback)
+    s = score_answer(answer, truth, name, image_size=_first_size(row.get("image_sizes")),
                      model_size=_first_size(row.get("model_image_sizes")),
                      bbox_space=row_bbox_space(row, bbox_space), **opts)
-    if s.scorer == "choice" and s.parse_failed and (letter := option_by_text(answer or text, row.get("prompt"))):
-        s = score_answer(letter, truth, "choice")  # no letter, but one option's text: VLMEvalKit's can_infer_text
     fields.update(score=s.score, correct=s.correct, scorer=s.scorer, parse_failed=s.parse_failed)
     if s.scorer == "bbox":
         fields.update(iou=round(s.iou, 6), bbox_unmapped=s.bbox_unmapped)

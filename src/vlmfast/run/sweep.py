@@ -285,7 +285,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
     from vlmfast.run.sweep_record import forget_if_changed
 
     weights_id = weights_fingerprint(found, options.infer.fingerprint, options.infer.base)
-    if changed := forget_if_changed(out, weights_id):
+    if changed := forget_if_changed(out, weights_id, entry.path):
         say(changed)
         notes.append(changed)
     models.how = None

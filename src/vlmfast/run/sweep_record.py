@@ -6,7 +6,7 @@ Beside each step's results file ``step-N.jsonl`` (``base.jsonl``) sits ``step-N.
 of the run that generated the rows. A rerun into the same ``--out-dir``
 
 - with the same settings resumes, and a checkpoint it had finished keeps the speed it was measured at
-  (rereading rows measures nothing: tokens/s would be null and load seconds 0);
+  (rereading rows measures nothing: tokens/s and decode row utilization would be null and load seconds 0);
 - with other settings is an error listing what differs (rows made one way must not be reported as made
   another), unless ``--overwrite`` (start afresh) or another ``--out-dir``.
 Another vlmfast, torch or transformers version is only said: it changes no setting. The record also holds
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vlmfast.errors import UsageError
 
-MEASURED = ("tokens_per_s", "load_s", "swap_s", "reload_s", "canary_s")
+MEASURED = ("tokens_per_s", "decode_row_utilization", "load_s", "swap_s", "reload_s", "canary_s")
 ABSENT_MEANS = {"resize_rule": "qwen"}  # settings older records lack, and the value every run before them had
 SAME_BY_CONTENT = ("manifest",)  # compared by its digest: the same file named from another directory is the same
 
@@ -278,8 +278,9 @@ def same_digest(then: str, weights_id: dict) -> bool:
 
 def refuse_other_weights(results: Path, weights_id: dict | None, settings: dict | None = None) -> None:
     """A UsageError when ``results``' rows were made from weights other than the checkpoint's now (its record
-    holds another fingerprint): resuming would mix the answers of two models in one file. It names the
-    ``settings`` that differ too, so that one rerun finds every difference."""
+    holds another fingerprint): resuming would mix the answers of two models in one file. It says why — another
+    checkpoint named (the recorded ``ckpt`` is not ``settings``' one) or the same checkpoint's files changed — and
+    names the other ``settings`` that differ too, so that one rerun finds every difference."""
     from vlmfast.files import holds_rows  # rows in --out, or in a parallel run's part files
 
     try:
@@ -289,26 +290,46 @@ def refuse_other_weights(results: Path, weights_id: dict | None, settings: dict 
         return
     now = weights_id["digest"] if weights_id else None
     if then is not None and now is not None and not same_digest(then, weights_id) and holds_rows(results):
-        differs = setting_differences(record, settings or {})
-        raise UsageError(f"{results} holds rows made from other weights: the checkpoint's weight files changed since "
-                         f"(fingerprint {then} then, {now} now)" + ("; and other settings: " + "; ".join(differs)) * bool(differs),
+        made_from, evaluates = _source(record), (settings or {}).get("ckpt")
+        other = _other_checkpoint(made_from, evaluates)
+        differs = [d for d in setting_differences(record, settings or {}) if not (other and d.startswith("ckpt: "))]
+        why = (f"they were made from {made_from} and this run evaluates {evaluates}" if other
+               else "the checkpoint's weight files changed since")
+        raise UsageError(f"{results} holds rows made from other weights: {why} (fingerprint {then} then, {now} now)"
+                         + ("; and other settings: " + "; ".join(differs)) * bool(differs),
                          hint="rerun with --overwrite to redo them with these weights, or give another --out")
 
 
-def forget_if_changed(results: Path, weights_id: dict | None) -> str | None:
-    """When the checkpoint's weight files changed since ``results``' rows were written (its record holds
-    another fingerprint), move the rows and the record aside (a ``replaced-<time>`` folder) so the step is
-    evaluated again, and say so."""
-    try:
-        then = json.loads(sidecar(results).read_text(encoding="utf-8")).get("fingerprint")
-    except (OSError, ValueError):
-        return None
+def forget_if_changed(results: Path, weights_id: dict | None, path=None) -> str | None:
+    """When ``results``' rows were made from other weights than the checkpoint's at ``path`` now (its record
+    holds another fingerprint), move the rows and the record aside (a ``replaced-<time>`` folder) so the step is
+    evaluated again, and say why: the rows were made from another checkpoint (the record names another path),
+    or the checkpoint's weight files changed since."""
+    record = _read(sidecar(results))
+    then = record.get("fingerprint")
     now = weights_id["digest"] if weights_id else None
     if then is None or now is None or same_digest(then, weights_id):
         return None
     aside = move_aside(results.parent, [p for p in (results, sidecar(results)) if p.is_file()])
-    return (f"{results.name}: the checkpoint's weight files changed since its rows were written (fingerprint {then} "
-            f"then, {now} now): evaluated again (the earlier rows are in {aside})")
+    made_from = _source(record)
+    why = (f"its rows were made from {made_from} and this run evaluates {path}" if _other_checkpoint(made_from, path)
+           else "the checkpoint's weight files changed since its rows were written")
+    return f"{results.name}: {why} (fingerprint {then} then, {now} now): evaluated again (the earlier rows are in {aside})"
+
+
+def _source(record: dict) -> str | None:
+    """The checkpoint a record's rows were made from: a sweep's ``path``, or infer's ``ckpt`` setting (None: older
+    records name neither)."""
+    source = record.get("path") or (record.get("settings") or {}).get("ckpt")
+    return source if isinstance(source, str) else None
+
+
+def _other_checkpoint(then, now) -> bool:
+    """Whether ``then`` and ``now`` (paths or hub ids; None: not known) name different checkpoints: neither the
+    same text nor the same folder once resolved."""
+    if then is None or now is None or str(then) == str(now):
+        return False
+    return Path(then).resolve() != Path(now).resolve()
 
 
 def _norm(value):
@@ -338,7 +359,6 @@ def same_weights_notes(figures: list[dict]) -> list[str]:
             steps.setdefault(f["fingerprint"], []).append(f["step"])
     return [f"steps {', '.join(map(str, sorted(s)))} have identical weights (fingerprint {digest}): the same model "
             "saved twice, or a copy" for digest, s in steps.items() if len(s) > 1]
-
 
 
 def manifest_state(manifest) -> dict | None:
