@@ -324,3 +324,34 @@ def test_ms_swift_rows_keep_their_ids_converted_or_read_as_they_are(tmp_path):
     assert infer(InferOptions(ckpt="fake", manifest=str(converted), out=str(out)), backend=FakeBackend()).samples == 0
     summary = rescore_file(out, str(converted))
     assert (summary["scored"], summary["rows_not_in_manifest"], summary["manifest_ids_without_rows"]) == (6, 0, 0)
+
+
+def test_r1v_lines_convert_to_the_rows_manifest_reads_of_them(tmp_path):
+    """R1-V's lines ({"image_path", "question", "ground_truth"}) convert like the other JSON formats --manifest also
+    reads as they are: each row the id, question and images the line gets read as it is (an image asked about again
+    is ranked, IMAGE#2), its truth as the line holds it. A JSON array of them, which --manifest refuses, converts too."""
+    records = [
+        {"image_path": "imgs/000.png", "question": "How many cubes?", "ground_truth": 3},
+        {"image_path": "imgs/000.png", "question": "<image> What colour is the sphere?", "ground_truth": "<answer> red </answer>"},
+        {"image_path": ["imgs/001.png", "imgs/002.png"], "question": "<image><image>Same?", "ground_truth": "no",
+         "system": "Think first.", "scorer": "exact"},
+        {"id": "own", "image_path": "imgs/000.png", "question": "Again?", "ground_truth": "4"},
+    ]
+    src = tmp_path / "r1v.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    direct, _ = read_manifest(str(src), None, images=False)
+    rows = convert_file(str(src))
+    assert [r["id"] for r in rows] == [r.id for r in direct] == ["imgs/000.png", "imgs/000.png#2", "imgs/001.png", "own"]
+    assert [r["solution"] for r in rows] == [3, "<answer> red </answer>", "no", "4"]  # as the lines hold them
+    assert rows[2] == {"id": "imgs/001.png", "images": ["imgs/001.png", "imgs/002.png"], "prompt": "Same?",
+                       "system": "Think first.", "solution": "no", "scorer": "exact"}
+    converted, _ = read_manifest(str(write_manifest(rows, str(tmp_path / "m.jsonl"))), None, images=False)
+    assert [(r.id, r.prompt, r.system, r.truth, r.scorer, [Path(i).name for i in r.images]) for r in converted] == \
+        [(r.id, r.prompt, r.system, r.truth, r.scorer, [Path(i).name for i in r.images]) for r in direct]
+    array = tmp_path / "r1v.json"
+    array.write_text(json.dumps(records, indent=1))
+    assert convert_file(str(array)) == rows == convert_file(str(src), "r1v")
+    swift = tmp_path / "swift.jsonl"
+    swift.write_text(json.dumps({"messages": [{"role": "user", "content": "Q"}], "images": ["a.png"]}) + "\n")
+    with pytest.raises(InputError, match=r"swift.jsonl:1: not an R1-V line"):
+        convert_file(str(swift), "r1v")

@@ -339,3 +339,25 @@ def test_a_report_json_given_as_results_is_named_as_such(tmp_path):
     with pytest.raises(InputError, match="one JSON document over .* lines \\(a report\\?\\), not a results JSONL") as err:
         read_result_rows(report)
     assert "--out file of vlmfast infer" in err.value.hint
+
+
+def test_rows_under_the_ids_convert_0_18_9_gave_score_against_the_manifest_converted_again(tmp_path):
+    """A manifest written by vlmfast convert until 0.18.9 named id-less ms-swift records NNNNN_<image stem>; converted
+    again today it names them by their first image (ranked). Rows made from the old manifest are matched to the
+    record at that position and written under today's id; where the file holds a row under today's id already,
+    the earlier one is left unscored as before (not two answers to one request)."""
+    from vlmfast.inputs.convert import convert_file, write_manifest
+
+    source = tmp_path / "swift.jsonl"
+    source.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"<image>Q{i}?"}], "images": [image],
+                                          "solution": str(i)}) + "\n" for i, image in enumerate(["a.png", "a.png", "b.png"])))
+    manifest = write_manifest(convert_file(str(source)), str(tmp_path / "m.jsonl"))
+    rows = [{"id": rid, "prompt": f"Q{i}?", "text": f"<answer>{i}</answer>"} for i, rid in enumerate(["00000_a", "00001_a", "00002_b"])]
+    results, out = _results(tmp_path, rows), tmp_path / "rescored.jsonl"
+    summary = rescore_file(results, str(manifest), out=out)
+    assert (summary["scored"], summary["accuracy"], summary["rows_not_in_manifest"]) == (3, 1.0, 0)
+    assert [r["id"] for r in read_jsonl(out)] == ["a.png", "a.png#2", "b.png"]
+    assert any(n.startswith("3 row(s) carry the id an earlier vlmfast convert gave their record") for n in summary["notes"])
+    both = _results(tmp_path, rows[:2] + [{"id": "a.png", "prompt": "Q0?", "text": "<answer>0</answer>"}], name="both.jsonl")
+    summary = rescore_file(both, str(manifest))
+    assert (summary["scored"], summary["rows_not_in_manifest"]) == (2, 1)  # a.png and a.png#2; 00000_a left unscored

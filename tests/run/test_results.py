@@ -168,3 +168,41 @@ def test_an_interrupt_outside_the_decode_loop_claims_nothing_about_what_is_on_di
     said = json.loads(capsys.readouterr().out)["error"]
     assert said["message"] == "interrupted" and said["hint"] == "rerun the same command"  # each command says more
     assert "before any result" not in said["message"] + said["hint"]
+
+
+def test_ids_convert_0_18_9_gave_map_to_today_s_only_where_they_name_that_record(tmp_path):
+    """convert until 0.18.9 named an id-less ms-swift record NNNNN_<image stem> (its position, its first image); today
+    by its first image as written, ranked. A row id maps to today's id of the record at that position only where
+    no record has the row's id, that record's first image has the stem, its id is that image (not one of its own)
+    and the row asked its question; a row already under today's id is kept over the earlier one."""
+    from vlmfast.inputs.requests import read_manifest
+    from vlmfast.run.results import converted_ids, renamed_legacy_ids
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "a.png", "image": "a.png", "prompt": "Q0"},
+        {"id": "a.png#2", "image": "a.png", "prompt": "Q1"},
+        {"id": "own", "image": "b.png", "prompt": "Q2"},
+        {"id": "00003_c", "image": "c.png", "prompt": "Q3"},  # a real id of that form (a VLM-R1 line's) stays
+        {"id": "c.png", "image": "c.png", "prompt": "Q4"},
+    ]))
+    requests, _ = read_manifest(str(manifest), None, images=False)
+
+    def row(rid, prompt, answer="A", image=None):
+        return {"id": rid, "prompt": prompt, "images": [str(tmp_path / f"{image or rid[-1]}.png")], "text": answer,
+                "answer": answer, "finish_reason": "eos", "error": None}
+
+    rows = [row("00000_a", "Q0"), row("00001_a", "Q1"), row("00002_b", "Q2"), row("00003_c", "Q3"),
+            row("00004_x", "Q4"), row("0004_c", "Q4"), row("000004_c", "Q4"), row("00004_c", "another question")]
+    assert converted_ids(rows, requests) == {"00000_a": "a.png", "00001_a": "a.png#2"}
+    assert converted_ids([row("00004_c", "Q4")], requests) == {"00004_c": "c.png"}
+    assert converted_ids([row("00004_c", "Q4", image="d")], requests) == {}  # answered about another image
+    assert converted_ids([row("00000_a", "Q0")], requests, bad_ids=["00000_a"]) == {}
+
+    existing = {r["id"]: r for r in [row("00000_a", "Q0", "old"), row("a.png", "Q0", "new", "a"), row("00001_a", "Q1")]}
+    notes = []
+    renamed = renamed_legacy_ids(existing, requests, notes)
+    assert {k: r["answer"] for k, r in renamed.items()} == {"a.png": "new", "a.png#2": "A"}
+    assert notes == ["1 row(s) an earlier vlmfast wrote under another id (an image's resolved path, a manifest line's "
+                     "path, convert's NNNNN_<image stem>) now carry today's; 1 more were dropped: a row under today's "
+                     "id was there already"]

@@ -413,6 +413,39 @@ def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_id
     assert any(n.startswith("2 row(s) an earlier vlmfast wrote under another id") for n in report.notes)
 
 
+def test_rows_of_a_manifest_converted_by_0_18_9_resume_into_its_reconversion(tmp_path):
+    """vlmfast convert until 0.18.9 named an ms-swift record without an id NNNNN_<image stem>; today it writes the id
+    --manifest gives the record read as it is (its first image as written). Results made from the old manifest
+    resume into the manifest converted again at the same path: nothing is decoded again, no request has two rows,
+    and score matches every row."""
+    from conftest import cli
+    from vlmfast.run.rescore import rescore_file
+
+    data, conv = tmp_path / "data", tmp_path / "conv"
+    (data / "images").mkdir(parents=True)
+    conv.mkdir()
+    for i in range(2):
+        Image.new("RGB", (56, 56), (i * 60, 40, 90)).save(data / "images" / f"img_{i:03d}.png")
+    records = [{"messages": [{"role": "user", "content": f"<image>Q{i}?"}], "images": [f"images/img_{i:03d}.png"],
+                "solution": "AB"[i]} for i in range(2)]
+    (data / "swift.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest, out = conv / "m.jsonl", conv / "out.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"{i:05d}_img_{i:03d}", "image": f"../data/images/img_{i:03d}.png",
+                                            "prompt": f"Q{i}?", "solution": "AB"[i]}) + "\n" for i in range(2)))
+    infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out)), backend=FakeBackend(answers={"00001_img_001": "B"}))
+    assert cli("convert", str(data / "swift.jsonl"), "--out", str(manifest)).returncode == 0
+    assert [json.loads(line)["id"] for line in manifest.read_text().splitlines()] == ["images/img_000.png", "images/img_001.png"]
+    backend = FakeBackend()
+    report = infer(InferOptions(ckpt="fake", manifest=str(manifest), out=str(out)), backend=backend)
+    assert report.samples == 0 and backend.batches_run == 0
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == ["images/img_000.png", "images/img_001.png"]
+    assert [r["correct"] for r in rows] == [True, True]  # the earlier answers, scored against today's records
+    assert any(n.startswith("2 row(s) an earlier vlmfast wrote under another id") for n in report.notes)
+    summary = rescore_file(out, str(manifest))
+    assert (summary["scored"], summary["rows_not_in_manifest"], summary["manifest_ids_without_rows"]) == (2, 0, 0)
+
+
 def test_a_run_says_it_resumes_and_loads_before_its_first_answer(small, tmp_path, monkeypatch):
     """The load is a run's longest silence: what is loaded (and what a resume skips) is said before it."""
     import vlmfast.engines.open

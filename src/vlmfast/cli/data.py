@@ -69,9 +69,9 @@ def score(
 
 @command(cls=Command, epilog="Exit codes: 0 written · 2 unreadable or bad records (all listed; nothing written).")
 def convert(
-    source: Annotated[Path, typer.Argument(help="A VLM-R1 REC/test JSON(L) or an ms-swift dataset JSONL.", show_default=False)],
+    source: Annotated[Path, typer.Argument(help="A VLM-R1 REC/test JSON(L), an ms-swift dataset JSONL or R1-V evaluation lines.", show_default=False)],
     out: Annotated[Path, typer.Option(help="Manifest to write (JSONL).")],
-    format_: Annotated[str, typer.Option("--format", help="auto | vlmr1 | swift")] = "auto",
+    format_: Annotated[str, typer.Option("--format", help="auto | vlmr1 | swift | r1v")] = "auto",
     image_root: Annotated[Optional[str], typer.Option(help="Directory the records' relative image paths are under (default: the source file's directory).")] = None,
 ):
     """Turn a GRPO dataset file into a vlmfast manifest with ground truth (for infer, bench and score). Relative

@@ -1,8 +1,9 @@
 """Convert other projects' dataset files into vlmfast manifests with ground truth.
 
-Two sources: VLM-R1 (its REC test files — a JSON array of ``{"image", "problem", "solution"}`` with the
-box in original-image pixels — and its training JSONL with ``conversations``) and ms-swift datasets
-(``{"messages", "images", "solution"}``). Output rows are ours: ``{"id", "image"|"images", "prompt",
+Three sources: VLM-R1 (its REC test files — a JSON array of ``{"image", "problem", "solution"}`` with the
+box in original-image pixels — and its training JSONL with ``conversations``), ms-swift datasets
+(``{"messages", "images", "solution"}``) and R1-V's evaluation lines (``{"image_path", "question",
+"ground_truth"}``). Output rows are ours: ``{"id", "image"|"images", "prompt",
 "system"?, "solution"?, "scorer"?}``, each ``id`` the one ``--manifest`` gives the record read as it is
 (:mod:`vlmfast.inputs.jsonl`). Every bad record is reported at once as ``file:line``.
 Standard library only: converting needs no model.
@@ -18,19 +19,20 @@ from pathlib import Path
 
 from vlmfast.errors import InputError, UsageError
 from vlmfast.inputs.datasets import VLMR1_SCORERS, is_r1v, is_vlmr1, r1v_view, vlmr1_solution
-from vlmfast.inputs.records import image_id, is_base64_image, parse_messages
+from vlmfast.inputs.records import check_image_marks, image_id, is_base64_image, parse_messages
 from vlmfast.inputs.requests import Request, read_manifest
 from vlmfast.evaluation.scoring import SCORERS, truth_text
 
-FORMATS = ("vlmr1", "swift", "auto")
+FORMATS = ("vlmr1", "swift", "r1v", "auto")
 _URL_PREFIXES = ("http://", "https://", "data:")
 
 
 def convert_file(path: str, fmt: str = "auto", *, image_root: str | None = None) -> list[dict]:
-    """Manifest rows from a VLM-R1 or ms-swift file (a JSON array or JSONL; detected by content).
+    """Manifest rows from a VLM-R1, ms-swift or R1-V file (a JSON array or JSONL; detected by content).
 
     Relative image paths are joined to ``image_root`` when given, else kept as written. ``fmt="auto"``
-    decides per record: ``messages`` → swift; ``problem``/``question``/``conversations`` → vlmr1."""
+    decides per record: ``messages`` → swift; ``image_path`` and ``question`` (R1-V's keys, none of ours) → r1v;
+    ``problem``/``question``/``conversations`` → vlmr1."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
     from vlmfast.inputs.datasets import DATASET_SUFFIXES
@@ -123,13 +125,16 @@ def convert_records(records: list[tuple[str, object]], fmt: str = "auto", *,
         try:
             if not isinstance(record, dict):
                 raise ValueError("record is not a JSON object")
-            # --manifest names a line without an id by its first image (and rank), a VLM-R1 line by its position
-            # (vlmr1_view): the converted rows carry the ids the file run as it is gives (vlmfast.inputs.jsonl)
-            named = None
-            if not is_vlmr1(record) and record.get("id") is None:
-                named = image_id(r1v_view(record) if is_r1v(record) else record, by_image)
+            # --manifest names a line without an id by its first image (and rank; an R1-V line through its view), a
+            # VLM-R1 line by its position (vlmr1_view): the converted rows carry the ids the file run as it is gives
+            # (vlmfast.inputs.jsonl, whose order of checks this follows)
+            view = r1v_view(record) if is_r1v(record) else None if is_vlmr1(record) else record
+            named = image_id(view, by_image) if view is not None and view.get("id") is None else None
             kind = fmt if fmt != "auto" else _detect(record)
-            row = _from_swift(record, index, image_root, named) if kind == "swift" else _from_vlmr1(record, index, image_root)
+            if kind == "vlmr1":
+                row = _from_vlmr1(record, index, image_root)
+            else:
+                row = _from_swift(record, index, image_root, named) if kind == "swift" else _from_r1v(record, index, image_root, named)
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
             continue
@@ -144,9 +149,12 @@ def convert_records(records: list[tuple[str, object]], fmt: str = "auto", *,
 def _detect(record: dict) -> str:
     if "messages" in record:
         return "swift"
+    if is_r1v(record):
+        return "r1v"
     if any(k in record for k in ("problem", "question", "conversations")):
         return "vlmr1"
-    raise ValueError('cannot tell the format: expected VLM-R1 "problem"/"conversations" or ms-swift "messages"')
+    raise ValueError('cannot tell the format: expected VLM-R1 "problem"/"conversations", ms-swift "messages" or R1-V '
+                     '"image_path" and "question"')
 
 
 def _from_vlmr1(record: dict, index: int, image_root: str | None) -> dict:
@@ -176,6 +184,22 @@ def _from_swift(record: dict, index: int, image_root: str | None, named: str | N
     if system:
         row["system"] = system
     return _with_truth(row, reply if truth is None else truth, record.get("scorer"), box=record.get("scorer") in _BOX_SCORERS)
+
+
+def _from_r1v(record: dict, index: int, image_root: str | None, named: str | None) -> dict:
+    if not is_r1v(record):
+        raise ValueError('not an R1-V line: give "image_path" and "question" (and none of "image", "images", "prompt", '
+                         '"messages")')
+    view = r1v_view(record)  # as --manifest reads the line
+    prompt, images = view["prompt"], _images(view, image_root)
+    if not isinstance(prompt, str) or not prompt.replace("<image>", "").strip():
+        raise ValueError('no question: give "question" a text')
+    check_image_marks([prompt], len(images))  # --manifest refuses a question whose marks are not one per image
+    # the question as --manifest reads it (inputs/jsonl.py): its marks dropped, stripped only where it held one
+    row = _row(view, index, images, prompt, strip="<image>" in prompt, named=named)
+    if isinstance(view.get("system"), str) and view["system"]:
+        row["system"] = view["system"]
+    return _with_truth(row, view.get("solution"), view.get("scorer"), box=view.get("scorer") in _BOX_SCORERS)
 
 
 def _images(record: dict, image_root: str | None) -> list[str]:

@@ -71,7 +71,7 @@ def read_jsonl(path: str, default_prompt: str | None, image_root: str | None = N
         if rid is None:  # ranked whether or not the line is good: mending a bad line moves no other line's id
             rid = image_id(record, by_image)
         try:
-            request = _record_to_request(record, where, base, default_prompt)
+            request = _record_to_request(record, where, base, default_prompt, decoded - 1)
             request = request if rid is None or request.id == str(rid) else dataclasses.replace(request, id=str(rid))
             items.append(request if line is record else dataclasses.replace(request, record=line, written_truth=written))
         except ValueError as exc:
@@ -112,7 +112,8 @@ def _bad_line(where: str, what: str, rid: str) -> BadInput:
     return BadInput(id=rid, problems=(Problem(where, what),))
 
 
-def _record_to_request(record: dict, where: str, base: Path, default_prompt: str | None) -> Request:
+def _record_to_request(record: dict, where: str, base: Path, default_prompt: str | None,
+                       position: int | None = None) -> Request:
     system = record.get("system")
     prompt = record.get("prompt")
     truth = record["solution"] if record.get("solution") is not None else record.get("answer")
@@ -155,4 +156,4 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     source = record.get("data_source")
     return Request(id=str(rid), images=tuple(images), prompt=prompt, system=system, truth=truth_text(truth),
                    scorer=scorer, data_source=str(source) if source is not None else None, manifest_truth=truth,
-                   record=record, source=where)
+                   record=record, source=where, position=position)

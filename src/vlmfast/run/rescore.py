@@ -12,11 +12,12 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from vlmfast.inputs.convert import read_reward_truths
+from vlmfast.inputs.convert import _good_requests, read_reward_truths
 from vlmfast.errors import InputError, UsageError
 from vlmfast.files import atomic_write
 from vlmfast.evaluation.scoring import BBOX_SPACES, rescore, row_bbox_space
 from vlmfast.evaluation.stats import by_value, summarize
+from vlmfast.run.results import rows_under_todays_ids
 
 MAX_LISTED = 50  # bad lines listed in one error (all are counted): enough to see the pattern
 ROWS_HINT = ('write one JSON object per line with "id" (the manifest\'s id) and "text" (the model\'s whole '
@@ -125,8 +126,6 @@ def _refuse_other_requests(rows: list[dict], manifest: str, keys, image_root, re
     manifest's requests by id."""
     import os
 
-    from vlmfast.inputs.convert import _good_requests
-
     asked = {r.id: r for r in _good_requests(manifest, keys, image_root)}  # read once: the reader keeps the last
     other = []
     for row in rows:
@@ -199,6 +198,7 @@ def _rescore_file(results: Path, manifest: str, *, scorer: str = "auto", iou: fl
                          'with "id" and "text" per row')
     rows, notes = read_result_rows(results)
     records = read_reward_truths(manifest, keys, image_root)  # read_truths' records, with each truth as written
+    rows = rows_under_todays_ids(rows, _good_requests(manifest, keys, image_root), notes, manifest)  # read once, kept
     truths = {rid: (record["ground_truth"], record["scorer"]) for rid, record in records.items()}
     _check_matches(rows, truths, results, manifest, keys)
     asked = _with_prompts(rows, _refuse_other_requests(rows, manifest, keys, image_root, results))

@@ -238,8 +238,10 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     """Rows that vlmfast 0.12 and earlier wrote for manifest records without an id carry the image path as
     resolved against the manifest's folder; today such a record's id is the path as the record writes it.
     An unreadable manifest line's error row was named by the manifest's path as given and the line (0.14 and
-    earlier), today by the file's name and the line (``bad_ids``). Those rows take today's id, so a resume
-    neither runs their requests again nor keeps them twice."""
+    earlier), today by the file's name and the line (``bad_ids``). Rows made from a manifest that ``vlmfast
+    convert`` wrote until 0.18.9 carry its ``NNNNN_<image stem>`` ids (:func:`converted_ids`). Those rows
+    take today's id, so a resume neither runs their requests again nor keeps them twice: a row already under
+    today's id is kept, the earlier one dropped."""
     ids = {r.id for r in requests}
     legacy = {r.images[0]: r.id for r in requests if r.images and r.images[0] != r.id and r.images[0] not in ids
               and Path(r.images[0]).as_posix().endswith("/" + Path(r.id).as_posix().lstrip("./"))}
@@ -247,18 +249,67 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     legacy.update({str(row["id"]): Path(str(row["id"])).name for row in existing.values()
                    if row.get("error") is not None and re.search(r":\d+$", str(row["id"])) and Path(str(row["id"])).name in named
                    and Path(str(row["id"])).name != str(row["id"])})
+    legacy.update(converted_ids(existing.values(), requests, bad_ids))
     if not legacy or not any(str(row["id"]) in legacy for row in existing.values()):
         return existing
-    renamed, moved = {}, 0
-    for key, row in existing.items():
-        new = legacy.get(str(row["id"]))
-        if new is not None:
-            row, moved = {**row, "id": new}, moved + 1
+    renamed = {key: row for key, row in existing.items() if str(row["id"]) not in legacy}
+    moved = dropped = 0
+    for row in existing.values():
+        if (new := legacy.get(str(row["id"]))) is not None:
             key = row_key(new, row.get("sample"))
-        renamed.setdefault(key, row)  # a row already under today's id is kept
+            moved, dropped = (moved + 1, dropped) if key not in renamed else (moved, dropped + 1)
+            renamed.setdefault(key, {**row, "id": new})
     notes.append(f"{moved} row(s) an earlier vlmfast wrote under another id (an image's resolved path, a manifest "
-                 "line's path) now carry today's")
+                 "line's path, convert's NNNNN_<image stem>) now carry today's"
+                 + (f"; {dropped} more were dropped: a row under today's id was there already" if dropped else ""))
     return renamed
+
+
+_CONVERTED_ID = re.compile(r"(\d{5,})_(.+)")  # convert until 0.18.9: f"{index:05d}_{Path(images[0]).stem}"
+
+
+def converted_ids(rows: Iterable[dict], requests: list, bad_ids=()) -> dict[str, str]:
+    """Row id → today's id, for the rows' ids ``vlmfast convert`` gave an ms-swift record without an id until
+    0.18.9 (which changed it): ``NNNNN_<image stem>``, its position in the file and its first image's stem. Now
+    it writes the id ``--manifest`` gives the record read as it is, its first image as written (``IMAGE#2``, …
+    for later ones: :func:`vlmfast.inputs.records.image_id`); the converted manifest's records, one a line, keep
+    their positions. A row id maps only where no request or bad line has it (a VLM-R1 line's id, or a record's own,
+    of that form stays), one JSONL record holds that position (``Request.position``), its first image has that
+    stem and its id is that image (ranked) — not an id of its own —, and the row, where it says, asked that
+    record's question of images of those names."""
+    ids = {r.id for r in requests} | set(bad_ids)
+    at: dict[int, list] = {}
+    for r in requests:
+        if r.position is not None:
+            at.setdefault(r.position, []).append(r)
+    mapped = {}
+    for row in rows:
+        rid = str(row["id"])
+        match = _CONVERTED_ID.fullmatch(rid)
+        if rid in ids or match is None or str(int(match[1])).zfill(5) != match[1] or len(at.get(int(match[1]), ())) != 1:
+            continue
+        request, stem = at[int(match[1])][0], match[2]
+        prompt, images = row.get("prompt"), row.get("images")
+        if (request.images and Path(request.images[0]).stem == stem
+                and Path(re.sub(r"#\d+$", "", request.id)).stem == stem
+                and (not isinstance(prompt, str) or request.prompt.strip() in prompt)
+                and (not isinstance(images, list) or [os.path.basename(str(p)) for p in images]
+                     == [os.path.basename(p) for p in request.images])):
+            mapped[rid] = request.id
+    return mapped
+
+
+def rows_under_todays_ids(rows: list[dict], requests: list, notes: list[str], manifest: str) -> list[dict]:
+    """``rows`` (a results file scored against ``manifest``'s ``requests``) with every id :func:`converted_ids` maps
+    replaced by today's, unless a row already holds today's id (the earlier row keeps its id: not in the manifest)."""
+    have = {str(row["id"]) for row in rows}
+    new = {old: rid for old, rid in converted_ids(rows, requests).items() if rid not in have}
+    if not new:
+        return rows
+    old = next(iter(new))
+    notes.append(f"{sum(str(row['id']) in new for row in rows)} row(s) carry the id an earlier vlmfast convert gave "
+                 f"their record (NNNNN_<image stem>: {old}, …): matched under the id {manifest} gives it now ({new[old]}, …)")
+    return [{**row, "id": new[str(row["id"])]} if str(row["id"]) in new else row for row in rows]
 
 
 def recheck_kept(existing: dict[str, dict], requests: list, out, options, reward=None, write: bool = True) -> list[str]:
