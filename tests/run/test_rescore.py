@@ -342,7 +342,7 @@ def test_a_report_json_given_as_results_is_named_as_such(tmp_path):
 
 
 def test_rows_under_the_ids_convert_0_18_9_gave_score_against_the_manifest_converted_again(tmp_path):
-    """A manifest written by vlmfast convert until 0.18.9 named id-less ms-swift records NNNNN_<image stem>; converted
+    """A manifest written by vlmfast convert in 0.18.9 and earlier named id-less ms-swift records NNNNN_<image stem>; converted
     again today it names them by their first image (ranked). Rows made from the old manifest are matched to the
     record at that position and written under today's id; where the file holds a row under today's id already,
     the earlier one is left unscored as before (not two answers to one request)."""

@@ -171,7 +171,7 @@ def test_an_interrupt_outside_the_decode_loop_claims_nothing_about_what_is_on_di
 
 
 def test_ids_convert_0_18_9_gave_map_to_today_s_only_where_they_name_that_record(tmp_path):
-    """convert until 0.18.9 named an id-less ms-swift record NNNNN_<image stem> (its position, its first image); today
+    """convert in 0.18.9 and earlier named an id-less ms-swift record NNNNN_<image stem> (its position, its first image); today
     by its first image as written, ranked. A row id maps to today's id of the record at that position only where
     no record has the row's id, that record's first image has the stem, its id is that image (not one of its own)
     and the row asked its question; a row already under today's id is kept over the earlier one."""

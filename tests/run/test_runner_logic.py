@@ -414,7 +414,7 @@ def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_id
 
 
 def test_rows_of_a_manifest_converted_by_0_18_9_resume_into_its_reconversion(tmp_path):
-    """vlmfast convert until 0.18.9 named an ms-swift record without an id NNNNN_<image stem>; today it writes the id
+    """vlmfast convert in 0.18.9 and earlier named an ms-swift record without an id NNNNN_<image stem>; today it writes the id
     --manifest gives the record read as it is (its first image as written). Results made from the old manifest
     resume into the manifest converted again at the same path: nothing is decoded again, no request has two rows,
     and score matches every row."""

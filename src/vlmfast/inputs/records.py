@@ -42,7 +42,7 @@ class Request:
     answered: frozenset = field(default=frozenset(), compare=False, repr=False)
     source: str | None = field(default=None, compare=False, repr=False)  # a manifest's file:line, named in its problems
     # A JSONL manifest's record: its place among the file's JSON values (0-based), by which a VLM-R1 line without an
-    # id is named, and vlmfast convert named an ms-swift record without one until 0.18.9 (vlmfast.run.results)
+    # id is named, and vlmfast convert named an ms-swift record without one in 0.18.9 and earlier (vlmfast.run.results)
     position: int | None = field(default=None, compare=False, repr=False)
 
     def truth_record(self) -> dict:

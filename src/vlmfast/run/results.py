@@ -239,7 +239,7 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     resolved against the manifest's folder; today such a record's id is the path as the record writes it.
     An unreadable manifest line's error row was named by the manifest's path as given and the line (0.14 and
     earlier), today by the file's name and the line (``bad_ids``). Rows made from a manifest that ``vlmfast
-    convert`` wrote until 0.18.9 carry its ``NNNNN_<image stem>`` ids (:func:`converted_ids`). Those rows
+    convert`` wrote in 0.18.9 and earlier carry its ``NNNNN_<image stem>`` ids (:func:`converted_ids`). Those rows
     take today's id, so a resume neither runs their requests again nor keeps them twice: a row already under
     today's id is kept, the earlier one dropped."""
     ids = {r.id for r in requests}
@@ -265,12 +265,12 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     return renamed
 
 
-_CONVERTED_ID = re.compile(r"(\d{5,})_(.+)")  # convert until 0.18.9: f"{index:05d}_{Path(images[0]).stem}"
+_CONVERTED_ID = re.compile(r"(\d{5,})_(.+)")  # convert in 0.18.9 and earlier: f"{index:05d}_{Path(images[0]).stem}"
 
 
 def converted_ids(rows: Iterable[dict], requests: list, bad_ids=()) -> dict[str, str]:
-    """Row id → today's id, for the rows' ids ``vlmfast convert`` gave an ms-swift record without an id until
-    0.18.9 (which changed it): ``NNNNN_<image stem>``, its position in the file and its first image's stem. Now
+    """Row id → today's id, for the rows' ids ``vlmfast convert`` gave an ms-swift record without an id in
+    0.18.9 and earlier: ``NNNNN_<image stem>``, its position in the file and its first image's stem. Now
     it writes the id ``--manifest`` gives the record read as it is, its first image as written (``IMAGE#2``, …
     for later ones: :func:`vlmfast.inputs.records.image_id`); the converted manifest's records, one a line, keep
     their positions. A row id maps only where no request or bad line has it (a VLM-R1 line's id, or a record's own,
