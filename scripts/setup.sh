@@ -17,9 +17,8 @@ if [ "$(cat .venv/.vlmfast-stamp 2>/dev/null)" != "$(stamp_of)" ]; then
   if .venv/bin/python -c "import torch" 2>/dev/null; then need_disk 2 ".venv (transformers 5.x)"
   else need_disk 7 ".venv (torch, transformers 5.x)"; fi
   "$PY" -m venv .venv
-  # One resolve for everything: pip picks torch/torchvision that match each other. --no-compile: pip would
-  # compile every module it installs (~13,000 here, minutes of CPU); Python compiles the few it imports.
-  quiet .venv/bin/pip install -q --no-compile -e ".[dev]"
+  # One resolve for everything: pip picks torch/torchvision that match each other.
+  quiet .venv/bin/pip install -q -e ".[dev]"
   .venv/bin/python -c "import torch, torchvision, transformers, vlmfast" || { echo "[setup] .venv is broken" >&2; exit 1; }
   stamp_of > .venv/.vlmfast-stamp
 fi
@@ -32,8 +31,8 @@ if [ "${1:-}" = "--tf4" ] && [ "$(cat .venv-tf4/.vlmfast-stamp 2>/dev/null)" != 
   site5=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   # Packages installed in .venv-tf4 come first on sys.path; anything missing falls through to .venv.
   echo "$site5" > "$site4/zz_vlmfast_shared_venv.pth"
-  quiet .venv-tf4/bin/pip install -q --no-compile "transformers>=4.57,<4.58"
-  quiet .venv-tf4/bin/pip install -q --no-compile --no-deps -e .
+  quiet .venv-tf4/bin/pip install -q "transformers>=4.57,<4.58"
+  quiet .venv-tf4/bin/pip install -q --no-deps -e .
   .venv-tf4/bin/python -c "import transformers, vlmfast; assert transformers.__version__.startswith('4.57'), transformers.__version__" \
     || { echo "[setup] .venv-tf4 is broken" >&2; exit 1; }
   stamp_of > .venv-tf4/.vlmfast-stamp

