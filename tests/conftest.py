@@ -18,6 +18,9 @@ VLMFAST = Path(sys.executable).parent / "vlmfast"
 def pytest_configure(config):
     config.addinivalue_line("markers", "transformers_independent: tests of code that never imports transformers "
                             "(a shell script and its fake Python): run under transformers 5 only, not again under 4.57")
+    config.addinivalue_line("markers", "torch_mechanism: tests of a torch mechanism that no transformers line changes "
+                            "(inductor's on-disk cache found by a second process): run under transformers 5 only; the "
+                            "compiled step itself is tested under both")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -26,9 +29,12 @@ def pytest_collection_modifyitems(config, items):
     if int(version("transformers").split(".")[0]) >= 5:
         return
     skip = pytest.mark.skip(reason="touches no transformers code: run under transformers 5")
+    torch_only = pytest.mark.skip(reason="a torch mechanism, the same under every transformers: run under transformers 5")
     for item in items:
         if item.get_closest_marker("transformers_independent"):
             item.add_marker(skip)
+        elif item.get_closest_marker("torch_mechanism"):
+            item.add_marker(torch_only)
 
 
 def vlmfast(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:

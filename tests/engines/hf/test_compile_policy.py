@@ -50,6 +50,7 @@ def test_on_cuda_the_vision_tower_still_to_run_counts_for_compiling():
     assert not on_cpu.compile and "vision" not in on_cpu.reason
 
 
+@pytest.mark.torch_mechanism  # ~2 min of cold compile in a subprocess; compiling is tested under 4.57 below (one or two new tokens), and by test_step_kernels
 def test_a_second_run_compiles_from_the_cache_and_tokens_do_not_change(grpo_ckpt, images, tmp_path):
     env = {"VLMFAST_CACHE": str(tmp_path / "cache")}
     common = ["infer", "--ckpt", grpo_ckpt, "--images", images[0], images[1], "--prompt", "Count.", "--max-new-tokens", 6,
