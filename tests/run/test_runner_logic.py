@@ -364,6 +364,11 @@ def test_out_naming_an_input_is_refused_before_anything_is_written(small, tmp_pa
     with pytest.raises(UsageError, match="one of this run's inputs"):
         infer(_options(small, image, overwrite=True), backend=FakeBackend())
     assert Image.open(image).size == (56, 56)
+    linked = tmp_path / "linked.png"  # another name of the same file: results appended there would write into it
+    os.link(image, linked)
+    with pytest.raises(UsageError, match="one of this run's inputs"):
+        infer(_options(small, linked, overwrite=True), backend=FakeBackend())
+    assert Image.open(image).size == (56, 56)
 
     config = (base_ckpt / "config.json").read_bytes()
     with pytest.raises(UsageError, match="is a file of the checkpoint"):
