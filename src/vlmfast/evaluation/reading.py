@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import unicodedata
@@ -142,3 +143,35 @@ def parse_choice(text: str) -> str | None:
         if len(letters) == 1:
             return letters.pop()
     return None
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def truth_text(value):
+    """Normalise a ground truth value: ``<answer>…</answer>`` is stripped, JSON lists/dicts in a
+    string are decoded (a bbox stays ``[x1, y1, x2, y2]``), numbers become strings. None and empty
+    strings give None (no ground truth)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, dict)):
+        return value
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return str(value)
+    text = str(value)
+    if (m := _ANSWER_TAG.findall(text)):
+        text = m[-1]
+    text = text.strip()
+    if not text:
+        return None  # an empty solution is no ground truth, not a truth that only "" matches
+    if text[:1] in "[{":
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            return text
+        return decoded if isinstance(decoded, (list, dict)) else text
+    return text

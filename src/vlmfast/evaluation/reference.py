@@ -36,6 +36,7 @@ import re
 
 from vlmfast.errors import UsageError
 from vlmfast.evaluation.boxes import parse_box
+from vlmfast.evaluation.reading import truth_text
 
 REFERENCE_SCORERS = ("vlm-r1-rec", "easyr1-math", "r1v-counting")
 __all__ = ["REFERENCE_SCORERS", "easyr1_math", "r1v_count", "rec_box", "rec_iou", "rec_resize", "score_reference"]
@@ -91,8 +92,6 @@ def rec_resize(box, input_size, image_size) -> list[float]:
 
 
 def _rec(row: dict, text: str, truth) -> dict:
-    from vlmfast.evaluation.scoring import truth_text  # scoring imports this module
-
     want = truth if _is_int_box(truth) else parse_box(truth_text(truth))
     got = rec_box(text)
     box = got if got is not None else [0, 0, 0, 0]
@@ -128,8 +127,6 @@ def easyr1_math(text: str, truth) -> tuple[bool, bool]:
     response = _MATH_SPACES.sub(r"\1", text)  # EasyR1: "handle qwen2.5vl-32b format"
     answer = extract_boxed_content(response)
     if not isinstance(truth, str):  # mathruler grades strings (an int raises AttributeError there): its text
-        from vlmfast.evaluation.scoring import truth_text  # scoring imports this module
-
         truth = truth_text(truth)
         truth = truth if isinstance(truth, str) else json.dumps(truth, ensure_ascii=False)
     return bool(grade_answer(answer, truth)), answer == "None" and "\\boxed{" not in response

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from vlmfast.errors import UsageError, check_choice
 from vlmfast.evaluation.answers import stated_answer
 # what an answer says (its text, number, option letter), importable from here where callers found it
+from vlmfast.evaluation.reading import truth_text  # noqa: F401 - importable here
 from vlmfast.evaluation.reading import (_LETTER_ONLY, is_number, normalize, parse_choice,  # noqa: F401
                                         parse_number)
 # box parsing and coordinate spaces live in boxes; they stay importable from here, where callers found them
@@ -28,7 +29,6 @@ from vlmfast.evaluation.reference import REFERENCE_SCORERS  # published evaluati
 # The fields score_row adds to a result row (all null on error rows).
 ROW_FIELDS = ("score", "correct", "format_ok", "scorer", "iou", "parse_failed", "bbox_unmapped")
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANY_TAG = re.compile(r"</?(?:think|answer)>")
 
 
@@ -125,35 +125,6 @@ def reasoning_ends(text: str) -> tuple[int | None, int | None]:
     if (start := text.find("<answer>")) >= 0 and (close := text.find("</answer>", start + len("<answer>"))) >= 0:
         answer_end = close + len("</answer>")
     return think_end, answer_end
-
-
-def truth_text(value):
-    """Normalise a ground truth value: ``<answer>…</answer>`` is stripped, JSON lists/dicts in a
-    string are decoded (a bbox stays ``[x1, y1, x2, y2]``), numbers become strings. None and empty
-    strings give None (no ground truth)."""
-    if value is None:
-        return None
-    if isinstance(value, (list, dict)):
-        return value
-    if isinstance(value, tuple):
-        return list(value)
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (int, float)):
-        return str(value)
-    text = str(value)
-    if (m := _ANSWER_TAG.findall(text)):
-        text = m[-1]
-    text = text.strip()
-    if not text:
-        return None  # an empty solution is no ground truth, not a truth that only "" matches
-    if text[:1] in "[{":
-        try:
-            decoded = json.loads(text)
-        except ValueError:
-            return text
-        return decoded if isinstance(decoded, (list, dict)) else text
-    return text
 
 
 def resolve_scorer(truth, scorer: str = "auto") -> str:
