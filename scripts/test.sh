@@ -1,20 +1,56 @@
 #!/usr/bin/env bash
-# Set up the environments and run the tests: the whole suite under transformers 5.x and 4.57.x, then
-# the vLLM engine's tests in .venv-vllm (vLLM's CPU build; every other test module skips or is not run
-# there). Extra arguments go to pytest (e.g. bash scripts/test.sh -k inputs).
+# Set up the environments and run the tests: the whole suite under transformers 5.x and 4.57.x, and the vLLM
+# engine's tests in .venv-vllm (vLLM's CPU build; every other test module skips or is not run there). Extra
+# arguments go to pytest (e.g. bash scripts/test.sh -k inputs).
+#
+# Two lanes run side by side, because neither fills a 2-core machine alone for long: pip's installs use one
+# core each, and the vLLM tests (one engine at a time) keep about one core busy. Lane one sets up .venv and
+# .venv-tf4 and runs the two transformers suites here; lane two sets up .venv-vllm and runs the vLLM tests,
+# its output kept in a log that is printed after the transformers suites. The exit code is 0 only if every
+# suite passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --tf4 || exit 1
-bash scripts/setup_vllm.sh || exit 1
+source scripts/need_disk.sh
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING  # nothing may reach a model hub
+
+# Each setup script checks the disk for its own environment; side by side they need the sum at once.
+if [ ! -f .venv/.vlmfast-stamp ] && [ ! -f .venv-vllm/.vlmfast-stamp ]; then
+  need_disk 14 ".venv, .venv-tf4 and .venv-vllm together"
+fi
+
+lane_dir=$(mktemp -d "${TMPDIR:-/tmp}/vlmfast-test.XXXXXX")
+vllm_log="$lane_dir/vllm-tests.log"
+vllm_lane() {
+  bash scripts/setup_vllm.sh || return 1
+  echo "== vLLM engine tests with $(.venv-vllm/bin/python -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null)"
+  # one worker: each module starts its own vLLM; its own TMPDIR keeps its temporary files apart from the other lane's
+  mkdir -p "$lane_dir/tmp"
+  TMPDIR="$lane_dir/tmp" PATH="$PWD/.venv-vllm/bin:$PATH" \
+    .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm_backend "$@"
+}
+set -m  # the lane gets a process group of its own, so that stopping this script stops all of it
+vllm_lane "$@" > "$vllm_log" 2>&1 &
+vllm_pid=$!
+set +m
+stop_vllm_lane() { kill -TERM -- "-$vllm_pid" 2>/dev/null; }
+trap 'stop_vllm_lane; exit 130' INT
+trap 'stop_vllm_lane; exit 143' TERM
+trap stop_vllm_lane EXIT
+echo "[test] .venv-vllm and the vLLM engine tests run beside the transformers suites; their output follows those (live: $vllm_log)" >&2
+
+bash scripts/setup.sh --tf4 || exit 1
 status=0
 for venv in .venv .venv-tf4; do
   echo "== tests with $($venv/bin/python -c 'import transformers; print("transformers", transformers.__version__)')" >&2
   # two workers: most tests wait on subprocesses, and CI machines have 2 cores
   PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 "$@" || status=$?
 done
-echo "== vLLM engine tests with $(.venv-vllm/bin/python -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null)" >&2
-# one worker: each module starts its own vLLM, which takes a core for itself
-PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm_backend "$@" \
-  || status=$?
+
+kill -0 "$vllm_pid" 2>/dev/null && echo "[test] waiting for the vLLM tests to finish (live: $vllm_log)" >&2
+wait "$vllm_pid"
+vllm_status=$?
+trap - EXIT
+cat "$vllm_log" >&2
+[ "$vllm_status" -eq 0 ] || status=$vllm_status
+rm -rf "$lane_dir"
 exit $status

@@ -21,6 +21,10 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "torch_mechanism: tests of a torch mechanism that no transformers line changes "
                             "(inductor's on-disk cache found by a second process): run under transformers 5 only; the "
                             "compiled step itself is tested under both")
+    config.addinivalue_line("markers", "process_mechanism: tests of what processes do (signals and resume, launched "
+                            "processes, a script's exit-code gates, a log's formatting), the same under every "
+                            "transformers: run under transformers 5 only; the same runs' models under 4.57 are tested by "
+                            "the rest of the suite")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,11 +34,14 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="touches no transformers code: run under transformers 5")
     torch_only = pytest.mark.skip(reason="a torch mechanism, the same under every transformers: run under transformers 5")
+    process_only = pytest.mark.skip(reason="what processes do, the same under every transformers: run under transformers 5")
     for item in items:
         if item.get_closest_marker("transformers_independent"):
             item.add_marker(skip)
         elif item.get_closest_marker("torch_mechanism"):
             item.add_marker(torch_only)
+        elif item.get_closest_marker("process_mechanism"):
+            item.add_marker(process_only)
 
 
 def vlmfast(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ def demo_ckpts(tmp_path_factory):
     return build_checkpoint(d / "grpo", preset="demo", like="grpo"), build_checkpoint(d / "base", preset="demo", like="base")
 
 
+@pytest.mark.process_mechanism  # the script's exit codes
 @pytest.mark.parametrize("kind,code,says", [("grpo", 4, "saved with use_cache false"), ("base", 0, "OK")])
 def test_ci_check_gates_demo_checkpoints(demo_ckpts, tmp_path, kind, code, says):
     grpo, base = demo_ckpts

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from conftest import cli
 
 
@@ -29,6 +31,7 @@ def test_dir_lists_the_lazy_exports():
     assert {"infer", "InferOptions", "load", "sweep", "__version__"} <= set(dir(vlmfast))
 
 
+@pytest.mark.process_mechanism  # rich's output in a log
 def test_reports_in_a_log_carry_no_trailing_padding(grpo_ckpt, images, tmp_path):
     """Not on a terminal, rich pads every line of the report's grid to its widest (150 columns of blanks in a log)."""
     from conftest import vlmfast

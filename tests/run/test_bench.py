@@ -234,6 +234,7 @@ def test_cache_off_gate_on_both_checkpoint_kinds(request, kind, expected):
     assert r.returncode == expected, r.stderr
 
 
+@pytest.mark.process_mechanism  # bench's exit code against its own figures; bench runs under 4.57 end to end above
 @pytest.mark.parametrize("kind", ["grpo", "base"])
 @pytest.mark.parametrize("factor", [1000.0, 1.0])
 def test_slower_gate(request, base_ckpt, kind, factor):

@@ -53,6 +53,7 @@ def _valid_rows(out):
     return rows
 
 
+@pytest.mark.process_mechanism  # a kill and a resume
 def test_sigkill_mid_run_then_resume_gives_every_id_exactly_once(grpo_ckpt, many_images, tmp_path):
     out = tmp_path / "r.jsonl"
     proc = _start(grpo_ckpt, many_images[0].parent, out)
@@ -72,6 +73,7 @@ def test_sigkill_mid_run_then_resume_gives_every_id_exactly_once(grpo_ckpt, many
     assert all(r["error"] is None and r["n_new_tokens"] >= 1 for r in rows)
 
 
+@pytest.mark.process_mechanism  # a signal's handling
 def test_sigint_finishes_the_write_says_how_to_resume_and_exits_130(grpo_ckpt, many_images, tmp_path):
     out = tmp_path / "r.jsonl"
     proc = _start(grpo_ckpt, many_images[0].parent, out)

@@ -12,8 +12,9 @@ import pytest
 from conftest import read_jsonl
 
 BIN = Path(sys.executable).parent
+# port 0: accelerate picks a free port, where its default (29500) refuses a launch while another test's holds it
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+              "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
 def _infer(ckpt, images, out, launcher=(), batch_size=2, env=None, extra=()):
@@ -41,6 +42,7 @@ def test_two_process_accelerate_run_equals_one_process_run(grpo_ckpt, images, tm
     assert two.stderr.count("vlmfast infer") == 1
 
 
+@pytest.mark.process_mechanism  # the seed shared by launched processes
 def test_two_processes_sampling_without_a_seed_draw_with_one_seed(grpo_ckpt, images, tmp_path):
     """No --seed, two processes: both draw with the one seed recorded beside --out, so one process given that
     seed draws the same answers for every request (each process once drew its own)."""
@@ -70,6 +72,7 @@ if os.environ.get("RANK") == "1":  # the second process fails in its second batc
 '''
 
 
+@pytest.mark.process_mechanism  # one launched process failing
 def test_a_failure_on_one_process_stops_every_process_and_the_run_resumes(grpo_ckpt, images, tmp_path):
     inject = tmp_path / "inject"
     inject.mkdir()

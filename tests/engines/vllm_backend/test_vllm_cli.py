@@ -98,7 +98,8 @@ def test_two_launched_processes_run_two_vllm_engines_and_give_what_one_gives(dem
     one = vlmfast(*args, "--out", tmp_path / "one.jsonl", env={"VLLM_LOGGING_LEVEL": "WARNING", **IN_PROCESS}, timeout=600)
     assert one.returncode == 0, one.stderr
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "vlmfast"]
+              "--num_machines", "1", "--main_process_port", "0",  # a free port: another suite may hold 29500
+              "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "vlmfast"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "CUDA_VISIBLE_DEVICES": "",
            "PATH": f"{VLMFAST.parent}{os.pathsep}{os.environ['PATH']}"}
     two = subprocess.run([*launch, *args, "--out", str(tmp_path / "two.jsonl")], capture_output=True, text=True, env=env,
