@@ -229,8 +229,8 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
     ``--out`` naming an input (the manifest, the prompt file, an image, a file of ``ckpt_dir``) is an error."""
     collected = check_inputs(options)
     if options.out is not None:
-        inputs = [options.manifest, options.prompt_file, *(p for r in collected.requests for p in r.images)]
-        refuse_inputs_as_out("--out", Path(options.out), [Path(p) for p in inputs if p], ckpt_dir)
+        inputs = dict.fromkeys([options.manifest, options.prompt_file, *(p for r in collected.requests for p in r.images)])
+        refuse_inputs_as_out("--out", Path(options.out), [Path(p) for p in inputs if p], ckpt_dir)  # each path once
     if dist.world > 1 and options.out is None:
         raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
     notes = list(collected.warnings)
