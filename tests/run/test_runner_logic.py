@@ -693,3 +693,31 @@ def test_a_record_from_before_the_resize_rule_ran_with_qwens(tmp_path):
     with pytest.raises(UsageError, match='resize_rule: "qwen" then, "easyr1" now'):
         compare(record, settings_of(InferOptions(ckpt="x", manifest="m.jsonl", resize_rule="easyr1"), digest=False),
                 "other settings", hint="h")
+
+
+def test_a_check_of_many_images_is_said_once_before_it_runs(tmp_path, monkeypatch, capsys):
+    """Decoding each distinct image takes ~5 ms (4,000: 20 s of nothing on stderr): above the threshold (3
+    here) a run says "checking N images …" once, before the check, on stderr off a terminal too; a run of
+    the same images again (checked already in this process) and a run of few images say nothing; stdout
+    stays the rows'."""
+    from vlmfast.inputs import records
+    from vlmfast.report.progress import ProgressBar
+
+    monkeypatch.setattr(records, "SAY_CHECKING_ABOVE", 3)
+    (tmp_path / "many").mkdir()
+    (tmp_path / "few").mkdir()
+    many = _images(tmp_path / "many", [(56, 56)] * 5)
+    few = _images(tmp_path / "few", [(56, 56)] * 3)
+
+    def said(paths) -> list[str]:
+        bar = ProgressBar(enabled=True)
+        bar.live = False  # a CI log
+        infer(_options(paths + paths[:1]), progress=bar, backend=FakeBackend(tokens=3))  # a path named twice: one image
+        captured = capsys.readouterr()
+        assert "checking" not in captured.out
+        return [line for line in captured.err.splitlines() if "checking" in line]
+
+    assert said(many) == ["note: checking 5 images (each decoded whole, once: a cut or corrupt file is found now, not "
+                          "mid-run) …"]
+    assert said(many) == []  # decoded already: nothing to wait for
+    assert said(few) == []

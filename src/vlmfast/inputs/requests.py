@@ -173,11 +173,13 @@ def collect(
     keys=None,
     format_prompt: str | None = None,
     image_root: str | None = None,
+    say=None,
 ) -> Collected:
     """Build and validate every request. Problems are gathered, not raised: the caller decides
     between failing on all of them at once (the default) and recording error rows (``--skip-bad``).
     ``format_prompt``: a Jinja file each prompt is rendered through (EasyR1's), in place of ``template``.
-    ``image_root``: the folder the manifest's relative image paths are under (see :func:`read_manifest`)."""
+    ``image_root``: the folder the manifest's relative image paths are under (see :func:`read_manifest`).
+    ``say``: called with a line before a check of many images (:func:`~vlmfast.inputs.records.check_images`)."""
     if not images and not manifest:
         raise UsageError("no inputs", hint="give --images PATH... (files, directories or globs) or --manifest FILE "
                                            "(.jsonl, .parquet or a dataset folder)")
@@ -225,7 +227,8 @@ def collect(
 
     requests = [e for e in entries if isinstance(e, Request)]
     # a dataset's rows come with their images checked (embedded ones can only be checked as they are read)
-    sizes, image_problems = check_images([p for r in requests if not r.image_sizes for p in r.images], max_image_pixels)
+    sizes, image_problems = check_images([p for r in requests if not r.image_sizes for p in r.images], max_image_pixels,
+                                         say=say)
     sizes.update((p, s) for r in requests if r.image_sizes for p, s in zip(r.images, r.image_sizes))
     good: list[Request] = []
     bad: list[BadInput] = [e if e.request is None else dataclasses.replace(
