@@ -300,3 +300,34 @@ def test_a_bad_line_without_an_id_keeps_its_rank_so_mending_it_moves_no_other_id
     lines[0]["scorer"] = "exact"  # mended: the ids stay
     m.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert [r.id for r in collect(manifest=str(m)).requests] == [image, f"{image}#2"]
+
+
+def test_a_manifest_s_requests_take_system_template_and_sizes_once(images, tmp_path, monkeypatch):
+    """A manifest of many lines about a few images (a resume re-reads all of them): each request's prompt is
+    rendered once, --system fills in for the records without one, every line's relative image resolves to the
+    same file (looked up once per distinct path in a read) and carries its size; a request whose image is
+    missing keeps the rendered prompt and the system too."""
+    from vlmfast.inputs import jsonl
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for k in range(2):
+        shutil.copy(images[k], folder / f"{k}.png")
+    lines = [{"id": f"q{i}", "image": f"imgs/{i % 2}.png", "prompt": f"Q{i}?"} for i in range(6)]
+    lines[3]["system"] = "own"
+    lines.append({"id": "gone", "image": "imgs/none.png", "prompt": "Q?"})
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    looked_up = []
+    real = jsonl.resolve_relative
+    monkeypatch.setattr(jsonl, "resolve_relative", lambda image, base: looked_up.append(image) or real(image, base))
+    c = collect(manifest=str(manifest), template="r1", system="G")
+    assert sorted(looked_up) == ["imgs/0.png", "imgs/1.png", "imgs/none.png"]
+    assert [r.prompt for r in c.requests] == [f"Q{i}? {R1_INSTRUCTION}" for i in range(6)]
+    assert [r.system for r in c.requests] == ["G", "G", "G", "own", "G", "G"]
+    assert [r.images for r in c.requests] == [(str(folder / f"{i % 2}.png"),) for i in range(6)]
+    assert [r.image_sizes for r in c.requests] == [(c.image_sizes[r.images[0]],) for r in c.requests]
+    assert c.image_sizes[str(folder / "1.png")] == (112, 84)
+    [bad] = c.bad
+    assert (bad.id, bad.request.prompt, bad.request.system) == ("gone", f"Q? {R1_INSTRUCTION}", "G")
+    assert "file not found" in bad.error

@@ -376,22 +376,20 @@ def test_out_naming_an_input_is_refused_before_anything_is_written(small, tmp_pa
     assert (base_ckpt / "config.json").read_bytes() == config
 
 
-def test_the_rate_counts_from_the_mark_not_from_the_load(monkeypatch, capsys):
+def test_the_rate_counts_from_the_mark_not_from_the_load(capsys):
     """A benchmark marks where its timed runs begin: the tokens/s shown leave out the load and warm-up."""
-    import time
-
     from vlmfast.report.progress import ProgressBar
 
     clock = iter([0.0, 100.0, 101.0, 102.0])  # start, mark (after 100 s of load and warm-up), two runs
-    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
-    bar = ProgressBar(enabled=True)
+    bar = ProgressBar(enabled=True, clock=clock.__next__)
     bar.live = False
     bar.start(2)
     bar.mark()
     bar.advance(1, 50)
     bar.advance(1, 50)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress:")]
-    assert lines == ["progress: 1/2 answers, 50.0 tokens/s (last 10 s)", "progress: 2/2 answers, 50.0 tokens/s (last 10 s)"]
+    assert lines == ["progress: 1/2 answers, 50.0 tokens/s over the last 1 s",
+                     "progress: 2/2 answers, 50.0 tokens/s over the last 2 s"]
 
 
 def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_ids(tmp_path):
@@ -695,3 +693,31 @@ def test_a_record_from_before_the_resize_rule_ran_with_qwens(tmp_path):
     with pytest.raises(UsageError, match='resize_rule: "qwen" then, "easyr1" now'):
         compare(record, settings_of(InferOptions(ckpt="x", manifest="m.jsonl", resize_rule="easyr1"), digest=False),
                 "other settings", hint="h")
+
+
+def test_a_check_of_many_images_is_said_once_before_it_runs(tmp_path, monkeypatch, capsys):
+    """Decoding each distinct image takes ~5 ms (4,000: 20 s of nothing on stderr): above the threshold (3
+    here) a run says "checking N images …" once, before the check, on stderr off a terminal too; a run of
+    the same images again (checked already in this process) and a run of few images say nothing; stdout
+    stays the rows'."""
+    from vlmfast.inputs import records
+    from vlmfast.report.progress import ProgressBar
+
+    monkeypatch.setattr(records, "SAY_CHECKING_ABOVE", 3)
+    (tmp_path / "many").mkdir()
+    (tmp_path / "few").mkdir()
+    many = _images(tmp_path / "many", [(56, 56)] * 5)
+    few = _images(tmp_path / "few", [(56, 56)] * 3)
+
+    def said(paths) -> list[str]:
+        bar = ProgressBar(enabled=True)
+        bar.live = False  # a CI log
+        infer(_options(paths + paths[:1]), progress=bar, backend=FakeBackend(tokens=3))  # a path named twice: one image
+        captured = capsys.readouterr()
+        assert "checking" not in captured.out
+        return [line for line in captured.err.splitlines() if "checking" in line]
+
+    assert said(many) == ["note: checking 5 images (each decoded whole, once: a cut or corrupt file is found now, not "
+                          "mid-run) …"]
+    assert said(many) == []  # decoded already: nothing to wait for
+    assert said(few) == []

@@ -40,11 +40,13 @@ def read_jsonl(path: str, default_prompt: str | None, image_root: str | None = N
     # a line without an id is named by its first image; another line asking about the same image (an R1-V or
     # ms-swift file asking several questions of one image) by the image and its rank: IMAGE#2, IMAGE#3, …
     by_image: dict[str, int] = {}
+    name = Path(path).name
+    resolved: dict[str, str] = {}  # each image path as written → resolved, looked up once per read (not once a line)
     for lineno, line in enumerate(raw.splitlines(), start=1):
         where = f"{path}:{lineno}"
         # an unreadable line's id: the file's name and line, the same however the path was spelled (a resume
         # from another directory finds its error row)
-        line_id = f"{Path(path).name}:{lineno}"
+        line_id = f"{name}:{lineno}"
         if not line.strip():
             continue
         try:
@@ -71,7 +73,7 @@ def read_jsonl(path: str, default_prompt: str | None, image_root: str | None = N
         if rid is None:  # ranked whether or not the line is good: mending a bad line moves no other line's id
             rid = image_id(record, by_image)
         try:
-            request = _record_to_request(record, where, base, default_prompt, decoded - 1)
+            request = _record_to_request(record, where, base, default_prompt, decoded - 1, resolved)
             request = request if rid is None or request.id == str(rid) else dataclasses.replace(request, id=str(rid))
             items.append(request if line is record else dataclasses.replace(request, record=line, written_truth=written))
         except ValueError as exc:
@@ -113,7 +115,10 @@ def _bad_line(where: str, what: str, rid: str) -> BadInput:
 
 
 def _record_to_request(record: dict, where: str, base: Path, default_prompt: str | None,
-                       position: int | None = None) -> Request:
+                       position: int | None = None, resolved: dict[str, str] | None = None) -> Request:
+    """One record as a request (a ValueError says what is wrong with it). ``resolved``: image paths already
+    resolved against ``base`` in this read, added to as more are."""
+    resolved = {} if resolved is None else resolved
     system = record.get("system")
     prompt = record.get("prompt")
     truth = record["solution"] if record.get("solution") is not None else record.get("answer")
@@ -150,7 +155,7 @@ def _record_to_request(record: dict, where: str, base: Path, default_prompt: str
     # without an id, the first image as the record writes it: the same id however the manifest's path is spelled
     # (a resume from another directory, a score run elsewhere)
     rid = record.get("id", images[0])
-    images = [resolve_relative(i, base) for i in images]
+    images = [resolved[i] if i in resolved else resolved.setdefault(i, resolve_relative(i, base)) for i in images]
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise ValueError('"id" must be a string or an integer')
     source = record.get("data_source")

@@ -13,44 +13,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vlmfast.errors import UsageError, VlmfastError
-from vlmfast.files import refuse_inputs_as_out
-from vlmfast.inputs.datasets import DatasetKeys
-from vlmfast.inputs.requests import BadInput, Collected, Problem, Request, collect, raise_for_problems
-from vlmfast.run.options import InferOptions, VllmSettings  # noqa: F401 - the options of infer, importable from here
+from vlmfast.errors import VlmfastError
+from vlmfast.inputs.requests import BadInput, Collected, Problem, raise_for_problems
+from vlmfast.run.options import InferOptions, VllmSettings  # the options of infer, importable from here
 from vlmfast.run.parallel import Distributed, fail_together
 from vlmfast.evaluation.rewards import load_rewards
-from vlmfast.files import holds_rows
-from vlmfast.run.results import (ResultsWriter, clear_out, finalize, interrupted, part_path, prepare_out, read_existing,
-                                 resume_hint, recheck_kept, renamed_legacy_ids)
+from vlmfast.run.results import ResultsWriter, clear_out, finalize, interrupted, part_path, resume_hint
+from vlmfast.run.work import Work, check_inputs, collect_work  # what a run has to do, importable from here too
 from vlmfast.engines.rows import BatchTiming, SampleResult, error_row, of_samples, row_key
 from vlmfast.run.summary import InferReport, Share, summarize
 from vlmfast.timing import peak_memory_mib, reset_peak_memory
+
+__all__ = ["InferOptions", "Progress", "VllmSettings", "Work", "check_inputs", "collect_work", "drop_too_long",
+           "fixed_seed", "infer", "run_batches", "score_rows"]
 
 
 class Progress(Protocol):
     def start(self, total: int) -> None: ...  # answers to come: requests × answers per request
     def advance(self, answers: int, new_tokens: int) -> None: ...
     # optional: note(text), what the run is doing before its first answer (loading, resuming)
-
-
-@dataclass(frozen=True)
-class Work:
-    """What this run has to do: requests to generate, bad inputs to record (``--skip-bad``), every id in
-    input order, the rows an earlier run already wrote to ``--out``, and what was found on the way."""
-
-    todo: list[Request]
-    bad: list[BadInput]
-    order: list[str]
-    image_sizes: dict
-    existing: dict[str, dict]
-    skipped: int
-    notes: list[str]
-    answered: frozenset[str] = frozenset()  # row keys of answers an earlier run gave to requests still to do
 
 
 def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None, weights_id=None) -> InferReport:
@@ -95,7 +79,8 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
         from vlmfast.run.sweep_record import refuse_other_weights
 
         refuse_other_weights(Path(options.out), weights_id, settings)  # a resume onto rows other weights made
-    work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None, reward)
+    say = getattr(progress, "note", None) if dist.is_main else None  # what the run is doing, on the main process
+    work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None, reward, say)
     work = dataclasses.replace(work, notes=work.notes + [n for n in (seed_note, getattr(reward, "note", None)) if n])
     if weights is not None and weights.allowed:
         lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
@@ -115,7 +100,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
         report.fingerprint = weights_id
         return report
     owned = backend is None  # a backend handed in (a sweep's, kept across checkpoints) stays open
-    if (say := getattr(progress, "note", None)) is not None and dist.is_main:  # before the load, a run's longest silence
+    if say is not None:  # before the load, a run's longest silence
         for line in [n for n in work.notes if n.startswith("resuming: ")] + _loading(found, loaded, owned, weights_id):
             say(line)
     with contextlib.closing(open_backend(options, found, loaded, dist)) if owned else contextlib.nullcontext(backend) as backend:
@@ -206,102 +191,6 @@ def _settings(options: InferOptions, found) -> dict | None:
     # the inputs themselves may grow between runs (more images, more manifest lines: new ids to run)
     inputs = ("images", "manifest", "manifest_sha256")
     return {"ckpt": ckpt, **{k: v for k, v in settings_of(options, digest=False).items() if k not in inputs}}
-
-
-def check_inputs(options: InferOptions) -> Collected:
-    """The run's requests, every input problem raised at once (a :class:`~vlmfast.errors.InputError`) unless
-    ``skip_bad`` — before any model loads; a sweep checks them before its first checkpoint."""
-    collected = collect(
-        images=options.images, prompt=options.prompt, prompt_file=options.prompt_file, manifest=options.manifest,
-        template=options.template, system=options.system, max_image_pixels=options.max_image_pixels,
-        keys=DatasetKeys(options.prompt_key, options.answer_key, options.image_key), format_prompt=options.format_prompt,
-        image_root=options.image_root,
-    )
-    raise_for_problems(collected, skip_bad=options.skip_bad)
-    return collected
-
-
-def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None,
-                 reward=None) -> Work:
-    """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
-    earlier run already finished: those are skipped (error rows redone with ``retry_errors``). ``settings``:
-    the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep.
-    ``--out`` naming an input (the manifest, the prompt file, an image, a file of ``ckpt_dir``) is an error."""
-    collected = check_inputs(options)
-    if options.out is not None:
-        inputs = [options.manifest, options.prompt_file, *(p for r in collected.requests for p in r.images)]
-        refuse_inputs_as_out("--out", Path(options.out), [Path(p) for p in inputs if p], ckpt_dir)
-    if dist.world > 1 and options.out is None:
-        raise UsageError(f"{dist.world} processes need a results file", hint="add --out results.jsonl")
-    notes = list(collected.warnings)
-    if options.generation.n > 1 and options.generation.greedy:
-        notes.append(f"--n {options.generation.n} with greedy decoding gives {options.generation.n} identical answers "
-                     "per request: add --temperature (e.g. 1.0) to sample")
-    if options.generation.greedy and options.generation.top_p < 1.0:
-        notes.append(f"--top-p {options.generation.top_p:g} applies to sampling: greedy decoding ignores it "
-                     "(add --temperature, e.g. 1.0, to sample)")
-    if options.images and options.manifest:
-        notes.append(f"--images and --manifest together: the run takes the requests of both "
-                     f"({len(collected.order)} in all)")
-    existing: dict[str, dict] = {}
-    out = Path(options.out) if options.out is not None else None
-    if out is not None:
-        if dist.world > 1 and not options.overwrite:
-            read_existing(out, repair=False)  # a file that is not ours fails every process alike, not just the main one
-        refusal = None
-        try:
-            if dist.is_main:
-                existing = _main_prepares_out(out, options, settings, notes)
-        except VlmfastError as exc:
-            refusal = exc
-        dist.settle(refusal)  # the main process's verdict, on every process
-        dist.barrier()  # every process reads the same, repaired file
-        if not dist.is_main and not options.overwrite:
-            existing, _ = read_existing(out, repair=False)
-        existing = renamed_legacy_ids(existing, collected.requests, notes if dist.is_main else [],
-                                      bad_ids=[b.id for b in collected.bad])
-        notes += recheck_kept(existing, collected.requests, out, options, reward, write=dist.is_main) \
-            if not options.overwrite and existing else []
-    n = options.generation.n
-    kept = [row for row in existing.values() if not (options.retry_errors and row.get("error") is not None)]
-    answers = {}  # id → how many of its n answers the file holds (a request is done with all n)
-    for row in kept:
-        if (row.get("sample") is None) == (n == 1):
-            answers[str(row["id"])] = answers.get(str(row["id"]), 0) + 1
-    done = {rid for rid, count in answers.items() if count >= n}
-    have: dict[str, set] = {}  # id → the samples a request that is not done already has
-    for row in kept:
-        if str(row["id"]) in answers and str(row["id"]) not in done and row.get("error") is None:
-            have.setdefault(str(row["id"]), set()).add(row.get("sample") or 0)
-    todo = [dataclasses.replace(r, answered=frozenset(have[r.id])) if r.id in have else r
-            for r in collected.requests if r.id not in done]
-    bad = [b for b in collected.bad if b.id not in done]
-    skipped = len(collected.order) - len(todo) - len(bad)
-    if skipped and (todo or bad):  # with nothing left, the run says "nothing to do" instead
-        notes.append(f"resuming: {skipped} id(s) already in {options.out} were skipped (--overwrite redoes them)")
-    # a request that has some of its n answers runs again for the others (static batches decode all n);
-    # the answers it has are kept, not given twice
-    answered = frozenset(row_key(row["id"], row.get("sample")) for row in kept if str(row["id"]) in answers
-                         and str(row["id"]) not in done and row.get("error") is None)
-    return Work(todo, bad, collected.order, collected.image_sizes, existing, skipped, notes, answered)
-
-
-def _main_prepares_out(out: Path, options: InferOptions, settings: dict | None, notes: list[str]) -> dict[str, dict]:
-    """Main process: refuse rows made with other settings, then repair ``out`` and fold in part files."""
-    if settings is not None and not options.overwrite and holds_rows(out):  # part files too: a parallel run's
-        from vlmfast.run.sweep_record import compare, sidecar
-
-        if not sidecar(out).is_file():  # rows printed to stdout, or moved without their record
-            raise UsageError(f"{out} holds rows but not the record of the settings and weights that made them "
-                             f"({sidecar(out).name}): resuming could mix the answers of two models or prompts",
-                             hint="rerun with --overwrite to redo them, or give another --out (--out-dir for a "
-                                  "sweep; a run given --out writes the record beside its rows)")
-        said = compare(sidecar(out), settings, f"{out} holds rows made with other settings "
-                       f"({sidecar(out).name})", hint="rerun with --overwrite to redo them, or give another --out")
-        notes += [f"{out}: {said}"] if said else []
-    existing, said = prepare_out(out, overwrite=options.overwrite)
-    notes += said
-    return existing
 
 
 def drop_too_long(backend, work: Work, skip_bad: bool) -> Work:
