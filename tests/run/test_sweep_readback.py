@@ -8,7 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 from conftest import read_jsonl
-from test_sweep import _options, run  # noqa: F401 - the module's run dir, a fixture
+from test_sweep import _options, run
+
+FIXTURES = (run,)  # test_sweep's run dir (three checkpoints, a base, a manifest), a fixture here too
 
 
 def _spy(monkeypatch, module, name):
@@ -24,7 +26,7 @@ def _spy(monkeypatch, module, name):
     return calls
 
 
-def _finished(run, out_dir):  # noqa: F811 - run: the fixture
+def _finished(run, out_dir):
     from vlmfast.run.sweep import sweep
     from vlmfast.run.sweep_page import write_sweep_dir
 
@@ -37,7 +39,7 @@ def _files(out_dir: Path) -> dict[str, tuple]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(out_dir.glob("step-*.jsonl"))}
 
 
-def test_a_finished_sweeps_rerun_reads_each_results_file_once_and_rewrites_none(run, tmp_path, monkeypatch):  # noqa: F811
+def test_a_finished_sweeps_rerun_reads_each_results_file_once_and_rewrites_none(run, tmp_path, monkeypatch):
     import vlmfast.run.results as results
     from vlmfast.run.sweep import sweep
     from vlmfast.run.sweep_page import write_sweep_dir
@@ -55,7 +57,7 @@ def test_a_finished_sweeps_rerun_reads_each_results_file_once_and_rewrites_none(
     assert [c["read_back"] for c in report["checkpoints"]] == [True, True]
 
 
-def test_a_sweep_checks_its_inputs_once_for_every_checkpoint(run, tmp_path, monkeypatch):  # noqa: F811
+def test_a_sweep_checks_its_inputs_once_for_every_checkpoint(run, tmp_path, monkeypatch):
     import vlmfast.run.runner as runner
 
     checked = _spy(monkeypatch, runner, "check_inputs")
@@ -63,7 +65,7 @@ def test_a_sweep_checks_its_inputs_once_for_every_checkpoint(run, tmp_path, monk
     assert sum(checked.values()) == 1
 
 
-def test_the_rows_a_sweep_hands_the_page_are_its_files_rows(run, tmp_path):  # noqa: F811
+def test_the_rows_a_sweep_hands_the_page_are_its_files_rows(run, tmp_path):
     from vlmfast.run.results import read_existing
     from vlmfast.run.sweep_page import write_sweep_html
 
@@ -77,7 +79,7 @@ def test_the_rows_a_sweep_hands_the_page_are_its_files_rows(run, tmp_path):  # n
     assert read_back.read_bytes() == (out / "report.html").read_bytes()
 
 
-def test_a_results_file_out_of_order_or_without_its_last_newline_is_still_rewritten(run, tmp_path):  # noqa: F811
+def test_a_results_file_out_of_order_or_without_its_last_newline_is_still_rewritten(run, tmp_path):
     from vlmfast.run.sweep import sweep
 
     out = tmp_path / "s"

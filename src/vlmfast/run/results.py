@@ -109,15 +109,11 @@ def _state(st: os.stat_result, data: bytes) -> tuple:
 
 
 def _unchanged(out: Path, rows: dict, data: bytes) -> bool:
-    """Whether ``out`` holds ``data`` already: ``rows`` were read from it (:func:`read_existing`), it has not
-    changed since (not repaired, no rows appended) and ``data`` is the bytes that were read."""
-    then = getattr(rows, "read_as", None)
-    try:
-        st = os.stat(out)
-    except OSError:
-        return False
-    return then is not None and then[:4] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) \
-        and len(data) == st.st_size and _state(st, data) == then
+    """Whether ``out`` holds ``data``: ``rows`` were read from it, it is as it was then (not repaired, no rows
+    appended) and ``data`` is the bytes that were read."""
+    with contextlib.suppress(OSError):
+        return (then := getattr(rows, "read_as", None)) is not None and then == _state(os.stat(out), data)
+    return False
 
 
 def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[str]]:
@@ -275,6 +271,8 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     take today's id, so a resume neither runs their requests again nor keeps them twice: a row already under
     today's id is kept, the earlier one dropped."""
     ids = {r.id for r in requests}
+    if not set(bad_ids) - ids and all(str(row["id"]) in ids for row in existing.values()):
+        return existing  # every row under an id of today's (a resume of this vlmfast's rows): none is renamed below
     legacy = {r.images[0]: r.id for r in requests if r.images and r.images[0] != r.id and r.images[0] not in ids
               and Path(r.images[0]).as_posix().endswith("/" + Path(r.id).as_posix().lstrip("./"))}
     named = set(bad_ids) - ids

@@ -325,7 +325,6 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
 
 def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float, table: dict | None = None) -> dict:
     from vlmfast.evaluation.flags import missing_answers, per_request
-    from vlmfast.evaluation.health import health
     from vlmfast.evaluation.samples import request_interval
     from vlmfast.evaluation.stats import summarize
 
@@ -339,7 +338,7 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
         "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out),
         "rows": len(rows), "scored": len(scored), "accuracy": round(correct / len(scored), 4) if scored else None,
         "ci_low": None if low is None else round(low, 4), "ci_high": None if high is None else round(high, 4),
-        **health(rows),
+        **scores["health"],  # health(rows), as summarize computed it
         "tokens_per_s": report.tokens_per_s, "decode_row_utilization": getattr(report, "decode_row_utilization", None),
         f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
         "errors": len(rows) - len(ok), "failed_requests": len({str(r.get("id")) for r in rows if r.get("error") is not None}),

@@ -13,12 +13,27 @@ PROMPT_CHARS = 1500  # a prompt or a ground truth longer than this is cut in the
 
 class SweepReport(dict):
     """A sweep's report (what report.json holds, schema vlmfast.sweep/1), and ``rows_by_step``: each step's rows as
-    the sweep read them from its results file, for the page (:func:`write_sweep_dir` reads none of them again).
-    Not part of the report's items: report.json and ``--json`` print the dict alone."""
+    the sweep read them from its results file, for the page (:func:`write_sweep_dir` reads again only a file
+    changed since). Not part of the report's items: report.json and ``--json`` print the dict alone."""
 
     def __init__(self, report: dict, rows_by_step: dict[int, list[dict]] | None = None):
         super().__init__(report)
         self.rows_by_step = rows_by_step
+        self.files = {c["step"]: _file_state(c.get("results")) for c in report.get("checkpoints", [])}
+
+    def rows_as_filed(self) -> dict[int, list[dict]]:
+        """The steps' rows whose results file is as it was when the sweep ended (the others are read again)."""
+        return {c["step"]: self.rows_by_step[c["step"]] for c in self["checkpoints"] if c["step"] in (self.rows_by_step or {})
+                and self.files.get(c["step"]) == _file_state(c["results"])}
+
+
+def _file_state(path) -> tuple | None:
+    """A file's identity, size and modification time (None: no such file)."""
+    try:
+        st = Path(path).stat()
+    except (OSError, TypeError):  # TypeError: no path
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def write_sweep_html(report: dict, path, *, rows_by_step: dict[int, list[dict]] | None = None,
@@ -154,7 +169,7 @@ def write_sweep_dir(report: dict, directory) -> list[str]:
     atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
     said = [f"wrote {directory / 'report.json'}"]
     if report["checkpoints"]:
-        rows = getattr(report, "rows_by_step", None)
+        rows = report.rows_as_filed() if isinstance(report, SweepReport) else None
         said.append(f"wrote {write_sweep_html(report, directory / 'report.html', rows_by_step=rows)} (open it in a browser)")
     if not any(c["accuracy"] is not None for c in report["checkpoints"]):
         return said
