@@ -55,7 +55,7 @@ def test_sweep_search_coarse_finds_the_known_peak_of_a_made_run(grpo_ckpt, tmp_p
     accuracy = curve(STEPS.index(1500))
     seen = []
 
-    def made(entry, options, models, out_dir, progress, say, tables, settings, notes=None, by=None):
+    def made(entry, options, models, out_dir, progress, say, tables, settings, *rest):  # notes, by, inputs, pages
         seen.append(entry.step)
         tables[entry.step] = {}
         return {"step": entry.step, "path": str(entry.path), "label": entry.label, "accuracy": accuracy[entry.step]}

@@ -58,11 +58,15 @@ def resume_hint(overwrite: bool) -> str:
 def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], str | None]:
     """Rows already in ``path`` keyed by :func:`~vlmfast.engines.rows.row_key` (id, and sample when there are
     several answers per request), and a note if a torn last line was found (and, with
-    ``repair``, cut off). Any other malformed line means the file is not ours: an InputError."""
+    ``repair``, cut off). Any other malformed line means the file is not ours: an InputError. The rows
+    remember the file as it was read (:func:`finalize` leaves it alone when it would write the same bytes)."""
     if not path.exists():
         return {}, None
-    data = path.read_bytes()
-    rows: dict[str, dict] = {}
+    with open(path, "rb") as f:
+        data = f.read()
+        read_as = _state(os.fstat(f.fileno()), data)
+    rows = _Rows()
+    rows.read_as = read_as
     lines = data.split(b"\n")
     good_bytes = 0
     for number, line in enumerate(lines, start=1):
@@ -89,6 +93,27 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
         with open(path, "ab") as f:
             f.write(b"\n")
     return rows, None
+
+
+class _Rows(dict):
+    """Rows :func:`read_existing` read, and ``read_as``: the file they were read from (:func:`_state`)."""
+
+    read_as: tuple | None = None
+
+
+def _state(st: os.stat_result, data: bytes) -> tuple:
+    """A file as read: which file (device, inode), its size and modification time, and its bytes' digest."""
+    import hashlib
+
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, hashlib.sha256(data).digest()
+
+
+def _unchanged(out: Path, rows: dict, data: bytes) -> bool:
+    """Whether ``out`` holds ``data``: ``rows`` were read from it, it is as it was then (not repaired, no rows
+    appended) and ``data`` is the bytes that were read."""
+    with contextlib.suppress(OSError):
+        return (then := getattr(rows, "read_as", None)) is not None and then == _state(os.stat(out), data)
+    return False
 
 
 def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[str]]:
@@ -220,7 +245,8 @@ class ResultsWriter:
 def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -> list[dict]:
     """Main process, after a run: rewrite ``out`` in input order (ids not in ``order`` — earlier runs — go
     last) and remove the part files. ``rows``: every row the file should hold, when the caller has them in
-    memory (no re-read); else the file and its parts are read. Atomic: temp file + rename. Returns the rows."""
+    memory (no re-read); else the file and its parts are read. Atomic: temp file + rename; not written at all
+    when ``rows`` were read from ``out`` (:func:`read_existing`) and it holds these bytes already. Returns the rows."""
     if rows is None:
         rows, _ = read_existing(out)
         merge_parts(out, rows)
@@ -230,7 +256,9 @@ def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -
         return []
     rank = {rid: i for i, rid in enumerate(order)}
     ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"]), r.get("sample") or 0))
-    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8"))
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8")
+    if not _unchanged(out, rows, data):  # a finished file read back as it is stays as it is (its inode and times too)
+        atomic_write(out, data)
     return ordered
 
 
@@ -243,6 +271,8 @@ def renamed_legacy_ids(existing: dict[str, dict], requests: list, notes: list[st
     take today's id, so a resume neither runs their requests again nor keeps them twice: a row already under
     today's id is kept, the earlier one dropped."""
     ids = {r.id for r in requests}
+    if not set(bad_ids) - ids and all(str(row["id"]) in ids for row in existing.values()):
+        return existing  # every row under an id of today's (a resume of this vlmfast's rows): none is renamed below
     legacy = {r.images[0]: r.id for r in requests if r.images and r.images[0] != r.id and r.images[0] not in ids
               and Path(r.images[0]).as_posix().endswith("/" + Path(r.id).as_posix().lstrip("./"))}
     named = set(bad_ids) - ids

@@ -37,7 +37,8 @@ class Progress(Protocol):
     # optional: note(text), what the run is doing before its first answer (loading, resuming)
 
 
-def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None, weights_id=None) -> InferReport:
+def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None, weights_id=None,
+          collected: Collected | None = None, rows_to=lambda rows: None) -> InferReport:
     """Run the whole ``infer`` flow. Raises :class:`~vlmfast.errors.VlmfastError` subclasses for anything
     the user can fix; nothing is written when inputs are bad (unless ``skip_bad``). A second run onto the
     same ``out`` is refused while this one runs (:func:`vlmfast.files.held_alone`).
@@ -46,16 +47,17 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     process returns the combined report (the others return their own). ``loaded``: a model already loaded
     for these options; ``backend``: an engine already opened (any :class:`~vlmfast.engines.contract.Backend`);
     ``weights_id``: with one of them, the fingerprint of the weights it runs (a sweep's), recorded beside
-    ``out`` before the first row so that a run killed mid-way is resumed only onto the same weights."""
+    ``out`` before the first row so that a run killed mid-way is resumed only onto the same weights. A sweep hands in
+    ``collected`` (its inputs, checked once) and ``rows_to`` (called with the rows ``out`` holds once finished)."""
     from vlmfast.files import held_alone
     from vlmfast.run.parallel import is_main_process
 
     alone = options.out is not None and is_main_process()
     with held_alone(Path(options.out), "--out") if alone else contextlib.nullcontext():
-        return _infer(options, progress, loaded, backend, weights_id)
+        return _infer(options, progress, loaded, backend, weights_id, collected, rows_to)
 
 
-def _infer(options: InferOptions, progress: Progress | None, loaded, backend, given_id=None) -> InferReport:
+def _infer(options: InferOptions, progress: Progress | None, loaded, backend, given_id, collected, rows_to) -> InferReport:
     from vlmfast.engines.open import check_machine, open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
@@ -80,7 +82,8 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
 
         refuse_other_weights(Path(options.out), weights_id, settings)  # a resume onto rows other weights made
     say = getattr(progress, "note", None) if dist.is_main else None  # what the run is doing, on the main process
-    work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None, reward, say)
+    work = collect_work(options, dist, settings, found.path if found is not None and found.is_local else None, reward, say,
+                        collected)
     work = dataclasses.replace(work, notes=work.notes + [n for n in (seed_note, getattr(reward, "note", None)) if n])
     if weights is not None and weights.allowed:
         lost = ", ".join(f"{g.label}: {g.count}" for g in weights.allowed)
@@ -91,7 +94,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
         check_machine(options, dist, opened=loaded is not None or backend is not None)  # what loading would refuse
         if dist.is_main and options.out is not None:  # the kept rows scored against today's ground truth
-            finalize(Path(options.out), work.order, work.existing)
+            rows_to(finalize(Path(options.out), work.order, work.existing))
         report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
                            rows=list(work.existing.values()), batch_size=options.batch_size or 0)
         report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out}, the model was not "
@@ -138,6 +141,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
     rows = [r.record() for share in everyone for r in share.results]
     if options.out is not None and dist.is_main:
         rows = finalize(Path(options.out), work.order, {**work.existing, **{row_key(r["id"], r.get("sample")): r for r in rows}})
+        rows_to(rows)
     report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size)
     report.processes = [share.figures() for share in everyone] if dist.world > 1 else []
     report.parity = parity

@@ -70,7 +70,7 @@ def _checked_sweep(options: SweepOptions, progress, say, wait, on_report) -> dic
     options = dataclasses.replace(options, infer=adopted)
     settings = settings_of(options.infer)
     earlier = check(out_dir, settings, options.overwrite)  # rows made with other settings: an error, before any work
-    check_inputs(options.infer)  # a missing image or a bad manifest line: said once, before any checkpoint
+    collected = check_inputs(options.infer, say)  # a missing image or a bad manifest line: said once, before any checkpoint
     if (said := options.truth_note()) is not None:  # no ground truth in the manifest: said at once
         say(said)
         earlier.append(said)
@@ -83,7 +83,7 @@ def _checked_sweep(options: SweepOptions, progress, say, wait, on_report) -> dic
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        report = _sweep(options, listing, out_dir, progress, say, wait, settings, on_report, by)
+        report = _sweep(options, listing, out_dir, progress, say, wait, settings, on_report, by, collected)
         report["notes"][:0], report["parity"] = earlier + ([seed_note] if seed_note else []), parity
         report.update({"by": options.by} if options.by else {})
         return report
@@ -93,7 +93,7 @@ def _checked_sweep(options: SweepOptions, progress, say, wait, on_report) -> dic
         raise
 
 
-def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, settings: dict, on_report, by) -> dict:
+def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, settings: dict, on_report, by, collected) -> dict:
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.runs import find_run_checkpoints
 
@@ -107,13 +107,14 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         say(note)
     models = SweepEngine(options, say)
     tables: dict[int, dict] = {}  # step → its per-request table (vlmfast.evaluation.flags.per_request)
+    pages: dict[int, list[dict]] = {}  # step → its rows as its results file holds them, read once (report.html's)
     figures, notes = [], [f"skipped {s.path}: {s.reason}" + (f" ({s.hint})" if s.hint else "")
                           for s in listing.skipped if not s.pending] + odd_base
     searched, interrupted = None, False
     refused: list[dict] = []  # checkpoints not evaluated: their weights are not whole
     listed = {e.step for e in entries} | {s.step for s in listing.skipped}
     for step, out in gone_steps(out_dir, listed, options.steps, options.run_dir):  # evaluated, then deleted by the trainer
-        figures.append(_gone(step, out, tables, notes, options.run_dir))
+        figures.append(_gone(step, out, tables, notes, options.run_dir, pages))
 
     signs: dict[str, tuple] = {}  # a refused checkpoint's files as they were: --watch tries it again once they change
 
@@ -122,7 +123,8 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
             signs[str(entry.path)] = files_signature(entry.path)
             return None
         try:
-            figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes, by))
+            figures.append(_evaluate(entry, options, models, out_dir, progress, say, tables, settings, notes, by,
+                                     collected, pages))
         except CheckpointError as exc:  # it does not load (an unknown model type, a broken config): go on without it
             _not_evaluated(entry, exc, refused, notes, say)
             signs[str(entry.path)] = files_signature(entry.path)
@@ -199,7 +201,9 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
         raise CheckpointError(f"no checkpoint of {options.run_dir} could be evaluated:\n{listing_}",
                               hint=refused[0].get("hint") or "see each reason above (vlmfast doctor CHECKPOINT says more)",
                               problems=[f"step {step}: {reason}" for step, reason in why])
-    report = _report(options, figures, notes, tables, by)
+    from vlmfast.run.sweep_page import SweepReport
+
+    report = SweepReport(_report(options, figures, notes, tables, by), rows_by_step=pages)
     if interrupted and not options.watch:  # stopped by hand: exit 130 and --json's error object, the gate not judged
         report.update(interrupted=True, gate=None, exit_code=EXIT_INTERRUPTED, error={"message": notes[-1], "problems": [],
                       "hint": "rerun the same command to go on", "exit_code": EXIT_INTERRUPTED})
@@ -222,7 +226,7 @@ def _sweep(options: SweepOptions, listing, out_dir: Path, progress, say, wait, s
     return report
 
 
-def _gone(step: int, out: Path, tables: dict, notes: list[str], run_dir: str) -> dict:
+def _gone(step: int, out: Path, tables: dict, notes: list[str], run_dir: str, pages: dict) -> dict:
     """A step evaluated earlier whose checkpoint is no longer in the run (``save_total_limit`` deletes old ones):
     its finished rows reported as they were, marked ``gone``, said. Left out, a rerun or a restarted ``--watch``
     lost the best step (a gate then failed on the rest) and the trackers' history of it."""
@@ -232,13 +236,14 @@ def _gone(step: int, out: Path, tables: dict, notes: list[str], run_dir: str) ->
     from vlmfast.run.results import read_existing
     from vlmfast.run.sweep_record import measured, recorded_path
 
-    rows, _ = reward_errors_as_wrong(list(read_existing(out, repair=False)[0].values()))
+    pages[step] = list(read_existing(out, repair=False)[0].values())
+    rows, _ = reward_errors_as_wrong(pages[step])
     tables[step] = per_request(rows)
     path = recorded_path(out) or f"{run_dir} (step {step}, deleted)"
     notes.append(f"step {step}: its checkpoint is no longer in {run_dir} ({path}: deleted after it was evaluated, e.g. "
                  f"by save_total_limit); its rows in {out.name} are reported as they were")
     unmeasured = SimpleNamespace(tokens_per_s=None)
-    return {**_figures(_Entry(step, path, "gone"), out, rows, unmeasured, "none", 0.0), **measured(out),
+    return {**_figures(_Entry(step, path, "gone"), out, rows, unmeasured, "none", 0.0, tables[step]), **measured(out),
             "read_back": True, "gone": True}
 
 
@@ -270,12 +275,12 @@ def _refused_note(label: str, reason: str, hint: str | None) -> str:
 
 
 def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir: Path, progress, say, tables,
-              settings: dict, notes: list[str], by: dict | None = None) -> dict:
+              settings: dict, notes: list[str], by: dict | None, collected, pages: dict) -> dict:
     """One checkpoint's run (resumed from its results file if there is one) and its figures; its per-request
-    table goes into ``tables`` (the rows themselves are not kept: 50 checkpoints × 5,000 answers)."""
+    table goes into ``tables``, and its rows as the file holds them into ``pages`` (report.html shows them: read
+    once, from infer, not back from the file). ``collected``: the sweep's inputs, checked once."""
     from vlmfast.checkpoints.locate import locate
     from vlmfast.evaluation.flags import per_request, reward_errors_as_wrong
-    from vlmfast.run.results import read_existing
     from vlmfast.run.runner import infer
 
     out = out_dir / ("base.jsonl" if entry.label == "base" else f"step-{entry.step}.jsonl")
@@ -291,8 +296,9 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
     models.how = None
     report = infer(dataclasses.replace(for_checkpoint(options.infer, found), ckpt=str(entry.path), out=str(out),
                                        retry_errors=options.retry_errors),
-                   progress=progress, backend=models.at(found), weights_id=weights_id)
-    rows = list(read_existing(out, repair=False)[0].values())
+                   progress=progress, backend=models.at(found), weights_id=weights_id, collected=collected,
+                   rows_to=(rows := []).extend)
+    pages[entry.step] = rows  # the rows finalize left in the file (a step evaluated again replaces them)
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     rows, raised = reward_errors_as_wrong(rows)
     notes += [f"step {entry.step}: {raised} answer(s) the reward function raised on (--skip-bad) count as wrong"] * bool(raised)
@@ -302,7 +308,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
     same = identical_answers_note(rows, options.infer.generation.temperature) if options.infer.generation.n > 1 else None
     if same:
         notes.append(f"step {entry.step}: {same}")
-    figures = _figures(entry, out, rows, report, how, seconds)
+    figures = _figures(entry, out, rows, report, how, seconds, tables[entry.step])
     if by is not None:  # --by: accuracy per value of the column, answers a reward raised on counted wrong as above
         from vlmfast.evaluation.stats import group_accuracy
 
@@ -317,9 +323,8 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
     return figures
 
 
-def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float) -> dict:
+def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float, table: dict | None = None) -> dict:
     from vlmfast.evaluation.flags import missing_answers, per_request
-    from vlmfast.evaluation.health import health
     from vlmfast.evaluation.samples import request_interval
     from vlmfast.evaluation.stats import summarize
 
@@ -328,12 +333,12 @@ def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, secon
     scored = [r for r in ok if r.get("correct") is not None]
     correct = sum(bool(r["correct"]) for r in scored)
     # over requests: with --n K a request's K answers are one trial, not K independent ones
-    low, high = request_interval([score for score, _, _ in per_request(rows).values()])
+    low, high = request_interval([score for score, _, _ in (per_request(rows) if table is None else table).values()])
     figures = {
         "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out),
         "rows": len(rows), "scored": len(scored), "accuracy": round(correct / len(scored), 4) if scored else None,
         "ci_low": None if low is None else round(low, 4), "ci_high": None if high is None else round(high, 4),
-        **health(rows),
+        **scores["health"],  # health(rows), as summarize computed it
         "tokens_per_s": report.tokens_per_s, "decode_row_utilization": getattr(report, "decode_row_utilization", None),
         f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
         "errors": len(rows) - len(ok), "failed_requests": len({str(r.get("id")) for r in rows if r.get("error") is not None}),

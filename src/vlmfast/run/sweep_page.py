@@ -11,6 +11,31 @@ ANSWER_CHARS = 240  # an answer longer than this is cut in the page (the results
 PROMPT_CHARS = 1500  # a prompt or a ground truth longer than this is cut in the page (the manifest has it whole)
 
 
+class SweepReport(dict):
+    """A sweep's report (what report.json holds, schema vlmfast.sweep/1), and ``rows_by_step``: each step's rows as
+    the sweep read them from its results file, for the page (:func:`write_sweep_dir` reads again only a file
+    changed since). Not part of the report's items: report.json and ``--json`` print the dict alone."""
+
+    def __init__(self, report: dict, rows_by_step: dict[int, list[dict]] | None = None):
+        super().__init__(report)
+        self.rows_by_step = rows_by_step
+        self.files = {c["step"]: _file_state(c.get("results")) for c in report.get("checkpoints", [])}
+
+    def rows_as_filed(self) -> dict[int, list[dict]]:
+        """The steps' rows whose results file is as it was when the sweep ended (the others are read again)."""
+        return {c["step"]: self.rows_by_step[c["step"]] for c in self["checkpoints"] if c["step"] in (self.rows_by_step or {})
+                and self.files.get(c["step"]) == _file_state(c["results"])}
+
+
+def _file_state(path) -> tuple | None:
+    """A file's identity, size and modification time (None: no such file)."""
+    try:
+        st = Path(path).stat()
+    except (OSError, TypeError):  # TypeError: no path
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def write_sweep_html(report: dict, path, *, rows_by_step: dict[int, list[dict]] | None = None,
                      truths: dict | None = None) -> Path:
     """Write ``report.html`` of a sweep ``report`` (schema vlmfast.sweep/1) to ``path``; returns the path. Each
@@ -134,7 +159,7 @@ def _text(value) -> str:
 
 def write_sweep_dir(report: dict, directory) -> list[str]:
     """``report.json``, ``report.html`` and (with the plot extra) ``plot.png`` in the sweep's output dir; what
-    was written."""
+    was written. A :class:`SweepReport` brings its steps' rows: the page then reads no results file."""
     import json
 
     from vlmfast.files import atomic_write
@@ -144,7 +169,8 @@ def write_sweep_dir(report: dict, directory) -> list[str]:
     atomic_write(directory / "report.json", (json.dumps(report, indent=1) + "\n").encode("utf-8"))
     said = [f"wrote {directory / 'report.json'}"]
     if report["checkpoints"]:
-        said.append(f"wrote {write_sweep_html(report, directory / 'report.html')} (open it in a browser)")
+        rows = report.rows_as_filed() if isinstance(report, SweepReport) else None
+        said.append(f"wrote {write_sweep_html(report, directory / 'report.html', rows_by_step=rows)} (open it in a browser)")
     if not any(c["accuracy"] is not None for c in report["checkpoints"]):
         return said
     if plot_available():

@@ -48,13 +48,14 @@ def check_inputs(options: InferOptions, say=None) -> Collected:
 
 
 def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None,
-                 reward=None, say=None) -> Work:
+                 reward=None, say=None, collected: Collected | None = None) -> Work:
     """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
     earlier run already finished: those are skipped (error rows redone with ``retry_errors``). ``settings``:
     the run's (:func:`_settings`); rows already in ``--out`` made with others are an error, as in a sweep.
     ``--out`` naming an input (the manifest, the prompt file, an image, a file of ``ckpt_dir``) is an error.
-    ``say``: what the check is doing, when it takes a while (:func:`check_inputs`)."""
-    collected = check_inputs(options, say)
+    ``say``: what the check is doing, when it takes a while (:func:`check_inputs`). ``collected``: the inputs
+    already checked (a sweep's, before its first step): not checked again."""
+    collected = check_inputs(options, say) if collected is None else collected
     if options.out is not None:
         inputs = dict.fromkeys([options.manifest, options.prompt_file, *(p for r in collected.requests for p in r.images)])
         refuse_inputs_as_out("--out", Path(options.out), [Path(p) for p in inputs if p], ckpt_dir)  # each path once
