@@ -32,7 +32,10 @@ set -m  # the lane gets a process group of its own, so that stopping this script
 vllm_lane "$@" > "$vllm_log" 2>&1 &
 vllm_pid=$!
 set +m
-stop_vllm_lane() { kill -TERM -- "-$vllm_pid" 2>/dev/null; }
+stop_vllm_lane() {  # on the way out early: its processes stopped, its temporary files gone, its log kept
+  kill -TERM -- "-$vllm_pid" 2>/dev/null && echo "[test] stopped the vLLM lane; its log so far: $vllm_log" >&2
+  rm -rf "$lane_dir/tmp"
+}
 trap 'stop_vllm_lane; exit 130' INT
 trap 'stop_vllm_lane; exit 143' TERM
 trap stop_vllm_lane EXIT
