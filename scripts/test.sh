@@ -26,7 +26,7 @@ vllm_lane() {
   # one worker: each module starts its own vLLM; its own TMPDIR keeps its temporary files apart from the other lane's
   mkdir -p "$lane_dir/tmp"
   TMPDIR="$lane_dir/tmp" PATH="$PWD/.venv-vllm/bin:$PATH" \
-    .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm_backend "$@"
+    .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations 8 tests/engines/vllm_backend "$@"
 }
 set -m  # the lane gets a process group of its own, so that stopping this script stops all of it
 vllm_lane "$@" > "$vllm_log" 2>&1 &
@@ -46,7 +46,7 @@ status=0
 for venv in .venv .venv-tf4; do
   echo "== tests with $($venv/bin/python -c 'import transformers; print("transformers", transformers.__version__)')" >&2
   # two workers: most tests wait on subprocesses, and CI machines have 2 cores
-  PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 "$@" || status=$?
+  PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --durations 12 "$@" || status=$?
 done
 
 kill -0 "$vllm_pid" 2>/dev/null && echo "[test] waiting for the vLLM tests to finish (live: $vllm_log)" >&2
