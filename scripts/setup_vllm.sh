@@ -67,10 +67,14 @@ if [ "$(cat "$VENV/.vlmfast-stamp" 2>/dev/null)" != "$(stamp_of)" ]; then
   # vlmfast from a copy of the tree, so that this long install writes nothing here while .venv's install
   # (scripts/test.sh runs both at once) may; the editable install of this tree then replaces the copy.
   tree_copy=$(mktemp -d "${TMPDIR:-/tmp}/vlmfast-tree.XXXXXX")
+  trap 'rm -rf "$tree_copy"' EXIT
   cp -r pyproject.toml README.md LICENSE src "$tree_copy/"
   quiet "$VENV/bin/pip" install -q "$VLLM_SPEC" "$tree_copy[dev]"
   rm -rf "$tree_copy"
   one_at_a_time quiet "$VENV/bin/pip" install -q --no-deps -e .
+  # the tests must run this tree's code, not the copy's: a failed editable install would leave the copy in place
+  "$VENV/bin/python" -c "import os, sys, vlmfast; r = os.path.realpath; sys.exit(not r(vlmfast.__file__).startswith(r('src') + os.sep))" \
+    || { echo "[setup_vllm] vlmfast in $VENV is not this tree's src/ (the editable install failed?)" >&2; exit 1; }
   "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" || {
     echo "[setup_vllm] $VLLM_SPEC did not install (torch 2.13.0+cpu not found? see the top of this script)" >&2; exit 1; }
   if ! "$VENV/bin/python" -c "import torchvision" 2>/dev/null; then

@@ -20,7 +20,11 @@ fi
 
 lane_dir=$(mktemp -d "${TMPDIR:-/tmp}/vlmfast-test.XXXXXX")
 vllm_log="$lane_dir/vllm-tests.log"
+if ! command -v flock >/dev/null; then  # the setups' editable installs could not take turns (scripts/tree_lock.sh)
+  bash scripts/setup.sh --tf4 || exit 1  # so .venv and .venv-tf4 first, then .venv-vllm beside the suites
+fi
 vllm_lane() {
+  trap '' INT  # Ctrl-C reaches every process of the terminal's group: this lane is stopped by stop_all below, whole
   bash scripts/setup_vllm.sh || return 1
   echo "== vLLM engine tests with $(.venv-vllm/bin/python -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null)"
   # one worker: each module starts its own vLLM; its own TMPDIR keeps its temporary files apart from the other lane's
@@ -28,31 +32,43 @@ vllm_lane() {
   TMPDIR="$lane_dir/tmp" PATH="$PWD/.venv-vllm/bin:$PATH" \
     .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations 8 tests/engines/vllm_backend "$@"
 }
-set -m  # the lane gets a process group of its own, so that stopping this script stops all of it
-vllm_lane "$@" > "$vllm_log" 2>&1 &
-vllm_pid=$!
-set +m
-stop_vllm_lane() {  # on the way out early: its processes stopped, its temporary files gone, its log kept
-  kill -TERM -- "-$vllm_pid" 2>/dev/null && echo "[test] stopped the vLLM lane; its log so far: $vllm_log" >&2
+
+# Both lanes' work runs as background jobs that this script waits for: a signal then stops everything at once
+# (a foreground pytest would hold the script's traps back until it ended).
+kill_tree() {  # a process and everything under it, the children first
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null
+}
+suite_pid=""
+stop_all() {  # on the way out early: every process of both lanes stopped, the vLLM lane's log kept
+  trap - EXIT INT TERM
+  [ -n "$suite_pid" ] && kill_tree "$suite_pid"
+  kill -0 "$vllm_pid" 2>/dev/null && kill_tree "$vllm_pid" && echo "[test] stopped the vLLM lane; its log so far: $vllm_log" >&2
   rm -rf "$lane_dir/tmp"
 }
-trap 'stop_vllm_lane; exit 130' INT
-trap 'stop_vllm_lane; exit 143' TERM
-trap stop_vllm_lane EXIT
+vllm_lane "$@" > "$vllm_log" 2>&1 &
+vllm_pid=$!
+trap 'stop_all; exit 130' INT
+trap 'stop_all; exit 143' TERM
+trap stop_all EXIT
 echo "[test] .venv-vllm and the vLLM engine tests run beside the transformers suites; their output follows those (live: $vllm_log)" >&2
 
-bash scripts/setup.sh --tf4 || exit 1
+in_background() { "$@" & suite_pid=$!; wait "$suite_pid"; }  # returns the command's exit code
+in_background bash scripts/setup.sh --tf4 || exit 1
 status=0
 for venv in .venv .venv-tf4; do
   echo "== tests with $($venv/bin/python -c 'import transformers; print("transformers", transformers.__version__)')" >&2
   # two workers: most tests wait on subprocesses, and CI machines have 2 cores
-  PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --durations 12 "$@" || status=$?
+  PATH="$PWD/$venv/bin:$PATH" in_background "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --durations 12 "$@" \
+    || status=$?
 done
+suite_pid=""
 
 kill -0 "$vllm_pid" 2>/dev/null && echo "[test] waiting for the vLLM tests to finish (live: $vllm_log)" >&2
 wait "$vllm_pid"
 vllm_status=$?
-trap - EXIT
+trap - EXIT INT TERM
 cat "$vllm_log" >&2
 [ "$vllm_status" -eq 0 ] || status=$vllm_status
 rm -rf "$lane_dir"

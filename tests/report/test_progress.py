@@ -25,7 +25,7 @@ def test_plain_lines_come_at_most_every_30_s_and_for_the_last_answer(capsys):
     for _ in times[1:]:
         bar.advance(1, 10)
     assert _lines(capsys) == [
-        "progress: step 100: 1/10 answers, 10.0 tokens/s over the last 1 s",
+        "progress: step 100: 1/10 answers, 10.0 tokens/s over the last 1.0 s",
         "progress: step 100: 4/10 answers, 0.9 tokens/s over the last 11 s",  # 20 s → 31 s: the batches of the last ~10 s
         "progress: step 100: 6/10 answers, 0.5 tokens/s over the last 22 s",  # one batch of 22 s: a window of 22 s
         "progress: step 100: 10/10 answers, 0.1 tokens/s over the last 120 s",  # the last answer: always said
@@ -61,3 +61,13 @@ def test_each_count_starts_its_own_lines_and_a_disabled_bar_prints_none(capsys):
     off.advance(1, 5)
     off.advance(1, 5)
     assert _lines(capsys) == []
+
+
+def test_no_rate_is_given_over_a_window_too_short_to_measure(capsys):
+    """--skip-bad's error rows come first, microseconds apart: no rate over 20 µs (it read "0.0 tokens/s over
+    the last 2e-05 s"), and a window under 10 s is said in tenths."""
+    bar = _plain([0.0, 2e-05, 2.54])
+    bar.start(3)
+    bar.advance(1, 0)
+    bar.advance(2, 20)
+    assert _lines(capsys) == ["progress: 1/3 answers", "progress: 3/3 answers, 7.9 tokens/s over the last 2.5 s"]

@@ -388,8 +388,8 @@ def test_the_rate_counts_from_the_mark_not_from_the_load(capsys):
     bar.advance(1, 50)
     bar.advance(1, 50)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress:")]
-    assert lines == ["progress: 1/2 answers, 50.0 tokens/s over the last 1 s",
-                     "progress: 2/2 answers, 50.0 tokens/s over the last 2 s"]
+    assert lines == ["progress: 1/2 answers, 50.0 tokens/s over the last 1.0 s",
+                     "progress: 2/2 answers, 50.0 tokens/s over the last 2.0 s"]
 
 
 def test_rows_of_an_earlier_version_under_resolved_paths_resume_under_today_s_ids(tmp_path):

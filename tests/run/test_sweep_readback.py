@@ -113,3 +113,29 @@ def test_finalize_leaves_a_file_it_read_alone_only_while_it_is_unchanged(tmp_pat
         f.write(json.dumps({**rows[0], "id": "q9"}) + "\n")
     finalize(out, ["q0", "q1", "q2"], read)
     assert [r["id"] for r in read_jsonl(out)] == ["q0", "q1", "q2"]
+
+
+def test_inputs_checked_once_are_checked_again_when_an_image_is_deleted_or_replaced(tmp_path):
+    """A sweep hands its inputs, checked before its first step, to every step; an image deleted since (a long
+    --watch) refuses the step as a run of its own would (it became a permanent error row), and an image replaced
+    by one of another size gives the new size."""
+    import pytest
+
+    from vlmfast.checkpoints.tiny import make_images
+    from vlmfast.errors import InputError
+    from vlmfast.run.options import InferOptions
+    from vlmfast.run.parallel import Distributed
+    from vlmfast.run.work import check_inputs, collect_work
+
+    paths = make_images(tmp_path / "images", n=3, sizes=[(56, 42)])
+    options = InferOptions(ckpt="unused", images=[str(p) for p in paths], prompt="Count.")
+    collected = check_inputs(options)
+    assert collect_work(options, Distributed(), collected=collected).todo == collected.requests  # unchanged: as handed in
+
+    make_images(tmp_path / "other", n=1, sizes=[(84, 63)])[0].replace(paths[1])
+    work = collect_work(options, Distributed(), collected=collected)
+    assert [r.image_sizes for r in work.todo] == [((56, 42),), ((84, 63),), ((56, 42),)]
+
+    paths[2].unlink()
+    with pytest.raises(InputError, match="file not found"):
+        collect_work(options, Distributed(), collected=collected)

@@ -20,6 +20,7 @@ class ProgressBar:
 
     RATE_WINDOW_S = 10.0
     PLAIN_EVERY_S = 30.0
+    MIN_WINDOW_S = 0.1
 
     def __init__(self, enabled: bool | None = None, unit: str = "answers", clock=None):
         import time
@@ -58,7 +59,8 @@ class ProgressBar:
         while len(self._recent) > 2 and now - self._recent[1][0] > self.RATE_WINDOW_S:
             self._recent.pop(0)
         (t0, k0), (t1, k1) = self._recent[0], self._recent[-1]
-        tps = f"{(k1 - k0) / (t1 - t0):,.1f} tokens/s" if t1 > t0 else ""
+        # no rate over less than MIN_WINDOW_S (error rows of --skip-bad come first, microseconds apart)
+        tps = f"{(k1 - k0) / (t1 - t0):,.1f} tokens/s" if t1 - t0 >= self.MIN_WINDOW_S else ""
         if self._progress is not None:
             self._progress.update(self._task, advance=answers, tps=tps)
             return
@@ -85,5 +87,5 @@ class ProgressBar:
 
 
 def _seconds(span: float) -> str:
-    """A window's length for a line: whole seconds from 10 s, two significant figures below (0.25, 2.5)."""
-    return f"{span:.0f}" if span >= 10 else f"{span:.2g}"
+    """A window's length for a line: whole seconds from 10 s, tenths below (0.1 … 9.9)."""
+    return f"{span:.0f}" if span >= 10 else f"{span:.1f}"

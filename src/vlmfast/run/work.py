@@ -47,6 +47,19 @@ def check_inputs(options: InferOptions, say=None) -> Collected:
     return collected
 
 
+def _still_as_checked(collected: Collected, max_image_pixels: int | None) -> bool:
+    """Whether inputs checked earlier (a sweep's, before its first step) still hold for this run: no bad inputs
+    among them, and every image still the file of the size checked (a stat each while unchanged: the check is
+    cached by size and modification time). An image deleted or replaced since, during a long ``--watch``, has
+    the inputs checked again, as a run of their own would."""
+    from vlmfast.inputs.records import check_images
+
+    if collected.bad:
+        return False
+    sizes, problems = check_images([p for r in collected.requests for p in r.images], max_image_pixels)
+    return not problems and all(sizes.get(p) == s for r in collected.requests for p, s in zip(r.images, r.image_sizes or ()))
+
+
 def collect_work(options: InferOptions, dist: Distributed, settings: dict | None = None, ckpt_dir: Path | None = None,
                  reward=None, say=None, collected: Collected | None = None) -> Work:
     """Inputs checked (all problems at once, before any model loads) and, with ``--out``, the ids an
@@ -55,7 +68,8 @@ def collect_work(options: InferOptions, dist: Distributed, settings: dict | None
     ``--out`` naming an input (the manifest, the prompt file, an image, a file of ``ckpt_dir``) is an error.
     ``say``: what the check is doing, when it takes a while (:func:`check_inputs`). ``collected``: the inputs
     already checked (a sweep's, before its first step): not checked again."""
-    collected = check_inputs(options, say) if collected is None else collected
+    if collected is None or not _still_as_checked(collected, options.max_image_pixels):
+        collected = check_inputs(options, say)
     if options.out is not None:
         inputs = dict.fromkeys([options.manifest, options.prompt_file, *(p for r in collected.requests for p in r.images)])
         refuse_inputs_as_out("--out", Path(options.out), [Path(p) for p in inputs if p], ckpt_dir)  # each path once

@@ -51,11 +51,13 @@ def test_killed_run_resumes_with_every_id_once_and_rows_in_input_order(demo, ima
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     proc = subprocess.Popen(_infer(demo, image_dir, out), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             env=env, start_new_session=True)
-    for line in proc.stderr:
-        if line.startswith("progress:"):
-            break
-    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and vLLM's engine process, no handler runs
-    proc.wait()
+    try:
+        for line in proc.stderr:
+            if line.startswith("progress:"):
+                break
+    finally:  # killed whatever happened: its own session is out of reach of whoever stops this test
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and vLLM's engine process, no handler runs
+        proc.wait()
     before = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
     assert 0 < len(before) < 9  # killed part-way
 
