@@ -24,7 +24,7 @@ if ! command -v flock >/dev/null; then  # the setups' editable installs could no
   bash scripts/setup.sh --tf4 || exit 1  # so .venv and .venv-tf4 first, then .venv-vllm beside the suites
 fi
 vllm_lane() {
-  trap '' INT  # Ctrl-C reaches every process of the terminal's group: this lane is stopped by stop_all below, whole
+  trap '' INT  # Ctrl-C reaches every process of the terminal's group: this lane is stopped by stop_vllm_lane below, whole
   bash scripts/setup_vllm.sh || return 1
   echo "== vLLM engine tests with $(.venv-vllm/bin/python -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null)"
   # one worker: each module starts its own vLLM; its own TMPDIR keeps its temporary files apart from the other lane's
@@ -33,37 +33,34 @@ vllm_lane() {
     .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations 8 tests/engines/vllm_backend "$@"
 }
 
-# Both lanes' work runs as background jobs that this script waits for: a signal then stops everything at once
-# (a foreground pytest would hold the script's traps back until it ended).
+# The vLLM lane is stopped, with every process under it, whenever this script stops early. The transformers
+# suites run in the foreground: Ctrl-C reaches them as it does any command (tests check how vlmfast takes a
+# Ctrl-C, and a background job would start with it ignored); a TERM to this script alone is acted on once the
+# suite running then has ended.
 kill_tree() {  # a process and everything under it, the children first
   local child
   for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
   kill -TERM "$1" 2>/dev/null
 }
-suite_pid=""
-stop_all() {  # on the way out early: every process of both lanes stopped, the vLLM lane's log kept
+stop_vllm_lane() {  # on the way out early: its processes stopped, its temporary files gone, its log kept
   trap - EXIT INT TERM
-  [ -n "$suite_pid" ] && kill_tree "$suite_pid"
   kill -0 "$vllm_pid" 2>/dev/null && kill_tree "$vllm_pid" && echo "[test] stopped the vLLM lane; its log so far: $vllm_log" >&2
   rm -rf "$lane_dir/tmp"
 }
 vllm_lane "$@" > "$vllm_log" 2>&1 &
 vllm_pid=$!
-trap 'stop_all; exit 130' INT
-trap 'stop_all; exit 143' TERM
-trap stop_all EXIT
+trap 'stop_vllm_lane; exit 130' INT
+trap 'stop_vllm_lane; exit 143' TERM
+trap stop_vllm_lane EXIT
 echo "[test] .venv-vllm and the vLLM engine tests run beside the transformers suites; their output follows those (live: $vllm_log)" >&2
 
-in_background() { "$@" & suite_pid=$!; wait "$suite_pid"; }  # returns the command's exit code
-in_background bash scripts/setup.sh --tf4 || exit 1
+bash scripts/setup.sh --tf4 || exit 1
 status=0
 for venv in .venv .venv-tf4; do
   echo "== tests with $($venv/bin/python -c 'import transformers; print("transformers", transformers.__version__)')" >&2
   # two workers: most tests wait on subprocesses, and CI machines have 2 cores
-  PATH="$PWD/$venv/bin:$PATH" in_background "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --durations 12 "$@" \
-    || status=$?
+  PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --durations 12 "$@" || status=$?
 done
-suite_pid=""
 
 kill -0 "$vllm_pid" 2>/dev/null && echo "[test] waiting for the vLLM tests to finish (live: $vllm_log)" >&2
 wait "$vllm_pid"
