@@ -124,6 +124,7 @@ def test_a_missing_hub_repo_is_told_apart_from_no_network(tmp_path):
             "(HF_HUB_OFFLINE is set)") in offline.stdout
 
 
+@pytest.mark.process_mechanism  # what a process imports: the same modules under every transformers
 def test_path_errors_and_doctor_import_neither_torch_nor_transformers(grpo_ckpt, tmp_path):
     """A wrong --ckpt is reported before the heavy imports, and doctor's config checks need none."""
     code = ("import sys\nfrom vlmfast.cli import main\n"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cli
 from conftest import read_jsonl
 from conftest import vlmfast
 from vlmfast.engines.hf.engine import Engine, GenerationSettings
@@ -229,10 +230,10 @@ def test_pickle_weights_need_allow_pickle(grpo_ckpt, images, tmp_path):
     shutil.copytree(grpo_ckpt, ckpt)
     torch.save(load_file(ckpt / "model.safetensors"), ckpt / "pytorch_model.bin")
     (ckpt / "model.safetensors").unlink()
-    r = vlmfast("infer", "--ckpt", ckpt, "--images", images[0], "--prompt", "p", "--max-new-tokens", 2)
+    r = cli("infer", "--ckpt", ckpt, "--images", images[0], "--prompt", "p", "--max-new-tokens", 2, "--device", "cpu")
     assert r.returncode == 2 and "pickle" in r.stderr and "--allow-pickle" in r.stderr
-    ok = vlmfast("infer", "--ckpt", ckpt, "--images", images[0], "--prompt", "p", "--max-new-tokens", 2,
-                 "--allow-pickle")
+    ok = cli("infer", "--ckpt", ckpt, "--images", images[0], "--prompt", "p", "--max-new-tokens", 2, "--device", "cpu",
+             "--allow-pickle")
     assert ok.returncode == 0, ok.stderr
 
 
