@@ -221,3 +221,19 @@ def test_the_rules_import_neither_torch_nor_transformers(base_ckpt):
             "print(len(found), 'torch' in sys.modules, 'transformers' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False", "False"], r.stderr
+
+
+@pytest.mark.parametrize("values", [{"cache_implementation": "paged"}, {"use_model_defaults": True}])
+def test_a_value_one_line_refuses_is_judged_for_the_installed_line(base_ckpt, values):
+    """5.x knows the "paged" cache and takes use_model_defaults as an unknown key; 4.57 refuses both on load."""
+    import transformers
+    from transformers import GenerationConfig
+
+    saved = _saved(base_ckpt, values)
+    if int(transformers.__version__.split(".")[0]) < 5:
+        with pytest.raises(ValueError):
+            GenerationConfig.from_dict(saved)
+        assert [r.rule.stage for r in refused_values(saved)] == ["load"]
+    else:
+        GenerationConfig.from_dict(saved)
+        assert refused_values(saved) == []
