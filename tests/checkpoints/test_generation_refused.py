@@ -104,7 +104,8 @@ def test_a_do_sample_string_samples_and_is_a_warning(base_ckpt, plain_model, tmp
     from transformers import GenerationConfig
 
     def tokens(do_sample):
-        plain_model.generation_config, kept = GenerationConfig.from_dict({"do_sample": do_sample}), plain_model.generation_config
+        kept = plain_model.generation_config
+        plain_model.generation_config = GenerationConfig.from_dict({"do_sample": do_sample})
         torch.manual_seed(0)
         ids = torch.tensor([[1, 2, 3, 4, 5]])
         try:
@@ -119,6 +120,8 @@ def test_a_do_sample_string_samples_and_is_a_warning(base_ckpt, plain_model, tmp
     assert found == [("warning", "generation-value-misread", "generation_config.json: do_sample")]
     assert cli("fix", d).returncode == 0
     assert json.loads((d / "generation_config.json").read_text())["do_sample"] is False
+    edit_json(d / "generation_config.json", lambda c: c.update(do_sample="true"))  # samples, as it says
+    assert diagnose(d) == []
 
 
 def test_doctor_names_each_refused_value(base_ckpt, tmp_path):
@@ -127,8 +130,9 @@ def test_doctor_names_each_refused_value(base_ckpt, tmp_path):
                                                                do_sample=True, stop_strings=["</answer>"]))
     found = {f.location: f for f in diagnose(d)}
     said = {k.split(": ")[1]: (f.severity, f.code) for k, f in found.items()}
-    assert said == {"early_stopping": ("error", "generation-value-refused"), "num_beams": ("error", "generation-value-refused"),
-                    "min_p": ("error", "generation-value-refused"), "stop_strings": ("warning", "generation-value-refused")}
+    refused = "generation-value-refused"
+    assert said == {"early_stopping": ("error", refused), "num_beams": ("error", refused), "min_p": ("error", refused),
+                    "stop_strings": ("warning", refused)}
     early = found["generation_config.json: early_stopping"]
     assert early.message.startswith("early_stopping 'true': transformers refuses to load the config")
     assert early.fix == f"vlmfast fix {d} (early_stopping 'true' -> True)"

@@ -46,7 +46,7 @@ GENERATE_ARGUMENTS_4 = GENERATE_ARGUMENTS + ("use_model_defaults",)
 WATERMARK_KEYS = ("greenlist_ratio", "bias", "hashing_key", "seeding_scheme", "context_width")  # WatermarkingConfig
 SEVERITY = {"load": "error", "generate": "error", "misread": "warning", "tokenizer": "warning"}
 CHANGED = {"load": "transformers refuses it", "generate": "plain generate refuses it",
-           "misread": "plain generate misreads it"}
+           "misread": "plain generate misreads it", "tokenizer": "plain generate needs tokenizer="}
 SAID = {"load": "transformers refuses to load the config, and so the model (from_pretrained raises)",
         "generate": "the model loads, and plain model.generate raises before the first token",
         "misread": "plain model.generate runs, with another meaning",
@@ -154,8 +154,8 @@ RULES = (
     Rule("num_beams", "generate", lambda v, g, m: not (_int(v) and v >= 1) and v != 1,
          "beam search divides and repeats by it: ZeroDivisionError or TypeError", _whole(1, DROP),
          "a positive integer (1: no beam search)"),
-    Rule("bos_token_id", "generate", lambda v, g, m: not (_int(v) or isinstance(v, list) and all(map(_int, v))), "generate makes a tensor of it: TypeError",
-         _config_id("bos_token_id"), "the BOS token's integer id, or remove it"),
+    Rule("bos_token_id", "generate", lambda v, g, m: not (_int(v) or isinstance(v, list) and all(map(_int, v))),
+         "generate makes a tensor of it: TypeError", _config_id("bos_token_id"), "the BOS token's integer id, or remove it"),
     Rule("repetition_penalty", "generate", lambda v, g, m: v != 1 and not (isinstance(v, float) and v > 0),
          "RepetitionPenaltyLogitsProcessor takes a float above 0 (an integer other than 1 too raises ValueError)",
          _float_over_zero, "a float above 0 (1.0: no penalty)"),
@@ -172,8 +172,8 @@ RULES = (
          "sampling: TypicalLogitsWarper takes a mass in (0, 1)", LEFT, "a number in (0, 1], or remove it"),
     Rule("min_p", "generate", lambda v, g, m: _sampling(g) and not (_num(v) and 0 <= v <= 1),
          "sampling: MinPLogitsWarper takes a number in [0, 1]", LEFT, "a number in [0, 1], or remove it"),
-    Rule("do_sample", "misread", lambda v, g, m: not isinstance(v, bool),
-         "generate samples for any true value (the string \"false\" too)", _bool, "true or false"),
+    Rule("do_sample", "misread", lambda v, g, m: isinstance(v, str) and bool(v) and _bool(v, g, {}) is not True,
+         "generate samples for any true value: a non-empty string, \"false\" too", _bool, "true or false"),
     Rule("stop_strings", "tokenizer", lambda v, g, m: True,
          "StopStringCriteria needs the tokenizer (ValueError without it)", LEFT,
          "pass tokenizer= to generate, or remove it (vlmfast stops on the EOS list)"),
