@@ -14,7 +14,7 @@ CODES = (  # every finding code diagnose can return; stable: scripts and docs de
     "trainer-state", "swift-args", "processor-family-mismatch", "untested-family", "weights-incomplete",
     "train-eval-differs", "weights-lost", "weights-shape-mismatch", "weights-unexpected", "weights-differ-from-base",
     "saved-by-transformers-5", "weights-two-sets", "tied-head-saved", "config-family-mismatch",
-    "sampling-temperature-zero", "max-length-short",
+    "sampling-temperature-zero", "max-length-short", "generation-value-refused", "generation-value-misread",
 )
 
 @dataclass(frozen=True)

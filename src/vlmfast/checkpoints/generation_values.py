@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from vlmfast.checkpoints.families import family_of, installed_transformers
 from vlmfast.checkpoints.findings import Finding
+from vlmfast.checkpoints.generation_refused import refused_findings, repair_refused
 
 # vlmfast's defaults (engines/prepare.py DEFAULT_MAX_PIXELS_CAP, engines/rows.py GenerationSettings.max_new_tokens):
 # a max_length below one image at the pixel cap plus these new tokens cuts an answer vlmfast would give in full
@@ -62,7 +63,8 @@ def short_max_length(config: dict, generation: dict | None) -> int | None:
 def generation_value_findings(config: dict, generation: dict | None, fix_cmd: str) -> list[Finding]:
     """doctor's findings: ``sampling-temperature-zero`` (error: plain generate raises) and ``max-length-short``
     (error where the installed transformers' generate raises for a prompt of one image at vlmfast's default
-    pixel cap, a warning where it cuts the answer). ``fix_cmd``: the ``vlmfast fix`` command for this dir."""
+    pixel cap, a warning where it cuts the answer), then the values transformers refuses or misreads
+    (:mod:`vlmfast.checkpoints.generation_refused`). ``fix_cmd``: the ``vlmfast fix`` command for this dir."""
     out = []
     if zero_temperature(generation):
         out.append(Finding(
@@ -75,7 +77,7 @@ def generation_value_findings(config: dict, generation: dict | None, fix_cmd: st
     length = short_max_length(config, generation)
     if length is not None:
         out.append(_max_length_finding(config, length, fix_cmd))
-    return out
+    return out + refused_findings(config, generation, fix_cmd)
 
 
 def _max_length_finding(config: dict, length: int, fix_cmd: str) -> Finding:
@@ -126,4 +128,4 @@ def repair_generation_values(config: dict, generation: dict) -> list[str]:
         del generation["max_length"]
         changes.append(f"generation_config.json: max_length {length} dropped (shorter than a prompt and answer "
                        "need; generate's max_new_tokens decides)")
-    return changes
+    return changes + repair_refused(config, generation)  # what transformers refuses, where one repair is obvious

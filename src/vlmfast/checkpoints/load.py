@@ -20,6 +20,7 @@ from vlmfast.errors import CheckpointError, UsageError
 from vlmfast.checkpoints.families import CHAT_STOP, Family, family_of, untested_note
 from vlmfast.checkpoints.locate import Located, locate, require
 from vlmfast.checkpoints.portable import readable_here
+from vlmfast.checkpoints.generation_refused import ignored_notes, refuse_unloadable
 from vlmfast.checkpoints.runtime_choices import check_attn, check_device, check_dtype  # the options check them too
 
 
@@ -201,6 +202,8 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
                               hint="copy tokenizer.json (and the other tokenizer files) from the base model "
                                    "(vlmfast fix CKPT --processor-from BASE does it)")
     notes = [n for n in (found.note,) if n and n != "hub id"] + list(runtime.notes)
+    if found.is_local:  # values transformers refuses to load the model with: said before it tries
+        refuse_unloadable(found.path)
     if trust_remote_code:
         notes.append("trust_remote_code is on: the checkpoint's own Python code runs")
     # a checkpoint saved by transformers 5, on 4.x: read through a rewritten temporary copy (portable.py)
@@ -247,6 +250,7 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
 
     config_dir = found.path if found.is_local else _snapshot_dir(source)
     config, generation = read_configs(config_dir)
+    notes += ignored_notes(generation, config)  # values plain generate refuses that vlmfast does not apply
     cache = CacheReport(cache_off_locations(config, generation), saved_cache_enabled(config, generation), True)
     if model.generation_config.use_cache is False and not cache.found_off:
         cache.found_off.append("model.generation_config.use_cache (as loaded)")
@@ -266,6 +270,20 @@ def _load_model(found: Located, runtime: Runtime, trust_remote_code: bool, allow
         pad_token_id=int(pad), suppress_token_ids=vision_placeholder_ids(model.config, tokenizer, family), load_s=0.0,
         config_dir=config_dir, notes=notes, family=family,
     )
+
+
+def saved_generation_config(model_dir, config):
+    """The GenerationConfig transformers' model load gives ``model_dir`` (``config``: its model config): its
+    generation_config.json (InputError first for a value transformers refuses to load), else one derived from
+    ``config`` (no such file, as transformers derives it)."""
+    from transformers import GenerationConfig
+
+    if Path(model_dir).is_dir():
+        refuse_unloadable(model_dir)
+    try:
+        return GenerationConfig.from_pretrained(model_dir)
+    except OSError:  # no generation_config.json: generate derives one from config.json
+        return GenerationConfig.from_model_config(config)
 
 
 def _load_with_adapter(found: Located, base: str | None, merge: bool, **load_kwargs) -> Loaded:

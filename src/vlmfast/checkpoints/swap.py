@@ -101,8 +101,10 @@ def swap_into(loaded, found, plan: SwapPlan):
     import torch
     from safetensors import safe_open
 
+    from vlmfast.checkpoints.generation_refused import ignored_notes, refuse_unloadable
     from vlmfast.checkpoints.load import CacheReport, eos_list
 
+    refuse_unloadable(found.path)  # before a tensor is copied: the loaded model stays the last checkpoint's
     start = time.perf_counter()
     state = loaded.model.state_dict()
     device = next(iter(state.values())).device
@@ -119,7 +121,8 @@ def swap_into(loaded, found, plan: SwapPlan):
     cache = CacheReport(cache_off_locations(config, generation), saved_cache_enabled(config, generation), True)
     eos, note = eos_list(saved_eos(config, generation)[0], loaded.processor.tokenizer)
     return dataclasses.replace(loaded, source=found.source, cache=cache, eos_token_ids=eos, config_dir=found.path,
-                               load_s=time.perf_counter() - start, notes=[n for n in (found.note, note) if n])
+                               load_s=time.perf_counter() - start,
+                               notes=[n for n in (found.note, note) if n] + ignored_notes(generation, config))
 
 
 class StaleSwap(VlmfastError):

@@ -166,7 +166,8 @@ class HfBackend:
 
             engine = self.engine
             penalty, said = generation_config_processors(swapped.model.generation_config, engine.decoder_name,
-                                                         engine.settings.repetition_penalty, sampling=not engine.settings.greedy)
+                                                         engine.settings.repetition_penalty, sampling=not engine.settings.greedy,
+                                                         where=swapped.config_dir / "generation_config.json")
             if swapped.eos_token_ids != self.loaded.eos_token_ids or penalty != engine.penalty:
                 engine.forget_shapes()  # decode states hold the EOS list and the penalty
             engine.notes = [n for n in engine.notes if n not in engine.config_notes] + said

@@ -102,7 +102,8 @@ class Engine(Preparer, PlainGenerate, DecodeShapes):
         from vlmfast.engines.generation_config import generation_config_processors
 
         self.penalty, self.config_notes = generation_config_processors(loaded.model.generation_config, decoder,
-                                                                       settings.repetition_penalty, sampling=not settings.greedy)
+                                                                       settings.repetition_penalty, sampling=not settings.greedy,
+                                                                       where=loaded.config_dir / "generation_config.json")
         self.notes = self.notes + self.config_notes
         self.device, self.on_cuda = loaded.runtime.device, loaded.runtime.device.startswith("cuda")
         self.decoder_name = decoder

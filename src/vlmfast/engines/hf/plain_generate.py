@@ -89,9 +89,12 @@ class PlainGenerate:
             pad_token_id=loaded.pad_token_id, eos_token_id=self._eos() or None,
             suppress_tokens=list(loaded.suppress_token_ids) or None,
             repetition_penalty=1.0,  # none of generate's own: MaskedPenalty applies the checkpoint's, or --repetition-penalty
+            # one answer per row, no beams, no stop strings (the EOS list), no BOS (the prompt is given), and only
+            # --temperature/--top-p sampling: saved values of these that generate refuses are not applied either
+            num_beams=1, stop_strings=None, bos_token_id=None, min_p=None, typical_p=None,
         )
         if s.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None, num_return_sequences=1)
         else:  # n answers per request: generate expands each prompt n times itself
             kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=None, num_return_sequences=s.n)
         return kwargs

@@ -143,9 +143,9 @@ class VllmBackend(Preparer):
 
     def _load_processor(self, min_pixels, max_pixels) -> None:
         """The processor, config and generation config vLLM will use, read here for prompts, ids and limits."""
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import AutoConfig
 
-        from vlmfast.checkpoints.load import eos_list, load_processor, vision_placeholder_ids
+        from vlmfast.checkpoints.load import eos_list, load_processor, saved_generation_config, vision_placeholder_ids
 
         processor, said = load_processor(self.model_dir, trust_remote_code=self.trust_remote_code,
                                          hint="pass the base model dir as base (--base) to supply processor, tokenizer "
@@ -153,10 +153,7 @@ class VllmBackend(Preparer):
         self.notes += said
         self.processor, self.tokenizer = processor, processor.tokenizer
         self.config = AutoConfig.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
-        try:
-            generation = GenerationConfig.from_pretrained(self.model_dir)
-        except OSError:  # no generation_config.json: generate derives one from config.json
-            generation = GenerationConfig.from_model_config(self.config)
+        generation = saved_generation_config(self.model_dir, self.config)
         self.penalty, said = generation_config_processors(generation, "vllm", self.settings.repetition_penalty,
                                                           sampling=not self.settings.greedy)  # the HF engine's notes
         self.notes += said
