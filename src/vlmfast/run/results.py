@@ -21,6 +21,7 @@ from pathlib import Path
 from vlmfast.errors import InputError, Interrupted
 from vlmfast.files import atomic_write, part_files
 from vlmfast.engines.rows import row_key
+from vlmfast.run.results_bytes import ReadRows, file_state, render, unchanged
 
 
 ROW_KEYS = ("id", "text", "finish_reason", "error")  # every row vlmfast writes has these; a manifest does not
@@ -64,8 +65,8 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
         return {}, None
     with open(path, "rb") as f:
         data = f.read()
-        read_as = _state(os.fstat(f.fileno()), data)
-    rows = _Rows()
+        read_as = file_state(os.fstat(f.fileno()), data)
+    rows = ReadRows()
     rows.read_as = read_as
     lines = data.split(b"\n")
     good_bytes = 0
@@ -93,27 +94,6 @@ def read_existing(path: Path, *, repair: bool = True) -> tuple[dict[str, dict], 
         with open(path, "ab") as f:
             f.write(b"\n")
     return rows, None
-
-
-class _Rows(dict):
-    """Rows :func:`read_existing` read, and ``read_as``: the file they were read from (:func:`_state`)."""
-
-    read_as: tuple | None = None
-
-
-def _state(st: os.stat_result, data: bytes) -> tuple:
-    """A file as read: which file (device, inode), its size and modification time, and its bytes' digest."""
-    import hashlib
-
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, hashlib.sha256(data).digest()
-
-
-def _unchanged(out: Path, rows: dict, data: bytes) -> bool:
-    """Whether ``out`` holds ``data``: ``rows`` were read from it, it is as it was then (not repaired, no rows
-    appended) and ``data`` is the bytes that were read."""
-    with contextlib.suppress(OSError):
-        return (then := getattr(rows, "read_as", None)) is not None and then == _state(os.stat(out), data)
-    return False
 
 
 def prepare_out(out: Path, *, overwrite: bool) -> tuple[dict[str, dict], list[str]]:
@@ -256,8 +236,8 @@ def finalize(out: Path, order: list[str], rows: dict[str, dict] | None = None) -
         return []
     rank = {rid: i for i, rid in enumerate(order)}
     ordered = sorted(rows.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"]), r.get("sample") or 0))
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered).encode("utf-8")
-    if not _unchanged(out, rows, data):  # a finished file read back as it is stays as it is (its inode and times too)
+    data = render(ordered)
+    if not unchanged(out, rows, data):  # a finished file read back as it is stays as it is (its inode and times too)
         atomic_write(out, data)
     return ordered
 
