@@ -171,7 +171,8 @@ def test_intervals_with_several_answers_are_over_requests():
     from types import SimpleNamespace
 
     from vlmfast.evaluation.samples import accuracy_interval, request_interval
-    from vlmfast.run.sweep import _Entry, _figures
+    from vlmfast.run.sweep import _Entry
+    from vlmfast.run.sweep_figures import step_figures
 
     assert request_interval([0.0] * 16) == (0.0, pytest.approx(0.1936, abs=1e-4))
     assert accuracy_interval(0, 64)[1] == pytest.approx(0.0566, abs=1e-4)
@@ -180,7 +181,7 @@ def test_intervals_with_several_answers_are_over_requests():
     assert low < 0.25 < high and high - low > accuracy_interval(16, 64)[1] - accuracy_interval(16, 64)[0]
     rows = [{"id": f"q{i}", "sample": k, "text": "x", "error": None, "correct": False, "score": 0.0, "format_ok": False,
              "n_new_tokens": 3, "finish_reason": "eos"} for i in range(16) for k in range(4)]
-    figures = _figures(_Entry(100, "ckpt", "hf-trainer"), "out.jsonl", rows, SimpleNamespace(tokens_per_s=None), "load", 1.0)
+    figures = step_figures(_Entry(100, "ckpt", "hf-trainer"), "out.jsonl", rows, SimpleNamespace(tokens_per_s=None), "load", 1.0)
     assert (figures["accuracy"], figures["ci_low"], figures["ci_high"]) == (0.0, 0.0, 0.1936)
 
 

@@ -139,3 +139,46 @@ def test_inputs_checked_once_are_checked_again_when_an_image_is_deleted_or_repla
     paths[2].unlink()
     with pytest.raises(InputError, match="file not found"):
         collect_work(options, Distributed(), collected=collected)
+
+
+def _calls(monkeypatch, module, name) -> list:
+    """The calls of ``module.name`` (looked up where it is called), one entry each."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    return calls
+
+
+def test_a_sweep_summarizes_each_steps_rows_once(run, tmp_path, monkeypatch):
+    import vlmfast.evaluation.health as health
+    import vlmfast.evaluation.stats as stats
+    from vlmfast.run.sweep import sweep
+
+    out = tmp_path / "s"
+    summaries, shapes = _calls(monkeypatch, stats, "summarize"), _calls(monkeypatch, health, "health")
+    decoded = _finished(run, out)  # two checkpoints decoded, report.json and report.html written
+    assert (len(summaries), len(shapes)) == (2, 2)
+    summaries.clear(), shapes.clear()
+    read_back = sweep(_options(run, out, steps=(100, 200)))  # nothing to do: both read back
+    assert (len(summaries), len(shapes)) == (2, 2)
+    assert [{k: v for k, v in c.items() if k not in ("read_back",)} for c in read_back["checkpoints"]] == \
+        [{k: v for k, v in c.items() if k not in ("read_back",)} for c in decoded["checkpoints"]]
+
+
+def test_finalize_writes_rows_changed_in_place_at_any_depth_added_or_removed(tmp_path):
+    from vlmfast.run.results import finalize, read_existing
+
+    out = tmp_path / "r.jsonl"
+    rows = [{"id": f"q{i}", "text": "a", "finish_reason": "eos", "error": None, "images": ["x.png"],
+             "rewards": {"f": 1.0}} for i in range(3)]
+    whole = "".join(json.dumps(r) + "\n" for r in rows)
+    edits = [lambda read: read["q1"]["images"].append("y.png"), lambda read: read["q2"]["rewards"].update(f=0.0),
+             lambda read: read["q0"].pop("rewards"), lambda read: read.pop("q2"),
+             lambda read: read.update(q3={**rows[0], "id": "q3"}), lambda read: read["q1"]["images"].sort(reverse=True)]
+    for k, edit in enumerate(edits):
+        out.write_text(whole)
+        read, _ = read_existing(out)
+        inode = os.stat(out).st_ino
+        edit(read)
+        finalize(out, ["q0", "q1", "q2", "q3"], read)
+        assert read_jsonl(out) == list(read.values()), k
+        assert (os.stat(out).st_ino != inode) == (k != 5), k  # a sort that leaves the list as it was: the same bytes

@@ -38,7 +38,7 @@ class Progress(Protocol):
 
 
 def infer(options: InferOptions, progress: Progress | None = None, loaded=None, backend=None, weights_id=None,
-          collected: Collected | None = None, rows_to=lambda rows: None) -> InferReport:
+          collected: Collected | None = None, rows_to=lambda rows: None, scores_of=None) -> InferReport:
     """Run the whole ``infer`` flow. Raises :class:`~vlmfast.errors.VlmfastError` subclasses for anything
     the user can fix; nothing is written when inputs are bad (unless ``skip_bad``). A second run onto the
     same ``out`` is refused while this one runs (:func:`vlmfast.files.held_alone`).
@@ -48,16 +48,19 @@ def infer(options: InferOptions, progress: Progress | None = None, loaded=None, 
     for these options; ``backend``: an engine already opened (any :class:`~vlmfast.engines.contract.Backend`);
     ``weights_id``: with one of them, the fingerprint of the weights it runs (a sweep's), recorded beside
     ``out`` before the first row so that a run killed mid-way is resumed only onto the same weights. A sweep hands in
-    ``collected`` (its inputs, checked once) and ``rows_to`` (called with the rows ``out`` holds once finished)."""
+    ``collected`` (its inputs, checked once), ``rows_to`` (called with the rows ``out`` holds once finished) and
+    ``scores_of`` (what makes the report's ``scores`` from those rows, in place of
+    :func:`vlmfast.evaluation.stats.summarize`: the sweep's figures, so that they are made once)."""
     from vlmfast.files import held_alone
     from vlmfast.run.parallel import is_main_process
 
     alone = options.out is not None and is_main_process()
     with held_alone(Path(options.out), "--out") if alone else contextlib.nullcontext():
-        return _infer(options, progress, loaded, backend, weights_id, collected, rows_to)
+        return _infer(options, progress, loaded, backend, weights_id, collected, rows_to, scores_of)
 
 
-def _infer(options: InferOptions, progress: Progress | None, loaded, backend, given_id, collected, rows_to) -> InferReport:
+def _infer(options: InferOptions, progress: Progress | None, loaded, backend, given_id, collected, rows_to,
+           scores_of) -> InferReport:
     from vlmfast.engines.open import check_machine, open_backend
     from vlmfast.engines.facts import EngineFacts
     from vlmfast.checkpoints.locate import locate
@@ -93,10 +96,12 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
         reward.check(work.todo)  # user code that cannot be called fails now, not after a batch has generated
     if not work.todo and not work.bad:  # everything was done by an earlier run: nothing to load
         check_machine(options, dist, opened=loaded is not None or backend is not None)  # what loading would refuse
+        rows = list(work.existing.values())
         if dist.is_main and options.out is not None:  # the kept rows scored against today's ground truth
-            rows_to(finalize(Path(options.out), work.order, work.existing))
+            rows = finalize(Path(options.out), work.order, work.existing)  # as the file holds them, in its order
+            rows_to(rows)
         report = summarize(options, EngineFacts.nothing_loaded(options, found), [Share(dist.rank, "none")], work,
-                           rows=list(work.existing.values()), batch_size=options.batch_size or 0)
+                           rows=rows, batch_size=options.batch_size or 0, scores_of=scores_of)
         report.notes.insert(0, f"nothing to do: {len(work.existing)} row(s) already in {options.out}, the model was not "
                                "loaded (--overwrite runs them again)")
         report.parity = parity
@@ -142,7 +147,7 @@ def _infer(options: InferOptions, progress: Progress | None, loaded, backend, gi
     if options.out is not None and dist.is_main:
         rows = finalize(Path(options.out), work.order, {**work.existing, **{row_key(r["id"], r.get("sample")): r for r in rows}})
         rows_to(rows)
-    report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size)
+    report = summarize(options, facts, everyone, work, rows=rows, batch_size=batch_size, scores_of=scores_of)
     report.processes = [share.figures() for share in everyone] if dist.world > 1 else []
     report.parity = parity
     report.fingerprint = weights_id

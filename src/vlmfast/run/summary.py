@@ -97,10 +97,12 @@ class Share:
                 "tokens_per_s": round(tokens / self.wall_s, 2) if self.wall_s > 0 and tokens else None}
 
 
-def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: list[dict], batch_size: int) -> InferReport:
+def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: list[dict], batch_size: int,
+              scores_of=None) -> InferReport:
     """The report from what ran: ``facts`` about the engine, every process's :class:`Share`, the run's
     :class:`~vlmfast.run.runner.Work` (skipped ids, notes) and ``rows``, every row of the results (this run's
-    and, with ``--out``, earlier runs'), over which accuracy is computed."""
+    and, with ``--out``, earlier runs'), over which accuracy is computed (by ``scores_of``, else
+    :func:`vlmfast.evaluation.stats.summarize`)."""
     from vlmfast.evaluation.stats import summarize as summarize_scores
 
     position = {rid: i for i, rid in enumerate(work.order)}
@@ -166,7 +168,7 @@ def summarize(options, facts: EngineFacts, shares: list[Share], work, *, rows: l
         max_new_tokens=options.generation.max_new_tokens,
         finish={"eos": sum(r.finish_reason == "eos" for r in ok), "length": sum(r.finish_reason == "length" for r in ok)},
         no_answer=sum(r.answer is None for r in ok),
-        scores=summarize_scores(list(rows)),
+        scores=(scores_of or summarize_scores)(list(rows)),
         oom_splits=facts.oom_splits,
         max_pixels=facts.max_pixels,
         max_pixels_capped=capped,

@@ -19,6 +19,7 @@ from pathlib import Path
 from vlmfast.errors import EXIT_INTERRUPTED, EXIT_LESS_ACCURATE, CheckpointError, Interrupted, UsageError
 from vlmfast.files import held_alone
 from vlmfast.run.parallel import refuse_launched
+from vlmfast.run.sweep_figures import judged_scores, step_figures
 from vlmfast.run.sweep_engine import SweepEngine, files_signature, for_checkpoint, on_adapters_base, rewritten
 from vlmfast.run.sweep_options import SweepOptions
 from vlmfast.run.rescore import judge_all_raised, judge_failed
@@ -243,7 +244,7 @@ def _gone(step: int, out: Path, tables: dict, notes: list[str], run_dir: str, pa
     notes.append(f"step {step}: its checkpoint is no longer in {run_dir} ({path}: deleted after it was evaluated, e.g. "
                  f"by save_total_limit); its rows in {out.name} are reported as they were")
     unmeasured = SimpleNamespace(tokens_per_s=None)
-    return {**_figures(_Entry(step, path, "gone"), out, rows, unmeasured, "none", 0.0, tables[step]), **measured(out),
+    return {**step_figures(_Entry(step, path, "gone"), out, rows, unmeasured, "none", 0.0, tables[step]), **measured(out),
             "read_back": True, "gone": True}
 
 
@@ -297,7 +298,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
     report = infer(dataclasses.replace(for_checkpoint(options.infer, found), ckpt=str(entry.path), out=str(out),
                                        retry_errors=options.retry_errors),
                    progress=progress, backend=models.at(found), weights_id=weights_id, collected=collected,
-                   rows_to=(rows := []).extend)
+                   rows_to=(rows := []).extend, scores_of=judged_scores)  # the step's one summary: report.scores
     pages[entry.step] = rows  # the rows finalize left in the file (a step evaluated again replaces them)
     how, seconds = models.how or ("none", 0.0)  # none: every row was already there
     rows, raised = reward_errors_as_wrong(rows)
@@ -308,7 +309,7 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
     same = identical_answers_note(rows, options.infer.generation.temperature) if options.infer.generation.n > 1 else None
     if same:
         notes.append(f"step {entry.step}: {same}")
-    figures = _figures(entry, out, rows, report, how, seconds, tables[entry.step])
+    figures = step_figures(entry, out, rows, report, how, seconds, tables[entry.step], report.scores)
     if by is not None:  # --by: accuracy per value of the column, answers a reward raised on counted wrong as above
         from vlmfast.evaluation.stats import group_accuracy
 
@@ -320,35 +321,6 @@ def _evaluate(entry: _Entry, options: SweepOptions, models: SweepEngine, out_dir
         figures = {**{k: v for k, v in figures.items() if k not in MEASURED}, **kept, "read_back": True}
     else:
         record(out, settings, figures)
-    return figures
-
-
-def _figures(entry: _Entry, out: Path, rows: list[dict], report, how: str, seconds: float, table: dict | None = None) -> dict:
-    from vlmfast.evaluation.flags import missing_answers, per_request
-    from vlmfast.evaluation.samples import request_interval
-    from vlmfast.evaluation.stats import summarize
-
-    scores = summarize(rows)
-    ok = [r for r in rows if r.get("error") is None]
-    scored = [r for r in ok if r.get("correct") is not None]
-    correct = sum(bool(r["correct"]) for r in scored)
-    # over requests: with --n K a request's K answers are one trial, not K independent ones
-    low, high = request_interval([score for score, _, _ in (per_request(rows) if table is None else table).values()])
-    figures = {
-        "step": entry.step, "path": str(entry.path), "label": entry.label, "results": str(out),
-        "rows": len(rows), "scored": len(scored), "accuracy": round(correct / len(scored), 4) if scored else None,
-        "ci_low": None if low is None else round(low, 4), "ci_high": None if high is None else round(high, 4),
-        **scores["health"],  # health(rows), as summarize computed it
-        "tokens_per_s": report.tokens_per_s, "decode_row_utilization": getattr(report, "decode_row_utilization", None),
-        f"{how}_s" if how != "none" else "load_s": round(seconds, 3),
-        "errors": len(rows) - len(ok), "failed_requests": len({str(r.get("id")) for r in rows if r.get("error") is not None}),
-        "failed_answers": missing_answers(rows),
-        "reward_errors": sum(r.get("reward_error") is not None for r in ok),
-    }
-    if "samples" in scores:
-        figures["samples"] = scores["samples"]
-    if (scores.get("rewards") or {}).get("correct_from"):  # correctness read from the reward's accuracy sub-score
-        figures["correct_from"] = scores["rewards"]["correct_from"]
     return figures
 
 
