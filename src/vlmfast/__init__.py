@@ -7,7 +7,7 @@ Library API (imports are lazy so ``vlmfast --help`` stays instant)::
     report = vlmfast.infer(vlmfast.InferOptions(ckpt="out", images=["a.png"], prompt="Count the dots."))
 """
 
-__version__ = "0.18.11"
+__version__ = "0.18.12"
 
 _EXPORTS = {
     "load": "checkpoints.load",
