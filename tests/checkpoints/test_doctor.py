@@ -235,9 +235,9 @@ def _generation(**values):
 
 CASES = {
     "sampling-temperature-zero": (_generation(do_sample=True, temperature=0), [("error", "generation_config.json: temperature")]),
-    "max-length-short": (_generation(max_length=20), None),
+    "max-length-short": (_generation(max_length=20), None),  # the severity follows the installed generate: below
     "generation-value-refused": (_generation(num_beams=0), [("error", "generation_config.json: num_beams")]),
-    "generation-value-misread": (_generation(do_sample="false"), [("warning", "generation_config.json: do_sample")]),  # the severity follows the installed generate: below
+    "generation-value-misread": (_generation(do_sample="false"), [("warning", "generation_config.json: do_sample")]),
     "train-eval-differs": (_train_eval, [("warning", "args.json")]),
     "cache-off": (_cache_off, [("error", "generation_config.json: use_cache"), ("warning", "config.json: use_cache"),
                                ("warning", "config.json: text_config.use_cache")]),

@@ -165,6 +165,59 @@ def test_fix_repairs_what_has_one_repair_and_says_what_is_left(base_ckpt, plain_
     assert _plain_generate(plain_model, gen) == 3
 
 
+def test_a_repair_that_makes_another_value_refused_is_followed_by_its_repair(base_ckpt, tmp_path):
+    """do_sample "false" samples, so transformers loads num_return_sequences 2 beside it; made false, greedy
+    refuses the 2: fix judged every value on the file as it was, and left a checkpoint that no longer loads."""
+    from transformers import GenerationConfig
+
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    edit_json(d / "generation_config.json", lambda c: c.update(do_sample="false", num_return_sequences=2))
+    r = cli("fix", d)
+    assert r.returncode == 0, r.stderr
+    gen = json.loads((d / "generation_config.json").read_text())
+    assert gen["do_sample"] is False and "num_return_sequences" not in gen
+    GenerationConfig.from_pretrained(str(d))  # loads
+    assert diagnose(d) == []
+
+
+# (values, the stages each line's rules give): read in both lines' configuration_utils.py and generation/utils.py
+BY_LINE = [
+    ({"pad_token_id": 664.0}, [], []),  # validate compares it with 0; generate makes a long tensor of it
+    ({"bos_token_id": 664.0}, [], []),
+    ({"_from_model_config": True, "synced_gpus": True}, [], []),  # such a config sets no key it does not know
+    ({"synced_gpus": None}, ["load"], ["load"]),  # validate asks hasattr: a null is set too
+    ({"early_stopping": None}, ["load"], []),  # 4.57: None is not in {True, False, "never"}
+    ({"num_return_sequences": None}, ["load"], []),  # 4.57: None != 1, and greedy by default
+    ({"do_sample": None, "num_return_sequences": 2}, [], ["load"]),  # 4.57 asks do_sample is False, 5.x not do_sample
+    ({"num_return_sequences": "1"}, ["load"], ["load"]),  # a string compared with a number
+    ({"num_return_sequences": 0}, ["load"], []),  # 4.57: any value but 1 without beams or sampling
+    ({"do_sample": "yes"}, [], []),  # samples, as it says
+]
+
+
+@pytest.mark.parametrize("values,on_4,on_5", BY_LINE)
+def test_the_rules_judge_each_line_as_its_source_does(base_ckpt, values, on_4, on_5):
+    """The rules for either line, and for the installed one what its GenerationConfig really does."""
+    import transformers
+    from transformers import GenerationConfig
+
+    saved = _saved(base_ckpt, values)
+    assert ([r.rule.stage for r in refused_values(saved, major=4)], [r.rule.stage for r in refused_values(saved, major=5)]) \
+        == (on_4, on_5)
+    expected = on_4 if int(transformers.__version__.split(".")[0]) < 5 else on_5
+    if "load" in expected:
+        with pytest.raises((ValueError, TypeError)):
+            GenerationConfig.from_dict(saved)
+    else:
+        GenerationConfig.from_dict(saved)
+
+
+def test_sampling_at_temperature_zero_is_found_with_do_sample_written_as_a_string(base_ckpt, tmp_path):
+    d = shutil.copytree(base_ckpt, tmp_path / "c")
+    edit_json(d / "generation_config.json", lambda c: c.update(do_sample="true", temperature=0))
+    assert [f.code for f in diagnose(d) if f.severity == "error"] == ["sampling-temperature-zero"]
+
+
 @pytest.mark.parametrize("decoder", ["vlmfast", "hf"])
 def test_infer_refuses_what_transformers_cannot_load_naming_file_key_value(base_ckpt, images, tmp_path, decoder):
     """Was: "cannot load the model (ValueError: `early_stopping` must be …)" with a hint about the weights."""

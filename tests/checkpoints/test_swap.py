@@ -83,7 +83,7 @@ def test_a_checkpoint_with_other_prompting_files_is_loaded_afresh_not_swapped(tm
 
 def test_a_swap_into_a_generation_config_transformers_refuses_stops_before_a_tensor_is_copied(tmp_path):
     """A sweep's next checkpoint whose generation_config.json transformers refuses to load (max_new_tokens 0):
-    an InputError naming the file, the key and the value, with the loaded model still the last checkpoint's
+    a CheckpointError (a sweep goes on without it) naming the file, the key and the value, with the loaded model still the last checkpoint's
     (was a ValueError from GenerationConfig after its weights were copied in)."""
     import pytest
 
@@ -91,7 +91,7 @@ def test_a_swap_into_a_generation_config_transformers_refuses_stops_before_a_ten
     from vlmfast.checkpoints.locate import locate
     from vlmfast.checkpoints.swap import plan_swap, swap_into
     from vlmfast.checkpoints.tiny import build_checkpoint
-    from vlmfast.errors import InputError
+    from vlmfast.errors import CheckpointError
 
     first = build_checkpoint(tmp_path / "a", preset="tiny", like="grpo", seed=1)
     second = build_checkpoint(tmp_path / "b", preset="tiny", like="grpo", seed=2)
@@ -99,7 +99,7 @@ def test_a_swap_into_a_generation_config_transformers_refuses_stops_before_a_ten
     (second / "generation_config.json").write_text(json.dumps({**gen, "max_new_tokens": 0}))
     loaded = load(locate(first), device="cpu", dtype="float32")
     before = loaded.model.get_input_embeddings().weight.clone()
-    with pytest.raises(InputError, match=r"b/generation_config.json: max_new_tokens 0: transformers refuses") as said:
+    with pytest.raises(CheckpointError, match=r"b/generation_config.json: max_new_tokens 0: transformers refuses") as said:
         swap_into(loaded, locate(second), plan_swap(loaded, second))
     assert said.value.hint == f"vlmfast fix {second} (max_new_tokens dropped)"
     assert torch.equal(loaded.model.get_input_embeddings().weight, before)

@@ -513,6 +513,24 @@ def test_a_checkpoint_that_lost_its_head_is_not_evaluated_and_the_sweep_goes_on(
     assert not (tmp_path / "out" / "step-200.jsonl").exists() and report["exit_code"] == 0
 
 
+def test_a_checkpoint_whose_generation_config_is_refused_is_not_evaluated_and_the_sweep_goes_on(run, tmp_path):
+    """Step 100's generation_config.json holds a value transformers refuses to load (a fresh load), step 300's a
+    repetition penalty of 0 (a swap after step 200): each is listed as not evaluated with the file and the
+    value, and the sweep goes on (it stopped with exit 2 and wrote no report)."""
+    from vlmfast.run.sweep import sweep
+
+    odd = tmp_path / "run"
+    shutil.copytree(run["run"], odd)
+    for step, value in ((100, {"early_stopping": "true"}), (300, {"repetition_penalty": 0})):
+        gen = json.loads((odd / f"checkpoint-{step}" / "generation_config.json").read_text())
+        (odd / f"checkpoint-{step}" / "generation_config.json").write_text(json.dumps({**gen, **value}))
+    report = sweep(_options(dict(run, run=odd), tmp_path / "out"))
+    assert [c["step"] for c in report["checkpoints"]] == [200] and report["exit_code"] == 0
+    assert [(r["step"], r["reason"].split(": ")[1]) for r in report["not_evaluated"]] == [
+        (100, "early_stopping 'true'"), (300, "repetition_penalty 0")]
+    assert _tokens(read_jsonl(tmp_path / "out" / "step-200.jsonl")) == _tokens(run["fresh"][200])
+
+
 def test_a_checkpoint_that_does_not_load_after_a_good_one_is_not_evaluated_and_the_sweep_goes_on(run, tmp_path):
     """Its weights whole, its config another model type: the engine let the previous model go before the load
     failed. The step is listed as not evaluated with the loader's first line, the next checkpoint loads

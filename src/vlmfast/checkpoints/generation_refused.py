@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from vlmfast.checkpoints.findings import Finding
-from vlmfast.errors import InputError
+from vlmfast.errors import CheckpointError
 
 DROP, LEFT = "drop", "left"  # a rule's repair: remove the key; none obvious (the user edits it)
 # GenerationConfig.validate: the cache implementations each line knows (ALL_CACHE_IMPLEMENTATIONS; 5.x adds "paged")
@@ -86,9 +86,12 @@ def _whole(lowest: int, none_below=LEFT):
     return repair
 
 
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "none", "null")
+
+
 def _bool(v, g, c):
     said = str(v).strip().lower()
-    return {"true": True, "false": False, "1": True, "0": False}.get(said, LEFT)
+    return True if said in TRUE_WORDS else False if said in FALSE_WORDS else LEFT
 
 
 def _config_id(key):  # the same id in config.json (top level, else text_config), when it is an integer there
@@ -108,15 +111,30 @@ def _watermark_wrong(v) -> bool:
         v.get("seeding_scheme", "lefthash") not in ("selfhash", "lefthash")
 
 
+def _set_as_attribute(arg: str, g: dict, m: int) -> bool:
+    """A generate() argument validate finds on the config (``hasattr``, null too): __init__ sets a key it does not
+    know as an attribute, except in a config marked ``_from_model_config`` (both lines)."""
+    return arg in (GENERATE_ARGUMENTS_4 if m < 5 else GENERATE_ARGUMENTS) and not g.get("_from_model_config")
+
+
 def _sampling(g) -> bool:
     return bool(g.get("do_sample"))  # generate samples for any true value, a string "false" included
 
 
-def _too_many(v, g) -> bool:  # validate: greedy gives one sequence; beam search at most num_beams (any num_beams but 1)
-    if not (_num(v) and v > 1):
+def _too_many(v, g, m) -> bool:
+    """validate's check of num_return_sequences ``v``: greedy gives one sequence, beam search at most num_beams.
+    5.x checks a value above 1 (``not do_sample``: a null do_sample is greedy); 4.57 any value but 1, null
+    included (``do_sample is False``: its default, a null do_sample is not). A string fails the comparison."""
+    if v is not None and not _num(v):
+        return True
+    beams, sample = g.get("num_beams", 1), g.get("do_sample", False if m < 5 else None)
+    if m >= 5:
+        if not (v is not None and v > 1):
+            return False
+        return not sample if beams is None or beams == 1 else not _num(beams) or v > beams
+    if v == 1:
         return False
-    beams = g.get("num_beams")
-    return not g.get("do_sample") if beams is None or beams == 1 else not _num(beams) or v > beams
+    return sample is False if beams == 1 else v is None or not _num(beams) or v > beams
 
 
 @dataclass(frozen=True)
@@ -127,19 +145,22 @@ class Rule:
     what: str  # what transformers does with it
     repair: Callable | str  # (value, generation, config.json) -> the new value, DROP or LEFT; or DROP / LEFT
     edit: str = ""  # what the user writes instead, when no repair is obvious
+    null: Callable = lambda g, m: False  # (generation dict, major) -> whether a JSON null is refused too (then dropped)
 
 
 RULES = (
     Rule("early_stopping", "load", lambda v, g, m: v not in (True, False, "never"),
-         "validate raises ValueError (a boolean or \"never\")", _bool, "true, false or \"never\" (beam search only)"),
+         "validate raises ValueError (a boolean or \"never\")", _bool, "true, false or \"never\" (beam search only)",
+         null=lambda g, m: m < 5),  # 4.57: None is not in {True, False, "never"}
     Rule("max_new_tokens", "load", lambda v, g, m: not (_num(v) and v > 0),
          "validate raises (ValueError: greater than 0; TypeError for a string)", _whole(1, DROP),
          "a positive integer, or remove it"),
-    Rule("pad_token_id", "load", lambda v, g, m: not _int(v), "validate compares it with 0: TypeError",
+    Rule("pad_token_id", "load", lambda v, g, m: not _num(v), "validate compares it with 0: TypeError",
          _config_id("pad_token_id"), "the pad token's integer id"),
     Rule("num_return_sequences", "load",
-         lambda v, g, m: _too_many(v, g),
-         "validate raises ValueError (greedy decoding gives one sequence; beam search at most num_beams)", DROP),
+         lambda v, g, m: _too_many(v, g, m),
+         "validate raises ValueError (greedy decoding gives one sequence; beam search at most num_beams)", DROP,
+         null=lambda g, m: m < 5 and _too_many(None, g, m)),
     Rule("cache_implementation", "load", lambda v, g, m: v not in CACHE_IMPLEMENTATIONS[4 if m < 5 else 5],
          "validate raises ValueError (not a cache this transformers knows)", DROP),
     Rule("compile_config", "load", lambda v, g, m: True,
@@ -148,13 +169,14 @@ RULES = (
          "WatermarkingConfig raises (keys: " + ", ".join(WATERMARK_KEYS) + "; greenlist_ratio in [0, 1], "
          "context_width >= 1, seeding_scheme lefthash or selfhash)", LEFT,
          "remove it (a trained checkpoint does not watermark), or correct its keys"),
-    *(Rule(arg, "load", lambda v, g, m, arg=arg: arg in (GENERATE_ARGUMENTS_4 if m < 5 else GENERATE_ARGUMENTS),
-           "validate raises ValueError (an argument of generate(), never of a config)", DROP)
+    *(Rule(arg, "load", lambda v, g, m, arg=arg: _set_as_attribute(arg, g, m),
+           "validate raises ValueError (an argument of generate(), never of a config)", DROP,
+           null=lambda g, m, arg=arg: _set_as_attribute(arg, g, m))
       for arg in GENERATE_ARGUMENTS_4),
     Rule("num_beams", "generate", lambda v, g, m: not (_int(v) and v >= 1) and v != 1,
          "beam search divides and repeats by it: ZeroDivisionError or TypeError", _whole(1, DROP),
          "a positive integer (1: no beam search)"),
-    Rule("bos_token_id", "generate", lambda v, g, m: not (_int(v) or isinstance(v, list) and all(map(_int, v))),
+    Rule("bos_token_id", "generate", lambda v, g, m: not (_num(v) or isinstance(v, list) and all(map(_num, v))),
          "generate makes a tensor of it: TypeError", _config_id("bos_token_id"), "the BOS token's integer id, or remove it"),
     Rule("repetition_penalty", "generate", lambda v, g, m: v != 1 and not (isinstance(v, float) and v > 0),
          "RepetitionPenaltyLogitsProcessor takes a float above 0 (an integer other than 1 too raises ValueError)",
@@ -172,7 +194,7 @@ RULES = (
          "sampling: TypicalLogitsWarper takes a mass in (0, 1)", LEFT, "a number in (0, 1], or remove it"),
     Rule("min_p", "generate", lambda v, g, m: _sampling(g) and not (_num(v) and 0 <= v <= 1),
          "sampling: MinPLogitsWarper takes a number in [0, 1]", LEFT, "a number in [0, 1], or remove it"),
-    Rule("do_sample", "misread", lambda v, g, m: isinstance(v, str) and bool(v) and _bool(v, g, {}) is not True,
+    Rule("do_sample", "misread", lambda v, g, m: isinstance(v, str) and bool(v) and _bool(v, g, {}) is False,
          "generate samples for any true value: a non-empty string, \"false\" too", _bool, "true or false"),
     Rule("stop_strings", "tokenizer", lambda v, g, m: True,
          "StopStringCriteria needs the tokenizer (ValueError without it)", LEFT,
@@ -207,11 +229,15 @@ def refused_values(generation: dict | None, config: dict | None = None, major: i
         major = (installed_transformers() or (5,))[0]
     out = []
     for rule in RULES:
-        value = generation.get(rule.key)
-        if value is None or not rule.wrong(value, generation, major):
+        if rule.key not in generation:
             continue
-        repair = rule.repair(value, generation, config or {}) if callable(rule.repair) else rule.repair
-        out.append(Refused(rule, value, repair))
+        value = generation[rule.key]
+        if value is None:
+            if rule.null(generation, major):  # a null the line refuses: without the key, its default
+                out.append(Refused(rule, None, DROP))
+            continue
+        if rule.wrong(value, generation, major):
+            out.append(Refused(rule, value, rule.repair(value, generation, config or {}) if callable(rule.repair) else rule.repair))
     return out
 
 
@@ -248,7 +274,7 @@ def _hint(d: Path, refused: list[Refused]) -> str:
 
 
 def refuse_unloadable(directory) -> None:
-    """InputError naming generation_config.json's values that stop transformers loading the model (``load`` rules),
+    """CheckpointError naming generation_config.json's values that stop transformers loading the model (``load`` rules),
     with ``vlmfast fix`` or what to edit; before the model loads, instead of transformers' ValueError or TypeError."""
     from vlmfast.checkpoints.readers import maybe_json, read_json_object
 
@@ -258,7 +284,7 @@ def refuse_unloadable(directory) -> None:
     generation = read_json_object(d / "generation_config.json")
     refused = [r for r in refused_values(generation, maybe_json(d / "config.json")) if r.rule.stage == "load"]
     if refused:
-        raise InputError(f"{d / 'generation_config.json'}: {', '.join(r.said() for r in refused)}: {SAID['load']}: "
+        raise CheckpointError(f"{d / 'generation_config.json'}: {', '.join(r.said() for r in refused)}: {SAID['load']}: "
                          + "; ".join(f"{r.key}: {r.rule.what}" for r in refused), hint=_hint(d, refused))
 
 
@@ -277,12 +303,14 @@ def repair_refused(config: dict, generation: dict) -> list[str]:
     key transformers refuses and generate does not need); one change line each. The rest are left: doctor's
     findings say what to edit."""
     changes = []
-    for r in refused_values(generation, config):
-        if r.repair == LEFT:
-            continue
-        if r.repair == DROP:
-            del generation[r.key]
-        else:
-            generation[r.key] = r.repair
-        changes.append(f"generation_config.json: {_repair_said(r)} ({CHANGED[r.rule.stage]})")
+    for _ in RULES:  # again on the repaired values until none is left to repair: do_sample "false" made false
+        repairs = [r for r in refused_values(generation, config) if r.repair != LEFT]  # refuses num_return_sequences 2
+        for r in repairs:
+            if r.repair == DROP:
+                del generation[r.key]
+            else:
+                generation[r.key] = r.repair
+            changes.append(f"generation_config.json: {_repair_said(r)} ({CHANGED[r.rule.stage]})")
+        if not repairs:
+            break
     return changes

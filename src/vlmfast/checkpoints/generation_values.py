@@ -38,8 +38,9 @@ def _number(value) -> bool:
 
 
 def zero_temperature(generation: dict | None) -> bool:
-    """Whether the saved generation config samples (``do_sample: true``) at a temperature of 0 or below."""
-    return isinstance(generation, dict) and generation.get("do_sample") is True and \
+    """Whether the saved generation config samples at a temperature of 0 or below: ``do_sample`` true, or any value
+    generate takes as true (a string, "false" too)."""
+    return isinstance(generation, dict) and bool(generation.get("do_sample")) and \
         _number(generation.get("temperature")) and generation["temperature"] <= 0
 
 

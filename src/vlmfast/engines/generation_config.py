@@ -4,7 +4,7 @@ config's repetition penalty (vlmfast passes it) and nothing else of it."""
 
 from __future__ import annotations
 
-from vlmfast.errors import InputError
+from vlmfast.errors import CheckpointError
 
 # generation-config settings plain generate turns into logits processors that vlmfast's loop does not apply,
 # with the value that leaves them off
@@ -23,11 +23,11 @@ def generation_config_processors(config, decoder: str, wanted: float | None = No
     checkpoint's (``config``: its GenerationConfig), as plain generate and vLLM apply it — Qwen2-VL and Qwen2.5-VL
     Instruct checkpoints ship 1.05, and runs trained from them keep it; and notes naming it and any setting of
     the generation config the run does not apply. ``decoder``: "vlmfast", "hf" (plain generate) or "vllm".
-    A saved penalty that is no number above 0 (plain generate raises on it; 0 meant none here before) is an
-    InputError naming ``where`` (its file), unless ``wanted`` replaces it."""
+    A saved penalty that is no number above 0 (plain generate raises on it; 0 meant none here before) is a
+    CheckpointError (a sweep goes on without the checkpoint) naming ``where`` (its file), unless ``wanted`` replaces it."""
     saved = getattr(config, "repetition_penalty", None)
     if wanted is None and saved is not None and not _above_zero(saved):
-        raise InputError(f"{where}: repetition_penalty {saved!r}: plain generate refuses it (RepetitionPenaltyLogitsProcessor "
+        raise CheckpointError(f"{where}: repetition_penalty {saved!r}: plain generate refuses it (RepetitionPenaltyLogitsProcessor "
                          "takes a float above 0)", hint="pass --repetition-penalty (1: none), or edit the file: a float "
                          "above 0, 1.0 for none (vlmfast doctor names every such value)")
     theirs = float(saved) if saved is not None and _above_zero(saved) else 1.0

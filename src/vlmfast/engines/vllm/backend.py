@@ -31,6 +31,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from vlmfast.checkpoints.families import family_for
 from vlmfast.checkpoints.runtime_choices import check_dtype
@@ -58,9 +59,8 @@ class VllmBackend(Preparer):
 
     ``ckpt``: a checkpoint already :class:`~vlmfast.checkpoints.locate.Located` (as the runner hands it
     over: it is never located again), or what locating takes: a local checkpoint dir (trainer output dirs
-    resolve as everywhere in vlmfast), a LoRA adapter dir (merged into ``base`` in a temporary copy) or a
-    hub id (handed to vLLM as is). vLLM reads a
-    temporary overlay of a local checkpoint (:mod:`vlmfast.checkpoints.overlay`), never the checkpoint itself.
+    resolve as everywhere in vlmfast), a LoRA adapter dir (merged into ``base`` in a temporary copy) or a hub id
+    (handed to vLLM as is). vLLM reads a temporary overlay of a local checkpoint (:mod:`vlmfast.checkpoints.overlay`).
     ``dtype`` None: float32 on CPU (as the HF engine), vLLM's "auto" elsewhere. ``enforce_eager`` None:
     True on CPU (vLLM's CPU compile path is not used), False elsewhere. ``kv_cache_gib`` None: 4 GiB on CPU
     unless ``VLLM_CPU_KVCACHE_SPACE`` is set; on GPUs ``gpu_memory_utilization`` decides.
@@ -133,11 +133,13 @@ class VllmBackend(Preparer):
 
     # -- setup ------------------------------------------------------------------------------
     def _prepare_checkpoint(self, stack: contextlib.ExitStack) -> tuple[str, list[str]]:
+        from vlmfast.checkpoints.generation_refused import refuse_unloadable
         from vlmfast.checkpoints.overlay import overlay_for_vllm
 
         if self.found.kind == "hub":
             return self.ckpt, [f"{self.ckpt}: a hub id, handed to vLLM as is (no overlay: fix a local copy with "
                                "vlmfast fix if it lacks processor files or <|im_end|> in its EOS list)"]
+        refuse_unloadable(self.found.path)  # as the HF engine does, naming the user's file (the overlay would repair it)
         path, notes = stack.enter_context(overlay_for_vllm(self.found, base=self.base))
         return str(path), list(notes)
 
@@ -154,8 +156,9 @@ class VllmBackend(Preparer):
         self.processor, self.tokenizer = processor, processor.tokenizer
         self.config = AutoConfig.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
         generation = saved_generation_config(self.model_dir, self.config)
-        self.penalty, said = generation_config_processors(generation, "vllm", self.settings.repetition_penalty,
-                                                          sampling=not self.settings.greedy)  # the HF engine's notes
+        self.penalty, said = generation_config_processors(generation, "vllm", self.settings.repetition_penalty,  # the HF
+                                                          sampling=not self.settings.greedy,  # engine's notes
+                                                          where=Path(str(self.found.path or self.model_dir)) / "generation_config.json")
         self.notes += said
         self.eos_token_ids, eos_note = eos_list(generation.eos_token_id, self.tokenizer)
         if eos_note:

@@ -111,6 +111,9 @@ def _reload(backend, found) -> str | None:
         note = f"in-place reload is not available here ({exc}): a fresh vLLM engine per checkpoint"
         backend.reload.notes.append(note)
         return note
+    except BaseException:  # this checkpoint refused (its files): the old overlays close with the engine, not leak
+        backend._stacks[:0] = old
+        raise
     for stack in old:
         stack.close()
     wrong = reloaded_mismatch(backend.llm, Path(found.path))
