@@ -39,6 +39,9 @@ GENERATE = {  # the model loads; plain generate raises before the first token
     "typical_p": {"do_sample": True, "typical_p": 0},
     "min_p": {"do_sample": True, "min_p": 2},
     "stop_strings": {"stop_strings": ["</answer>"]},  # unless generate is given tokenizer=
+    "no_repeat_ngram_size": {"no_repeat_ngram_size": "3"},
+    "min_length": {"min_length": "2"},
+    "epsilon_cutoff": {"do_sample": True, "epsilon_cutoff": "0.0003"},
 }
 HARMLESS = {"num_beams": 1.0, "top_k": 0, "top_p": 1.5, "pad_token_id": -1, "length_penalty": 2.0,
             "cache_implementation": "hybrid", "reward_funcs": ["accuracy"], "beta": 0.04}
@@ -248,6 +251,8 @@ def test_infer_runs_what_plain_generate_refuses_on_its_own_settings(base_ckpt, i
     refused = shutil.copytree(base_ckpt, tmp_path / "refused")
     edit_json(refused / "generation_config.json", lambda c: c.update(
         num_beams=0, bos_token_id="<|endoftext|>", stop_strings=["</answer>"], do_sample=True, typical_p=0, top_k=50.0))
+    numbers = shutil.copytree(base_ckpt, tmp_path / "numbers")  # settings generate applies, as strings
+    edit_json(numbers / "generation_config.json", lambda c: c.update(no_repeat_ngram_size="3", min_length="2"))
     several = shutil.copytree(base_ckpt, tmp_path / "several")  # loads and generates (sampling), but not greedily
     edit_json(several / "generation_config.json", lambda c: c.update(do_sample=True, num_return_sequences=4))
     clean, _ = _answers(base_ckpt, images, tmp_path / "clean.jsonl", *options)
@@ -256,6 +261,8 @@ def test_infer_runs_what_plain_generate_refuses_on_its_own_settings(base_ckpt, i
     assert "generation_config.json sets num_beams 0, bos_token_id '<|endoftext|>', top_k 50.0, typical_p 0, " \
            "stop_strings ['</answer>'], which plain generate refuses or misreads" in " ".join(said.split())
     assert _answers(several, images, tmp_path / "several.jsonl", *options)[0] == clean
+    answers, said = _answers(numbers, images, tmp_path / "numbers.jsonl", *options)
+    assert answers == clean and "sets no_repeat_ngram_size '3', min_length '2', which plain generate refuses" in said
 
 
 def test_infer_refuses_a_repetition_penalty_that_is_no_number_above_zero(base_ckpt, images, tmp_path):

@@ -43,6 +43,10 @@ CACHE_IMPLEMENTATIONS = {
 GENERATE_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "synced_gpus",
                       "assistant_model", "streamer", "negative_prompt_ids", "negative_prompt_attention_mask")
 GENERATE_ARGUMENTS_4 = GENERATE_ARGUMENTS + ("use_model_defaults",)
+# generation settings plain generate turns into logits processors (always; the SAMPLED ones when sampling): a
+# number written as a string raises there (vlmfast's own decoder does not apply them: engines/generation_config.py)
+PROCESSOR_NUMBERS = ("no_repeat_ngram_size", "min_length", "encoder_repetition_penalty", "epsilon_cutoff", "eta_cutoff")
+SAMPLED_NUMBERS = ("epsilon_cutoff", "eta_cutoff")
 WATERMARK_KEYS = ("greenlist_ratio", "bias", "hashing_key", "seeding_scheme", "context_width")  # WatermarkingConfig
 SEVERITY = {"load": "error", "generate": "error", "misread": "warning", "tokenizer": "warning"}
 CHANGED = {"load": "transformers refuses it", "generate": "plain generate refuses it",
@@ -194,6 +198,10 @@ RULES = (
          "sampling: TypicalLogitsWarper takes a mass in (0, 1)", LEFT, "a number in (0, 1], or remove it"),
     Rule("min_p", "generate", lambda v, g, m: _sampling(g) and not (_num(v) and 0 <= v <= 1),
          "sampling: MinPLogitsWarper takes a number in [0, 1]", LEFT, "a number in [0, 1], or remove it"),
+    *(Rule(key, "generate", lambda v, g, m, key=key: isinstance(v, str) and (key not in SAMPLED_NUMBERS or _sampling(g)),
+           "plain generate compares it with a number or builds a logits processor of it: TypeError or ValueError",
+           lambda v, g, c: x if (x := _parsed(v)) is not None else LEFT, "a number")
+      for key in PROCESSOR_NUMBERS),
     Rule("do_sample", "misread", lambda v, g, m: isinstance(v, str) and bool(v) and _bool(v, g, {}) is False,
          "generate samples for any true value: a non-empty string, \"false\" too", _bool, "true or false"),
     Rule("stop_strings", "tokenizer", lambda v, g, m: True,

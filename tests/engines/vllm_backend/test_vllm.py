@@ -263,6 +263,22 @@ def test_settings_vllm_refuses_are_usage_errors_and_leave_no_overlay(demo):
     assert _overlays() == left
 
 
+def test_a_generation_config_transformers_refuses_is_said_at_the_users_file_before_an_overlay(demo, tmp_path):
+    """The overlay repaired early_stopping "true" unsaid and named its own temporary copy for the rest; vLLM's
+    engine refuses as the HF engine does, naming the checkpoint's own file, and leaves no overlay."""
+    from vlmfast.errors import CheckpointError
+
+    d = shutil.copytree(demo, tmp_path / "c")
+    gen = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps({**gen, "early_stopping": "true",
+                                                          "watermarking_config": {"strength": 1}}))
+    left = _overlays()
+    with pytest.raises(CheckpointError) as err:
+        VllmBackend(str(d))
+    assert str(err.value).startswith(f"{d / 'generation_config.json'}: early_stopping 'true', watermarking_config")
+    assert f"edit {d / 'generation_config.json'}" in err.value.hint and _overlays() == left
+
+
 def test_a_seed_past_2_32_and_a_temperature_under_vllms_floor_are_handled_and_said(demo):
     """vLLM seeds numpy with its engine seed (below 2**32, else its start fails); a temperature under 0.01 it
     raises to 0.01 quietly: said. Neither starts the engine."""

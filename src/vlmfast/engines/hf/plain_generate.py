@@ -7,6 +7,7 @@ it uses.
 
 from __future__ import annotations
 
+from vlmfast.engines.generation_config import UNAPPLIED
 from vlmfast.timing import StepClock, now
 
 
@@ -93,6 +94,8 @@ class PlainGenerate:
             # --temperature/--top-p sampling: saved values of these that generate refuses are not applied either
             num_beams=1, stop_strings=None, bos_token_id=None, min_p=None, typical_p=None,
         )
+        saved = loaded.model.generation_config  # its processors' settings generate applies; a string raises there
+        kwargs.update({key: off for key, off in UNAPPLIED.items() if isinstance(getattr(saved, key, None), str)})
         if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None, num_return_sequences=1)
         else:  # n answers per request: generate expands each prompt n times itself
